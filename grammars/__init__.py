@@ -1,0 +1,30 @@
+"""The grammar layer: a JSON Schema, pydantic model, tool list, EBNF grammar or
+regex becomes a per-request :class:`Matcher` over xgrammar (default) or
+outlines-core.
+
+    >>> spec = grammar_spec(schema={"type": "object"})            # doctest: +SKIP
+    >>> compiled = compile_grammar(spec, tokenizer, vocab_size=model.config.vocab_size)  # doctest: +SKIP
+    >>> matcher = compiled.matcher(max_rollback=17)                # doctest: +SKIP
+
+Backends are imported lazily: importing this package imports neither.
+"""
+
+from .base import CompiledGrammar, GrammarError, Matcher, allocate_bitmask, bitmask_to_ids, bitmask_width
+from .compile import BACKENDS, clear_grammar_cache, compile_grammar
+from .spec import GrammarSpec, check_json_schema, grammar_spec, tools_schema
+
+__all__ = [
+    "GrammarError",
+    "GrammarSpec",
+    "CompiledGrammar",
+    "Matcher",
+    "grammar_spec",
+    "tools_schema",
+    "check_json_schema",
+    "compile_grammar",
+    "clear_grammar_cache",
+    "BACKENDS",
+    "allocate_bitmask",
+    "bitmask_width",
+    "bitmask_to_ids",
+]

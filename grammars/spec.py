@@ -1,0 +1,296 @@
+"""What the user asked the output to follow, as one hashable value.
+
+:func:`grammar_spec` turns the user-facing arguments (a JSON Schema as a dict or
+a JSON string, a pydantic model class, OpenAI-style ``tools``, an EBNF grammar,
+a regex, or "any JSON object") into a :class:`GrammarSpec`.  Everything is
+checked here, before any backend sees it, so that bad input fails with a
+:class:`~grammars.base.GrammarError` that says what is wrong and what to do.
+
+Worked example (tools -> the schema of one call)::
+
+    >>> tools = [{"type": "function", "function": {"name": "get_weather",
+    ...           "parameters": {"type": "object",
+    ...                          "properties": {"city": {"type": "string"}}}}}]
+    >>> tools_schema(tools)["properties"]["name"]
+    {'type': 'string', 'const': 'get_weather'}
+    >>> grammar_spec(tools=tools, parallel_tool_calls=True).schema["type"]
+    'array'
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from .base import GrammarError
+
+__all__ = ["GrammarSpec", "GrammarKind", "grammar_spec", "tools_schema", "check_json_schema"]
+
+GrammarKind = Literal["json_schema", "ebnf", "regex", "any_json"]
+_KINDS = ("json_schema", "ebnf", "regex", "any_json")
+
+#: The schema used for ``json_object=True``: any JSON object (OpenAI's JSON mode).
+ANY_JSON_OBJECT: dict[str, Any] = {"type": "object"}
+
+
+@dataclass(frozen=True)
+class GrammarSpec:
+    """A grammar request, independent of tokenizer and backend.
+
+    ``kind``: ``"json_schema"``, ``"ebnf"``, ``"regex"`` or ``"any_json"``.
+    ``source``: the grammar text -- for the JSON kinds the schema as JSON
+    (property order kept: it is the order fields are generated in).
+    ``any_whitespace``: JSON kinds only; ``False`` means compact JSON exactly
+    as ``json.dumps(obj, separators=(",", ":"))`` writes it.
+    ``schema``: the parsed schema for the JSON kinds, else ``None``.  Treat it
+    as read-only; it does not take part in equality or hashing (``source``
+    does).
+    """
+
+    kind: GrammarKind
+    source: str
+    any_whitespace: bool = False
+    schema: dict[str, Any] | None = field(default=None, compare=False, hash=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.kind not in _KINDS:
+            raise GrammarError(f"unknown grammar kind {self.kind!r}; choose one of {', '.join(_KINDS)}")
+        if self.kind in ("json_schema", "any_json") and self.schema is None:
+            object.__setattr__(self, "schema", json.loads(self.source))
+        if self.kind in ("ebnf", "regex") and self.any_whitespace:
+            # Whitespace in an EBNF grammar or a regex is whatever the grammar says.
+            object.__setattr__(self, "any_whitespace", False)
+
+    @property
+    def is_json(self) -> bool:
+        """Whether the output is a JSON document (schema or any JSON object)."""
+        return self.kind in ("json_schema", "any_json")
+
+
+def grammar_spec(
+    *,
+    schema: Any = None,
+    tools: Sequence[Mapping[str, Any]] | None = None,
+    grammar: str | None = None,
+    regex: str | None = None,
+    json_object: bool = False,
+    parallel_tool_calls: bool = False,
+    any_whitespace: bool = False,
+) -> GrammarSpec | None:
+    """Build the :class:`GrammarSpec` for one request, or ``None`` when nothing constrains it.
+
+    Exactly one source may be given:
+
+    * ``schema``: a JSON Schema (dict or JSON string) or a pydantic model class;
+    * ``tools``: OpenAI-style tool definitions; the output is one call
+      ``{"name": ..., "arguments": {...}}`` (or, with ``parallel_tool_calls``,
+      a non-empty JSON array of calls) -- see :func:`tools_schema`;
+    * ``grammar``: an EBNF grammar (xgrammar's GBNF dialect, root rule ``root``);
+    * ``regex``: a regular expression the whole output must match;
+    * ``json_object=True``: any JSON object.
+
+    ``any_whitespace=False`` (default) gives compact JSON; ``True`` allows
+    flexible whitespace.  Raises :class:`GrammarError` on conflicting or
+    invalid input.  Pure function: changes nothing.
+    """
+    given = [
+        name
+        for name, value in (
+            ("schema", schema),
+            ("tools", tools),
+            ("grammar", grammar),
+            ("regex", regex),
+            ("json_object", json_object or None),
+        )
+        if value is not None
+    ]
+    if len(given) > 1:
+        raise GrammarError(
+            f"got more than one grammar source ({', '.join(given)}); pass exactly one of "
+            "schema=, tools=, grammar=, regex= or json_object=True"
+        )
+    if parallel_tool_calls and tools is None:
+        raise GrammarError("parallel_tool_calls=True needs tools=[...]; pass the tool definitions too")
+    if not given:
+        return None
+    any_whitespace = bool(any_whitespace)
+    if schema is not None:
+        return _json_spec("json_schema", _schema_dict(schema), any_whitespace)
+    if tools is not None:
+        return _json_spec("json_schema", tools_schema(tools, parallel=parallel_tool_calls), any_whitespace)
+    if json_object:
+        return _json_spec("any_json", dict(ANY_JSON_OBJECT), any_whitespace)
+    if grammar is not None:
+        return GrammarSpec("ebnf", _grammar_text(grammar, "grammar", "an EBNF grammar such as 'root ::= \"yes\" | \"no\"'"))
+    return GrammarSpec("regex", _grammar_text(regex, "regex", "a regular expression such as '[0-9]{4}'"))
+
+
+def _json_spec(kind: GrammarKind, schema: dict[str, Any], any_whitespace: bool) -> GrammarSpec:
+    check_json_schema(schema)
+    try:
+        source = json.dumps(schema, ensure_ascii=False)
+    except (TypeError, ValueError) as e:
+        raise GrammarError(
+            f"the schema is not JSON-serialisable ({e}); use only dicts, lists, strings, numbers, "
+            "booleans and None in it"
+        ) from None
+    return GrammarSpec(kind, source, any_whitespace, schema=json.loads(source))
+
+
+def _grammar_text(text: Any, name: str, example: str) -> str:
+    if not isinstance(text, str):
+        raise GrammarError(f"{name}= must be a string, got {type(text).__name__}; pass {example}")
+    if not text.strip():
+        raise GrammarError(f"{name}= is empty; pass {example}")
+    return text
+
+
+def _schema_dict(schema: Any) -> dict[str, Any]:
+    """A JSON Schema as a fresh dict, from a dict, a JSON string or a pydantic model class."""
+    if isinstance(schema, Mapping):
+        return copy.deepcopy(dict(schema))
+    if isinstance(schema, (str, bytes)):
+        try:
+            parsed = json.loads(schema)
+        except json.JSONDecodeError as e:
+            raise GrammarError(
+                f"schema= is a string but not valid JSON ({e.msg} at line {e.lineno}, column {e.colno}); "
+                "pass the JSON Schema as a dict or as a JSON string"
+            ) from None
+        if not isinstance(parsed, dict):
+            raise GrammarError(
+                f"schema= must describe a JSON object schema, but the JSON string holds a "
+                f"{type(parsed).__name__}; pass a JSON Schema object such as {{\"type\": \"object\"}}"
+            )
+        return parsed
+    model_schema = _pydantic_schema(schema)
+    if model_schema is not None:
+        return model_schema
+    raise GrammarError(
+        f"schema= must be a JSON Schema (dict or JSON string) or a pydantic model class, "
+        f"got {type(schema).__name__}"
+    )
+
+
+def _pydantic_schema(obj: Any) -> dict[str, Any] | None:
+    """The JSON Schema of a pydantic model class, or ``None`` if ``obj`` is not one."""
+    if not isinstance(obj, type):
+        return None
+    try:
+        from pydantic import BaseModel  # optional dependency
+    except ImportError:
+        return None
+    if not issubclass(obj, BaseModel):
+        return None
+    return obj.model_json_schema()
+
+
+def check_json_schema(schema: Any, *, where: str = "the schema") -> None:
+    """Raise :class:`GrammarError` unless ``schema`` is a valid JSON Schema object.
+
+    Uses the validator class named by ``$schema`` (latest draft by default).
+    Does not change ``schema``.
+    """
+    if not isinstance(schema, dict):
+        raise GrammarError(
+            f"{where} must be a JSON object (a dict), got {type(schema).__name__}; "
+            "for example {\"type\": \"object\", \"properties\": {...}}"
+        )
+    from jsonschema.exceptions import SchemaError
+    from jsonschema.validators import validator_for
+
+    try:
+        validator_for(schema).check_schema(schema)
+    except SchemaError as e:
+        path = "/".join(str(p) for p in e.absolute_path) or "(root)"
+        raise GrammarError(
+            f"{where} is not a valid JSON Schema: at {path}: {e.message}. "
+            "Fix that part of the schema (jsonschema's check_schema must pass)."
+        ) from None
+
+
+_TOOL_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+
+
+def tools_schema(tools: Sequence[Mapping[str, Any]], parallel: bool = False) -> dict[str, Any]:
+    """The JSON Schema of one call to any of ``tools`` (a list of calls if ``parallel``).
+
+    ``tools``: OpenAI-style definitions ``{"type": "function", "function":
+    {"name", "description", "parameters"}}`` (the flat form with ``name`` and
+    ``parameters`` at the top level is accepted too).  One call is
+    ``{"name": <const>, "arguments": <the tool's parameters>}``; with several
+    tools the schema is an ``anyOf`` over them, in the given order.  The
+    arguments object gets ``additionalProperties: false`` unless the tool sets
+    it (as OpenAI's strict mode does).  With ``parallel=True`` the schema is an
+    array of such calls with ``minItems: 1``.  Pure function.
+    """
+    if isinstance(tools, (str, bytes, Mapping)) or not isinstance(tools, Sequence):
+        raise GrammarError(
+            "tools= must be a list of tool definitions like "
+            '[{"type": "function", "function": {"name": ..., "parameters": {...}}}]'
+        )
+    if not tools:
+        raise GrammarError("tools= is empty; pass at least one tool definition")
+    calls = []
+    seen: set[str] = set()
+    for i, tool in enumerate(tools):
+        name, parameters = _tool_definition(tool, i)
+        if name in seen:
+            raise GrammarError(f"tools[{i}]: the tool name {name!r} is used twice; tool names must be unique")
+        seen.add(name)
+        calls.append(
+            {
+                "type": "object",
+                "properties": {"name": {"type": "string", "const": name}, "arguments": parameters},
+                "required": ["name", "arguments"],
+                "additionalProperties": False,
+            }
+        )
+    call = calls[0] if len(calls) == 1 else {"anyOf": calls}
+    if parallel:
+        return {"type": "array", "items": call, "minItems": 1}
+    return call
+
+
+def _tool_definition(tool: Any, i: int) -> tuple[str, dict[str, Any]]:
+    """``(name, arguments schema)`` of ``tools[i]``, checked."""
+    where = f"tools[{i}]"
+    if not isinstance(tool, Mapping):
+        raise GrammarError(f"{where} must be a dict like {{\"type\": \"function\", \"function\": {{...}}}}, "
+                           f"got {type(tool).__name__}")
+    kind = tool.get("type", "function")
+    if kind != "function":
+        raise GrammarError(f"{where} has type {kind!r}; only function tools (\"type\": \"function\") are supported")
+    function = tool.get("function", tool)
+    if not isinstance(function, Mapping):
+        raise GrammarError(f"{where}['function'] must be a dict with 'name' and 'parameters'")
+    name = function.get("name")
+    if not isinstance(name, str) or not name:
+        raise GrammarError(f"{where} has no function name; add \"name\": \"...\" to its function definition")
+    if not _TOOL_NAME.match(name):
+        raise GrammarError(
+            f"{where}: tool name {name!r} is invalid; use 1-64 letters, digits, '_', '-' or '.'"
+        )
+    where = f"{where} ({name!r})"
+    parameters = function.get("parameters")
+    if parameters is None:
+        parameters = {"type": "object", "properties": {}}
+    if not isinstance(parameters, Mapping):
+        raise GrammarError(
+            f"{where}: 'parameters' must be a JSON Schema object (dict), got {type(parameters).__name__}"
+        )
+    parameters = copy.deepcopy(dict(parameters))
+    declared = parameters.get("type", "object")
+    if declared != "object":
+        raise GrammarError(
+            f"{where}: 'parameters' must describe an object (\"type\": \"object\"), got type {declared!r}; "
+            "wrap the arguments in an object schema with \"properties\""
+        )
+    parameters.setdefault("type", "object")
+    parameters.setdefault("additionalProperties", False)
+    check_json_schema(parameters, where=f"{where} parameters")
+    return name, parameters

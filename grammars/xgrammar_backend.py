@@ -1,0 +1,227 @@
+"""The xgrammar backend (the default).
+
+With default options a JSON Schema compiles to exactly
+``GrammarCompiler.compile_json_schema(schema, any_whitespace=False,
+separators=(",", ":"))`` -- the grammar plain xgrammar decoding uses with
+compact JSON -- so outputs are comparable token for token.
+``any_whitespace=True`` gives xgrammar's flexible-whitespace grammar.
+
+Quirks absorbed here:
+
+* ``accept_token`` on a terminated matcher returns ``False`` but logs a
+  warning; the adapter answers ``False`` without asking.
+* ``fill_next_token_bitmask`` on a terminated matcher raises ``RuntimeError``;
+  the adapter raises :class:`GrammarError` instead.
+* xgrammar's own rollback is unbounded; the adapter enforces the same
+  ``max_rollback`` window as every other backend.
+* compile errors (``RuntimeError`` from C++) become :class:`GrammarError`
+  naming the backend and what to do.
+"""
+
+from __future__ import annotations
+
+import operator
+import os
+import re
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ._bitmask import check_bitmask, clear_padding
+from ._window import RollbackWindow, WindowedMatcher
+from .base import CompiledGrammar, GrammarError
+from .spec import GrammarSpec
+
+if TYPE_CHECKING:
+    import xgrammar as xgr
+
+__all__ = ["XGrammarCompiled", "XGrammarMatcher", "prepare", "compile_spec", "COMPACT_SEPARATORS"]
+
+BACKEND = "xgrammar"
+#: ``json.dumps(obj, separators=COMPACT_SEPARATORS)`` is the compact JSON the default grammar allows.
+COMPACT_SEPARATORS = (",", ":")
+
+
+def prepare(tokenizer: Any, vocab_size: int, stop_token_ids: Sequence[int]) -> "xgr.GrammarCompiler":
+    """One xgrammar ``GrammarCompiler`` for a tokenizer, logits width and stop tokens.
+
+    xgrammar's own compile cache is disabled: :func:`grammars.compile_grammar`
+    keeps a bounded cache of compiled grammars instead.
+    """
+    import xgrammar as xgr
+
+    try:
+        info = xgr.TokenizerInfo.from_huggingface(
+            tokenizer, vocab_size=vocab_size, stop_token_ids=list(stop_token_ids)
+        )
+    except Exception as e:  # xgrammar raises ValueError/RuntimeError/TypeError on odd tokenizers
+        raise GrammarError(
+            f"xgrammar could not read the tokenizer {type(tokenizer).__name__} ({_clean(e)}); "
+            "pass a Hugging Face tokenizer, or try backend='outlines'"
+        ) from None
+    return xgr.GrammarCompiler(info, max_threads=max(1, min(8, os.cpu_count() or 1)), cache_enabled=False)
+
+
+def compile_spec(
+    compiler: "xgr.GrammarCompiler", spec: GrammarSpec, vocab_size: int, stop_token_ids: Sequence[int]
+) -> "XGrammarCompiled":
+    """Compile ``spec`` with ``compiler``; raises :class:`GrammarError` when xgrammar cannot."""
+    try:
+        if spec.is_json:
+            if spec.any_whitespace:
+                compiled = compiler.compile_json_schema(spec.source, any_whitespace=True)
+            else:
+                compiled = compiler.compile_json_schema(
+                    spec.source, any_whitespace=False, separators=COMPACT_SEPARATORS
+                )
+        elif spec.kind == "regex":
+            compiled = compiler.compile_regex(spec.source)
+        else:
+            compiled = compiler.compile_grammar(spec.source, root_rule_name="root")
+    except Exception as e:  # C++ errors surface as RuntimeError (sometimes ValueError)
+        raise GrammarError(_compile_error_message(spec, e, compiler)) from None
+    return XGrammarCompiled(compiled, vocab_size, stop_token_ids)
+
+
+def _clean(error: BaseException) -> str:
+    """xgrammar's message without the C++ log prefix and assertion boilerplate."""
+    text = str(error).strip()
+    text = re.sub(r"\[\d\d:\d\d:\d\d\] \S+?:\d+: ", "", text)
+    text = re.sub(r"Check failed: \(.*?\) is false: ", "", text)
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[0] if lines else type(error).__name__
+
+
+def _compile_error_message(spec: GrammarSpec, error: BaseException, compiler: "xgr.GrammarCompiler") -> str:
+    reason = _clean(error)
+    if spec.kind == "regex":
+        return (
+            f"xgrammar cannot compile the regex: {reason}{_near_position(spec.source, reason)}. "
+            "Rewrite that part of the regex, or try backend='outlines'."
+        )
+    if spec.kind == "ebnf":
+        return (
+            f"xgrammar cannot compile the EBNF grammar: {reason}. Fix the grammar "
+            "(GBNF syntax, start rule 'root')."
+        )
+    part = ""
+    if "regex" in reason.lower():
+        bad = _bad_patterns(spec.schema, compiler)
+        if bad:
+            part = f" (offending pattern{'s' if len(bad) > 1 else ''}: {', '.join(bad)})"
+    return (
+        f"xgrammar cannot compile the JSON schema: {reason}{part}. Try backend='outlines', "
+        "or simplify or remove that part of the schema."
+    )
+
+
+def _near_position(source: str, reason: str) -> str:
+    match = re.search(r"position (\d+)", reason)
+    if not match:
+        return ""
+    pos = int(match.group(1))
+    return f" (near {source[max(0, pos - 8):pos + 8]!r})"
+
+
+def _bad_patterns(schema: Any, compiler: "xgr.GrammarCompiler") -> list[str]:
+    """The ``pattern`` values in ``schema`` that xgrammar's regex compiler rejects."""
+    found: list[str] = []
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            pattern = node.get("pattern")
+            if isinstance(pattern, str):
+                try:
+                    compiler.compile_regex(pattern.removeprefix("^").removesuffix("$"))
+                except Exception:
+                    found.append(repr(pattern))
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(schema)
+    return found
+
+
+class XGrammarCompiled(CompiledGrammar):
+    """An xgrammar ``CompiledGrammar`` with its logits width and stop tokens.  Immutable."""
+
+    backend = BACKEND
+
+    def __init__(self, compiled: "xgr.CompiledGrammar", vocab_size: int, stop_token_ids: Sequence[int]) -> None:
+        self.compiled = compiled
+        self.vocab_size = int(vocab_size)
+        self.stop_token_ids = tuple(int(t) for t in stop_token_ids)
+
+    def matcher(self, max_rollback: int = 64) -> "XGrammarMatcher":
+        import xgrammar as xgr
+
+        return XGrammarMatcher(
+            xgr.GrammarMatcher(self.compiled), self.vocab_size, self.stop_token_ids, RollbackWindow(max_rollback)
+        )
+
+
+class XGrammarMatcher(WindowedMatcher):
+    """Per-request state over an ``xgrammar.GrammarMatcher``."""
+
+    def __init__(
+        self,
+        matcher: "xgr.GrammarMatcher",
+        vocab_size: int,
+        stop_token_ids: tuple[int, ...],
+        window: RollbackWindow,
+    ) -> None:
+        self._matcher = matcher
+        self._window = window
+        self.vocab_size = vocab_size
+        self.stop_token_ids = stop_token_ids
+        self.max_rollback = window.max_rollback
+
+    def accept(self, token: int) -> bool:
+        """Advance by ``token`` if legal; changes state only when it returns ``True``."""
+        token = operator.index(token)
+        if not 0 <= token < self.vocab_size or self._matcher.is_terminated():
+            return False
+        if self._matcher.accept_token(token):
+            self._window.push()
+            return True
+        return False
+
+    def rollback(self, n: int) -> None:
+        """Undo the last ``n`` accepted tokens.  Changes state."""
+        self._window.pop(n, BACKEND)
+        if n:
+            self._matcher.rollback(n)
+
+    def fill_mask(self, bitmask: torch.Tensor, row: int = 0) -> None:
+        """Write the legal next tokens into ``bitmask[row]``.  Does not change state."""
+        if self._matcher.is_terminated():
+            raise GrammarError(
+                "the xgrammar matcher is terminated (a stop token was accepted) and has no next "
+                "token; stop generating, or roll back the stop token first"
+            )
+        mask_row = check_bitmask(bitmask, row, self.vocab_size)
+        self._matcher.fill_next_token_bitmask(bitmask, row)
+        clear_padding(mask_row, self.vocab_size)
+
+    def forced_text(self) -> str:
+        """xgrammar's jump-forward string ("" if none).  Does not change state."""
+        if self._matcher.is_terminated():
+            return ""
+        return self._matcher.find_jump_forward_string()
+
+    def is_terminated(self) -> bool:
+        """Whether a stop token was accepted.  Does not change state."""
+        return self._matcher.is_terminated()
+
+    def reset(self) -> None:
+        """Return to the initial state.  Changes state."""
+        self._matcher.reset()
+        self._window.clear()
+
+    def fork(self) -> "XGrammarMatcher":
+        """An independent copy in the current state, with the same rollback window."""
+        return XGrammarMatcher(self._matcher.fork(), self.vocab_size, self.stop_token_ids, self._window.copy())

@@ -1,0 +1,33 @@
+"""grammarspec: exact schema-constrained speculative decoding for Hugging Face models.
+
+The output distribution equals ordinary constrained sampling from the target
+model with the same grammar and generation settings; greedy output equals
+constrained greedy decoding.  Speculation only changes how fast it comes.
+"""
+
+from grammars import GrammarError
+
+from .api import GenerationOutput, enable, generate
+from .cache import CacheError
+from .completion import Completion, complete, build_prompt
+from .loading import ModelNotFoundError, load_model, load_tokenizer
+from .sampling import SamplingParams
+from .stats import GenerationStats
+
+__all__ = [
+    "generate",
+    "enable",
+    "complete",
+    "build_prompt",
+    "Completion",
+    "GenerationOutput",
+    "GenerationStats",
+    "SamplingParams",
+    "GrammarError",
+    "CacheError",
+    "ModelNotFoundError",
+    "load_model",
+    "load_tokenizer",
+]
+
+__version__ = "0.1.0"

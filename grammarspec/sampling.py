@@ -1,0 +1,122 @@
+"""Logits processing shared by the target, every draft model and the plain path.
+
+One order, used everywhere (speculative and non-speculative alike), so that
+draft and target distributions are transformed identically before rejection
+sampling -- the condition for exactness:
+
+    1. grammar mask          (illegal tokens -> -inf)
+    2. user logits processors (stateless Hugging Face ``LogitsProcessor``s)
+    3. temperature
+    4. top-k
+    5. top-p
+
+This is the order Hugging Face ``generate`` applies a grammar logits processor
+followed by its warpers, and top-k/top-p follow its ``TopKLogitsWarper`` /
+``TopPLogitsWarper`` semantics (keep at least one token).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["SamplingParams", "unpack_bitmask", "process_logits", "sample", "NoLegalTokenError"]
+
+#: A stateless Hugging Face logits processor: (input_ids [1, L], scores [1, V]) -> scores.
+LogitsProcessorFn = Callable[[torch.LongTensor, torch.FloatTensor], torch.FloatTensor]
+
+_BITS = torch.arange(32, dtype=torch.int32)
+
+
+class NoLegalTokenError(RuntimeError):
+    """A processed row allows no token at all (should never reach the user)."""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How the next token is chosen.  ``do_sample=False`` is greedy (masked argmax).
+
+    ``temperature == 0`` with ``do_sample=True`` means greedy, as in vLLM and
+    the OpenAI API.  ``top_k=0`` and ``top_p=1.0`` switch those filters off;
+    ``top_p=0`` keeps only the most probable token.
+    """
+
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 switches it off), got {self.top_k}")
+        if not 0.0 <= self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in [0, 1], got {self.top_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return not self.do_sample or self.temperature == 0.0
+
+
+def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """int32 ``[n, ceil(V/32)]`` bitmask -> bool ``[n, V]`` (True = legal)."""
+    bits = (bitmask.unsqueeze(-1) >> _BITS) & 1  # [n, W, 32]
+    return bits.reshape(bitmask.shape[0], -1)[:, :vocab_size].bool()
+
+
+def process_logits(
+    logits: torch.Tensor,
+    params: SamplingParams,
+    bitmask: torch.Tensor | None = None,
+    processors: Sequence[LogitsProcessorFn] = (),
+    prefixes: Sequence[torch.LongTensor] = (),
+) -> torch.Tensor:
+    """Apply the shared pipeline to ``logits`` ``[n, V]``; returns float32 ``[n, V]``.
+
+    ``bitmask``: int32 ``[n, ceil(V/32)]`` or ``None`` (unconstrained).
+    ``prefixes``: for user processors, the input ids ``[1, L_i]`` each row
+    conditions on (one per row).  Greedy callers take the argmax of the
+    result; samplers take ``softmax``.  Does not modify ``logits``.
+    """
+    assert logits.dim() == 2, f"logits must be [n, V], got {tuple(logits.shape)}"
+    scores = logits.float().clone()
+    if bitmask is not None:
+        assert bitmask.shape[0] == scores.shape[0], "one bitmask row per logits row"
+        scores.masked_fill_(~unpack_bitmask(bitmask, scores.shape[-1]), float("-inf"))
+    if processors:
+        assert len(prefixes) == scores.shape[0], "user processors need one prefix per row"
+        for i, prefix in enumerate(prefixes):
+            row = scores[i : i + 1]
+            for proc in processors:
+                row = proc(prefix, row)
+            scores[i] = row[0]
+    if params.greedy:
+        return scores
+    scores = scores / params.temperature
+    if params.top_k > 0 and params.top_k < scores.shape[-1]:
+        kth = torch.topk(scores, params.top_k, dim=-1).values[..., -1:]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_scores, order = torch.sort(scores, dim=-1, descending=False)
+        cumulative = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
+        remove_sorted = cumulative <= (1.0 - params.top_p)
+        remove_sorted[..., -1:] = False  # keep at least the most probable token
+        remove = remove_sorted.scatter(-1, order, remove_sorted)
+        scores = scores.masked_fill(remove, float("-inf"))
+    return scores
+
+
+def probabilities(scores: torch.Tensor) -> torch.Tensor:
+    """Processed scores ``[n, V]`` -> probabilities; a row with no legal token raises."""
+    empty = torch.isneginf(scores).all(dim=-1)
+    if bool(empty.any()):
+        raise NoLegalTokenError(f"rows {empty.nonzero().flatten().tolist()} allow no token")
+    return scores.softmax(dim=-1)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One token per row of ``probs`` ``[n, V]`` -> int64 ``[n]``."""
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)

@@ -1,0 +1,145 @@
+"""The protocol every drafter speaks.
+
+A proposer looks at the committed context and a read-only view of the grammar
+and returns a :class:`Draft`: up to ``k`` tokens, plus -- only for sampled
+drafts -- the distributions they were sampled from.  After verification it is
+told how many of its tokens the target accepted.
+
+Proposers never change the output distribution: every draft is truncated at
+its first grammar-illegal token and then verified by exact rejection sampling
+against the target.  A deterministic draft (``probs is None``) is a point mass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+import torch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from grammars.base import Matcher
+
+__all__ = ["Draft", "Request", "GrammarView", "Proposer", "EMPTY_DRAFT"]
+
+
+@dataclass(frozen=True)
+class Draft:
+    """Proposed tokens.
+
+    ``tokens``: the draft, at most ``k`` long.
+    ``probs``: ``[len(tokens), vocab]`` -- the (processed, masked) distribution
+    each token was sampled from, or ``None`` for a deterministic draft.  In a
+    mixed draft a deterministic position carries a one-hot row, which is the
+    same thing as a point mass.
+    ``sources``: the name of the proposer behind each token (for statistics).
+    """
+
+    tokens: tuple[int, ...] = ()
+    probs: torch.Tensor | None = None
+    sources: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.sources and len(self.sources) != len(self.tokens):
+            raise ValueError("Draft.sources must name one proposer per token")
+        if self.probs is not None and self.probs.shape[0] != len(self.tokens):
+            raise ValueError(
+                f"Draft.probs has {self.probs.shape[0]} rows for {len(self.tokens)} tokens"
+            )
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def truncate(self, n: int) -> "Draft":
+        """The first ``n`` tokens of this draft (and their rows/sources)."""
+        if n >= len(self.tokens):
+            return self
+        return Draft(
+            tokens=self.tokens[:n],
+            probs=None if self.probs is None else self.probs[:n],
+            sources=self.sources[:n],
+        )
+
+
+EMPTY_DRAFT = Draft()
+
+
+@dataclass(frozen=True)
+class Request:
+    """What a proposer may know about the generation it drafts for.
+
+    Plain values only.  ``schema`` is the JSON Schema when the grammar came
+    from one (tools are turned into a schema too), else ``None``.
+    ``sampling`` is a :class:`grammarspec.sampling.SamplingParams` (kept as
+    ``Any`` here to avoid an import cycle); draft models sample with it.
+    """
+
+    prompt_ids: tuple[int, ...]
+    tokenizer: "PreTrainedTokenizerBase"
+    schema: dict[str, Any] | None = None
+    sampling: Any = None
+    generator: torch.Generator | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class GrammarView:
+    """Read-only access to the request's grammar state for proposers.
+
+    Every method leaves the live matcher exactly as it was.  ``fork`` returns
+    an independent matcher a proposer may advance freely (a draft model walks
+    its own samples with one).
+    """
+
+    def __init__(self, matcher: "Matcher") -> None:
+        self._matcher = matcher
+
+    @property
+    def vocab_size(self) -> int:
+        return self._matcher.vocab_size
+
+    @property
+    def stop_token_ids(self) -> tuple[int, ...]:
+        return self._matcher.stop_token_ids
+
+    def validate(self, tokens: Sequence[int]) -> int:
+        """How many leading ``tokens`` are legal.  Does not change state."""
+        return self._matcher.validate(tokens)
+
+    def forced_text(self) -> str:
+        """Text the grammar forces next ("" if none).  Does not change state."""
+        return self._matcher.forced_text()
+
+    def is_terminated(self) -> bool:
+        return self._matcher.is_terminated()
+
+    def allowed_tokens(self) -> torch.Tensor:
+        """Legal next token ids (1-D int64).  Does not change state."""
+        return self._matcher.allowed_tokens()
+
+    def fork(self) -> "Matcher":
+        """An independent matcher in the current state, free to advance."""
+        return self._matcher.fork()
+
+
+@runtime_checkable
+class Proposer(Protocol):
+    """A drafter.  Stateful per request; not shared between threads."""
+
+    name: str
+
+    def start(self, request: Request) -> None:
+        """Begin a new generation (reset all per-request state)."""
+
+    def propose(self, context: Sequence[int], grammar: GrammarView | None, k: int) -> Draft:
+        """Up to ``k`` tokens to follow ``context`` (prompt + committed tokens).
+
+        ``grammar`` is ``None`` for unconstrained generation.  Must not change
+        the grammar state.  Return :data:`EMPTY_DRAFT` when there is nothing
+        worth proposing.
+        """
+
+    def feedback(self, draft: Draft, num_accepted: int) -> None:
+        """The target accepted the first ``num_accepted`` tokens of ``draft``."""

@@ -1,0 +1,233 @@
+"""The decoding loop on tiny models: rollback leaves no trace, stops land exactly,
+a terminated grammar is never touched, caches that cannot roll back are refused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from toy import toy_tokenizer
+from toy_models import ToyCausalLM
+
+from grammars import compile_grammar, grammar_spec
+from grammars.base import allocate_bitmask
+from grammarspec.adaptive import AdaptiveController
+from grammarspec.cache import CacheError
+from grammarspec.decoding import DecodeConfig, decode
+from grammarspec.sampling import SamplingParams
+from proposers.base import Draft, Request
+from proposers.draft_model import DraftModelProposer
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"a": {"type": "array", "items": {"enum": ["x", "yy", "z"]}, "maxItems": 4}},
+    "required": ["a"],
+    "additionalProperties": False,
+}
+PROMPT = [2, 5, 9]
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return toy_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def compiled(tok):
+    return compile_grammar(grammar_spec(schema=SCHEMA), tok, vocab_size=len(tok), stop_token_ids=(0,))
+
+
+class ScriptedProposer:
+    """Deterministic drafts: the next tokens of a fixed script, with some noise."""
+
+    name = "scripted"
+
+    def __init__(self, script: list[int], noise_every: int = 0) -> None:
+        self.script, self.noise_every, self.calls = script, noise_every, 0
+
+    def start(self, request: Request) -> None:
+        self.prompt = len(request.prompt_ids)
+
+    def propose(self, context, grammar, k):
+        self.calls += 1
+        done = len(context) - self.prompt
+        tokens = list(self.script[done : done + k])
+        if self.noise_every and self.calls % self.noise_every == 0 and tokens:
+            tokens[-1] = 40  # some letter: usually illegal or rejected
+        return Draft(tuple(tokens), sources=(self.name,) * len(tokens))
+
+    def feedback(self, draft, num_accepted):
+        pass
+
+
+def run(model, prompt, *, matcher=None, proposer=None, k=4, params=None, config=None, **kw):
+    params = params or SamplingParams()
+    config = config or DecodeConfig(max_new_tokens=40, sampling=params, eos_token_ids=(0,))
+    if proposer is not None:
+        proposer.start(Request(prompt_ids=tuple(prompt), tokenizer=None, sampling=params, generator=kw.get("generator")))
+    controller = AdaptiveController(k_min=k, k_max=k, adaptive=False) if proposer is not None else None
+    return decode(model, prompt, config, matcher=matcher, proposer=proposer, controller=controller, **kw)
+
+
+def masks_equal(a, b, vocab):
+    if a.is_terminated() or b.is_terminated():
+        return a.is_terminated() == b.is_terminated()
+    ma, mb = allocate_bitmask(1, vocab), allocate_bitmask(1, vocab)
+    a.fill_mask(ma, 0)
+    b.fill_mask(mb, 0)
+    return torch.equal(ma, mb)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_rollback_leaves_no_trace(compiled, seed):
+    """After every step: the matcher equals a fresh one fed the committed tokens, the
+    target cache holds exactly the committed-and-verified prefix, and the draft
+    model's cache holds only committed tokens."""
+    model, draft_model = ToyCausalLM(55, seed=seed), ToyCausalLM(55, seed=seed + 100)
+    matcher = compiled.matcher(max_rollback=8)
+    proposer = DraftModelProposer(draft_model)
+    generator = torch.Generator().manual_seed(seed)
+    checked = []
+
+    def on_step(state):
+        fresh = compiled.matcher()
+        for token in state.generated:
+            assert fresh.accept(token)
+        assert masks_equal(matcher, fresh, compiled.vocab_size)
+        assert state.cache.get_seq_length() == state.cached <= len(state.tokens)
+        stored = state.cache.layers[0].keys[0, 0, :, 0].long().tolist()
+        assert stored == state.tokens[: state.cached]  # no rejected position in the target cache
+        draft_cache = proposer._cache
+        draft_len = draft_cache.get_seq_length()
+        assert draft_cache.layers[0].keys[0, 0, :, 0].long().tolist() == state.tokens[:draft_len]
+        checked.append(len(state.generated))
+
+    new, stats = run(
+        model, PROMPT, matcher=matcher, proposer=proposer, params=SamplingParams(True, 1.0),
+        generator=generator, on_step=on_step,
+    )  # fmt: skip
+    assert len(checked) == stats.target_forwards and checked
+    assert stats.finish_reason == "stop"
+
+
+def test_speculative_greedy_equals_plain_greedy(compiled):
+    model = ToyCausalLM(55, seed=3)
+    plain, _ = run(model, PROMPT, matcher=compiled.matcher())
+    for noise in (0, 2, 3):
+        spec, stats = run(model, PROMPT, matcher=compiled.matcher(), proposer=ScriptedProposer(plain, noise))
+        assert spec == plain
+        assert stats.target_forwards < len(plain) or noise
+
+
+class SpyMatcher:
+    """Wraps a matcher and fails the test if a terminated grammar is touched."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.vocab_size, self.stop_token_ids, self.max_rollback = inner.vocab_size, inner.stop_token_ids, inner.max_rollback
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def fill_mask(self, bitmask, row=0):
+        assert not self.inner.is_terminated(), "mask asked of a terminated grammar"
+        return self.inner.fill_mask(bitmask, row)
+
+    def accept(self, token):
+        assert not self.inner.is_terminated(), "token fed to a terminated grammar"
+        return self.inner.accept(token)
+
+    def fork(self):
+        return SpyMatcher(self.inner.fork())
+
+
+@pytest.mark.parametrize("extra", range(0, 5))
+def test_termination_inside_the_draft_window(compiled, extra):
+    """The document ends (EOS) at every offset of a draft window, with junk after it."""
+    model = ToyCausalLM(55, seed=11)
+    plain, _ = run(model, PROMPT, matcher=compiled.matcher())
+    assert plain[-1] == 0
+    script = plain + [7] * extra
+    spy = SpyMatcher(compiled.matcher())
+    for k in (1, 2, 3, 5, 8):
+        spy = SpyMatcher(compiled.matcher())
+        new, stats = run(model, PROMPT, matcher=spy, proposer=ScriptedProposer(script), k=k)
+        assert new == plain and stats.finish_reason == "stop"
+        assert spy.inner.is_terminated()
+
+
+@pytest.mark.parametrize("offset", range(0, 6))
+def test_eos_and_stop_strings_at_every_offset(tok, offset):
+    """Unconstrained: stopping exactly where plain decoding stops, whatever the draft window."""
+    model = ToyCausalLM(55, seed=5)
+    base, _ = run(model, PROMPT, config=DecodeConfig(max_new_tokens=12, eos_token_ids=()))
+    stop_at = 3 + offset  # stop on the token generated at this position
+    eos_token = base[stop_at]
+    first = base.index(eos_token)  # the first occurrence is where plain decoding stops
+    for k in (2, 3, 4, 7):
+        cfg = DecodeConfig(max_new_tokens=12, eos_token_ids=(eos_token,))
+        new, stats = run(model, PROMPT, proposer=ScriptedProposer(base), k=k, config=cfg)
+        assert new == base[: first + 1] and stats.finish_reason == "eos"
+    text = tok.decode(base[: stop_at + 1])
+    stop = text[-2:]
+    plain_cfg = DecodeConfig(max_new_tokens=12, stop_strings=(stop,))
+    plain, _ = run(model, PROMPT, config=plain_cfg, tokenizer=tok)
+    assert stop in tok.decode(plain) and plain_cfg.stop_strings
+    for k in (2, 3, 5):
+        new, stats = run(model, PROMPT, proposer=ScriptedProposer(base), k=k, config=plain_cfg, tokenizer=tok)
+        assert new == plain and stats.finish_reason == "stop_string"
+
+
+def test_max_new_tokens_is_exact(compiled):
+    model = ToyCausalLM(55, seed=2)
+    for limit in range(0, 7):
+        cfg = DecodeConfig(max_new_tokens=limit, eos_token_ids=(0,))
+        plain, _ = run(model, PROMPT, matcher=compiled.matcher(), config=cfg)
+        script, _ = run(model, PROMPT, matcher=compiled.matcher())
+        spec, stats = run(model, PROMPT, matcher=compiled.matcher(), proposer=ScriptedProposer(script), config=cfg)
+        assert spec == plain and len(spec) == min(limit, len(script))
+        assert stats.finish_reason == ("length" if limit < len(script) else "stop")
+
+
+def test_forced_tokens_skip_the_target():
+    """Where the grammar allows exactly one token it is committed without a forward pass."""
+    tok = toy_tokenizer()
+    compiled = compile_grammar(grammar_spec(regex="abcdefgh(x|y)"), tok, vocab_size=len(tok), stop_token_ids=(0,))
+    model = ToyCausalLM(55, seed=4)
+    new, stats = run(model, PROMPT, matcher=compiled.matcher())
+    assert tok.decode(new[:-1]) in ("abcdefghx", "abcdefghy") and new[-1] == 0
+    assert stats.forced_tokens >= 9  # eight letters and the final EOS
+    assert stats.target_forwards == 1  # only the x/y choice needs the model
+
+
+class NoCropCache:
+    def __init__(self, inner):
+        self.inner = inner
+        self.is_croppable = False
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def test_uncroppable_cache_is_refused(compiled, monkeypatch):
+    import grammarspec.decoding as decoding
+
+    real = decoding.new_cache
+    monkeypatch.setattr(decoding, "new_cache", lambda model: NoCropCache(real(model)))
+    model = ToyCausalLM(55, seed=3)
+    script = [6] * 5  # rejected: forces a rollback
+    with pytest.raises(CacheError, match="cannot be rolled back"):
+        run(model, PROMPT, matcher=compiled.matcher(), proposer=ScriptedProposer(script))
+
+
+def test_draft_row_without_legal_token_emits_nothing(compiled, monkeypatch):
+    proposer = DraftModelProposer(ToyCausalLM(55, seed=1))
+    proposer.start(Request(prompt_ids=tuple(PROMPT), tokenizer=None, sampling=SamplingParams(True, 1.0)))
+    monkeypatch.setattr(proposer, "_forward", lambda ids: torch.full((1, 55), float("-inf")))
+    from proposers.base import GrammarView
+
+    assert len(proposer.propose(PROMPT, GrammarView(compiled.matcher()), 4)) == 0
+
+
+def test_empty_prompt_is_refused():
+    with pytest.raises(ValueError, match="prompt is empty"):
+        decode(ToyCausalLM(55), [], DecodeConfig(max_new_tokens=3))

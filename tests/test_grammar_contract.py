@@ -1,0 +1,372 @@
+"""The matcher contract, run on every backend with a toy and the real SmolLM2 vocabulary.
+
+Every backend difference (raise vs. bool, EOS handling, bounded rollback,
+padded vocabularies) must be absorbed by the adapters; these tests pin the
+behaviour the decoding loop relies on.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from grammars import BACKENDS, GrammarError, allocate_bitmask, bitmask_to_ids, compile_grammar, grammar_spec
+from toy import toy_tokenizer
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "integer", "minimum": 0},
+        "name": {"type": "string"},
+        "tags": {"type": "array", "items": {"type": "string", "enum": ["a", "b", "ab"]}},
+        "ok": {"type": "boolean"},
+    },
+    "required": ["id", "name", "tags", "ok"],
+    "additionalProperties": False,
+}
+DOC = {"id": 12, "name": "ba", "tags": ["a", "ab"], "ok": True}
+TEXT = json.dumps(DOC, separators=(",", ":"))
+#: The logits width used everywhere: wider than the tokenizer, as with many real models.
+PADDING = 64
+WINDOW = 6
+
+
+class Case:
+    """One (backend, vocabulary) combination: tokenizer, compiled grammar, reference tokens."""
+
+    def __init__(self, backend: str, tokenizer) -> None:
+        self.backend = backend
+        self.tokenizer = tokenizer
+        self.vocab_size = len(tokenizer) + PADDING
+        self.eos = tokenizer.eos_token_id
+        self.compiled = compile_grammar(
+            grammar_spec(schema=SCHEMA), tokenizer, vocab_size=self.vocab_size, backend=backend
+        )
+        self.doc = tokenizer.encode(TEXT, add_special_tokens=False)
+        assert tokenizer.decode(self.doc) == TEXT
+
+    def matcher(self, max_rollback: int = WINDOW):
+        return self.compiled.matcher(max_rollback=max_rollback)
+
+    def mask(self, matcher) -> torch.Tensor:
+        mask = allocate_bitmask(1, self.vocab_size)
+        matcher.fill_mask(mask, 0)
+        return mask[0].clone()
+
+    def legal(self, mask: torch.Tensor, token: int) -> bool:
+        return bool((int(mask[token // 32]) >> (token % 32)) & 1)
+
+    def illegal_token(self, mask: torch.Tensor) -> int:
+        """A real (non-padding) token the mask forbids."""
+        for token in range(len(self.tokenizer)):
+            if not self.legal(mask, token) and token != self.eos:
+                return token
+        raise AssertionError("the mask allows every token")
+
+
+@pytest.fixture(scope="module")
+def toy():
+    return toy_tokenizer()
+
+
+@pytest.fixture(params=[(b, v) for v in ("toy", "smollm2") for b in BACKENDS], ids=lambda p: f"{p[0]}-{p[1]}")
+def case(request, toy) -> Case:
+    backend, vocab = request.param
+    tokenizer = toy if vocab == "toy" else request.getfixturevalue("smol_tokenizer")
+    return Case(backend, tokenizer)
+
+
+def test_reference_document_then_eos(case):
+    m = case.matcher()
+    for token in case.doc:
+        mask = case.mask(m)
+        assert case.legal(mask, token), case.tokenizer.decode([token])
+        assert not case.legal(mask, case.eos), "EOS must be illegal before the document is complete"
+        assert not m.accept(case.eos)
+        assert m.accept(token)
+    assert case.legal(case.mask(m), case.eos)
+    assert m.accept(case.eos)
+    assert m.is_terminated()
+
+
+def test_mask_agrees_with_accept(case):
+    """A token's mask bit is set exactly when accept() takes it (sampled tokens, each position)."""
+    generator = torch.Generator().manual_seed(0)
+    m = case.matcher()
+    for token in case.doc:
+        mask = case.mask(m)
+        allowed = bitmask_to_ids(mask, case.vocab_size).tolist()
+        sample = torch.randint(0, len(case.tokenizer), (48,), generator=generator).tolist()
+        sample += allowed[:: max(1, len(allowed) // 48)] + [case.eos]
+        for t in sample:
+            assert m.validate([t]) == int(case.legal(mask, t)), (t, case.tokenizer.decode([t]))
+        assert torch.equal(case.mask(m), mask)
+        assert m.accept(token)
+
+
+def test_accept_rollback_replay_gives_identical_masks(case):
+    m = case.matcher()
+    reference = []  # mask before each token
+    for token in case.doc:
+        reference.append(case.mask(m))
+        assert m.accept(token)
+    final = case.mask(m)
+    for start in range(0, len(case.doc) - WINDOW + 1, 2):
+        replay = case.matcher()
+        for token in case.doc[:start]:
+            assert replay.accept(token)
+        window = case.doc[start:start + WINDOW]
+        for token in window:
+            assert replay.accept(token)
+        replay.rollback(len(window))
+        assert torch.equal(case.mask(replay), reference[start])
+        for i, token in enumerate(window):
+            assert torch.equal(case.mask(replay), reference[start + i])
+            assert replay.accept(token)
+    m.rollback(WINDOW)
+    for token in case.doc[-WINDOW:]:
+        assert m.accept(token)
+    assert torch.equal(case.mask(m), final)
+
+
+def test_validate_leaves_state_unchanged(case):
+    m = case.matcher()
+    half = len(case.doc) // 2
+    for token in case.doc[:half]:
+        assert m.accept(token)
+    before = case.mask(m)
+    rest = case.doc[half:]
+    bad = case.illegal_token(_mask_after(case, m, rest[:2]))
+    assert m.validate(rest[:2] + [bad] + rest[3:]) == 2
+    assert m.validate(rest[:WINDOW]) == min(WINDOW, len(rest))
+    assert m.validate(rest + [case.eos]) == len(rest) + 1  # longer than the window: checked on a fork
+    assert m.validate([]) == 0
+    assert torch.equal(case.mask(m), before)
+    assert not m.is_terminated()
+    # validate() does not shrink the rollback window either
+    m.rollback(WINDOW)
+    for token in case.doc[half - WINDOW:half]:
+        assert m.accept(token)
+    assert torch.equal(case.mask(m), before)
+
+
+def _mask_after(case: Case, m, tokens) -> torch.Tensor:
+    fork = m.fork()
+    for token in tokens:
+        assert fork.accept(token)
+    return case.mask(fork)
+
+
+def test_illegal_token_is_false_and_leaves_state_unchanged(case):
+    m = case.matcher()
+    for i, token in enumerate(case.doc):
+        mask = case.mask(m)
+        forced = m.forced_text()
+        for bad in (case.illegal_token(mask), len(case.tokenizer) + 3, case.vocab_size, case.vocab_size + 7, -1):
+            assert m.accept(bad) is False
+        assert torch.equal(case.mask(m), mask)
+        assert m.forced_text() == forced
+        assert m.accept(token)
+        if i == 2:  # rollback still covers the tokens before the rejected ones
+            m.rollback(3)
+            for t in case.doc[:3]:
+                assert m.accept(t)
+
+
+def test_padding_ids_never_legal_and_mask_width(case):
+    m = case.matcher()
+    real = len(case.tokenizer)
+    for token in case.doc:
+        mask = case.mask(m)
+        assert mask.shape == ((case.vocab_size + 31) // 32,)
+        bits = ((mask.unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)) & 1).reshape(-1)
+        assert not bits[real:].any(), "ids past the tokenizer (padding and past vocab_size) must never be legal"
+        assert m.accept(token)
+    with pytest.raises(GrammarError, match="allocate_bitmask"):
+        m.fill_mask(allocate_bitmask(1, case.vocab_size + 32), 0)
+    with pytest.raises(GrammarError, match="int32"):
+        m.fill_mask(torch.zeros(1, (case.vocab_size + 31) // 32, dtype=torch.int64), 0)
+    with pytest.raises(GrammarError, match="row"):
+        m.fill_mask(allocate_bitmask(2, case.vocab_size), 2)
+
+
+def test_fill_mask_writes_only_its_row(case):
+    m = case.matcher()
+    masks = allocate_bitmask(3, case.vocab_size)
+    m.fill_mask(masks, 1)
+    assert (masks[0] == -1).all() and (masks[2] == -1).all()
+    assert torch.equal(masks[1], case.mask(m))
+
+
+def test_eos_inside_a_draft_window(case):
+    m = case.matcher(max_rollback=4)
+    *body, last = case.doc
+    for token in body[:-1]:
+        assert m.accept(token)
+    mask_before_last2 = case.mask(m)
+    # a draft window [t, last, EOS, x]: EOS only after the document is complete
+    assert m.validate([body[-1], case.eos]) == 1
+    assert m.validate([body[-1], last, case.eos, case.doc[0]]) == 3
+    assert m.accept(body[-1]) and m.accept(last)
+    complete = case.mask(m)
+    assert case.legal(complete, case.eos)
+    assert m.accept(case.eos) and m.is_terminated()
+    m.rollback(1)  # rolling back over EOS un-terminates
+    assert not m.is_terminated()
+    assert torch.equal(case.mask(m), complete)
+    assert m.accept(case.eos)
+    m.rollback(3)  # EOS and the two tokens before it
+    assert torch.equal(case.mask(m), mask_before_last2)
+    for token in (body[-1], last, case.eos):
+        assert m.accept(token)
+    assert m.is_terminated()
+
+
+def test_termination(case):
+    m = case.matcher()
+    for token in case.doc + [case.eos]:
+        assert m.accept(token)
+    assert m.is_terminated()
+    with pytest.raises(GrammarError, match="terminated"):
+        m.fill_mask(allocate_bitmask(1, case.vocab_size), 0)
+    assert all(m.accept(t) is False for t in (case.eos, case.doc[0], 0))
+    assert m.validate([case.eos]) == 0
+    assert m.forced_text() == ""
+    assert m.allowed_tokens().numel() == 0
+    assert m.is_terminated()
+
+
+def test_rollback_beyond_window_raises(case):
+    m = case.matcher(max_rollback=4)
+    with pytest.raises(GrammarError, match="Cannot roll back 1 tokens: only 0 stored"):
+        m.rollback(1)
+    for token in case.doc[:6]:
+        assert m.accept(token)
+    mask = case.mask(m)
+    with pytest.raises(GrammarError, match="Cannot roll back 5 tokens: only 4 stored"):
+        m.rollback(5)
+    with pytest.raises(GrammarError):
+        m.rollback(-1)
+    assert torch.equal(case.mask(m), mask), "a refused rollback changes nothing"
+    m.rollback(0)
+    m.rollback(3)
+    m.rollback(1)
+    with pytest.raises(GrammarError, match="only 0 stored"):
+        m.rollback(1)
+    fresh = case.matcher()
+    for token in case.doc[:2]:
+        assert fresh.accept(token)
+    assert torch.equal(case.mask(m), case.mask(fresh))
+
+
+def test_fork_is_independent(case):
+    m = case.matcher()
+    half = len(case.doc) // 2
+    for token in case.doc[:half]:
+        assert m.accept(token)
+    mask = case.mask(m)
+    fork = m.fork()
+    assert torch.equal(case.mask(fork), mask)
+    for token in case.doc[half:] + [case.eos]:
+        assert fork.accept(token)
+    assert fork.is_terminated() and not m.is_terminated()
+    assert torch.equal(case.mask(m), mask)
+    fork.rollback(WINDOW)  # the fork keeps its own window
+    m.rollback(WINDOW)  # and so does the original, which the fork did not touch
+    expect = case.matcher()
+    for token in case.doc[: half - WINDOW]:
+        assert expect.accept(token)
+    assert torch.equal(case.mask(m), case.mask(expect))
+    assert fork.validate(case.doc[len(case.doc) - WINDOW + 1:] + [case.eos]) == WINDOW
+
+
+def test_reset(case):
+    m = case.matcher()
+    start = case.mask(m)
+    for token in case.doc + [case.eos]:
+        assert m.accept(token)
+    m.reset()
+    assert not m.is_terminated()
+    assert torch.equal(case.mask(m), start)
+    with pytest.raises(GrammarError):
+        m.rollback(1)
+    assert m.validate(case.doc + [case.eos]) == len(case.doc) + 1
+
+
+def test_forced_text_is_never_wrong(case):
+    """Forced text is a prefix of every legal continuation, so of the rest of the reference."""
+    m = case.matcher()
+    assert m.forced_text() == '{"id":'  # the first key is required and fixed
+    done = ""
+    for token in case.doc:
+        forced = m.forced_text()
+        assert TEXT[len(done):].startswith(forced), (done, forced)
+        assert m.accept(token)
+        done += case.tokenizer.decode([token])
+    assert m.forced_text() == ""  # complete: EOS may come next
+
+
+# -- unsupported features -------------------------------------------------------------------------
+
+UNSUPPORTED = [
+    ("xgrammar", dict(grammar='root ::= "a" | '), "EBNF"),
+    ("xgrammar", dict(grammar="root ::= undefined_rule"), "undefined_rule"),
+    ("xgrammar", dict(regex="(a)\\1"), "Backreference"),
+    ("xgrammar", dict(schema={"type": "string", "pattern": "^(a)\\1$"}), "offending pattern"),
+    ("xgrammar", dict(schema={"type": "integer", "minimum": 5, "maximum": 2}), "minimum greater than maximum"),
+    ("outlines", dict(grammar='root ::= "a"'), "does not support EBNF"),
+    ("outlines", dict(schema={"not": {"type": "string"}}), "Unsupported JSON Schema structure"),
+    ("outlines", dict(schema={"type": "string", "format": "ipv4"}), "ipv4"),
+    ("outlines", dict(regex="(?=a)a"), "regex"),
+]
+
+
+@pytest.mark.parametrize("backend,kwargs,reason", UNSUPPORTED, ids=lambda x: str(x)[:40])
+def test_unsupported_features_raise_grammar_error(toy, backend, kwargs, reason):
+    other = "outlines" if backend == "xgrammar" else "xgrammar"
+    with pytest.raises(GrammarError) as info:
+        compile_grammar(grammar_spec(**kwargs), toy, backend=backend)
+    message = str(info.value)
+    assert backend in message and reason in message
+    if "schema" in kwargs or "regex" in kwargs:
+        assert f"backend='{other}'" in message  # says what to do
+    assert "/project/cpp" not in message  # no C++ log noise
+
+
+# -- xgrammar parity ------------------------------------------------------------------------------
+
+
+def _parity_check(tokenizer, schema, text, vocab_size, eos):
+    import xgrammar as xgr
+
+    info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=[eos])
+    plain = xgr.GrammarMatcher(
+        xgr.GrammarCompiler(info).compile_json_schema(schema, any_whitespace=False, separators=(",", ":"))
+    )
+    ours = compile_grammar(grammar_spec(schema=schema), tokenizer, vocab_size=vocab_size, backend="xgrammar")
+    m = ours.matcher()
+    a = xgr.allocate_token_bitmask(1, vocab_size)
+    b = allocate_bitmask(1, vocab_size)
+    tokens = tokenizer.encode(text, add_special_tokens=False) + [eos]
+    for token in tokens:
+        plain.fill_next_token_bitmask(a)
+        m.fill_mask(b, 0)
+        # xgrammar sets the bits past vocab_size in the last word (ids that do not exist); we clear them
+        assert torch.equal(bitmask_to_ids(a[0], vocab_size), bitmask_to_ids(b[0], vocab_size))
+        assert torch.equal(a[0, :-1], b[0, :-1])
+        assert plain.accept_token(token) and m.accept(token)
+    assert plain.is_terminated() and m.is_terminated()
+
+
+@pytest.mark.parametrize("vocab", ["toy", "smollm2"])
+def test_xgrammar_parity_with_plain_compact_json_schema(request, toy, vocab):
+    tokenizer = toy if vocab == "toy" else request.getfixturevalue("smol_tokenizer")
+    _parity_check(tokenizer, SCHEMA, TEXT, len(tokenizer) + PADDING, tokenizer.eos_token_id)
+
+
+def test_xgrammar_parity_on_a_task(smol_tokenizer, tasks):
+    task = next(t for t in tasks if t["kind"] == "tool_call")
+    text = json.dumps(task["reference"], separators=(",", ":"), ensure_ascii=False)
+    _parity_check(smol_tokenizer, task["schema"], text, len(smol_tokenizer), smol_tokenizer.eos_token_id)

@@ -1,0 +1,78 @@
+"""Tiny random causal LMs for fast, exact tests of the decoding loop.
+
+``ToyCausalLM`` speaks the Hugging Face forward protocol the loop uses
+(``input_ids``, ``past_key_values``, ``use_cache``, ``logits_to_keep``) and keeps
+its context in a real ``DynamicCache``.  Its next-token logits depend on the last
+token, the position and a hash of the WHOLE cached context, so a rejected
+position that lingered in the cache would change every later distribution --
+the statistical tests would see it.  ``next_logits(context)`` computes the same
+logits without a cache, for enumerating exact distributions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from types import SimpleNamespace
+
+import torch
+from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+
+
+class ToyCausalLM(torch.nn.Module):
+    def __init__(self, vocab_size: int, seed: int = 0, scale: float = 2.0, buckets: int = 7) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.config = LlamaConfig(
+            vocab_size=vocab_size, hidden_size=8, num_hidden_layers=1, num_attention_heads=1,
+            num_key_value_heads=1, intermediate_size=8, bos_token_id=None, eos_token_id=0,
+        )  # fmt: skip
+        self.bigram = scale * torch.randn(vocab_size, vocab_size, generator=g)
+        self.position = scale * 0.5 * torch.randn(8, vocab_size, generator=g)
+        self.history = scale * 0.5 * torch.randn(buckets, vocab_size, generator=g)
+        self.buckets = buckets
+        self.device = torch.device("cpu")
+
+    def get_output_embeddings(self) -> None:
+        return None
+
+    def next_logits(self, context: Sequence[int]) -> torch.Tensor:
+        """Logits ``[V]`` for the token after ``context`` (no cache)."""
+        last = context[-1]
+        return self.bigram[last] + self.position[len(context) % 8] + self.history[sum(context) % self.buckets]
+
+    def forward(self, input_ids, past_key_values=None, use_cache=True, logits_to_keep=0, **_):
+        cache = past_key_values
+        new = input_ids[0].tolist()
+        past: list[int] = []
+        if cache is not None and cache.get_seq_length() > 0:
+            past = cache.layers[0].keys[0, 0, :, 0].long().tolist()
+        if cache is not None:
+            states = torch.tensor(new, dtype=torch.float32).reshape(1, 1, -1, 1)
+            cache.update(states, states, 0)
+        context = past
+        rows = []
+        for token in new:
+            context = context + [token]
+            rows.append(self.next_logits(context))
+        logits = torch.stack(rows)[None]  # [1, n, V]
+        if logits_to_keep:
+            logits = logits[:, -logits_to_keep:]
+        return SimpleNamespace(logits=logits, past_key_values=cache)
+
+
+def tiny_llama(vocab_size: int, seed: int = 0) -> LlamaForCausalLM:
+    """A real (random) Llama with a handful of parameters."""
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        bos_token_id=None, eos_token_id=0, pad_token_id=1, tie_word_embeddings=False,
+    )  # fmt: skip
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(20.0)  # peaky enough that sampling differs from uniform
+    return model.eval()
+
+
+def new_toy_cache() -> DynamicCache:
+    return DynamicCache()
