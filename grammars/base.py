@@ -147,6 +147,8 @@ class CompiledGrammar(ABC):
 
     backend: str
     vocab_size: int
+    #: Tokens that end generation once the grammar is complete (the first is the EOS).
+    stop_token_ids: tuple[int, ...]
 
     @abstractmethod
     def matcher(self, max_rollback: int = 64) -> Matcher:

@@ -32,7 +32,7 @@ BACKENDS = ("xgrammar", "outlines")
 _ALIASES = {"outlines-core": "outlines", "outlines_core": "outlines"}
 
 #: How many compiled grammars / tokenizer-level states are kept.
-GRAMMAR_CACHE_SIZE = 64
+GRAMMAR_CACHE_SIZE = 32
 TOKENIZER_CACHE_SIZE = 8
 
 T = TypeVar("T")
@@ -95,7 +95,9 @@ class _Slot(Generic[T]):
 
 _grammars: _LRU[CompiledGrammar] = _LRU(GRAMMAR_CACHE_SIZE)
 _prepared: _LRU[Any] = _LRU(TOKENIZER_CACHE_SIZE)
-_fingerprints: "weakref.WeakKeyDictionary[Any, tuple[Hashable, int, int | None]]" = weakref.WeakKeyDictionary()
+_fingerprints: "weakref.WeakKeyDictionary[Any, tuple[int, tuple[Hashable, int, int | None]]]" = (
+    weakref.WeakKeyDictionary()
+)
 _fingerprint_lock = threading.Lock()
 
 
@@ -160,14 +162,19 @@ def _backend_module(name: str) -> Any:
 
 
 def _fingerprint(tokenizer: Any) -> tuple[Hashable, int, int | None]:
-    """``(key, vocabulary size, eos id)`` of a tokenizer; computed once per tokenizer object."""
+    """``(key, vocabulary size, eos id)`` of a tokenizer.
+
+    Computed once per tokenizer object (and again if its length changes, e.g.
+    after ``add_tokens``).
+    """
+    length = len(tokenizer)
     with _fingerprint_lock:
         try:
             cached = _fingerprints.get(tokenizer)
         except TypeError:  # not weak-referenceable or not hashable
             cached = None
-    if cached is not None:
-        return cached
+    if cached is not None and cached[0] == length:
+        return cached[1]
     try:
         vocab = tokenizer.get_vocab()
     except AttributeError:
@@ -189,7 +196,7 @@ def _fingerprint(tokenizer: Any) -> tuple[Hashable, int, int | None]:
     result = (key, size, eos if isinstance(eos, int) else None)
     with _fingerprint_lock:
         try:
-            _fingerprints[tokenizer] = result
+            _fingerprints[tokenizer] = (length, result)
         except TypeError:
             pass
     return result

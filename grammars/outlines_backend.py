@@ -361,9 +361,11 @@ def _forced_bytes(index: Any, pieces: Sequence[bytes | None], start: int) -> byt
 
 
 def _whole_characters(data: bytes) -> str:
-    """``data`` as text, cut before an incomplete trailing UTF-8 character ("" if it starts mid-character)."""
-    if data and 0x80 <= data[0] < 0xC0:
-        return ""
+    """``data`` as text, cut before the first byte that does not complete a character.
+
+    Forced bytes that start inside a character (the previous token split it)
+    give "", and an incomplete trailing character is dropped.
+    """
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:

@@ -125,7 +125,8 @@ def grammar_spec(
     if json_object:
         return _json_spec("any_json", dict(ANY_JSON_OBJECT), any_whitespace)
     if grammar is not None:
-        return GrammarSpec("ebnf", _grammar_text(grammar, "grammar", "an EBNF grammar such as 'root ::= \"yes\" | \"no\"'"))
+        example = "an EBNF grammar such as 'root ::= \"yes\" | \"no\"'"
+        return GrammarSpec("ebnf", _grammar_text(grammar, "grammar", example))
     return GrammarSpec("regex", _grammar_text(regex, "regex", "a regular expression such as '[0-9]{4}'"))
 
 

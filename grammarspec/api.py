@@ -88,8 +88,6 @@ def generate(
     sampling = _sampling_params(config)
     eos = _eos_ids(config, tokenizer)
     max_new = _max_new_tokens(config, max(len(r) for r in rows))
-    if assistant_model is not None and assistant is None:
-        assistant = assistant_model
     spec = grammar_spec(
         schema=schema, tools=tools, grammar=grammar, regex=regex, json_object=json_object,
         parallel_tool_calls=parallel_tool_calls, any_whitespace=any_whitespace,
@@ -100,7 +98,8 @@ def generate(
         if tokenizer is None:
             raise ValueError("a constrained generate needs the tokenizer: pass tokenizer=...")
         compiled = compile_grammar(spec, tokenizer, vocab_size=vocab, stop_token_ids=eos, backend=grammar_backend)
-    _check_assistant(model, assistant, tokenizer)
+    for candidate in (assistant, assistant_model):
+        _check_assistant(model, candidate, tokenizer)
     if max_draft_tokens < 1:
         raise ValueError(f"max_draft_tokens must be >= 1, got {max_draft_tokens}")
     decode_config = DecodeConfig(
@@ -115,7 +114,7 @@ def generate(
     outputs: list[list[int]] = []
     all_stats: list[GenerationStats] = []
     for prompt in rows:
-        proposer = resolve_assistant(assistant)
+        proposer = resolve_assistant(assistant, draft_model=assistant_model)
         controller = None
         if proposer is not None:
             controller = AdaptiveController(k_min=1, k_max=max_draft_tokens, adaptive=adaptive)
@@ -192,7 +191,13 @@ def _generation_config(
     model: torch.nn.Module, base: GenerationConfig | None, overrides: dict[str, Any]
 ) -> GenerationConfig:
     config = copy.deepcopy(base if base is not None else getattr(model, "generation_config", None) or GenerationConfig())
-    unknown = config.update(**overrides)
+    overrides = dict(overrides)
+    max_new = overrides.pop("max_new_tokens", config.max_new_tokens)  # 0 is valid here: return the prompt
+    try:
+        unknown = config.update(**overrides)
+    except ValueError as exc:
+        raise ValueError(f"invalid generation settings: {exc}") from None
+    config.max_new_tokens = max_new
     unknown = {k: v for k, v in unknown.items() if k not in ("use_cache", "output_scores")}
     if unknown:
         raise TypeError(

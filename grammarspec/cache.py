@@ -14,7 +14,7 @@ import inspect
 import torch
 from transformers import DynamicCache
 
-__all__ = ["CacheError", "new_cache", "crop_cache", "cache_length"]
+__all__ = ["CacheError", "new_cache", "crop_cache", "cache_length", "require_croppable", "forward_with_cache"]
 
 
 class CacheError(RuntimeError):
@@ -22,6 +22,26 @@ class CacheError(RuntimeError):
 
 
 _CROP_REMOVES = "tokens_to_remove" in inspect.signature(DynamicCache.crop).parameters
+
+
+_CACHE_ARG: dict[type, str] = {}
+
+
+def forward_with_cache(model: torch.nn.Module, input_ids: list[int], cache: DynamicCache, logits_to_keep: int) -> torch.Tensor:
+    """Run ``input_ids`` on top of ``cache`` (extended in place); float32 logits ``[logits_to_keep, V]`` on CPU.
+
+    Transformers renamed the cache argument (``past_key_values`` -> ``cache``);
+    the name is read once per model class from its ``forward`` signature.
+    """
+    kind = type(model)
+    if kind not in _CACHE_ARG:
+        params = inspect.signature(model.forward).parameters
+        _CACHE_ARG[kind] = "cache" if "cache" in params else "past_key_values"
+    ids = torch.tensor([input_ids], dtype=torch.long, device=model.device)
+    kwargs = {_CACHE_ARG[kind]: cache, "use_cache": True, "logits_to_keep": logits_to_keep}
+    with torch.inference_mode():
+        out = model(input_ids=ids, **kwargs)
+    return out.logits[0, -logits_to_keep:].float().cpu()
 
 
 def new_cache(model: torch.nn.Module) -> DynamicCache:
@@ -37,6 +57,16 @@ def cache_length(cache: DynamicCache) -> int:
     return int(cache.get_seq_length())
 
 
+def require_croppable(cache: DynamicCache, model_name: str = "model") -> None:
+    """Raise :class:`CacheError` unless ``cache`` can be cut back exactly."""
+    if getattr(cache, "is_croppable", True) is False:
+        raise CacheError(
+            f"the {model_name} KV cache cannot be rolled back exactly (sliding-window or recurrent "
+            "layers), so speculative decoding cannot verify drafts with it. Use a model with full "
+            "attention, or call generate without an assistant/proposer (plain constrained decoding)."
+        )
+
+
 def crop_cache(cache: DynamicCache, length: int, model_name: str = "model") -> None:
     """Cut ``cache`` back to its first ``length`` tokens.  Changes the cache.
 
@@ -48,12 +78,7 @@ def crop_cache(cache: DynamicCache, length: int, model_name: str = "model") -> N
         return
     if length > current:
         raise CacheError(f"cannot crop the {model_name} cache to {length} tokens: it holds only {current}")
-    if getattr(cache, "is_croppable", True) is False:
-        raise CacheError(
-            f"the {model_name} KV cache cannot be rolled back exactly (sliding-window or recurrent "
-            "layers), so speculative decoding cannot verify drafts with it. Use a model with full "
-            "attention, or call generate without an assistant/proposer."
-        )
+    require_croppable(cache, model_name)
     if _CROP_REMOVES:
         cache.crop(-(current - length))
     else:

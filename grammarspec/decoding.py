@@ -30,7 +30,7 @@ import torch
 from grammars.base import Matcher, allocate_bitmask
 from proposers.base import EMPTY_DRAFT, Draft, GrammarView, Proposer
 
-from .cache import crop_cache, new_cache
+from .cache import crop_cache, forward_with_cache, new_cache, require_croppable
 from .rejection import greedy_verify, rejection_sample
 from .sampling import LogitsProcessorFn, SamplingParams, probabilities, process_logits, unpack_bitmask
 from .stats import GenerationStats
@@ -95,6 +95,8 @@ def decode(
         raise ValueError("stop_strings need the tokenizer: pass tokenizer=...")
     params = config.sampling
     state = DecodeState(tokens=list(prompt_ids), prompt_length=len(prompt_ids), cache=new_cache(model))
+    if proposer is not None:
+        require_croppable(state.cache, "target model")
     stats = GenerationStats()
     vocab = logits_width(model)
     view = GrammarView(matcher) if matcher is not None else None
@@ -149,7 +151,7 @@ def decode(
         # 3. One target forward over pending + draft tokens.
         t0 = time.perf_counter()
         pending = state.tokens[state.cached :]
-        logits = _forward(model, state.cache, pending + list(draft.tokens), rows)  # [rows, V]
+        logits = forward_with_cache(model, pending + list(draft.tokens), state.cache, len(draft) + 1)[:rows]  # [rows, V]
 
         # 4. Same processing for every row, then exact verification.
         scores = process_logits(
@@ -207,14 +209,6 @@ def logits_width(model: torch.nn.Module) -> int:
     if head is not None and getattr(head, "out_features", None):
         return int(head.out_features)
     return int(model.config.vocab_size)
-
-
-def _forward(model: torch.nn.Module, cache: Any, input_ids: list[int], num_logits: int) -> torch.Tensor:
-    """Run ``input_ids`` through the model on top of ``cache``; last ``num_logits`` rows."""
-    ids = torch.tensor([input_ids], dtype=torch.long, device=model.device)
-    with torch.inference_mode():
-        out = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=num_logits)
-    return out.logits[0, -num_logits:].float().cpu()
 
 
 def _walk_draft(

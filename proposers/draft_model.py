@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from grammars.base import allocate_bitmask
-from grammarspec.cache import crop_cache, new_cache
+from grammarspec.cache import crop_cache, forward_with_cache, new_cache, require_croppable
 from grammarspec.sampling import SamplingParams, process_logits
 
 from .base import EMPTY_DRAFT, Draft, GrammarView, Request
@@ -53,6 +53,7 @@ class DraftModelProposer:
 
     def start(self, request: Request) -> None:
         self._cache = new_cache(self.model)
+        require_croppable(self._cache, "draft model")
         self._cached = []
         self._sampling = request.sampling if request.sampling is not None else SamplingParams()
         self._generator = request.generator
@@ -110,7 +111,4 @@ class DraftModelProposer:
             self._cached = self._cached[:keep]
 
     def _forward(self, input_ids: list[int]) -> torch.Tensor:
-        ids = torch.tensor([input_ids], dtype=torch.long, device=self.model.device)
-        with torch.inference_mode():
-            out = self.model(input_ids=ids, past_key_values=self._cache, use_cache=True, logits_to_keep=1)
-        return out.logits[:, -1].float().cpu()
+        return forward_with_cache(self.model, input_ids, self._cache, 1)  # [1, V]

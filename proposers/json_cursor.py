@@ -33,7 +33,7 @@ from typing import Any, NamedTuple
 from .schema_nav import Nodes, SchemaIndex
 
 __all__ = [
-    "Cursor", "Frame", "advance", "signature", "value_path", "value_nodes", "normalize",
+    "Cursor", "Frame", "advance", "end_scalar", "signature", "value_path", "value_nodes", "normalize",
     "VALUE", "ARR_FIRST", "ARR_NEXT", "OBJ_FIRST", "OBJ_NEXT", "KEY", "COLON", "STRING", "SCALAR",
     "AFTER", "DONE", "ERROR", "VALUE_MODES", "KEY_MODES",
 ]  # fmt: skip
@@ -145,6 +145,17 @@ def advance(
             return c
         c = _step(c, b, schema, on_event)
     return c
+
+
+def end_scalar(cursor: Cursor, schema: SchemaIndex | None = None) -> Cursor:
+    """The cursor after the number or literal being typed ends here (no byte consumed).
+
+    A scalar ends only when the next byte is not part of it; this answers
+    "what if it ended now".  Cursors in other modes are returned unchanged.
+    """
+    if cursor.mode != SCALAR:
+        return cursor
+    return _end_value(cursor, cursor.vstart, cursor.offset, schema, None, cursor.tok)
 
 
 def _point(c: Cursor, on_event: Events | None) -> Cursor:

@@ -4,172 +4,110 @@ A JSON answer is full of text a cheap guesser can predict: keys, punctuation,
 enum values, values copied from the prompt, the same keys in every array
 item.  This proposer tracks where generation stands in the document (the
 container stack, the key being filled, the schema node of the next value;
-see :mod:`proposers.json_cursor`) and drafts from three sources:
+see :mod:`proposers.json_cursor`) and drafts from three kinds of source:
 
-* **history** -- what followed the same position earlier in this document
-  (positions compare by path with array indices erased, so the second item of
-  an array copies the first: after ``},{"`` comes the same key as before);
-* **prompt** -- spans of the prompt that fit the current value: once a string
-  value has started, the prompt text that continues what was typed, up to a
-  likely end and the closing quote; at a value's start, the text after the
-  last copied span or after a label naming the key;
-* **schema** -- the next declared property name, ``const``, ``enum``,
-  ``default`` and ``examples`` values, and the structure the schema implies.
+* **history** -- what followed the same position earlier in this document.
+  Positions compare by path with array indices erased, so the second item of
+  an array copies the first: after ``},{"`` comes the key that came after
+  ``[{"``.  ``history`` covers keys and punctuation; ``history_value`` a
+  value seen at the same path (weighted by how often values repeat there).
+* **prompt** -- spans of the prompt that fit the current value (see
+  :mod:`proposers.prompt_spans`).  ``prompt``: once a string or number has
+  started, the prompt text that continues it, up to a likely end and the
+  closing quote.  At a value's start: ``prompt_label`` (after a label naming
+  the key, ``Due date: ...``), ``prompt_next`` (after the latest copied
+  value), ``prompt_near`` (a number just before it on the same line).
+* **schema** -- the next declared property names, ``const``, a unique
+  ``enum`` completion and the structure the schema implies (``schema``);
+  ``enum``/``default``/``examples`` values and literals as guesses
+  (``schema_guess``, ranked by where the prompt mentions them).
 
-A draft is planned in rounds: pick the best legal candidate segment for the
-current position, advance a copy of the cursor over it, repeat until ``k``
-tokens.  Candidates are ranked by how often their source's tokens were
-accepted in this request (learned through :meth:`SchemaNgramProposer.feedback`)
-and checked with the grammar (``GrammarView.validate``); the text becomes
-tokens in the tokenizer's canonical split (:mod:`proposers.text`).
+A draft is planned in rounds: rank the candidate segments for the current
+position, keep the first the grammar accepts (``GrammarView.validate``),
+advance a copy of the cursor over it, repeat until more than ``k`` tokens.
+Candidates rank by their source's token acceptance in this request (a prior
+plus what :meth:`SchemaNgramProposer.feedback` reports) times their rank
+within the source.  Text becomes tokens in the tokenizer's canonical split,
+re-split where the target was seen to split the same text otherwise
+(:mod:`proposers.text`).
 
-Text here is bytes of JSON text: string contents stay JSON-escaped, so the
-prompt is searched in its escaped form (``json.dumps(prompt)[1:-1]``).
+All text here is bytes of JSON text: string contents stay JSON-escaped.
 """
 
 from __future__ import annotations
 
-import json
-import re
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .base import EMPTY_DRAFT, Draft, GrammarView, Request
 from .json_cursor import (
-    AFTER, COLON, DONE, ERROR, KEY, KEY_MODES, OBJ_FIRST, SCALAR, STRING, VALUE_MODES,
-    Cursor, advance, normalize, signature, value_nodes, value_path,
+    AFTER, ARR_FIRST, COLON, DONE, ERROR, KEY, KEY_MODES, OBJ_FIRST, SCALAR, STRING, VALUE, VALUE_MODES,
+    Cursor, Path, advance, end_scalar, normalize, signature, value_nodes, value_path,
 )  # fmt: skip
-from .schema_nav import SchemaIndex, escape_key
-from .text import continuation_tokens, token_text
+from .prompt_spans import (
+    MAX_SPAN, delimiters, escape_text, find_near, label_values, near_cost, number_spans, skip_separators, span_end,
+)  # fmt: skip
+from .schema_nav import Nodes, SchemaIndex
+from .text import SplitPreferences, continuation_tokens, token_text
 
-__all__ = [
-    "SchemaNgramProposer",
-    "escape_text",
-    "span_end",
-    "find_typed",
-    "number_spans",
-    "label_variants",
-    "skip_separators",
-]
+__all__ = ["SchemaNgramProposer", "SOURCE_PRIORS", "follow_length", "prompt_start"]
 
-#: How far (bytes) a copied span may run before it is cut at a word boundary.
-MAX_SPAN = 160
-#: Source priors: the token-acceptance rate assumed before any feedback.
+#: Token-acceptance rate assumed for each source before any feedback.
 SOURCE_PRIORS = {
-    "history": 0.8,  # keys and punctuation seen at the same path
-    "schema": 0.8,  # next declared key, const, unique enum completion, forced structure
-    "prompt": 0.7,  # continuation of a value already typed, found in the prompt
-    "prompt_guess": 0.4,  # a value's start guessed from the prompt
-    "history_value": 0.35,  # the value found at the same path earlier
-    "schema_guess": 0.3,  # an enum/default/example value or a literal, guessed
+    "history": 0.8,
+    "schema": 0.8,
+    "prompt": 0.7,
+    "prompt_label": 0.45,
+    "prompt_next": 0.4,
+    "history_value": 0.35,
+    "prompt_near": 0.3,
+    "schema_guess": 0.3,
 }
 _PRIOR_WEIGHT = 8.0  # pseudo-tokens behind each prior
-_MAX_ROUNDS = 12
-_STRONG_END = re.compile(rb"\\[nrt\"]|[,;:.!?)\]](?= |\\[nrt]|$)| [(@=|/]| [-\xe2]")
-_NUMBER = re.compile(rb"(?<![\w.\-])-?\d{1,3}(?:,\d{3})+(?:\.\d+)?(?![\w])|(?<![\w.\-])-?\d+(?:\.\d+)?(?![\w])")
-_SEPARATORS = frozenset(b" ,;:.-@$=()|*#>+~")
-_CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
+_MAX_ROUNDS = 16
+_NEAR_WINDOW = 60  # bytes: how far from the cursor a guessed number may start
 
 
-# ---------------------------------------------------------------------------
-# Pure helpers over escaped prompt text
-# ---------------------------------------------------------------------------
+def follow_length(cursor: Cursor, data: bytes, schema: SchemaIndex | None = None) -> int:
+    """How much of ``data`` (text that followed an earlier, analogous position) to copy.
 
+    Copies through keys, punctuation and opening brackets and stops at the
+    next scalar value slot, where value sources take over; also stops where
+    ``data`` stops being JSON or the document ends.
 
-def escape_text(text: str) -> bytes:
-    """``text`` as it appears inside a JSON string (escaped, UTF-8).
+    Worked example (the cursor is after ``[{"a":1},{``; data is what followed
+    ``[{``)::
 
-    ``escape_text('a "b"\\nc') == b'a \\\\"b\\\\"\\\\nc'`` (``\\n`` becomes backslash-n).
+        follow_length(cursor, b'"a":1},{"a":2}]')  -> 4    copies '"a":'
     """
-    return json.dumps(text, ensure_ascii=False)[1:-1].encode("utf-8")
+    c = cursor
+    for i, b in enumerate(data):
+        if i and c.mode in VALUE_MODES and b not in b"{[ ":
+            return i
+        c = advance(c, bytes((b,)), schema)
+        if c.mode == ERROR:
+            return i
+        if c.mode == DONE:
+            return i + 1
+    return len(data)
 
 
-def span_end(text: bytes, start: int, limit: int = MAX_SPAN) -> tuple[int, bool]:
-    """Where a value copied from ``text`` at ``start`` most likely ends.
+def prompt_start(segments: Sequence[bytes], min_length: int = 32) -> int:
+    """Offset of the last substantial segment of a prompt split at special tokens.
 
-    Returns ``(end, closed)``: ``closed`` is ``True`` when ``end`` is a natural
-    end -- before an escaped newline, tab or quote, before ``, ; : . ! ? ) ]``
-    followed by a space or a line end, or before `` (``, `` @``, `` =``,
-    `` |``, `` /``, `` -``/`` –``.  Otherwise the span is cut at the last word
-    boundary within ``limit`` bytes and ``closed`` is ``False``.
+    The prompt cursor starts there: in a chat prompt, that is the user's
+    message (the system text before it may quote the schema).
 
-    Worked example (escaped text)::
-
-        b'Inkwell Print Co., 88 Quarry Lane\\\\nBest'   start 0
-        -> (17, True): 'Inkwell Print Co.' ends before ', '
-        b'Tri-fold menus, 11x17: 250'   start 16
-        -> (21, True): '11x17' ends before ': '
+    ``prompt_start([b'system...', b'user\\\\nlong message ...', b'assistant\\\\n'])``
+    is the offset of the second segment when it is at least ``min_length`` long.
     """
-    m = _STRONG_END.search(text, start, min(len(text), start + limit + 2))
-    if m is not None and m.start() - start <= limit:
-        return m.start(), True
-    stop = min(len(text), start + limit)
-    if stop == len(text):
-        return stop, True
-    cut = text.rfind(b" ", start, stop)
-    return (cut if cut > start else stop), False
-
-
-def find_typed(text: bytes, typed: bytes, after: int) -> int:
-    """Where a value whose first bytes are ``typed`` most likely sits in ``text``.
-
-    The first occurrence at or after ``after`` (values are copied in reading
-    order), else the last one before it; ``-1`` if none.
-
-    Worked example::
-
-        find_typed(b'a Bob, then Bo Diddley', b'Bo', 3)  -> 12
-        find_typed(b'a Bob, then Bo Diddley', b'Bob', 3) -> 2
-    """
-    if not typed:
-        return -1
-    pos = text.find(typed, after)
-    if pos >= 0:
-        return pos
-    return text.rfind(typed, 0, after + len(typed) - 1 if after else len(text))
-
-
-def number_spans(text: bytes) -> list[tuple[int, int, bytes]]:
-    """Numbers in ``text`` as ``(start, end, json_text)``; thousands separators dropped.
-
-    Worked example::
-
-        number_spans(b'Total: $1,200.50 on 2024-09-03, qty 3')
-        -> [(8, 16, b'1200.50'), (20, 24, b'2024'), (36, 37, b'3')]
-
-    (the ``-09`` of a date is not read as a negative number).
-    """
-    return [(m.start(), m.end(), m.group().replace(b",", b"")) for m in _NUMBER.finditer(text)]
-
-
-def label_variants(key: str) -> list[bytes]:
-    """Lower-case ways a document may name the field ``key``.
-
-    ``label_variants('due_date') == [b'due date', b'due_date']``;
-    ``label_variants('firstName') == [b'first name', b'firstname']``.
-    """
-    spaced = _CAMEL.sub(" ", key).replace("_", " ").replace("-", " ").strip().lower()
-    out = [spaced.encode("utf-8")]
-    if key.lower() != spaced:
-        out.append(key.lower().encode("utf-8"))
-    return [v for v in out if len(v) >= 3]
-
-
-def skip_separators(text: bytes, pos: int, limit: int = 24) -> int:
-    """Skip spaces, escaped line breaks and list/label punctuation from ``pos``.
-
-    ``skip_separators(b': 250 @ $1.20', 0) == 2``;
-    ``skip_separators(b'\\\\n- Business', 0) == 4``.
-    """
-    end = min(len(text), pos + limit)
-    while pos < end:
-        if text[pos] in _SEPARATORS:
-            pos += 1
-        elif text[pos] == 0x5C and pos + 1 < len(text) and text[pos + 1] in b"nrt":
-            pos += 2
-        else:
-            break
-    return pos
+    offset, best = 0, 0
+    for segment in segments:
+        if len(segment) >= min_length:
+            best = offset
+        offset += len(segment)
+    return best
 
 
 # ---------------------------------------------------------------------------
@@ -178,96 +116,134 @@ def skip_separators(text: bytes, pos: int, limit: int = 24) -> int:
 
 
 class _Document:
-    """The generated JSON text with a cursor per token and a record of what happened where.
+    """The generated JSON with a cursor per token and a record of what happened where.
 
     ``points``: decision-point signature -> offsets where it occurred.
+    ``values``: normalized value path -> the values' JSON texts, in order.
     ``prompt_cursor``: escaped-prompt offset after the latest value found in
-    the prompt (values are copied in reading order).  Truncation by tokens
-    undoes everything recorded after the cut.
+    the prompt.  ``endings``: per value path, how often each delimiter ended
+    a copied value or occurred inside one.  Truncating to fewer tokens undoes
+    everything recorded after the cut.
     """
 
-    def __init__(self, schema: SchemaIndex, prompt: bytes, numbers: list[tuple[int, int, bytes]]) -> None:
+    def __init__(self, schema: SchemaIndex, prompt: bytes, start: int) -> None:
         self.schema = schema
         self.prompt = prompt
-        self.numbers = numbers
+        self.lower = prompt.lower()
+        self.numbers = number_spans(prompt)
         self.text = bytearray()
         self.tokens: list[int] = []
-        self.cursors: list[Cursor] = [Cursor()]
+        self.cursors: list[Cursor] = [Cursor()]  # cursor after i tokens
+        self.ends: list[int] = [0]  # text length after i tokens
         self.points: dict[tuple, list[int]] = {}
-        self._log: list[tuple[int, tuple]] = []  # (offset, signature) in order
-        self._copies: list[tuple[int, int]] = [(0, 0)]  # (doc offset, prompt cursor)
+        self.values: dict[Path, list[bytes]] = {}
+        self.endings: dict[Path, Counter] = {}
+        self.prompt_cursor = start
+        self.floor = start  # the cursor follows values found at or after this offset
+        self._undo: list[tuple[int, Callable[[], None]]] = []  # (offset, how to undo)
 
     @property
     def cursor(self) -> Cursor:
         return self.cursors[-1]
 
-    @property
-    def prompt_cursor(self) -> int:
-        return self._copies[-1][1]
-
     def sync(self, generated: Sequence[int], token_bytes: list[bytes], skip: frozenset[int]) -> None:
         """Make the document hold exactly ``generated`` (rolls back and feeds as needed)."""
         have = len(self.tokens)
-        same = 0
-        if list(generated[:have]) == self.tokens:
-            same = have
-        else:
+        same = have if list(generated[:have]) == self.tokens else 0
+        if same < have:
             limit = min(have, len(generated))
             while same < limit and self.tokens[same] == generated[same]:
                 same += 1
-        if same < have:
             self._truncate(same)
         for token in generated[same:]:
             token = int(token)
             data = b"" if token in skip or not 0 <= token < len(token_bytes) else token_bytes[token]
-            start = len(self.text)
             self.text += data
             self.cursors.append(advance(self.cursor, data, self.schema, self._event) if data else self.cursor)
+            self.ends.append(len(self.text))
             self.tokens.append(token)
-            assert self.cursor.offset == start + len(data) or self.cursor.mode == ERROR
 
     def _truncate(self, n_tokens: int) -> None:
         del self.tokens[n_tokens:]
         del self.cursors[n_tokens + 1 :]
-        offset = self.cursor.offset if self.cursor.mode != ERROR else self._error_offset(n_tokens)
+        del self.ends[n_tokens + 1 :]
+        offset = self.ends[-1]
         del self.text[offset:]
-        while self._log and self._log[-1][0] > offset:
-            _, sig = self._log.pop()
-            self.points[sig].pop()
-        while len(self._copies) > 1 and self._copies[-1][0] > offset:
-            self._copies.pop()
-
-    def _error_offset(self, n_tokens: int) -> int:
-        """Text length after ``n_tokens`` when the cursor stopped tracking (not JSON)."""
-        for i in range(n_tokens, -1, -1):
-            if self.cursors[i].mode != ERROR:
-                return self.cursors[i].offset + 0
-        return 0
+        while self._undo and self._undo[-1][0] > offset:
+            self._undo.pop()[1]()
 
     def _event(self, kind: str, cursor: Cursor, start: int = 0, end: int = 0) -> None:
         if kind == "point":
             sig = signature(cursor)
             if sig is not None:
-                self.points.setdefault(sig, []).append(cursor.offset)
-                self._log.append((cursor.offset, sig))
+                offsets = self.points.setdefault(sig, [])
+                offsets.append(cursor.offset)
+                self._undo.append((cursor.offset, offsets.pop))
             return
-        # A value ended: move the prompt cursor past it if it came from the prompt.
-        value = bytes(self.text[start:end]) if end <= len(self.text) else b""
-        found = self._find_in_prompt(value)
-        if found >= 0:
-            self._copies.append((end, found))
+        path = normalize(value_path(cursor))
+        value = bytes(self.text[start:end])
+        values = self.values.setdefault(path, [])
+        values.append(value)
+        self._undo.append((end, values.pop))
+        self._note_copy(path, value, end)
 
-    def _find_in_prompt(self, value: bytes) -> int:
-        """Escaped-prompt offset just after ``value`` (a string or number), or -1."""
-        if len(value) >= 3 and value[:1] == b'"' and value[-1:] == b'"':
+    def _note_copy(self, path: Path, value: bytes, end: int) -> None:
+        """Move the prompt cursor past ``value`` if it came from the prompt; learn its delimiters."""
+        where = self.locate(value)
+        if where is None:
+            return
+        start, stop = where
+        previous = self.prompt_cursor
+        self.prompt_cursor = stop
+
+        def undo_cursor() -> None:
+            self.prompt_cursor = previous
+
+        self._undo.append((end, undo_cursor))
+        if value[:1] == b'"':
+            inside, at_end = delimiters(self.prompt, start, stop)
+            counts = self.endings.setdefault(path, Counter())
+            changes = Counter({(d, "in"): 1 for d in inside})
+            if at_end is not None:
+                changes[(at_end, "end")] += 1
+            counts.update(changes)
+            self._undo.append((end, lambda: counts.subtract(changes)))
+
+    def locate(self, value: bytes) -> tuple[int, int] | None:
+        """The prompt span (escaped offsets) a string or number value was most likely copied from.
+
+        Only the prompt from ``floor`` on counts (in a chat prompt: the user's
+        message; a system text before it may quote the schema's enums).
+        """
+        floor, cursor = self.floor, self.prompt_cursor
+        if len(value) >= 4 and value[:1] == b'"' and value[-1:] == b'"':
             content = value[1:-1]
-            pos = find_typed(self.prompt, content, self.prompt_cursor)
-            return pos + len(content) if pos >= 0 else -1
+            pos = find_near(self.prompt[floor:], content, cursor - floor)
+            if pos < 0:
+                pos = find_near(self.lower[floor:], content.lower(), cursor - floor)
+            return (floor + pos, floor + pos + len(content)) if pos >= 0 else None
         if value[:1] in b"-0123456789" and value:
-            after = [e for s, e, v in self.numbers if v == value and s >= self.prompt_cursor]
-            if after:
-                return after[0]
-        return -1
+            try:
+                number = float(value)
+            except ValueError:
+                return None
+            spans = [(near_cost(s, cursor), s, e) for s, e, v in self.numbers if s >= floor and float(v) == number]
+            if spans:
+                _, s, e = min(spans)
+                return s, e
+        return None
+
+    def ignored_delimiters(self, path: Path) -> set[bytes]:
+        """Delimiters seen inside values at ``path`` more often than ending them."""
+        counts = self.endings.get(path)
+        if not counts:
+            return set()
+        return {d for (d, where), n in counts.items() if where == "in" and n > counts[(d, "end")]}
+
+    def repeat_rate(self, path: Path) -> float:
+        """How often values at ``path`` repeat an earlier one (smoothed; 0.25 with one value)."""
+        values = self.values.get(path, ())
+        return (len(values) - len(set(values)) + 0.5) / (len(values) + 1)
 
     def earlier(self, sig: tuple, before: int) -> list[int]:
         """Offsets of ``sig`` before offset ``before``, most recent first."""
@@ -275,7 +251,7 @@ class _Document:
 
 
 # ---------------------------------------------------------------------------
-# Candidates
+# The proposer
 # ---------------------------------------------------------------------------
 
 
@@ -288,36 +264,19 @@ class _Candidate:
     closes_string: bool = False  # data = string content + '"' (may be cut at the grammar's limit)
 
 
-def _anchor_signature(c: Cursor) -> tuple | None:
-    """The signature of the decision point the current token started at."""
-    if c.mode == KEY:
-        return signature(c._replace(mode=OBJ_FIRST))
-    if c.mode in (STRING, SCALAR):
-        return signature(c._replace(mode=next(iter(VALUE_MODES))))
-    return signature(c)
-
-
-def _follow(c: Cursor, data: bytes, schema: SchemaIndex) -> int:
-    """How much of ``data`` to copy from an earlier position: up to the next scalar value slot."""
-    for i, b in enumerate(data):
-        if i and c.mode in VALUE_MODES and b not in b"{[ ":
-            return i
-        c = advance(c, bytes((b,)), schema)
-        if c.mode in (ERROR, DONE):
-            return i + 1 if c.mode == DONE else i
-    return len(data)
-
-
 class SchemaNgramProposer:
     """Drafts JSON from this document's history, the prompt and the schema.
 
     ``max_candidates``: how many candidates per round are tried against the
-    grammar.  Deterministic drafts (``probs=None``).
+    grammar.  Deterministic drafts (``probs=None``).  Works without a schema
+    (history and prompt only) and without a grammar (no validation); proposes
+    nothing once the output is not JSON.
     """
 
     def __init__(self, *, name: str = "schema_ngram", max_candidates: int = 6) -> None:
         self.name = name
         self.max_candidates = max_candidates
+        #: source -> [tokens proposed, tokens accepted] in this request.
         self.stats: dict[str, list[float]] = {}
         self._tokenizer = None
         self._doc: _Document | None = None
@@ -328,15 +287,23 @@ class SchemaNgramProposer:
 
     def start(self, request: Request) -> None:
         """Reset for a new generation: read the prompt and index the schema."""
-        helper = token_text(request.tokenizer)
         self._tokenizer = request.tokenizer
-        self._helper = helper
-        prompt = helper.bytes_of(request.prompt_ids).decode("utf-8", errors="replace")
-        escaped = escape_text(prompt)
-        self._prompt_lower = escaped.lower()
-        self._doc = _Document(SchemaIndex(request.schema), escaped, number_spans(escaped))
+        self._helper = helper = token_text(request.tokenizer)
+        # Escape the prompt piece by piece between special tokens (escaping is
+        # per character, so the pieces concatenate to the escaped whole).
+        segments: list[bytes] = []
+        run: list[int] = []
+        for token in list(request.prompt_ids) + [-1]:
+            if token in helper.special_ids or token == -1:
+                segments.append(escape_text(helper.bytes_of(run).decode("utf-8", errors="replace")))
+                run = []
+            else:
+                run.append(int(token))
+        prompt = b"".join(segments)
+        self._doc = _Document(SchemaIndex(request.schema), prompt, prompt_start(segments))
         self._prompt_len = len(request.prompt_ids)
         self.stats = {source: [0.0, 0.0] for source in SOURCE_PRIORS}
+        self._splits = SplitPreferences(request.tokenizer)
         self._last = ((), ())
 
     def propose(self, context: Sequence[int], grammar: GrammarView | None, k: int) -> Draft:
@@ -344,17 +311,19 @@ class SchemaNgramProposer:
         doc = self._doc
         if doc is None or k <= 0 or len(context) < self._prompt_len:
             return EMPTY_DRAFT
+        self._splits.observe(context)
         doc.sync(context[self._prompt_len :], self._helper.vocab_bytes, self._helper.special_ids)
         if doc.cursor.mode in (DONE, ERROR):
             return EMPTY_DRAFT
         tokens, sources = self._plan(context, grammar, k)
+        self._splits.remember(context, tokens)
         if not tokens:
             return EMPTY_DRAFT
         self._last = (tuple(tokens), tuple(sources))
         return Draft(tokens=tuple(tokens), sources=(self.name,) * len(tokens))
 
     def feedback(self, draft: Draft, num_accepted: int) -> None:
-        """Credit each source with its proposed and accepted tokens."""
+        """Credit each source with its proposed and accepted tokens (``draft`` may be a prefix)."""
         tokens, sources = self._last
         if not draft.tokens or tokens[: len(draft.tokens)] != draft.tokens:
             return
@@ -365,7 +334,7 @@ class SchemaNgramProposer:
         self._last = ((), ())
 
     def score(self, source: str) -> float:
-        """Expected acceptance of ``source``'s tokens (prior + this request's feedback)."""
+        """Expected acceptance of ``source``'s tokens: its prior updated by this request's feedback."""
         proposed, accepted = self.stats.get(source, (0.0, 0.0))
         prior = SOURCE_PRIORS.get(source, 0.3)
         return (prior * _PRIOR_WEIGHT + accepted) / (_PRIOR_WEIGHT + proposed)
@@ -373,7 +342,11 @@ class SchemaNgramProposer:
     # -- planning -------------------------------------------------------------
 
     def _plan(self, context: Sequence[int], grammar: GrammarView | None, k: int) -> tuple[list[int], list[str]]:
-        """Choose segments round by round; returns the tokens and each token's source."""
+        """Choose segments round by round; returns the tokens and each token's source.
+
+        Planning goes on until the text holds more than ``k`` tokens, so the
+        last kept token is followed by text and is split canonically.
+        """
         doc = self._doc
         assert doc is not None
         cursor, text, segments = doc.cursor, b"", []  # segments: (source, end byte in text)
@@ -402,37 +375,44 @@ class SchemaNgramProposer:
             segments.append((cand.source, len(text)))
             if cand.prompt_end >= 0:
                 prompt_cursor = cand.prompt_end
-            if chosen is None or len(tokens) >= k:
+            if chosen is None or len(tokens) > k:
                 break
             cursor = advance(cursor, cand.data, doc.schema)
             if cursor.mode in (DONE, ERROR):
                 break
-        tokens = tokens[:k]
-        return tokens, self._token_sources(tokens, segments)
+        if tokens:
+            # The target's own way of splitting this text, where it was seen to differ.
+            tokens = self._splits.resplit(context, tokens)[:k]
+            if grammar is not None:
+                tokens = tokens[: grammar.validate(tokens)]
+        return tokens[:k], self._token_sources(tokens[:k], segments)
 
     def _check(
         self, context: Sequence[int], grammar: GrammarView | None, k: int, text: bytes, cand: _Candidate, have: int
     ) -> tuple[_Candidate, list[int], bool] | None:
-        """Tokenise ``text + cand``; ``(cand, legal tokens, whether all were legal)`` or ``None``."""
+        """Tokenise ``text + cand``: ``(cand, tokens, all legal)`` or ``None`` if it adds nothing legal.
+
+        Only the first ``k + 1`` tokens are validated (the rest are dropped anyway).
+        """
         tokens = self._tokens(context, text + cand.data)
         if not tokens:
             return None
-        limit = min(len(tokens), k)
+        limit = min(len(tokens), k + 1)
         legal = grammar.validate(tokens[:limit]) if grammar is not None else limit
         if legal == limit:
-            return cand, tokens[:limit], True
-        if cand.closes_string and legal > have:
+            return cand, tokens, True
+        if cand.closes_string and legal > have and grammar is not None:
             # The grammar ended the string earlier (pattern, format, maxLength):
             # close it where the legal part ends.
             legal_bytes = len(self._helper.bytes_of(tokens[:legal])) - len(text)
-            content = len(cand.data) - 1
+            least = 2 if cand.data[:1] == b'"' else 1  # keep the opening quote and some content
             for cut in (legal_bytes, legal_bytes - 1):
-                if 0 < cut < content:
+                if least <= cut < len(cand.data) - 1:
                     shorter = _Candidate(cand.source, cand.data[:cut] + b'"', cand.weight, -1, True)
                     retry = self._tokens(context, text + shorter.data)
-                    n = min(len(retry), k)
-                    if retry and grammar is not None and grammar.validate(retry[:n]) == n:
-                        return shorter, retry[:n], True
+                    n = min(len(retry), k + 1)
+                    if retry and grammar.validate(retry[:n]) == n:
+                        return shorter, retry, True
         if legal > have:
             return cand, tokens[:legal], False
         return None
@@ -458,8 +438,7 @@ class SchemaNgramProposer:
     # -- candidate segments ------------------------------------------------------
 
     def _candidates(self, c: Cursor, planned: bytes, prompt_cursor: int) -> list[_Candidate]:
-        doc = self._doc
-        assert doc is not None
+        """Every candidate for the position ``c`` (``planned``: text drafted so far this step)."""
         out = self._from_history(c, planned)
         if c.mode in KEY_MODES or c.mode == KEY:
             out += self._keys(c)
@@ -469,8 +448,7 @@ class SchemaNgramProposer:
             out += self._separators(c)
         elif c.mode in VALUE_MODES or c.mode in (STRING, SCALAR):
             out += self._values(c, prompt_cursor)
-        # One candidate per distinct text, best rank first.
-        seen: dict[bytes, _Candidate] = {}
+        seen: dict[bytes, _Candidate] = {}  # one candidate per text: the first (best) one
         for cand in out:
             if cand.data and cand.data not in seen:
                 seen[cand.data] = cand
@@ -483,32 +461,42 @@ class SchemaNgramProposer:
         sig = _anchor_signature(c)
         if sig is None:
             return []
-        full = bytes(doc.text) + planned
-        typed = full[c.anchor : c.offset]
+        known = len(doc.text)
+        typed = bytes(doc.text[c.anchor : c.offset]) + planned[max(0, c.anchor - known) : max(0, c.offset - known)]
+        in_value = c.mode in (STRING, SCALAR) or c.mode in VALUE_MODES
+        array_text = b""
+        if in_value and c.stack and c.stack[-1].kind == 0x5B:  # an array element: skip values it already has
+            top = c.stack[-1]
+            array_text = bytes(doc.text[top.start :]) + planned[max(0, top.start - known) :]
         out: list[_Candidate] = []
         for offset in doc.earlier(sig, c.anchor):
             if doc.text[offset : offset + len(typed)] != typed:
                 continue
             rest = bytes(doc.text[offset + len(typed) : offset + len(typed) + MAX_SPAN])
-            n = _follow(c, rest, doc.schema)
+            n = follow_length(c, rest, doc.schema)
             if n == 0:
                 continue
-            in_value = c.mode in (STRING, SCALAR) or (c.mode in VALUE_MODES and rest[:1] not in (b"{", b"["))
-            out.append(_Candidate("history_value" if in_value else "history", rest[:n], 1.0 - 0.1 * len(out)))
+            scalar = in_value and (c.mode in (STRING, SCALAR) or rest[:1] not in (b"{", b"["))
+            weight = 1.0 - 0.1 * len(out)
+            if scalar:
+                value = typed + rest[: _scalar_length(typed + rest)]
+                if array_text and value in array_text:
+                    continue
+                weight *= 2 * doc.repeat_rate(sig[1])
+            out.append(_Candidate("history_value" if scalar else "history", rest[:n], weight))
             if len(out) == 2:
                 break
         return out
 
     def _keys(self, c: Cursor) -> list[_Candidate]:
-        """The next declared property names (and '}' when nothing is required)."""
+        """The next declared property names (and ``}`` when nothing is required)."""
         doc = self._doc
         assert doc is not None
         top = c.stack[-1]
         names = doc.schema.property_names(top.nodes)
         if not names:
             return []
-        last = max((names.index(k) for k in top.keys if k in names), default=-1)
-        remaining = [n for n in names[last + 1 :] if n not in top.keys]
+        remaining = _remaining(names, top.keys)
         typed = c.tok if c.mode == KEY else None
         required = doc.schema.required(top.nodes)
         out = []
@@ -518,13 +506,13 @@ class SchemaNgramProposer:
             data = (b"" if typed is not None else b'"') + name[len(typed or b"") :] + b'":'
             out.append(_Candidate("schema", data, 1.0 if i == 0 else 0.5 / i))
             if name in required:
-                break  # a required key cannot be skipped: later ones cannot come first
+                break  # properties come in declared order: a required one cannot be skipped
         if c.mode == OBJ_FIRST and not required & set(names):
             out.append(_Candidate("schema_guess", b"}", 0.5))
         return out
 
-    def _separators(self, c: Cursor) -> list[_Candidate]:
-        """',' or the closing bracket after a value."""
+    def _separators(self, c: Cursor, weight: float = 1.0) -> list[_Candidate]:
+        """``,`` or the closing bracket after a value."""
         doc = self._doc
         assert doc is not None
         top = c.stack[-1]
@@ -532,44 +520,41 @@ class SchemaNgramProposer:
         if top.kind == 0x7B:
             names = schema.property_names(top.nodes)
             if not names:
-                return [_Candidate("schema_guess", b",", 0.6), _Candidate("schema_guess", b"}", 0.5)]
-            last = max((names.index(k) for k in top.keys if k in names), default=-1)
-            remaining = [n for n in names[last + 1 :] if n not in top.keys]
+                return [_Candidate("schema_guess", b",", 0.6 * weight), _Candidate("schema_guess", b"}", 0.5 * weight)]
+            remaining = _remaining(names, top.keys)
             if not remaining:
-                return [_Candidate("schema", b"}")]
+                return [_Candidate("schema", b"}", weight)]
             if set(remaining) & schema.required(top.nodes):
-                return [_Candidate("schema", b",")]
-            return [_Candidate("schema_guess", b"}", 0.6), _Candidate("schema_guess", b",", 0.5)]
+                return [_Candidate("schema", b",", weight)]
+            return [_Candidate("schema_guess", b"}", 0.6 * weight), _Candidate("schema_guess", b",", 0.5 * weight)]
         low, high = schema.array_bounds(top.nodes) if top.nodes else (0, None)
         if high is not None and top.count >= high:
-            return [_Candidate("schema", b"]")]
+            return [_Candidate("schema", b"]", weight)]
         if top.count < low:
-            return [_Candidate("schema", b",")]
-        return [_Candidate("schema_guess", b",", 0.6), _Candidate("schema_guess", b"]", 0.4)]
+            return [_Candidate("schema", b",", weight)]
+        return [_Candidate("schema_guess", b",", 0.6 * weight), _Candidate("schema_guess", b"]", 0.4 * weight)]
 
     def _values(self, c: Cursor, prompt_cursor: int) -> list[_Candidate]:
-        """Candidates for the value expected or being typed at ``c``."""
+        """Candidates for the value expected, or being typed, at ``c``."""
         doc = self._doc
         assert doc is not None
         nodes = value_nodes(c, doc.schema)
         types = doc.schema.types(nodes)
-        if c.mode == STRING:
-            typed = b'"' + c.tok
-        elif c.mode == SCALAR:
-            typed = c.tok
-        else:
-            typed = b""
-        out: list[_Candidate] = []
-        out += self._schema_values(nodes, types, typed, prompt_cursor)
+        path = normalize(value_path(c))
+        typed = b'"' + c.tok if c.mode == STRING else c.tok if c.mode == SCALAR else b""
+        out = self._schema_values(nodes, types, typed, prompt_cursor)
         if c.mode == STRING and c.tok:
-            out += self._prompt_continuation(c.tok, prompt_cursor)
-        elif c.mode == SCALAR and c.tok[:1] in b"-0123456789":
-            out += self._prompt_number(c.tok, prompt_cursor)
-        elif not c.tok and c.mode != SCALAR:
+            out += self._prompt_continuation(c.tok, prompt_cursor, path)
+        elif c.mode == SCALAR:
+            numbers, complete = self._prompt_number(c.tok, prompt_cursor)
+            out += numbers
+            if c.stack:  # the number may end here: what follows it
+                out += self._separators(end_scalar(c, doc.schema), 1.0 if complete else 0.3)
+        else:
             key = value_path(c)[-1] if c.stack else None
             label = key.decode("utf-8", "replace") if isinstance(key, bytes) else None
             if not types or "string" in types:
-                out += self._prompt_string_start(label, prompt_cursor, opened=c.mode == STRING)
+                out += self._prompt_string_start(label, prompt_cursor, path, opened=c.mode == STRING)
             if (not types or "number" in types) and c.mode != STRING:
                 out += self._prompt_number_start(label, prompt_cursor, "integer" in types and "number" not in types)
         if c.mode in VALUE_MODES and len(types) == 1:
@@ -578,115 +563,170 @@ class SchemaNgramProposer:
                 out.append(_Candidate("schema", opener, 0.05))
         return out
 
-    def _schema_values(self, nodes, types: set[str], typed: bytes, prompt_cursor: int) -> list[_Candidate]:
+    def _schema_values(self, nodes: Nodes, types: set[str], typed: bytes, prompt_cursor: int) -> list[_Candidate]:
+        """``const``/``enum``/``default``/``examples`` values and literals that fit what was typed."""
         doc = self._doc
         assert doc is not None
         texts = [(kind, t) for kind, t in doc.schema.value_texts(nodes) if t.startswith(typed) and t != typed]
-        for literal in (b"true", b"false", b"null"):
-            wanted = "boolean" if literal != b"null" else "null"
-            if wanted in types and literal.startswith(typed) and literal != typed:
+        for literal, kind in ((b"true", "boolean"), (b"false", "boolean"), (b"null", "null")):
+            if kind in types and literal.startswith(typed) and literal != typed:
                 texts.append(("literal", literal))
         if not texts:
             return []
-        fixed = doc.schema.fixed_values(nodes)
-        certain = len(texts) == 1 and fixed is not None
+        if len(texts) == 1 and doc.schema.fixed_values(nodes) is not None:
+            return [_Candidate("schema", texts[0][1][len(typed) :])]  # the only value left
         out = []
-        prompt = self._prompt_lower
         for i, (kind, text) in enumerate(texts):
-            rest = text[len(typed) :]
-            if certain or kind == "const":
-                out.append(_Candidate("schema", rest))
-                continue
-            # Rank guesses by where the value is mentioned in the prompt (reading order).
+            # Rank guesses by where the prompt mentions them (reading order).
             weight = 0.5 / (1 + i)
             content = text[1:-1].lower() if text[:1] == b'"' else text
-            if len(content) >= 2:
-                pos = prompt.find(content, prompt_cursor)
+            if content:
+                pos = _find_word(doc.lower, content, prompt_cursor)
                 if pos >= 0:
-                    weight = 1.0 / (1 + (pos - prompt_cursor) / 2000)
-                elif prompt.find(content) >= 0:
-                    weight = 0.6
-            out.append(_Candidate("schema_guess", rest, weight))
+                    weight = 1.0 / (1 + near_cost(pos, prompt_cursor) / 500)
+            out.append(_Candidate("schema_guess", text[len(typed) :], weight))
         return out
 
-    def _prompt_continuation(self, typed: bytes, prompt_cursor: int) -> list[_Candidate]:
-        """The rest of a string value whose first bytes are ``typed``, from the prompt."""
-        prompt = self._doc.prompt  # type: ignore[union-attr]
-        pos = find_typed(prompt, typed, prompt_cursor)
-        used = typed
-        if pos < 0:
-            # Typed text that is not in the prompt: continue from its last words.
-            for i in range(len(typed) - 3, 0, -1):
-                if typed[i - 1 : i] == b" ":
-                    pos = find_typed(prompt, typed[i:], prompt_cursor)
-                    if pos >= 0:
-                        used = typed[i:]
-                        break
+    def _prompt_continuation(self, typed: bytes, prompt_cursor: int, path: Path) -> list[_Candidate]:
+        """The rest of a string value whose content so far is ``typed``, from the prompt."""
+        doc = self._doc
+        assert doc is not None
+        pos, used = _find_typed(doc, typed, prompt_cursor)
         if pos < 0:
             return []
         start = pos + len(used)
-        end, closed = span_end(prompt, start)
-        data = prompt[start:end] + (b'"' if closed else b"")
+        end, closed = span_end(doc.prompt, start, ignore=doc.ignored_delimiters(path))
+        data = doc.prompt[start:end] + (b'"' if closed else b"")
         return [_Candidate("prompt", data, 1.0, end, closed)] if data else []
 
-    def _prompt_string_start(self, label: str | None, prompt_cursor: int, opened: bool) -> list[_Candidate]:
-        """Guesses for a string value's start: after a label naming the key, after the last copy."""
-        prompt = self._doc.prompt  # type: ignore[union-attr]
-        quote = b"" if opened else b'"'
-        starts: list[tuple[int, float]] = []
-        for pos in self._label_positions(label, prompt_cursor):
-            starts.append((pos, 1.0))
+    def _prompt_string_start(self, label: str | None, prompt_cursor: int, path: Path, opened: bool) -> list[_Candidate]:
+        """Guesses for a string value's start: after a label naming the key, after the latest copy."""
+        doc = self._doc
+        assert doc is not None
+        starts = [("prompt_label", pos, 1.0 - 0.1 * i) for i, pos in enumerate(self._labels(label, prompt_cursor))]
         if prompt_cursor > 0:
-            starts.append((skip_separators(prompt, prompt_cursor), 0.9))
+            starts.append(("prompt_next", skip_separators(doc.prompt, prompt_cursor, numbering=True), 1.0))
+        ignore = doc.ignored_delimiters(path)
         out = []
-        for start, weight in starts:
-            end, closed = span_end(prompt, start)
+        for source, start, weight in starts:
+            end, closed = span_end(doc.prompt, start, ignore=ignore)
             if end > start:
-                data = quote + prompt[start:end] + (b'"' if closed else b"")
-                out.append(_Candidate("prompt_guess", data, weight, end, closed))
+                data = (b"" if opened else b'"') + doc.prompt[start:end] + (b'"' if closed else b"")
+                out.append(_Candidate(source, data, weight, end, closed))
         return out
 
-    def _prompt_number(self, typed: bytes, prompt_cursor: int) -> list[_Candidate]:
-        """The rest of a number whose first characters are ``typed``, from the prompt."""
-        numbers = self._doc.numbers  # type: ignore[union-attr]
-        fits = [(s, e, v) for s, e, v in numbers if v.startswith(typed) and v != typed]
+    def _prompt_number(self, typed: bytes, prompt_cursor: int) -> tuple[list[_Candidate], bool]:
+        """The rest of a number that starts with ``typed``, and whether the prompt says it is complete."""
+        doc = self._doc
+        assert doc is not None
+        fits = [(near_cost(s, prompt_cursor), e, v) for s, e, v in doc.numbers if v.startswith(typed)]
         if not fits:
-            return []
-        after = [n for n in fits if n[0] >= prompt_cursor]
-        s, e, v = after[0] if after else fits[-1]
-        return [_Candidate("prompt", v[len(typed) :], 1.0, e)]
+            return [], False
+        _, end, value = min(fits)
+        if value == typed:
+            return [], True
+        return [_Candidate("prompt", value[len(typed) :], 1.0, end)], False
 
     def _prompt_number_start(self, label: str | None, prompt_cursor: int, integer: bool) -> list[_Candidate]:
-        """Guesses for a number value: the first number after a label, or after the last copy."""
-        numbers = self._doc.numbers  # type: ignore[union-attr]
+        """Guesses for a number: right after a label, next after the latest copy, or just before it."""
+        doc = self._doc
+        assert doc is not None
         out = []
-        origins = [(p, 1.0) for p in self._label_positions(label, prompt_cursor)]
+        for i, origin in enumerate(self._labels(label, prompt_cursor)):
+            for s, e, v in doc.numbers:
+                if origin <= s <= origin + 2:  # the value follows the label directly ($ and spaces skipped)
+                    out.append(_Candidate("prompt_label", v, 1.0 - 0.1 * i, e))
         if prompt_cursor > 0:
-            origins.append((prompt_cursor, 0.9))
-        for origin, weight in origins:
-            for s, e, v in numbers:
-                if s >= origin and s - origin <= 120:
-                    if not (integer and b"." in v):
-                        out.append(_Candidate("prompt_guess", v, weight, e))
-                    break
+            ahead = [(s, e, v) for s, e, v in doc.numbers if prompt_cursor <= s <= prompt_cursor + _NEAR_WINDOW]
+            if ahead:
+                s, e, v = ahead[0]
+                out.append(_Candidate("prompt_next", v, 1.0, e))
+            line = doc.prompt.rfind(b"\\n", 0, prompt_cursor)
+            behind = [(s, e, v) for s, e, v in doc.numbers if line < s and e <= prompt_cursor]
+            if behind:
+                s, e, v = behind[-1]
+                out.append(_Candidate("prompt_near", v, 1.0, e))
+        if integer:
+            out = [c for c in out if b"." not in c.data]
         return out
 
-    def _label_positions(self, label: str | None, prompt_cursor: int) -> list[int]:
-        """Where a value named by ``label`` starts in the prompt (after the label text)."""
+    def _labels(self, label: str | None, prompt_cursor: int) -> list[int]:
+        """Value starts after labels naming ``label``, nearest the cursor first (at most two)."""
         if not label:
             return []
-        prompt = self._prompt_lower
-        found: list[int] = []
-        for variant in label_variants(label):
-            pos = prompt.find(variant)
-            while pos >= 0 and len(found) < 3:
-                end = pos + len(variant)
-                if (pos == 0 or not prompt[pos - 1 : pos].isalnum()) and not prompt[end : end + 1].isalnum():
-                    found.append(skip_separators(prompt, end))
-                pos = prompt.find(variant, end)
-        found.sort(key=lambda p: (p < prompt_cursor, abs(p - prompt_cursor)))
+        doc = self._doc
+        assert doc is not None
+        found = label_values(doc.lower, label)
+        found.sort(key=lambda p: near_cost(p, prompt_cursor))
         return found[:2]
 
 
-# Keep the escape helper importable under its schema name too.
-escape_key = escape_key
+# ---------------------------------------------------------------------------
+# Small helpers
+# ---------------------------------------------------------------------------
+
+
+def _anchor_signature(c: Cursor) -> tuple | None:
+    """The signature of the decision point the current token started at."""
+    if c.mode == KEY:
+        return signature(c._replace(mode=OBJ_FIRST))
+    if c.mode in (STRING, SCALAR):
+        return signature(c._replace(mode=VALUE))
+    return signature(c)
+
+
+def _remaining(names: list[bytes], seen: tuple[bytes, ...]) -> list[bytes]:
+    """Declared names that may still come: after the last one seen, not seen yet."""
+    last = max((names.index(k) for k in seen if k in names), default=-1)
+    return [n for n in names[last + 1 :] if n not in seen]
+
+
+def _scalar_length(text: bytes) -> int:
+    """Length of the string, number or literal at the start of ``text``."""
+    if text[:1] == b'"':
+        i, escaped = 1, False
+        while i < len(text):
+            if escaped:
+                escaped = False
+            elif text[i] == 0x5C:
+                escaped = True
+            elif text[i] == 0x22:
+                return i + 1
+            i += 1
+        return len(text)
+    i = 0
+    while i < len(text) and text[i] not in b",}] \n":
+        i += 1
+    return i
+
+
+def _find_word(lowered: bytes, word: bytes, cursor: int) -> int:
+    """The whole-word occurrence of ``word`` nearest the cursor in lower-cased text, or -1."""
+    best, best_cost = -1, None
+    pos = lowered.find(word)
+    while pos >= 0:
+        end = pos + len(word)
+        if (pos == 0 or not lowered[pos - 1 : pos].isalnum()) and not lowered[end : end + 1].isalnum():
+            cost = near_cost(pos, cursor)
+            if best_cost is None or cost < best_cost:
+                best, best_cost = pos, cost
+            if pos >= cursor:
+                break
+        pos = lowered.find(word, pos + 1)
+    return best
+
+
+def _find_typed(doc: _Document, typed: bytes, cursor: int) -> tuple[int, bytes]:
+    """Where the typed start of a string value sits in the prompt, and the part of it matched.
+
+    Exact case first, then ignoring case; if the whole is not there, its
+    last words (at least 3 bytes) -- the model may paraphrase the start.
+    """
+    suffixes = [typed] + [typed[i:] for i in range(1, len(typed) - 2) if typed[i - 1 : i] == b" "]
+    for used in suffixes:
+        pos = find_near(doc.prompt, used, cursor)
+        if pos < 0:
+            pos = find_near(doc.lower, used.lower(), cursor)
+        if pos >= 0:
+            return pos, used
+    return -1, b""

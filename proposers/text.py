@@ -16,9 +16,11 @@ tiktoken vocabularies): the returned tokens always spell exactly ``text``.
 
 from __future__ import annotations
 
+import bisect
+import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 __all__ = ["TokenText", "token_text", "continuation_tokens"]
@@ -30,23 +32,50 @@ class TokenText:
     """Per-tokenizer helper: token bytes and a small encode cache.
 
     Build it with :func:`token_text`, which keeps one per tokenizer.  Nothing
-    here changes the tokenizer.
+    here changes the tokenizer.  Safe to share between threads.
     """
 
     def __init__(self, tokenizer: Any) -> None:
-        self._tokenizer = tokenizer
+        # A weak reference: the registry maps tokenizer -> helper weakly, so
+        # the helper must not keep its tokenizer alive.
+        try:
+            self._ref: Callable[[], Any] = weakref.ref(tokenizer)
+        except TypeError:
+            self._ref = lambda: tokenizer
         # The raw ``tokenizers.Tokenizer`` is ~2x faster than the HF wrapper.
         self._backend = getattr(tokenizer, "_tokenizer", None)
+        self._lock = threading.Lock()
         self._cache: OrderedDict[str, tuple[int, ...]] = OrderedDict()
         self._bytes: list[bytes] | None = None
+        self._sorted: tuple[list[bytes], list[int]] | None = None
         self.special_ids: frozenset[int] = frozenset(int(t) for t in (tokenizer.all_special_ids or ()))
 
     @property
     def vocab_bytes(self) -> list[bytes]:
         """The byte string of every token id (special tokens: their text)."""
         if self._bytes is None:
-            self._bytes = _decoded_vocab(self._tokenizer)
+            with self._lock:
+                if self._bytes is None:
+                    self._bytes = _decoded_vocab(self._ref())
         return self._bytes
+
+    def extensions(self, token: int) -> list[int]:
+        """Ids of the tokens whose bytes start with ``token``'s bytes and are longer."""
+        if self._sorted is None:
+            table = self.vocab_bytes
+            order = sorted((i for i in range(len(table)) if i not in self.special_ids), key=table.__getitem__)
+            self._sorted = ([table[i] for i in order], order)  # a race builds it twice, harmlessly
+        keys, ids = self._sorted
+        table = self.vocab_bytes
+        prefix = table[token] if 0 <= token < len(table) else b""
+        if not prefix:
+            return []
+        out = []
+        for j in range(bisect.bisect_right(keys, prefix), len(keys)):
+            if not keys[j].startswith(prefix):
+                break
+            out.append(ids[j])
+        return out
 
     def bytes_of(self, ids: Sequence[int]) -> bytes:
         """The bytes ``ids`` spell (ids outside the vocabulary spell nothing)."""
@@ -56,17 +85,19 @@ class TokenText:
 
     def encode(self, text: str) -> tuple[int, ...]:
         """Canonical token ids of ``text`` without special tokens (cached)."""
-        ids = self._cache.get(text)
-        if ids is not None:
-            self._cache.move_to_end(text)
-            return ids
+        with self._lock:
+            ids = self._cache.get(text)
+            if ids is not None:
+                self._cache.move_to_end(text)
+                return ids
         if self._backend is not None:
             ids = tuple(self._backend.encode(text, add_special_tokens=False).ids)
         else:
-            ids = tuple(self._tokenizer.encode(text, add_special_tokens=False))
-        self._cache[text] = ids
-        if len(self._cache) > _ENCODE_CACHE_SIZE:
-            self._cache.popitem(last=False)
+            ids = tuple(self._ref().encode(text, add_special_tokens=False))
+        with self._lock:
+            self._cache[text] = ids
+            if len(self._cache) > _ENCODE_CACHE_SIZE:
+                self._cache.popitem(last=False)
         return ids
 
 
@@ -88,10 +119,16 @@ def _decoded_vocab(tokenizer: Any) -> list[bytes]:
 
 _REGISTRY: "weakref.WeakKeyDictionary[Any, TokenText]" = weakref.WeakKeyDictionary()
 _BY_ID: dict[int, TokenText] = {}
+_REGISTRY_LOCK = threading.Lock()
 
 
 def token_text(tokenizer: Any) -> TokenText:
     """The shared :class:`TokenText` of ``tokenizer`` (built once)."""
+    with _REGISTRY_LOCK:
+        return _lookup(tokenizer)
+
+
+def _lookup(tokenizer: Any) -> TokenText:
     try:
         helper = _REGISTRY.get(tokenizer)
         if helper is None:
@@ -99,7 +136,7 @@ def token_text(tokenizer: Any) -> TokenText:
         return helper
     except TypeError:  # not weak-referenceable or not hashable
         helper = _BY_ID.get(id(tokenizer))
-        if helper is None or helper._tokenizer is not tokenizer:
+        if helper is None or helper._ref() is not tokenizer:
             helper = _BY_ID[id(tokenizer)] = TokenText(tokenizer)
         return helper
 
@@ -150,3 +187,89 @@ def continuation_tokens(
             if helper.bytes_of(rest) == target:
                 return rest
     return []
+
+
+class SplitPreferences:
+    """How the target splits text where it disagrees with the canonical split (learned per request).
+
+    Models do not always write the canonical tokenisation of constrained
+    text: SmolLM2 writes compact JSON as ``{`` ``"ticket`` ... ``":`` ``"SUP``
+    where the canonical split is ``{"`` ``ticket`` ... ``":"`` ``S``.  When
+    the target rejects a draft token and commits a token that spells a
+    proper prefix of the draft's remaining text (same text, other split),
+    that token is remembered for the canonical token it replaced;
+    :meth:`resplit` then uses it wherever the canonical split would use
+    that token and the text allows it.
+
+    Usage, per proposer and request: :meth:`observe` the new context at the
+    start of ``propose`` (it compares it with the last :meth:`remember`-ed
+    draft), :meth:`resplit` the canonical tokens, :meth:`remember` the draft.
+    """
+
+    def __init__(self, tokenizer: Any, max_per_token: int = 4) -> None:
+        self.tokenizer = tokenizer
+        self.helper = token_text(tokenizer)
+        self.max_per_token = max_per_token
+        self.prefs: dict[int, list[int]] = {}
+        self._last: tuple[int, tuple[int, ...], tuple[int, ...]] | None = None  # (start, fingerprint, tokens)
+
+    def remember(self, context: Sequence[int], tokens: Sequence[int]) -> None:
+        """The draft ``tokens`` proposed after ``context`` (compared with the next context)."""
+        start = len(context)
+        self._last = (start, tuple(context[max(0, start - 8) : start]), tuple(tokens)) if tokens else None
+
+    def observe(self, context: Sequence[int]) -> None:
+        """Learn from what the target committed where the last remembered draft stood."""
+        if self._last is None:
+            return
+        start, fingerprint, draft = self._last
+        self._last = None
+        if len(context) <= start or tuple(context[max(0, start - 8) : start]) != fingerprint:
+            return
+        n = 0
+        while n < len(draft) and start + n < len(context) and context[start + n] == draft[n]:
+            n += 1
+        if n == len(draft) or start + n >= len(context):
+            return
+        committed = int(context[start + n])
+        spelled = self.helper.bytes_of([committed])
+        rest = self.helper.bytes_of(draft[n:])
+        if spelled and len(spelled) < len(rest) and rest.startswith(spelled):
+            choices = self.prefs.setdefault(draft[n], [])
+            if committed in choices:
+                choices.remove(committed)
+            choices.insert(0, committed)
+            del choices[self.max_per_token :]
+
+    def resplit(self, context: Sequence[int], tokens: Sequence[int]) -> list[int]:
+        """``tokens`` (a canonical split after ``context``) with the learned splits applied.
+
+        Spells the same bytes.  Worked example: having learned that the
+        target writes ``",`` where the canonical split has ``","``, the
+        canonical ``["x", '","', 'b', '":']`` becomes ``["x", '",', '"', 'b', '":']``
+        (the text after ``",`` is split canonically again).
+        """
+        out = [int(t) for t in tokens]
+        if not self.prefs:
+            return out
+        i = 0
+        for _ in range(len(out) + 1):  # every substitution moves past at least one byte
+            while i < len(out) and out[i] not in self.prefs:
+                i += 1
+            if i >= len(out):
+                return out
+            rest = self.helper.bytes_of(out[i:])
+            for choice in self.prefs[out[i]]:
+                spelled = self.helper.bytes_of([choice])
+                if spelled and len(spelled) < len(rest) and rest.startswith(spelled):
+                    try:
+                        tail_text = rest[len(spelled) :].decode("utf-8")
+                    except UnicodeDecodeError:
+                        continue
+                    prefix = out[:i] + [choice]
+                    tail = continuation_tokens(self.tokenizer, list(context) + prefix, tail_text)
+                    if tail:
+                        out = prefix + tail
+                        break
+            i += 1
+        return out

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from toy import toy_tokenizer
+from toy import toy_tokenizer, toy_vocab_size
+
+V = toy_vocab_size()
 from toy_models import ToyCausalLM
 
 from grammars import compile_grammar, grammar_spec
@@ -82,7 +84,7 @@ def test_rollback_leaves_no_trace(compiled, seed):
     """After every step: the matcher equals a fresh one fed the committed tokens, the
     target cache holds exactly the committed-and-verified prefix, and the draft
     model's cache holds only committed tokens."""
-    model, draft_model = ToyCausalLM(55, seed=seed), ToyCausalLM(55, seed=seed + 100)
+    model, draft_model = ToyCausalLM(V, seed=seed), ToyCausalLM(V, seed=seed + 100)
     matcher = compiled.matcher(max_rollback=8)
     proposer = DraftModelProposer(draft_model)
     generator = torch.Generator().manual_seed(seed)
@@ -110,7 +112,7 @@ def test_rollback_leaves_no_trace(compiled, seed):
 
 
 def test_speculative_greedy_equals_plain_greedy(compiled):
-    model = ToyCausalLM(55, seed=3)
+    model = ToyCausalLM(V, seed=3)
     plain, _ = run(model, PROMPT, matcher=compiled.matcher())
     for noise in (0, 2, 3):
         spec, stats = run(model, PROMPT, matcher=compiled.matcher(), proposer=ScriptedProposer(plain, noise))
@@ -143,7 +145,7 @@ class SpyMatcher:
 @pytest.mark.parametrize("extra", range(0, 5))
 def test_termination_inside_the_draft_window(compiled, extra):
     """The document ends (EOS) at every offset of a draft window, with junk after it."""
-    model = ToyCausalLM(55, seed=11)
+    model = ToyCausalLM(V, seed=11)
     plain, _ = run(model, PROMPT, matcher=compiled.matcher())
     assert plain[-1] == 0
     script = plain + [7] * extra
@@ -158,7 +160,7 @@ def test_termination_inside_the_draft_window(compiled, extra):
 @pytest.mark.parametrize("offset", range(0, 6))
 def test_eos_and_stop_strings_at_every_offset(tok, offset):
     """Unconstrained: stopping exactly where plain decoding stops, whatever the draft window."""
-    model = ToyCausalLM(55, seed=5)
+    model = ToyCausalLM(V, seed=5)
     base, _ = run(model, PROMPT, config=DecodeConfig(max_new_tokens=12, eos_token_ids=()))
     stop_at = 3 + offset  # stop on the token generated at this position
     eos_token = base[stop_at]
@@ -178,7 +180,7 @@ def test_eos_and_stop_strings_at_every_offset(tok, offset):
 
 
 def test_max_new_tokens_is_exact(compiled):
-    model = ToyCausalLM(55, seed=2)
+    model = ToyCausalLM(V, seed=2)
     for limit in range(0, 7):
         cfg = DecodeConfig(max_new_tokens=limit, eos_token_ids=(0,))
         plain, _ = run(model, PROMPT, matcher=compiled.matcher(), config=cfg)
@@ -192,7 +194,7 @@ def test_forced_tokens_skip_the_target():
     """Where the grammar allows exactly one token it is committed without a forward pass."""
     tok = toy_tokenizer()
     compiled = compile_grammar(grammar_spec(regex="abcdefgh(x|y)"), tok, vocab_size=len(tok), stop_token_ids=(0,))
-    model = ToyCausalLM(55, seed=4)
+    model = ToyCausalLM(V, seed=4)
     new, stats = run(model, PROMPT, matcher=compiled.matcher())
     assert tok.decode(new[:-1]) in ("abcdefghx", "abcdefghy") and new[-1] == 0
     assert stats.forced_tokens >= 9  # eight letters and the final EOS
@@ -213,16 +215,16 @@ def test_uncroppable_cache_is_refused(compiled, monkeypatch):
 
     real = decoding.new_cache
     monkeypatch.setattr(decoding, "new_cache", lambda model: NoCropCache(real(model)))
-    model = ToyCausalLM(55, seed=3)
+    model = ToyCausalLM(V, seed=3)
     script = [6] * 5  # rejected: forces a rollback
     with pytest.raises(CacheError, match="cannot be rolled back"):
         run(model, PROMPT, matcher=compiled.matcher(), proposer=ScriptedProposer(script))
 
 
 def test_draft_row_without_legal_token_emits_nothing(compiled, monkeypatch):
-    proposer = DraftModelProposer(ToyCausalLM(55, seed=1))
+    proposer = DraftModelProposer(ToyCausalLM(V, seed=1))
     proposer.start(Request(prompt_ids=tuple(PROMPT), tokenizer=None, sampling=SamplingParams(True, 1.0)))
-    monkeypatch.setattr(proposer, "_forward", lambda ids: torch.full((1, 55), float("-inf")))
+    monkeypatch.setattr(proposer, "_forward", lambda ids: torch.full((1, V), float("-inf")))
     from proposers.base import GrammarView
 
     assert len(proposer.propose(PROMPT, GrammarView(compiled.matcher()), 4)) == 0
@@ -230,4 +232,4 @@ def test_draft_row_without_legal_token_emits_nothing(compiled, monkeypatch):
 
 def test_empty_prompt_is_refused():
     with pytest.raises(ValueError, match="prompt is empty"):
-        decode(ToyCausalLM(55), [], DecodeConfig(max_new_tokens=3))
+        decode(ToyCausalLM(V), [], DecodeConfig(max_new_tokens=3))

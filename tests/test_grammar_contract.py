@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from grammars import BACKENDS, GrammarError, allocate_bitmask, bitmask_to_ids, compile_grammar, grammar_spec
-from toy import toy_tokenizer
+from toy import toy_byte_fallback_tokenizer, toy_byte_level_tokenizer, toy_tokenizer
 
 SCHEMA = {
     "type": "object",
@@ -224,6 +224,27 @@ def test_eos_inside_a_draft_window(case):
     assert m.is_terminated()
 
 
+def test_every_stop_token_ends_the_document(case):
+    other = next(t for t in case.tokenizer.all_special_ids if t != case.eos)
+    compiled = compile_grammar(
+        grammar_spec(schema=SCHEMA), case.tokenizer, vocab_size=case.vocab_size,
+        stop_token_ids=[case.eos, other], backend=case.backend,
+    )  # fmt: skip
+    assert compiled.matcher().stop_token_ids == (case.eos, other)
+    m = compiled.matcher()
+    for token in case.doc[:-1]:
+        assert m.accept(token)
+    mask = case.mask(m)
+    assert not case.legal(mask, case.eos) and not case.legal(mask, other)
+    assert m.accept(case.doc[-1])
+    mask = case.mask(m)
+    assert case.legal(mask, case.eos) and case.legal(mask, other)
+    for stop in (other, case.eos):
+        assert m.accept(stop) and m.is_terminated()
+        m.rollback(1)
+        assert torch.equal(case.mask(m), mask)
+
+
 def test_termination(case):
     m = case.matcher()
     for token in case.doc + [case.eos]:
@@ -370,3 +391,82 @@ def test_xgrammar_parity_on_a_task(smol_tokenizer, tasks):
     task = next(t for t in tasks if t["kind"] == "tool_call")
     text = json.dumps(task["reference"], separators=(",", ":"), ensure_ascii=False)
     _parity_check(smol_tokenizer, task["schema"], text, len(smol_tokenizer), smol_tokenizer.eos_token_id)
+
+
+# -- token decoding -------------------------------------------------------------------------------
+
+TOKENIZERS = {
+    "toy": toy_tokenizer,
+    "byte_level": toy_byte_level_tokenizer,
+    "byte_fallback": toy_byte_fallback_tokenizer,
+}
+
+
+@pytest.mark.parametrize("vocab", [*TOKENIZERS, "smollm2"])
+def test_outlines_token_bytes_agree_with_xgrammar(request, vocab):
+    """Both backends read every token as the same bytes (special and padding ids aside)."""
+    import xgrammar as xgr
+
+    from grammars.outlines_backend import token_bytes
+
+    tokenizer = request.getfixturevalue("smol_tokenizer") if vocab == "smollm2" else TOKENIZERS[vocab]()
+    vocab_size = len(tokenizer) + 5
+    ours = token_bytes(tokenizer, vocab_size)
+    theirs = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size).decoded_vocab
+    special = set(tokenizer.all_special_ids)
+    special |= {i for i, added in tokenizer.added_tokens_decoder.items() if added.special}
+    for token_id in range(vocab_size):
+        if token_id in special or token_id >= len(tokenizer):
+            assert ours[token_id] is None
+        else:
+            assert ours[token_id] == theirs[token_id], (token_id, ours[token_id], theirs[token_id])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("vocab", ["byte_level", "byte_fallback"])
+def test_characters_split_across_tokens(backend, vocab):
+    """``é`` is two byte tokens: masks, forced text and rollback stay right in the middle of it."""
+    from grammars.outlines_backend import token_bytes
+
+    tokenizer = TOKENIZERS[vocab]()
+    text = json.dumps({"a": "é a"}, ensure_ascii=False, separators=(",", ":"))
+    schema = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}
+    case_vocab = len(tokenizer) + 3
+    compiled = compile_grammar(grammar_spec(schema=schema), tokenizer, vocab_size=case_vocab, backend=backend)
+    tokens = tokenizer.encode(text, add_special_tokens=False)
+    assert len(tokens) > len(text.encode()) // 2 and tokenizer.decode(tokens) == text
+    pieces = token_bytes(tokenizer, len(tokenizer))  # checked against xgrammar above
+    m = compiled.matcher()
+    masks, done = [], b""
+    for token in tokens:
+        mask = allocate_bitmask(1, case_vocab)
+        m.fill_mask(mask, 0)
+        masks.append(mask)
+        forced = m.forced_text().encode()
+        assert text.encode()[len(done):].startswith(forced), (done, forced)
+        assert m.accept(token)
+        done += pieces[token]
+    assert done == text.encode()
+    m.rollback(5)  # back across the split character
+    for token, mask in zip(tokens[-5:], masks[-5:]):
+        again = allocate_bitmask(1, case_vocab)
+        m.fill_mask(again, 0)
+        assert torch.equal(again, mask)
+        assert m.accept(token)
+    assert m.accept(tokenizer.eos_token_id) and m.is_terminated()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_forced_text_around_a_split_character(backend):
+    """An enum forces the whole value; in the middle of a split ``é`` nothing whole is forced."""
+    tokenizer = toy_byte_level_tokenizer()
+    schema = {"type": "object", "properties": {"a": {"type": "string", "enum": ["éé"]}}, "required": ["a"]}
+    m = compile_grammar(grammar_spec(schema=schema), tokenizer, backend=backend).matcher()
+    tokens = tokenizer.encode('{"a":"éé"}', add_special_tokens=False)
+    assert tokenizer.convert_ids_to_tokens(tokens) == ['{"', "a", '":', '"', "Ã", "©", "Ã", "©", '"', "}"]
+    forced = []
+    for token in tokens:
+        forced.append(m.forced_text())
+        assert m.accept(token)
+    assert forced == ['{"a":"éé"}', 'a":"éé"}', '":"éé"}', '"éé"}', 'éé"}', "", 'é"}', "", '"}', "}"]
+    assert m.forced_text() == ""

@@ -40,8 +40,7 @@ class ToyCausalLM(torch.nn.Module):
         last = context[-1]
         return self.bigram[last] + self.position[len(context) % 8] + self.history[sum(context) % self.buckets]
 
-    def forward(self, input_ids, past_key_values=None, use_cache=True, logits_to_keep=0, **_):
-        cache = past_key_values
+    def forward(self, input_ids, cache=None, use_cache=True, logits_to_keep=0):
         new = input_ids[0].tolist()
         past: list[int] = []
         if cache is not None and cache.get_seq_length() > 0:
@@ -57,7 +56,7 @@ class ToyCausalLM(torch.nn.Module):
         logits = torch.stack(rows)[None]  # [1, n, V]
         if logits_to_keep:
             logits = logits[:, -logits_to_keep:]
-        return SimpleNamespace(logits=logits, past_key_values=cache)
+        return SimpleNamespace(logits=logits)
 
 
 def tiny_llama(vocab_size: int, seed: int = 0) -> LlamaForCausalLM:

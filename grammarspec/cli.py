@@ -1,0 +1,345 @@
+"""The ``grammarspec`` command line: ``generate`` one constrained answer, or ``bench`` the proposers.
+
+    grammarspec generate --schema person.json --prompt "Ada Lovelace, born 1815"
+    grammarspec generate --tools tools.json --prompt "Weather in Oslo?" --assistant auto
+    grammarspec bench --quick
+    grammarspec bench --schemas ../shared/schemas --limit 21 --out bench-corpus
+
+Errors in the arguments or inputs exit with status 2 and say what to fix;
+errors while generating exit with status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["main", "build_parser", "DEFAULT_MODEL", "BENCH_MAX_NEW_TOKENS", "QUICK"]
+
+DEFAULT_MODEL = "smollm2-135m"
+ASSISTANTS = ("auto", "none", "prompt_lookup", "schema_ngram", "jump_forward", "draft_model")
+#: max_new_tokens of a full bench run: covers every tool call and most
+#: extraction/generation answers while the default task file fits in 30 minutes.
+BENCH_MAX_NEW_TOKENS = 256
+#: What --quick changes (options given explicitly still win).
+QUICK = {"limit": 3, "arms": "baseline,none,auto", "max_new_tokens": 48}
+
+
+class CliError(Exception):
+    """Bad arguments or inputs: printed as ``error: ...`` with exit status 2."""
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0 (0 means greedy), got {text}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
+    return value
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="grammarspec",
+        description="Exact schema-constrained speculative decoding for Hugging Face models.",
+    )
+    parser.add_argument("--version", action="version", version=f"grammarspec {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands.required = True
+
+    gen = commands.add_parser(
+        "generate",
+        help="generate one JSON answer that follows a schema or calls a tool",
+        description="Generate one JSON answer and print it (stdout) and its statistics (stderr).",
+    )
+    source = gen.add_mutually_exclusive_group(required=True)
+    source.add_argument("--schema", metavar="FILE", help="JSON Schema file the answer must follow")
+    source.add_argument("--tools", metavar="FILE",
+                        help='JSON file with OpenAI-style tool definitions (a list, or {"tools": [...]})')  # fmt: skip
+    gen.add_argument("--prompt", required=True, metavar="TEXT", help="the user message ('-' reads it from stdin)")
+    gen.add_argument("--system", metavar="TEXT", help="a system prompt")
+    gen.add_argument("--parallel-tool-calls", action="store_true", help="with --tools: allow a list of calls")
+    gen.add_argument("--assistant", choices=ASSISTANTS, default="auto",
+                     help="drafter preset (default: auto; none = no speculation)")  # fmt: skip
+    gen.add_argument("--draft-model", metavar="DIR", help="a draft model sharing the tokenizer (local directory)")
+    gen.add_argument("--max-new-tokens", type=_positive_int, default=512, metavar="N", help="default: 512")
+    gen.add_argument("--temperature", type=_non_negative_float, default=0.0, metavar="T",
+                     help="sampling temperature; 0 (default) decodes greedily")  # fmt: skip
+    gen.add_argument("--seed", type=_int, default=0, metavar="S", help="random seed (default: 0)")
+    gen.add_argument("--model", default=DEFAULT_MODEL, metavar="NAME_OR_DIR",
+                     help=f"embedded model name or local model directory (default: {DEFAULT_MODEL})")  # fmt: skip
+    gen.add_argument("--grammar-backend", choices=("xgrammar", "outlines"), default="xgrammar")
+    gen.add_argument("--json", action="store_true", help="print one JSON object with the answer and statistics")
+    gen.set_defaults(run=_cmd_generate)
+
+    bench = commands.add_parser(
+        "bench",
+        help="measure speed and acceptance of every arm against plain constrained decoding",
+        description=(
+            "Run task files and schema corpora under the baseline (HF generate + xgrammar's logits "
+            "processor), grammarspec without speculation, each proposer and the presets; write "
+            "results.json, results.md and PNG plots to --out."
+        ),
+    )
+    bench.add_argument("--tasks", action="append", metavar="FILE",
+                       help="task file in the tasks.jsonl format (repeatable; default: ../shared/tasks/tasks.jsonl "
+                            "next to the checkout, unless --schemas is given)")  # fmt: skip
+    bench.add_argument("--schemas", action="append", metavar="DIR_OR_FILE",
+                       help="schema corpus: a <category>.jsonl file or a folder of them (repeatable)")  # fmt: skip
+    bench.add_argument("--limit", type=_positive_int, metavar="N",
+                       help="run at most N tasks, taken round-robin over the categories")  # fmt: skip
+    bench.add_argument("--categories", metavar="A,B", help="only these categories (comma-separated)")
+    bench.add_argument("--model", default=DEFAULT_MODEL, metavar="NAME_OR_DIR")
+    bench.add_argument("--arms", metavar="A,B",
+                       help="arms to run (comma-separated; the baseline always runs). Known: baseline, none, "
+                            "jump_forward, prompt_lookup, schema_ngram, auto, draft_model, auto+draft. Default: "
+                            "all but the draft arms, which are added with --draft-model")  # fmt: skip
+    bench.add_argument("--draft-model", metavar="DIR", help="a draft model sharing the tokenizer")
+    bench.add_argument("--temperature", type=_non_negative_float, default=0.0, metavar="T",
+                       help="0 (default): greedy, and agreement with the baseline is checked")  # fmt: skip
+    bench.add_argument("--max-new-tokens", type=_positive_int, metavar="N",
+                       help=f"default: {BENCH_MAX_NEW_TOKENS} ({QUICK['max_new_tokens']} with --quick)")  # fmt: skip
+    bench.add_argument("--seed", type=_int, default=0, metavar="S")
+    bench.add_argument("--repeat", type=_positive_int, default=1, metavar="N", help="runs per task and arm")
+    bench.add_argument("--out", default="bench-out", metavar="DIR", help="output folder (default: bench-out)")
+    bench.add_argument("--quick", action="store_true",
+                       help=f"a smoke run: {QUICK['limit']} tasks, arms {QUICK['arms']}, "
+                            f"max_new_tokens {QUICK['max_new_tokens']} (explicit options win)")  # fmt: skip
+    bench.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    bench.add_argument("--no-progress", action="store_true", help="no progress bar")
+    bench.set_defaults(run=_cmd_bench)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``grammarspec`` console script; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    command = "grammarspec " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
+    try:
+        return int(args.run(args, command) or 0)
+    except CliError as e:
+        sub = f"grammarspec {args.command}"
+        print(f"{sub}: error: {e}", file=sys.stderr)
+        return 2
+
+
+# --- generate -------------------------------------------------------------------------
+
+
+def _read_json(path: str, what: str) -> Any:
+    file = Path(path)
+    if not file.is_file():
+        raise CliError(f"{what} {path}: no such file")
+    try:
+        return json.loads(file.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise CliError(f"{what} {path} is not valid JSON: {e.msg} at line {e.lineno}, column {e.colno}") from None
+    except UnicodeDecodeError:
+        raise CliError(f"{what} {path} is not UTF-8 text") from None
+
+
+def _load_tools(path: str) -> list[dict[str, Any]]:
+    data = _read_json(path, "--tools")
+    if isinstance(data, dict) and "tools" in data:
+        data = data["tools"]
+    if isinstance(data, dict):  # a single tool definition
+        data = [data]
+    if not isinstance(data, list) or not data:
+        raise CliError(f'--tools {path} must hold a non-empty list of tool definitions (or {{"tools": [...]}})')
+    return data
+
+
+def _quiet_transformers() -> None:
+    """No weight-loading bars or generation-flag warnings on the command line."""
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+    except ImportError:  # pragma: no cover
+        pass
+
+
+def _load(name: str, what: str = "--model") -> tuple[Any, Any]:
+    from .loading import ModelNotFoundError, load_model
+
+    try:
+        return load_model(name)
+    except ModelNotFoundError as e:
+        raise CliError(f"{what}: {e}") from None
+
+
+def _cmd_generate(args: argparse.Namespace, command: str) -> int:
+    import torch
+
+    from grammars import GrammarError, grammar_spec
+
+    from .completion import complete
+
+    schema = _read_json(args.schema, "--schema") if args.schema else None
+    tools = _load_tools(args.tools) if args.tools else None
+    if args.parallel_tool_calls and tools is None:
+        raise CliError("--parallel-tool-calls needs --tools FILE")
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    if not prompt.strip():
+        raise CliError("--prompt is empty: give the model something to answer")
+    if args.assistant == "draft_model" and not args.draft_model:
+        raise CliError("--assistant draft_model needs --draft-model DIR")
+    if args.draft_model and args.assistant not in ("auto", "draft_model"):
+        raise CliError(f"--draft-model is used by --assistant auto or draft_model, not {args.assistant}")
+    try:  # check the schema or tools before spending time on the model
+        grammar_spec(schema=schema, tools=tools, parallel_tool_calls=args.parallel_tool_calls)
+    except GrammarError as e:
+        raise CliError(f"{'--schema ' + args.schema if schema is not None else '--tools ' + args.tools}: {e}") from None
+    _quiet_transformers()
+    model, tokenizer = _load(args.model)
+    assistant: Any = None if args.assistant == "none" else args.assistant
+    if args.draft_model:
+        draft, _ = _load(args.draft_model, "--draft-model")
+        assistant = draft if args.assistant == "draft_model" else ["auto", draft]
+    sampling: dict[str, Any] = {"do_sample": False}
+    if args.temperature > 0:
+        sampling = {"do_sample": True, "temperature": args.temperature, "top_k": 0, "top_p": 1.0}
+    torch.manual_seed(args.seed)
+    try:
+        result = complete(
+            model, tokenizer, prompt, system=args.system, schema=schema, tools=tools,
+            parallel_tool_calls=args.parallel_tool_calls, assistant=assistant,
+            max_new_tokens=args.max_new_tokens, grammar_backend=args.grammar_backend, **sampling,
+        )  # fmt: skip
+    except GrammarError as e:
+        raise CliError(f"{'--schema' if schema is not None else '--tools'}: {e}") from None
+    except (ValueError, TypeError) as e:
+        print(f"grammarspec generate: error: {e}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps({"text": result.text, "value": result.value, "valid": result.valid,
+                          "finish_reason": result.finish_reason, "errors": result.errors,
+                          "stats": result.stats.as_dict()}, ensure_ascii=False, indent=2))  # fmt: skip
+    else:
+        print(result.text)
+        print(result.stats.summary(), file=sys.stderr)
+    if result.valid:
+        return 0
+    if result.finish_reason == "length":
+        print(f"grammarspec generate: the answer was cut at {args.max_new_tokens} tokens and is incomplete; "
+              "raise --max-new-tokens", file=sys.stderr)  # fmt: skip
+    else:
+        print(f"grammarspec generate: the answer is not valid: {'; '.join(result.errors) or result.finish_reason}",
+              file=sys.stderr)  # fmt: skip
+    return 1
+
+
+# --- bench ----------------------------------------------------------------------------
+
+
+def _bench_tasks(args: argparse.Namespace) -> list[Any]:
+    from .bench.tasks import TaskFileError, default_tasks_path, load_schema_corpus, load_tasks, select_tasks
+
+    task_files = list(args.tasks or [])
+    if not task_files and not args.schemas:
+        default = default_tasks_path()
+        if not default.is_file():
+            raise CliError(f"the default task file {default} does not exist; pass --tasks FILE or --schemas DIR")
+        task_files = [str(default)]
+    tasks = []
+    try:
+        for file in task_files:
+            tasks += load_tasks(file)
+        for corpus in args.schemas or []:
+            if not Path(corpus).exists():
+                raise TaskFileError(f"--schemas {corpus}: no such file or folder")
+            tasks += load_schema_corpus(corpus)
+        categories = [c.strip() for c in args.categories.split(",") if c.strip()] if args.categories else None
+        chosen = select_tasks(tasks, categories, args.limit)
+    except TaskFileError as e:
+        raise CliError(str(e)) from None
+    if not chosen:
+        raise CliError("no tasks to run: the inputs are empty")
+    return chosen
+
+
+def _cmd_bench(args: argparse.Namespace, command: str) -> int:
+    from .bench.arms import DEFAULT_ARMS, DRAFT_ARMS, check_arms
+
+    if args.quick:
+        args.limit = args.limit or QUICK["limit"]
+        args.arms = args.arms or QUICK["arms"]
+        args.max_new_tokens = args.max_new_tokens or QUICK["max_new_tokens"]
+    max_new = args.max_new_tokens or BENCH_MAX_NEW_TOKENS
+    if args.arms:
+        names = [a.strip() for a in args.arms.split(",") if a.strip()]
+    else:
+        names = list(DEFAULT_ARMS) + (list(DRAFT_ARMS) if args.draft_model else [])
+    try:
+        arms = check_arms(names, draft_model_given=bool(args.draft_model))
+    except ValueError as e:
+        raise CliError(f"--arms: {e}") from None
+    tasks = _bench_tasks(args)
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise CliError(f"--out {out} exists and is not a folder")
+    if not args.no_plots:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise CliError("the plots need matplotlib: pip install 'grammarspec[bench]' (or pass --no-plots)") from None
+
+    from .bench.report import write_results
+    from .bench.runner import BenchConfig, run_bench
+
+    _quiet_transformers()
+    model, tokenizer = _load(args.model)
+    draft = _load(args.draft_model, "--draft-model")[0] if args.draft_model else None
+    config = BenchConfig(
+        arms=tuple(arms), max_new_tokens=max_new, temperature=args.temperature, seed=args.seed,
+        repeat=args.repeat, model=args.model, draft_model=args.draft_model,
+    )  # fmt: skip
+    progress = None
+    if not args.no_progress:
+        from tqdm import tqdm
+
+        def progress(total: int) -> Any:
+            return tqdm(total=total, desc="bench", unit="run", dynamic_ncols=True, file=sys.stderr)
+
+    print(f"grammarspec bench: {len(tasks)} tasks x {len(arms)} arms ({', '.join(arms)}) x {args.repeat} repeat(s), "
+          f"max_new_tokens {max_new}", file=sys.stderr)  # fmt: skip
+    result = run_bench(model, tokenizer, tasks, config, draft_model=draft, progress=progress)
+    paths = write_results(result, out, command=command, plots=not args.no_plots)
+    markdown = paths["markdown"].read_text(encoding="utf-8")
+    print(markdown.split("### Details per category")[0].rstrip())
+    print(f"\nwrote {', '.join(str(p) for p in paths.values())} in {result.wall_seconds:.0f}s", file=sys.stderr)
+    failures = sum("error" in r for r in result.runs)
+    if failures:
+        print(f"grammarspec bench: {failures} run(s) failed; see {paths['markdown']}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":  # python -m grammarspec.cli
+    sys.exit(main())

@@ -1,0 +1,250 @@
+"""Several proposers as one: the forced span first, then the best continuation.
+
+One target pass verifies a whole draft, so a draft should cover as much as
+possible: jump-forward's forced span (keys and punctuation the grammar
+dictates) followed by a guess for what comes after it.  The followers are
+asked to continue *after* the forced tokens -- their context includes them
+and their grammar view has been advanced over them -- so the forced span and
+the guess go to the target together.
+
+Choice among the followers (:func:`choose`): the longest non-empty draft of
+the cheap deterministic proposers (the first on ties); a draft model, if
+present, is asked only when the cheap ones offer fewer than ``short`` tokens,
+and used when it offers more.
+
+The seam: the forced span was split into tokens on its own, and its last
+token may merge with the text after it (``"}}`` + ``,{"`` is split ``"}``
+``},`` ``{"``).  A deterministic draft is therefore split again as one text
+(:func:`proposers.text.continuation_tokens`), and then the way the target
+was seen to split such text in this request
+(:class:`proposers.text.SplitPreferences`); feedback is shared out by bytes.
+Without a continuation, jump-forward's own rule drops an ambiguous last
+token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from .base import EMPTY_DRAFT, Draft, GrammarView, Proposer, Request
+from .jump_forward import JumpForwardProposer, trim_ambiguous
+from .text import SplitPreferences, continuation_tokens, token_text
+
+__all__ = ["CompositeProposer", "choose", "concat_drafts", "is_model_proposer"]
+
+
+def is_model_proposer(proposer: Proposer) -> bool:
+    """Whether ``proposer`` runs a draft model (expensive: asked only as a fallback)."""
+    try:
+        from .draft_model import DraftModelProposer
+    except ImportError:  # pragma: no cover - the module ships with the package
+        return False
+    return isinstance(proposer, DraftModelProposer)
+
+
+def choose(drafts: Sequence[Draft]) -> int:
+    """Index of the longest non-empty draft (the first on ties), ``-1`` if all are empty.
+
+    ``choose([Draft((1,)), Draft((2, 3)), Draft((4, 5))]) == 1``.
+    """
+    best, length = -1, 0
+    for i, draft in enumerate(drafts):
+        if len(draft) > length:
+            best, length = i, len(draft)
+    return best
+
+
+def concat_drafts(first: Draft, second: Draft) -> Draft:
+    """``first`` then ``second`` as one draft.
+
+    If either part was sampled (``probs`` not ``None``), the deterministic
+    part gets one-hot rows -- a point mass, which is what a deterministic
+    draft means to the verifier.  Sources are kept per token.
+    """
+    if not first:
+        return second
+    if not second:
+        return first
+    probs = None
+    if first.probs is not None or second.probs is not None:
+        width = (first.probs if first.probs is not None else second.probs).shape[-1]  # type: ignore[union-attr]
+        probs = torch.cat([_rows(first, width), _rows(second, width)])  # [len(first) + len(second), V]
+    sources = (first.sources or ("",) * len(first)) + (second.sources or ("",) * len(second))
+    return Draft(tokens=first.tokens + second.tokens, probs=probs, sources=sources)
+
+
+def _rows(draft: Draft, width: int) -> torch.Tensor:
+    """``draft.probs`` ``[n, V]``, or one-hot rows for a deterministic draft."""
+    if draft.probs is not None:
+        return draft.probs
+    rows = torch.zeros(len(draft), width)
+    rows[torch.arange(len(draft)), torch.tensor(draft.tokens, dtype=torch.long)] = 1.0
+    return rows
+
+
+class CompositeProposer:
+    """Jump-forward first, then the best follower continues after the forced span.
+
+    ``proposers``: any mix; :class:`JumpForwardProposer` instances lead, draft
+    models (:class:`proposers.draft_model.DraftModelProposer`) are the
+    fallback, the rest are the cheap followers, tried in the given order.
+    ``short``: the draft model is asked only when the best cheap draft is
+    shorter than this.
+    """
+
+    def __init__(self, proposers: Sequence[Proposer], *, name: str = "composite", short: int = 2) -> None:
+        if not proposers:
+            raise ValueError("CompositeProposer needs at least one proposer")
+        self.name = name
+        self.short = short
+        self.proposers = list(proposers)
+        self.leaders = [p for p in self.proposers if isinstance(p, JumpForwardProposer)]
+        self.fallbacks = [p for p in self.proposers if is_model_proposer(p)]
+        self.followers = [p for p in self.proposers if p not in self.leaders and p not in self.fallbacks]
+        self._tokenizer = None
+        self._splits: SplitPreferences | None = None
+        # The last draft's parts: (proposer, its draft, first byte, bytes per token).
+        self._parts: list[tuple[Proposer, Draft, int, list[int]]] = []
+        self._token_bytes: list[int] = []  # bytes of each token of the last draft
+
+    def start(self, request: Request) -> None:
+        """Start every member for the new request."""
+        self._tokenizer = request.tokenizer
+        self._splits = SplitPreferences(request.tokenizer)
+        for proposer in self.proposers:
+            proposer.start(request)
+        self._parts, self._token_bytes = [], []
+
+    def propose(self, context: Sequence[int], grammar: GrammarView | None, k: int) -> Draft:
+        """Forced span, then the chosen follower's draft after it.  Does not change the grammar state."""
+        self._parts, self._token_bytes = [], []
+        if self._splits is not None:
+            self._splits.observe(context)
+        if k <= 0:
+            return EMPTY_DRAFT
+        # 1. The forced span.
+        lead, leader = EMPTY_DRAFT, None
+        for candidate in self.leaders:
+            lead = candidate.forced(context, grammar, k)
+            if lead:
+                leader = candidate
+                break
+        # 2. The followers continue after it, on a grammar view advanced over it.
+        rest = k - len(lead)
+        view, ctx = grammar, context
+        if lead and rest > 0:
+            ctx = list(context) + list(lead.tokens)
+            if grammar is not None:
+                matcher = grammar.fork()
+                for token in lead.tokens:
+                    matcher.accept(token)
+                if matcher.is_terminated():
+                    rest = 0
+                view = GrammarView(matcher)
+        follow, follower = EMPTY_DRAFT, None
+        if rest > 0:
+            drafts = [p.propose(ctx, view, rest) for p in self.followers]
+            best = choose(drafts)
+            if best >= 0:
+                follow, follower = drafts[best].truncate(rest), self.followers[best]
+            if len(follow) < self.short:
+                for fallback in self.fallbacks:
+                    draft = fallback.propose(ctx, view, rest)
+                    if len(draft) > len(follow):
+                        follow, follower = draft.truncate(rest), fallback
+                    break
+        # 3. Join them, re-splitting the seam when both parts are deterministic.
+        draft = self._join(context, grammar, k, (leader, lead), (follower, follow))
+        if self._splits is not None:
+            self._splits.remember(context, draft.tokens)
+        return draft
+
+    def _join(
+        self,
+        context: Sequence[int],
+        grammar: GrammarView | None,
+        k: int,
+        lead_part: tuple[Proposer | None, Draft],
+        follow_part: tuple[Proposer | None, Draft],
+    ) -> Draft:
+        leader, lead = lead_part
+        follower, follow = follow_part
+        helper = token_text(self._tokenizer) if self._tokenizer is not None else None
+        if helper is None:
+            return concat_drafts(lead, follow)
+        parts = [(p, d) for p, d in ((leader, lead), (follower, follow)) if p is not None and d]
+        draft = concat_drafts(lead, follow)
+        if draft and draft.probs is None:
+            joined = self._resplit(context, grammar, k, draft, helper)
+            if joined is not None:
+                draft = joined
+        forced = grammar.forced_text() if lead and grammar is not None and not follow else ""
+        if forced and helper.bytes_of(draft.tokens) == forced.encode("utf-8"):  # the whole span, not cut by k
+            keep = trim_ambiguous(self._tokenizer, context, forced, draft.tokens, grammar, self._splits)
+            if keep < len(draft):
+                draft = draft.truncate(keep)
+                lead = lead.truncate(_tokens_within([len(helper.vocab_bytes[t]) for t in lead.tokens],
+                                                    len(helper.bytes_of(draft.tokens))))  # fmt: skip
+                parts = [(leader, lead)] if lead else []
+        offset = 0
+        for proposer, part in parts:
+            sizes = [len(helper.vocab_bytes[t]) for t in part.tokens]
+            self._parts.append((proposer, part, offset, sizes))  # type: ignore[arg-type]
+            offset += sum(sizes)
+        self._token_bytes = [len(helper.vocab_bytes[t]) for t in draft.tokens]
+        return draft if draft else EMPTY_DRAFT
+
+    def _resplit(self, context: Sequence[int], grammar: GrammarView | None, k: int, draft: Draft, helper) -> Draft | None:
+        """``draft`` split again as one text: canonically, then as the target was seen to split it.
+
+        ``None`` if that changes nothing or is illegal.
+        """
+        data = helper.bytes_of(draft.tokens)
+        try:
+            tokens = continuation_tokens(self._tokenizer, context, data.decode("utf-8"))
+        except UnicodeDecodeError:
+            return None
+        if self._splits is not None:
+            tokens = self._splits.resplit(context, tokens)
+        tokens = tokens[:k]
+        if not tokens or tuple(tokens) == draft.tokens:
+            return None
+        if grammar is not None:
+            tokens = tokens[: grammar.validate(tokens)]
+        if not tokens:
+            return None
+        # Each token's source: the part holding its first byte.
+        boundaries, offset = [], 0
+        for token, source in zip(draft.tokens, draft.sources):
+            boundaries.append((offset, source))
+            offset += len(helper.vocab_bytes[token])
+        sources, offset, j = [], 0, 0
+        for token in tokens:
+            while j + 1 < len(boundaries) and boundaries[j + 1][0] <= offset:
+                j += 1
+            sources.append(boundaries[j][1])
+            offset += len(helper.vocab_bytes[token])
+        return Draft(tokens=tuple(tokens), sources=tuple(sources))
+
+    def feedback(self, draft: Draft, num_accepted: int) -> None:
+        """Share out ``num_accepted`` by bytes over the parts of the last draft (``draft`` may be a prefix)."""
+        shown = sum(self._token_bytes[: len(draft)])
+        accepted = sum(self._token_bytes[: min(num_accepted, len(draft))])
+        for proposer, part, start, sizes in self._parts:
+            n_shown = _tokens_within(sizes, shown - start)
+            if n_shown:
+                proposer.feedback(part.truncate(n_shown), _tokens_within(sizes, accepted - start))
+        self._parts, self._token_bytes = [], []
+
+
+def _tokens_within(sizes: list[int], budget: int) -> int:
+    """How many leading tokens (of ``sizes`` bytes each) fit entirely in ``budget`` bytes."""
+    n, used = 0, 0
+    for size in sizes:
+        if used + size > budget:
+            break
+        used += size
+        n += 1
+    return n

@@ -1,0 +1,112 @@
+"""``assistant=`` -> a proposer: presets, lists, draft models.
+
+``resolve_assistant`` accepts what users pass as ``assistant=``:
+
+* ``None`` or ``"none"``: no speculation (unless a draft model is given);
+* a preset name: ``"auto"`` (jump-forward + schema n-gram + prompt lookup,
+  plus the draft model when one is given), ``"prompt_lookup"``,
+  ``"schema_ngram"``, ``"jump_forward"``, ``"draft_model"``;
+* a :class:`~proposers.base.Proposer` (returned as is);
+* a Hugging Face model (a draft model sharing the tokenizer);
+* a list of any of these (combined by :class:`~proposers.compose.CompositeProposer`).
+
+Every call builds fresh proposer objects for presets and models, so two
+requests never share per-request state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from .base import Proposer
+from .compose import CompositeProposer
+from .jump_forward import JumpForwardProposer
+from .prompt_lookup import PromptLookupProposer
+from .schema_ngram import SchemaNgramProposer
+
+__all__ = ["PRESETS", "resolve_assistant"]
+
+#: Preset names accepted by ``assistant=``.
+PRESETS = ("auto", "prompt_lookup", "schema_ngram", "jump_forward", "draft_model", "none")
+
+_SINGLE: dict[str, Callable[[], Proposer]] = {
+    "prompt_lookup": PromptLookupProposer,
+    "schema_ngram": SchemaNgramProposer,
+    "jump_forward": JumpForwardProposer,
+}
+
+
+def resolve_assistant(assistant: Any, draft_model: Any = None) -> Proposer | None:
+    """The proposer for ``assistant`` (``None``: decode without speculation).
+
+    ``draft_model``: a Hugging Face model used by ``"auto"`` and
+    ``"draft_model"`` (and on its own when ``assistant`` is ``None``).
+    Raises ``ValueError`` for an unknown preset name and ``TypeError`` for
+    anything that is not an accepted kind, saying what is accepted.
+    """
+    if assistant is None:
+        return _draft_model(draft_model) if draft_model is not None else None
+    if isinstance(assistant, str):
+        return _preset(assistant, draft_model)
+    if isinstance(assistant, (list, tuple)):
+        members = [p for item in assistant for p in _members(resolve_assistant(item, draft_model))]
+        if not members:
+            return None
+        if len(members) == 1:
+            return members[0]
+        return CompositeProposer(members, name="+".join(p.name for p in members))
+    if _is_model(assistant):
+        return _draft_model(assistant)
+    if isinstance(assistant, Proposer):
+        return assistant
+    raise TypeError(
+        f"assistant= got a {type(assistant).__name__}; pass a preset name ({', '.join(map(repr, PRESETS))}), "
+        "a proposer (with name, start, propose and feedback), a Hugging Face draft model, or a list of these"
+    )
+
+
+def _preset(name: str, draft_model: Any) -> Proposer | None:
+    key = name.strip().lower()
+    if key == "none":
+        return None
+    if key in _SINGLE:
+        return _SINGLE[key]()
+    if key == "draft_model":
+        if draft_model is None:
+            raise ValueError(
+                "assistant='draft_model' needs a draft model: pass the model itself as assistant=..., "
+                "or give it as assistant_model=..."
+            )
+        return _draft_model(draft_model)
+    if key == "auto":
+        members: list[Proposer] = [JumpForwardProposer(), SchemaNgramProposer(), PromptLookupProposer()]
+        if draft_model is not None:
+            members.append(_draft_model(draft_model))
+        return CompositeProposer(members, name="auto")
+    raise ValueError(f"unknown assistant preset {name!r}; choose one of {', '.join(map(repr, PRESETS))}")
+
+
+def _members(proposer: Proposer | None) -> list[Proposer]:
+    if proposer is None:
+        return []
+    if isinstance(proposer, CompositeProposer):
+        return list(proposer.proposers)
+    return [proposer]
+
+
+def _is_model(value: Any) -> bool:
+    """A Hugging Face (or any torch) causal LM, without importing transformers."""
+    try:
+        import torch
+    except ImportError:  # pragma: no cover
+        return False
+    return isinstance(value, torch.nn.Module) and hasattr(value, "config")
+
+
+def _draft_model(model: Any) -> Proposer:
+    if not _is_model(model):
+        raise TypeError(f"the draft model must be a Hugging Face model, got a {type(model).__name__}")
+    from .draft_model import DraftModelProposer
+
+    return DraftModelProposer(model)

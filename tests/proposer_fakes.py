@@ -1,0 +1,93 @@
+"""Small stand-ins for proposer tests: a rule-based matcher and a scripted proposer."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from grammars.base import GrammarError, Matcher, bitmask_width
+from proposers.base import EMPTY_DRAFT, Draft, GrammarView, Request
+
+
+class RuleMatcher(Matcher):
+    """A matcher whose grammar is a Python rule: ``legal(history, token) -> bool``.
+
+    ``forced(history) -> str`` gives the forced text (default: none).  Token 0
+    is the stop token and terminates the matcher.
+    """
+
+    def __init__(
+        self,
+        legal: Callable[[list[int], int], bool],
+        forced: Callable[[list[int]], str] | None = None,
+        vocab_size: int = 64,
+    ) -> None:
+        self.legal = legal
+        self.forced = forced or (lambda history: "")
+        self.vocab_size = vocab_size
+        self.stop_token_ids = (0,)
+        self.max_rollback = 1 << 30
+        self.history: list[int] = []
+
+    def accept(self, token: int) -> bool:
+        if self.is_terminated() or not 0 <= token < self.vocab_size or not self.legal(self.history, token):
+            return False
+        self.history.append(token)
+        return True
+
+    def rollback(self, n: int) -> None:
+        if n > len(self.history):
+            raise GrammarError(f"cannot roll back {n} tokens: only {len(self.history)} accepted")
+        del self.history[len(self.history) - n :]
+
+    def fill_mask(self, bitmask: torch.Tensor, row: int = 0) -> None:
+        if self.is_terminated():
+            raise GrammarError("terminated")
+        bitmask[row].zero_()
+        assert bitmask.shape[1] == bitmask_width(self.vocab_size)
+        for token in range(self.vocab_size):
+            if self.legal(self.history, token):
+                bitmask[row, token // 32] |= 1 << (token % 32)
+
+    def forced_text(self) -> str:
+        return "" if self.is_terminated() else self.forced(self.history)
+
+    def is_terminated(self) -> bool:
+        return bool(self.history) and self.history[-1] in self.stop_token_ids
+
+    def reset(self) -> None:
+        self.history = []
+
+    def fork(self) -> "RuleMatcher":
+        twin = RuleMatcher(self.legal, self.forced, self.vocab_size)
+        twin.history = list(self.history)
+        return twin
+
+
+class ScriptedProposer:
+    """Proposes ``script(context, grammar, k)`` and records every call and every feedback."""
+
+    def __init__(self, name: str, script: Callable[[Sequence[int], GrammarView | None, int], Draft]) -> None:
+        self.name = name
+        self.script = script
+        self.calls: list[tuple[list[int], int]] = []
+        self.feedbacks: list[tuple[tuple[int, ...], int]] = []
+        self.started = 0
+
+    def start(self, request: Request) -> None:
+        self.started += 1
+
+    def propose(self, context: Sequence[int], grammar: GrammarView | None, k: int) -> Draft:
+        self.calls.append((list(context), k))
+        draft = self.script(context, grammar, k)
+        return draft.truncate(k) if draft else EMPTY_DRAFT
+
+    def feedback(self, draft: Draft, num_accepted: int) -> None:
+        self.feedbacks.append((draft.tokens, num_accepted))
+
+
+def fixed(name: str, tokens: Sequence[int], probs: torch.Tensor | None = None) -> ScriptedProposer:
+    """A proposer that always drafts ``tokens`` (cut to ``k``)."""
+    draft = Draft(tokens=tuple(tokens), probs=probs, sources=(name,) * len(tokens)) if tokens else EMPTY_DRAFT
+    return ScriptedProposer(name, lambda context, grammar, k: draft)

@@ -1,0 +1,168 @@
+"""Hugging Face compatibility of grammarspec.generate / enable, on tiny random Llamas."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+import torch
+from toy import toy_tokenizer, toy_vocab_size
+
+V = toy_vocab_size()
+from toy_models import tiny_llama
+from transformers import TextIteratorStreamer
+
+import grammarspec
+from grammarspec import GenerationOutput
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"a": {"type": "array", "items": {"enum": ["x", "yy", "z"]}, "maxItems": 5}, "b": {"type": "boolean"}},
+    "required": ["a", "b"],
+    "additionalProperties": False,
+}
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return toy_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_llama(V, seed=0)
+
+
+@pytest.fixture(scope="module")
+def prompt(tok):
+    return torch.tensor([tok("{b:1}", add_special_tokens=False)["input_ids"]])
+
+
+def new_tokens(out, prompt):
+    return out[0, prompt.shape[1] :].tolist()
+
+
+def test_constrained_output_is_valid_json(model, tok, prompt):
+    out = grammarspec.generate(model, prompt, tokenizer=tok, schema=SCHEMA, max_new_tokens=60, return_dict_in_generate=True)
+    assert isinstance(out, GenerationOutput) and out.sequences.dtype == torch.long
+    stats = out.stats[0]
+    text = tok.decode(new_tokens(out.sequences, prompt), skip_special_tokens=True)
+    if stats.finish_reason == "stop":
+        value = json.loads(text)
+        assert set(value) == {"a", "b"}
+    else:
+        assert stats.finish_reason == "length" and stats.new_tokens == 60
+
+
+@pytest.mark.parametrize("assistant", ["auto", "prompt_lookup", "schema_ngram", "jump_forward"])
+def test_every_preset_gives_the_greedy_output(model, tok, prompt, assistant):
+    plain = grammarspec.generate(model, prompt, tokenizer=tok, schema=SCHEMA, max_new_tokens=40)
+    spec = grammarspec.generate(model, prompt, tokenizer=tok, schema=SCHEMA, max_new_tokens=40, assistant=assistant)
+    assert torch.equal(plain, spec)
+
+
+def test_assistant_model_and_padded_draft_vocabulary(model, tok, prompt):
+    plain = grammarspec.generate(model, prompt, tokenizer=tok, schema=SCHEMA, max_new_tokens=40)
+    for draft in (tiny_llama(V, seed=3), tiny_llama(V + 8, seed=4)):  # same tokenizer, padded vocabulary
+        out = grammarspec.generate(
+            model, prompt, tokenizer=tok, schema=SCHEMA, max_new_tokens=40, assistant_model=draft,
+            return_dict_in_generate=True,
+        )  # fmt: skip
+        assert torch.equal(out.sequences, plain)
+        assert out.stats[0].proposed.get("draft_model", 0) > 0
+
+
+def test_draft_model_with_another_tokenizer_is_refused(model, tok, prompt):
+    with pytest.raises(ValueError, match="does not share the target's tokenizer"):
+        grammarspec.generate(model, prompt, tokenizer=tok, schema=SCHEMA, assistant=tiny_llama(V - 10, seed=1))
+
+
+def test_enable_routes_only_grammarspec_calls(model, tok, prompt):
+    grammarspec.enable(model)
+    try:
+        ours = model.generate(prompt, tokenizer=tok, schema=SCHEMA, assistant="auto", max_new_tokens=30)
+        direct = grammarspec.generate(model, prompt, tokenizer=tok, schema=SCHEMA, max_new_tokens=30)
+        assert torch.equal(ours, direct)
+        # no grammarspec argument: Hugging Face's own generate
+        hf = model.generate(prompt, max_new_tokens=6, do_sample=False)
+        plain = grammarspec.generate(model, prompt, max_new_tokens=6)
+        assert torch.equal(hf, plain)  # and unconstrained greedy agrees with it
+        # unconstrained speculative decoding through assistant= alone
+        spec = model.generate(prompt, assistant="prompt_lookup", max_new_tokens=6)
+        assert torch.equal(spec, hf)
+    finally:
+        model.generate = model._grammarspec_original_generate
+        del model._grammarspec_original_generate
+
+
+def test_streamer_receives_committed_tokens(model, tok, prompt):
+    streamer = TextIteratorStreamer(tok, skip_prompt=True)
+    result = {}
+
+    def work():
+        result["out"] = grammarspec.generate(
+            model, prompt, tokenizer=tok, schema=SCHEMA, assistant="auto", max_new_tokens=40, streamer=streamer
+        )
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    pieces = list(streamer)
+    thread.join()
+    assert "".join(pieces) == tok.decode(new_tokens(result["out"], prompt))
+
+
+def test_batch_rows_decode_independently(model, tok):
+    a = tok("{a:1}", add_special_tokens=False)["input_ids"]
+    b = tok("[1]", add_special_tokens=False)["input_ids"]
+    width = max(len(a), len(b))
+    pad = tok.pad_token_id
+    ids = torch.tensor([[pad] * (width - len(a)) + a, [pad] * (width - len(b)) + b])
+    mask = (ids != pad).long()
+    batch = grammarspec.generate(model, ids, attention_mask=mask, tokenizer=tok, schema=SCHEMA, max_new_tokens=25,
+                                 assistant="auto", return_dict_in_generate=True)  # fmt: skip
+    for row, single in enumerate((a, b)):
+        alone = grammarspec.generate(model, torch.tensor([single]), tokenizer=tok, schema=SCHEMA, max_new_tokens=25)
+        n = batch.stats[row].new_tokens
+        assert batch.sequences[row, width : width + n].tolist() == alone[0, len(single) :].tolist()
+        assert (batch.sequences[row, width + n :] == tok.pad_token_id).all()
+
+
+def test_sampling_settings_are_honoured(model, tok, prompt):
+    g1, g2 = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
+    kw = dict(tokenizer=tok, schema=SCHEMA, max_new_tokens=30, do_sample=True, temperature=0.8, top_k=5, top_p=0.9)
+    a = grammarspec.generate(model, prompt, generator=g1, **kw)
+    b = grammarspec.generate(model, prompt, generator=g2, **kw)
+    assert torch.equal(a, b)  # same seed, same sample
+
+
+def test_min_new_tokens_and_stop_strings(model, tok, prompt):
+    out = grammarspec.generate(model, prompt, max_new_tokens=12, min_new_tokens=12, eos_token_id=0,
+                               return_dict_in_generate=True)  # fmt: skip
+    assert out.stats[0].new_tokens == 12
+    text = tok.decode(new_tokens(out.sequences, prompt))
+    stop = text[5:7]
+    cut = grammarspec.generate(model, prompt, tokenizer=tok, max_new_tokens=12, stop_strings=[stop],
+                               assistant="prompt_lookup", return_dict_in_generate=True)  # fmt: skip
+    assert cut.stats[0].finish_reason == "stop_string"
+    assert tok.decode(new_tokens(cut.sequences, prompt)).endswith(stop)
+
+
+def test_unknown_argument_names_itself(model, tok, prompt):
+    with pytest.raises(TypeError, match="temprature"):
+        grammarspec.generate(model, prompt, tokenizer=tok, schema=SCHEMA, temprature=0.5)
+
+
+def test_constraint_without_tokenizer_is_explained(model, prompt):
+    with pytest.raises(ValueError, match="tokenizer="):
+        grammarspec.generate(model, prompt, schema=SCHEMA)
+
+
+def test_empty_prompt_is_explained(model, tok):
+    with pytest.raises(ValueError, match="empty"):
+        grammarspec.generate(model, torch.zeros((1, 0), dtype=torch.long), tokenizer=tok, schema=SCHEMA)
+
+
+def test_max_new_tokens_zero_returns_the_prompt(model, tok, prompt):
+    out = grammarspec.generate(model, prompt, tokenizer=tok, schema=SCHEMA, max_new_tokens=0, return_dict_in_generate=True)
+    assert torch.equal(out.sequences, prompt) and out.stats[0].finish_reason == "length"

