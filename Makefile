@@ -23,10 +23,10 @@ demo: $(STAMP)
 	$(PY) examples/demo.py
 
 test: $(STAMP)
-	$(PY) -m pytest -q -ra tests
+	$(PY) -m pytest -q -ra -n 2 --dist load tests
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -ra -m "not slow" tests
+	$(PY) -m pytest -q -ra -n 2 --dist load -m "not slow" tests
 
 bench: $(STAMP)
 	$(VENV)/bin/grammarspec bench --out bench-out

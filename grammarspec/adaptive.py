@@ -17,8 +17,11 @@ of the draft tokens accepted per speculative step.  A step that accepts all
 
 On/off, from costs measured online (seconds per committed token)::
 
-    cost_speculative = EMA of  seconds / tokens committed   over speculative steps
-    cost_plain       = EMA of  seconds                      over plain steps (one token each)
+    cost_speculative = EMA(seconds) / EMA(tokens committed)   over speculative steps
+    cost_plain       = EMA(seconds)                           over plain steps (one token each)
+
+(averages with the slower weight ``cost_alpha``; a ratio of averages, so a
+burst of long accepted runs counts by the tokens it brought).
 
 Once both are known (``min_samples`` each), speculation switches off while
 ``cost_speculative > cost_plain * (1 + margin)``.  After ``probe_after``
@@ -56,21 +59,23 @@ class AdaptiveController:
         warmup: int = 2,
         interval: int = 1,
         hysteresis: float = 0.2,
-        min_samples: int = 3,
-        margin: float = 0.0,
+        cost_alpha: float = 0.1,
+        min_samples: int = 8,
+        margin: float = 0.05,
         probe_after: int = 16,
         max_probe_after: int = 128,
         calibrate_below: float = 2.0,
     ) -> None:
         if not 1 <= k_min <= k_max:
             raise ValueError(f"need 1 <= k_min <= k_max, got k_min={k_min}, k_max={k_max}")
-        if not 0.0 < alpha <= 1.0:
-            raise ValueError(f"alpha must be in (0, 1], got {alpha}")
+        if not 0.0 < alpha <= 1.0 or not 0.0 < cost_alpha <= 1.0:
+            raise ValueError(f"alpha and cost_alpha must be in (0, 1], got {alpha} and {cost_alpha}")
         if interval < 1 or warmup < 0 or min_samples < 1 or probe_after < 1:
             raise ValueError("interval, min_samples and probe_after must be >= 1 and warmup >= 0")
         self.k_min, self.k_max = k_min, k_max
         self.adaptive = adaptive
         self.alpha, self.warmup, self.interval, self.hysteresis = alpha, warmup, interval, hysteresis
+        self.cost_alpha = cost_alpha
         self.min_samples, self.margin = min_samples, margin
         self.probe_after, self.max_probe_after = probe_after, max_probe_after
         self.calibrate_below = calibrate_below
@@ -81,8 +86,9 @@ class AdaptiveController:
         self.speculate: bool = True
         self.ema_accepted: float | None = None
         self.ema_committed: float | None = None
-        self.cost_speculative: float | None = None
         self.cost_plain: float | None = None
+        self._spec_seconds: float | None = None  # EMA of seconds per speculative step
+        self._spec_tokens: float | None = None  # EMA of tokens committed per speculative step
         self.speculative_steps = 0
         self.plain_steps = 0
         self._spec_samples = 0  # speculative cost samples since the last (re)start
@@ -105,22 +111,27 @@ class AdaptiveController:
             raise ValueError(f"accepted ({accepted}) must be between 0 and proposed ({proposed})")
         committed = accepted + 1 if committed is None else committed
         self.speculative_steps += 1
-        self.ema_accepted = _ema(self.ema_accepted, accepted, self.alpha)
+        # A draft shorter than k that was accepted whole says nothing about k:
+        # the proposer stopped, not the target.
+        informative = accepted < proposed or proposed >= self.k
+        if informative:
+            self.ema_accepted = _ema(self.ema_accepted, accepted, self.alpha)
         self.ema_committed = _ema(self.ema_committed, committed, self.alpha)
-        if committed > 0:
-            self.cost_speculative = _ema(self.cost_speculative, seconds / committed, self.alpha)
-            self._spec_samples += 1
+        self._spec_seconds = _ema(self._spec_seconds, seconds, self.cost_alpha)
+        self._spec_tokens = _ema(self._spec_tokens, committed, self.cost_alpha)
+        self._spec_samples += 1
         if not self.adaptive:
             return False
         before = (self.k, self.speculate)
-        self._update_k()
+        if informative:
+            self._update_k()
         self._judge()
         return (self.k, self.speculate) != before
 
     def record_plain_step(self, seconds: float) -> bool:
         """A step without drafts that committed one token in ``seconds``.  Returns whether anything changed."""
         self.plain_steps += 1
-        self.cost_plain = _ema(self.cost_plain, seconds, self.alpha)
+        self.cost_plain = _ema(self.cost_plain, seconds, self.cost_alpha)
         self._plain_samples += 1
         if not self.adaptive:
             return False
@@ -134,8 +145,15 @@ class AdaptiveController:
                 self.speculate = True
                 self._probing = True
                 self._spec_samples = 0
-                self.cost_speculative = None
+                self._spec_seconds = self._spec_tokens = None
         return self.speculate != before
+
+    @property
+    def cost_speculative(self) -> float | None:
+        """Seconds per committed token while speculating (``None`` until measured)."""
+        if self._spec_seconds is None or not self._spec_tokens:
+            return None
+        return self._spec_seconds / self._spec_tokens
 
     # -- rules ----------------------------------------------------------------
 
@@ -148,14 +166,15 @@ class AdaptiveController:
             self.k = min(max(int(desired + 0.5), self.k_min), self.k_max)
 
     def _judge(self) -> None:
-        if self._spec_samples < self.min_samples or self.cost_speculative is None:
+        cost = self.cost_speculative
+        if self._spec_samples < self.min_samples or cost is None:
             return
         if self.cost_plain is None or self._plain_samples < 1:
             if self.ema_committed is not None and self.ema_committed < self.calibrate_below:
                 self._calibrating = True  # measure one plain step
                 self.speculate = False
             return
-        if self.cost_speculative > self.cost_plain * (1.0 + self.margin):
+        if cost > self.cost_plain * (1.0 + self.margin):
             if self._probing:
                 self._wait = min(self._wait * 2, self.max_probe_after)
             self._probing = False

@@ -14,7 +14,8 @@ see :mod:`proposers.json_cursor`) and drafts from three kinds of source:
 * **prompt** -- spans of the prompt that fit the current value (see
   :mod:`proposers.prompt_spans`).  ``prompt``: once a string or number has
   started, the prompt text that continues it, up to a likely end and the
-  closing quote.  At a value's start: ``prompt_label`` (after a label naming
+  closing quote (``document``: the same from an earlier value of this
+  document).  At a value's start: ``prompt_label`` (after a label naming
   the key, ``Due date: ...``), ``prompt_next`` (after the latest copied
   value), ``prompt_near`` (a number just before it on the same line).
 * **schema** -- the next declared property names, ``const``, a unique
@@ -58,6 +59,7 @@ SOURCE_PRIORS = {
     "history": 0.8,
     "schema": 0.8,
     "prompt": 0.7,
+    "document": 0.5,
     "prompt_label": 0.45,
     "prompt_next": 0.4,
     "history_value": 0.35,
@@ -268,14 +270,17 @@ class SchemaNgramProposer:
     """Drafts JSON from this document's history, the prompt and the schema.
 
     ``max_candidates``: how many candidates per round are tried against the
-    grammar.  Deterministic drafts (``probs=None``).  Works without a schema
+    grammar.  ``min_score``: candidates ranked lower (source score times rank
+    within the source) are not proposed -- a wrong draft token costs
+    verification work.  Deterministic drafts (``probs=None``).  Works without a schema
     (history and prompt only) and without a grammar (no validation); proposes
     nothing once the output is not JSON.
     """
 
-    def __init__(self, *, name: str = "schema_ngram", max_candidates: int = 6) -> None:
+    def __init__(self, *, name: str = "schema_ngram", max_candidates: int = 6, min_score: float = 0.15) -> None:
         self.name = name
         self.max_candidates = max_candidates
+        self.min_score = min_score
         #: source -> [tokens proposed, tokens accepted] in this request.
         self.stats: dict[str, list[float]] = {}
         self._tokenizer = None
@@ -353,10 +358,9 @@ class SchemaNgramProposer:
         prompt_cursor = doc.prompt_cursor
         tokens: list[int] = []
         for _ in range(_MAX_ROUNDS):
-            ranked = sorted(
-                self._candidates(cursor, text, prompt_cursor),
-                key=lambda cand: -self.score(cand.source) * cand.weight,
-            )[: self.max_candidates]
+            scored = [(self.score(c.source) * c.weight, i, c) for i, c in enumerate(self._candidates(cursor, text, prompt_cursor))]
+            scored.sort(key=lambda entry: (-entry[0], entry[1]))
+            ranked = [c for score, _, c in scored if score >= self.min_score][: self.max_candidates]
             chosen, partial = None, None
             for cand in ranked:
                 found = self._check(context, grammar, k, text, cand, len(tokens))
@@ -545,6 +549,7 @@ class SchemaNgramProposer:
         out = self._schema_values(nodes, types, typed, prompt_cursor)
         if c.mode == STRING and c.tok:
             out += self._prompt_continuation(c.tok, prompt_cursor, path)
+            out += self._document_continuation(c)
         elif c.mode == SCALAR:
             numbers, complete = self._prompt_number(c.tok, prompt_cursor)
             out += numbers
@@ -598,6 +603,21 @@ class SchemaNgramProposer:
         end, closed = span_end(doc.prompt, start, ignore=doc.ignored_delimiters(path))
         data = doc.prompt[start:end] + (b'"' if closed else b"")
         return [_Candidate("prompt", data, 1.0, end, closed)] if data else []
+
+    def _document_continuation(self, c: Cursor) -> list[_Candidate]:
+        """The rest of an earlier string value in this document that starts the same way."""
+        doc = self._doc
+        assert doc is not None
+        needle = b'"' + c.tok
+        pos = doc.text.rfind(needle, 0, min(c.vstart, len(doc.text)))
+        while pos > 0 and doc.text[pos - 1 : pos] not in (b":", b"[", b","):  # a value, not a key
+            pos = doc.text.rfind(needle, 0, pos)
+        if pos <= 0:
+            return []
+        start = pos + len(needle)
+        end = start + _scalar_length(b'"' + bytes(doc.text[start : start + MAX_SPAN])) - 1
+        data = bytes(doc.text[start:end])
+        return [_Candidate("document", data, 1.0, -1, True)] if data.endswith(b'"') else []
 
     def _prompt_string_start(self, label: str | None, prompt_cursor: int, path: Path, opened: bool) -> list[_Candidate]:
         """Guesses for a string value's start: after a label naming the key, after the latest copy."""

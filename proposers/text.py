@@ -193,41 +193,51 @@ class SplitPreferences:
     """How the target splits text where it disagrees with the canonical split (learned per request).
 
     Models do not always write the canonical tokenisation of constrained
-    text: SmolLM2 writes compact JSON as ``{`` ``"ticket`` ... ``":`` ``"SUP``
-    where the canonical split is ``{"`` ``ticket`` ... ``":"`` ``S``.  When
-    the target rejects a draft token and commits a token that spells a
-    proper prefix of the draft's remaining text (same text, other split),
-    that token is remembered for the canonical token it replaced;
-    :meth:`resplit` then uses it wherever the canonical split would use
-    that token and the text allows it.
+    text: SmolLM2 writes compact JSON as ``{`` ``"`` ``ticket`` ... ``":``
+    ``"`` where the canonical split is ``{"`` ``ticket`` ... ``":"``.  What
+    the target wrote instead of a canonical token ``a`` is remembered per
+    (previous token, ``a``) -- and per ``a`` alone as a fallback -- when it
+    spells a proper prefix of the draft's remaining text (same text, other
+    split); a draft token the target accepted is remembered as kept.
+    :meth:`resplit` uses the latest memory wherever the text allows it.
 
     Usage, per proposer and request: :meth:`observe` the new context at the
     start of ``propose`` (it compares it with the last :meth:`remember`-ed
     draft), :meth:`resplit` the canonical tokens, :meth:`remember` the draft.
     """
 
-    def __init__(self, tokenizer: Any, max_per_token: int = 4) -> None:
+    def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
         self.helper = token_text(tokenizer)
-        self.max_per_token = max_per_token
-        self.prefs: dict[int, list[int]] = {}
-        self._last: tuple[int, tuple[int, ...], tuple[int, ...]] | None = None  # (start, fingerprint, tokens)
+        self.by_context: dict[tuple[int, int], int] = {}  # (previous, canonical) -> token written
+        self.by_token: dict[int, int] = {}  # canonical -> token written instead (rejections only)
+        self._keys: dict[tuple[int, ...], list[int]] = {}  # resplit output -> canonical key per token
+        self._last: tuple[int, tuple[int, ...], tuple[int, ...], list[int]] | None = None
 
     def remember(self, context: Sequence[int], tokens: Sequence[int]) -> None:
         """The draft ``tokens`` proposed after ``context`` (compared with the next context)."""
+        tokens = tuple(int(t) for t in tokens)
+        keys = list(tokens)
+        for split, split_keys in self._keys.items():  # the resplit this draft came from (maybe cut short)
+            if split[: len(tokens)] == tokens:
+                keys = split_keys[: len(tokens)]
+                break
         start = len(context)
-        self._last = (start, tuple(context[max(0, start - 8) : start]), tuple(tokens)) if tokens else None
+        self._last = (start, tuple(context[max(0, start - 8) : start]), tokens, keys) if tokens else None
+        self._keys.clear()
 
     def observe(self, context: Sequence[int]) -> None:
         """Learn from what the target committed where the last remembered draft stood."""
         if self._last is None:
             return
-        start, fingerprint, draft = self._last
+        start, fingerprint, draft, keys = self._last
         self._last = None
         if len(context) <= start or tuple(context[max(0, start - 8) : start]) != fingerprint:
             return
         n = 0
         while n < len(draft) and start + n < len(context) and context[start + n] == draft[n]:
+            previous = int(context[start + n - 1]) if start + n > 0 else -1
+            self.by_context[(previous, keys[n])] = draft[n]  # kept as drafted
             n += 1
         if n == len(draft) or start + n >= len(context):
             return
@@ -235,41 +245,43 @@ class SplitPreferences:
         spelled = self.helper.bytes_of([committed])
         rest = self.helper.bytes_of(draft[n:])
         if spelled and len(spelled) < len(rest) and rest.startswith(spelled):
-            choices = self.prefs.setdefault(draft[n], [])
-            if committed in choices:
-                choices.remove(committed)
-            choices.insert(0, committed)
-            del choices[self.max_per_token :]
+            previous = int(context[start + n - 1]) if start + n > 0 else -1
+            self.by_context[(previous, keys[n])] = committed
+            self.by_token[keys[n]] = committed
 
     def resplit(self, context: Sequence[int], tokens: Sequence[int]) -> list[int]:
         """``tokens`` (a canonical split after ``context``) with the learned splits applied.
 
-        Spells the same bytes.  Worked example: having learned that the
-        target writes ``",`` where the canonical split has ``","``, the
-        canonical ``["x", '","', 'b', '":']`` becomes ``["x", '",', '"', 'b', '":']``
+        Spells the same bytes.  Worked example: having seen the target write
+        ``",`` where the canonical split has ``","``, the canonical
+        ``['x', '","', 'b', '":']`` becomes ``['x', '",', '"', 'b', '":']``
         (the text after ``",`` is split canonically again).
         """
         out = [int(t) for t in tokens]
-        if not self.prefs:
-            return out
-        i = 0
-        for _ in range(len(out) + 1):  # every substitution moves past at least one byte
-            while i < len(out) and out[i] not in self.prefs:
+        keys = list(out)
+        if self.by_context or self.by_token:
+            i = 0
+            while i < len(out):
+                previous = out[i - 1] if i else (int(context[-1]) if len(context) else -1)
+                choice = self.by_context.get((previous, keys[i]), self.by_token.get(keys[i]))
+                if choice is not None and choice != out[i]:
+                    replaced = self._replace(context, out, i, choice)
+                    if replaced is not None:
+                        out, keys = replaced[0], keys[:i] + [keys[i]] + replaced[0][i + 1 :]
                 i += 1
-            if i >= len(out):
-                return out
-            rest = self.helper.bytes_of(out[i:])
-            for choice in self.prefs[out[i]]:
-                spelled = self.helper.bytes_of([choice])
-                if spelled and len(spelled) < len(rest) and rest.startswith(spelled):
-                    try:
-                        tail_text = rest[len(spelled) :].decode("utf-8")
-                    except UnicodeDecodeError:
-                        continue
-                    prefix = out[:i] + [choice]
-                    tail = continuation_tokens(self.tokenizer, list(context) + prefix, tail_text)
-                    if tail:
-                        out = prefix + tail
-                        break
-            i += 1
+        self._keys[tuple(out)] = keys
         return out
+
+    def _replace(self, context: Sequence[int], out: list[int], i: int, choice: int) -> tuple[list[int]] | None:
+        """``out`` with token ``i`` replaced by ``choice`` and the rest split canonically again."""
+        rest = self.helper.bytes_of(out[i:])
+        spelled = self.helper.bytes_of([choice])
+        if not spelled or len(spelled) >= len(rest) or not rest.startswith(spelled):
+            return None
+        try:
+            tail_text = rest[len(spelled) :].decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+        prefix = out[:i] + [choice]
+        tail = continuation_tokens(self.tokenizer, list(context) + prefix, tail_text)
+        return (prefix + tail,) if tail else None

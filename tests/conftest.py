@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 import torch
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # One process per core under pytest-xdist: two OpenMP threads per worker on a
+    # 2-core machine would fight each other and slow every forward pass down.
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")

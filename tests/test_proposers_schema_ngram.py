@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 import statistics
 
 import pytest
@@ -13,6 +15,7 @@ from proposers.base import Draft, GrammarView, Request
 from proposers.presets import resolve_assistant
 from proposers.schema_ngram import SOURCE_PRIORS, SchemaNgramProposer, follow_length, prompt_start
 from proposers.json_cursor import Cursor, advance
+from proposers.text import SplitPreferences
 
 ITEMS = {
     "type": "object",
@@ -187,3 +190,32 @@ def test_schema_ngram_alone_on_extraction(smol_tokenizer, tasks):
         rates.append(result.per_step)
     print(f"\nschema_ngram alone, 4 extraction tasks: {[round(r, 2) for r in rates]}")
     assert statistics.mean(rates) >= 5.0
+
+
+def model_style_ids(tok, reference) -> list[int]:
+    """The reference split the way SmolLM2 writes compact JSON: a punctuation token never
+    swallows the quote that opens the next string ('",' '"b' rather than '","' 'b')."""
+    text = json.dumps(reference, separators=(",", ":"), ensure_ascii=False)
+    pieces = re.split(r'(?<=[,:\[{])(?=")', text)
+    return [t for piece in pieces for t in tok.encode(piece, add_special_tokens=False)]
+
+
+def test_learned_splits_recover_a_non_canonical_target(smol_tokenizer, tasks, monkeypatch):
+    chosen = [t for t in tasks if t["kind"] == "extraction"][:3] + [t for t in tasks if t["kind"] == "tool_call"][:3]
+
+    def mean_rate() -> float:
+        rates = []
+        for task in chosen:
+            prompt = build_prompt(smol_tokenizer, task["prompt"], system=task.get("system"), schema=task["schema"],
+                                  tools=task.get("tools"))  # fmt: skip
+            ids = model_style_ids(smol_tokenizer, task["reference"])
+            result = replay(resolve_assistant("auto"), smol_tokenizer, task["schema"], prompt, ids, k=16)
+            assert result is not None
+            rates.append(result.per_step)
+        return statistics.mean(rates)
+
+    learned = mean_rate()
+    monkeypatch.setattr(SplitPreferences, "resplit", lambda self, context, tokens: list(tokens))
+    canonical_only = mean_rate()
+    print(f"\nnon-canonical target: {learned:.2f} tokens per pass with learned splits, {canonical_only:.2f} without")
+    assert learned >= 1.2 * canonical_only

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from proposers.text import continuation_tokens, token_text
+from proposers.text import SplitPreferences, continuation_tokens, token_text
 
 DOC = json.dumps(
     {"name": "John Smith", "email": "john@example.com", "items": [{"sku": "A-1", "qty": 2}, {"sku": "B-22", "qty": 10}],
@@ -73,3 +73,47 @@ def test_lookback_zero_still_spells_text(smol_tokenizer, lookback):
     context = tok.encode('{"k":"v', add_special_tokens=False)
     out = continuation_tokens(tok, context, 'alue"}', lookback=lookback)
     assert token_text(tok).bytes_of(out) == b'alue"}'
+
+
+# -- learned splits -----------------------------------------------------------------
+
+
+def test_split_preferences_learn_the_targets_split(smol_tokenizer):
+    tok = smol_tokenizer
+    helper = token_text(tok)
+    splits = SplitPreferences(tok)
+    context = tok.encode('{"a":"x', add_special_tokens=False)
+    draft = continuation_tokens(tok, context, '","b":"y')
+    assert names(tok, draft)[0] == '","'
+    splits.remember(context, draft)
+    # The target wrote '",' and then '"' where the draft had '","'.
+    committed = context + tok.encode('",', add_special_tokens=False) + tok.encode('"', add_special_tokens=False)
+    splits.observe(committed)
+    again = splits.resplit(context, draft)
+    assert names(tok, again)[:2] == ['",', '"'] and helper.bytes_of(again) == helper.bytes_of(draft)
+    other = tok.encode('{"a":"x', add_special_tokens=False)[:-1] + tok.encode("z", add_special_tokens=False)
+    assert names(tok, splits.resplit(other, draft))[:2] == ['",', '"']  # the fallback applies after any token
+
+
+def test_split_preferences_keep_what_was_accepted(smol_tokenizer):
+    tok = smol_tokenizer
+    splits = SplitPreferences(tok)
+    context = tok.encode('{"a":"x', add_special_tokens=False)
+    draft = continuation_tokens(tok, context, '","b":"y')
+    splits.remember(context, draft)
+    splits.observe(context + tok.encode('",', add_special_tokens=False) + [0])
+    splits.remember(context, splits.resplit(context, draft))
+    splits.observe(context + draft[:2])  # later the target wrote '","' after 'x': kept
+    assert splits.resplit(context, draft) == draft
+
+
+def test_split_preferences_ignore_a_different_text(smol_tokenizer):
+    tok = smol_tokenizer
+    splits = SplitPreferences(tok)
+    context = tok.encode('{"a":"x', add_special_tokens=False)
+    draft = continuation_tokens(tok, context, '","b":"y')
+    splits.remember(context, draft)
+    splits.observe(context + tok.encode("yz", add_special_tokens=False))  # the target disagreed on the text
+    assert splits.resplit(context, draft) == draft
+    splits.observe(context + [5])  # nothing remembered any more: no effect
+    assert not splits.by_context and not splits.by_token
