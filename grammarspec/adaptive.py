@@ -5,8 +5,12 @@ Proposal length, after SGLang's ``adaptive_spec_params``::
     k = clamp(round(ema_accepted) + 1, k_min, k_max)
 
 where ``ema_accepted`` is an exponential moving average (weight ``alpha``)
-of the draft tokens accepted per speculative step.  A step that accepts all
-``k`` drafts pushes ``k`` up by one; a run of rejections pulls it down.
+of the draft tokens accepted per speculative step whose draft filled the
+proposal length (``proposed >= k``).  A shorter draft was cut by its
+proposer, not by ``k`` (deterministic drafters stop where they run out of
+guesses), so it says nothing about ``k`` and is left out.  A step that
+accepts all ``k`` drafts pushes ``k`` up by one; a run of rejections pulls
+it down.
 
 * warm-up: the first ``warmup`` speculative steps only feed the average;
   ``k`` stays at ``k_init``;
@@ -45,7 +49,16 @@ __all__ = ["AdaptiveController"]
 class AdaptiveController:
     """Chooses ``k`` and whether to speculate, for one request.  Pure Python, no clocks.
 
-    ``adaptive=False`` fixes ``k = k_max`` and never switches speculation off.
+    Read :attr:`k` and :attr:`speculate` before each step; report the step
+    with :meth:`record_speculative_step` or :meth:`record_plain_step` (both
+    change state and return whether ``k`` or ``speculate`` changed).
+    ``k`` starts at ``k_init`` (default ``k_max``).  ``adaptive=False`` fixes
+    ``k`` and never switches speculation off.
+
+    With cheap deterministic proposers only, a high ``k_min`` (about
+    ``k_max / 2``) suits them: they stop by themselves where their guesses
+    end, and an extra verified token costs little.  With a draft model every
+    drafted token costs a draft forward pass: ``k_min = 1``.
     """
 
     def __init__(
@@ -100,7 +113,9 @@ class AdaptiveController:
 
     # -- inputs ---------------------------------------------------------------
 
-    def record_speculative_step(self, proposed: int, accepted: int, seconds: float, committed: int | None = None) -> bool:
+    def record_speculative_step(
+        self, proposed: int, accepted: int, seconds: float, committed: int | None = None
+    ) -> bool:
         """A verified step: ``proposed`` drafts, ``accepted`` of them, ``seconds`` of draft + verify work.
 
         ``committed``: tokens committed by the step (default ``accepted + 1``:
@@ -111,9 +126,8 @@ class AdaptiveController:
             raise ValueError(f"accepted ({accepted}) must be between 0 and proposed ({proposed})")
         committed = accepted + 1 if committed is None else committed
         self.speculative_steps += 1
-        # A draft shorter than k that was accepted whole says nothing about k:
-        # the proposer stopped, not the target.
-        informative = accepted < proposed or proposed >= self.k
+        # A draft shorter than k was cut by its proposer: it says nothing about k.
+        informative = proposed >= self.k
         if informative:
             self.ema_accepted = _ema(self.ema_accepted, accepted, self.alpha)
         self.ema_committed = _ema(self.ema_committed, committed, self.alpha)

@@ -25,7 +25,7 @@ DEFAULT_MODEL = "smollm2-135m"
 ASSISTANTS = ("auto", "none", "prompt_lookup", "schema_ngram", "jump_forward", "draft_model")
 #: max_new_tokens of a full bench run: covers every tool call and most
 #: extraction/generation answers while the default task file fits in 30 minutes.
-BENCH_MAX_NEW_TOKENS = 256
+BENCH_MAX_NEW_TOKENS = 192
 #: What --quick changes (options given explicitly still win).
 QUICK = {"limit": 3, "arms": "baseline,none,auto", "max_new_tokens": 48}
 
@@ -259,6 +259,19 @@ def _cmd_generate(args: argparse.Namespace, command: str) -> int:
 # --- bench ----------------------------------------------------------------------------
 
 
+def _warn_if_busy() -> None:
+    """Timings are only as good as the machine is quiet: say so when it is not."""
+    import os
+
+    try:
+        load, cores = os.getloadavg()[0], os.cpu_count() or 1
+    except (AttributeError, OSError):
+        return
+    if load > cores:  # this process accounts for about 1
+        print(f"grammarspec bench: warning: the machine is busy (load average {load:.1f} on {cores} cores); "
+              "other processes make the timings noisy", file=sys.stderr)  # fmt: skip
+
+
 def _bench_tasks(args: argparse.Namespace) -> list[Any]:
     from .bench.tasks import TaskFileError, default_tasks_path, load_schema_corpus, load_tasks, select_tasks
 
@@ -330,6 +343,7 @@ def _cmd_bench(args: argparse.Namespace, command: str) -> int:
 
     print(f"grammarspec bench: {len(tasks)} tasks x {len(arms)} arms ({', '.join(arms)}) x {args.repeat} repeat(s), "
           f"max_new_tokens {max_new}", file=sys.stderr)  # fmt: skip
+    _warn_if_busy()
     result = run_bench(model, tokenizer, tasks, config, draft_model=draft, progress=progress)
     paths = write_results(result, out, command=command, plots=not args.no_plots)
     markdown = paths["markdown"].read_text(encoding="utf-8")

@@ -14,9 +14,9 @@ and used when it offers more.
 
 The seam: the forced span was split into tokens on its own, and its last
 token may merge with the text after it (``"}}`` + ``,{"`` is split ``"}``
-``},`` ``{"``).  A deterministic draft is therefore split again as one text
-(:func:`proposers.text.continuation_tokens`), and then the way the target
-was seen to split such text in this request
+``},`` ``{"``).  A draft of text (anything but a draft model's tokens) is
+therefore split again as one text (:func:`proposers.text.continuation_tokens`),
+then the way the target was seen to split such text in this request
 (:class:`proposers.text.SplitPreferences`); feedback is shared out by bytes.
 Without a continuation, jump-forward's own rule drops an ambiguous last
 token.
@@ -30,7 +30,7 @@ import torch
 
 from .base import EMPTY_DRAFT, Draft, GrammarView, Proposer, Request
 from .jump_forward import JumpForwardProposer, trim_ambiguous
-from .text import SplitPreferences, continuation_tokens, token_text
+from .text import SplitPreferences, TokenText, continuation_tokens, token_text
 
 __all__ = ["CompositeProposer", "choose", "concat_drafts", "is_model_proposer"]
 
@@ -176,7 +176,7 @@ class CompositeProposer:
             return concat_drafts(lead, follow)
         parts = [(p, d) for p, d in ((leader, lead), (follower, follow)) if p is not None and d]
         draft = concat_drafts(lead, follow)
-        if draft and draft.probs is None:
+        if draft and draft.probs is None and follower not in self.fallbacks:  # a model's own tokens stay
             joined = self._resplit(context, grammar, k, draft, helper)
             if joined is not None:
                 draft = joined
@@ -196,7 +196,9 @@ class CompositeProposer:
         self._token_bytes = [len(helper.vocab_bytes[t]) for t in draft.tokens]
         return draft if draft else EMPTY_DRAFT
 
-    def _resplit(self, context: Sequence[int], grammar: GrammarView | None, k: int, draft: Draft, helper) -> Draft | None:
+    def _resplit(
+        self, context: Sequence[int], grammar: GrammarView | None, k: int, draft: Draft, helper: TokenText
+    ) -> Draft | None:
         """``draft`` split again as one text: canonically, then as the target was seen to split it.
 
         ``None`` if that changes nothing or is illegal.

@@ -137,7 +137,7 @@ class JumpForwardProposer:
         splits = self._splits
         if splits is not None:
             splits.observe(context)
-        if grammar is None or self._tokenizer is None or grammar.is_terminated():
+        if k <= 0 or grammar is None or self._tokenizer is None or grammar.is_terminated():
             return EMPTY_DRAFT
         forced = grammar.forced_text()
         if not forced:

@@ -157,3 +157,12 @@ def test_bad_arguments():
         AdaptiveController(1, 4, alpha=0)
     with pytest.raises(ValueError, match="accepted"):
         AdaptiveController(1, 4).record_speculative_step(2, 3, 1.0)
+
+
+def test_drafts_shorter_than_k_do_not_move_k():
+    c = AdaptiveController(1, 16, k_init=8, warmup=0, alpha=1.0, min_samples=100)
+    for _ in range(10):
+        assert c.record_speculative_step(3, 0, 1.0) is False  # the proposer stopped at 3: not k's doing
+    assert c.k == 8 and c.ema_accepted is None
+    c.record_speculative_step(8, 0, 1.0)
+    assert c.k == 1

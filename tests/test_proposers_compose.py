@@ -166,7 +166,8 @@ def test_jump_forward_drops_a_last_token_that_would_resplit(at_seam):
 
 def test_jump_forward_keeps_a_last_token_nothing_can_extend(smol_tokenizer):
     tok = smol_tokenizer
-    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"], "additionalProperties": False}
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"],
+              "additionalProperties": False}  # fmt: skip
     matcher = compile_grammar(grammar_spec(schema=schema), tok).matcher()
     jf = JumpForwardProposer()
     jf.start(Request(prompt_ids=(1,), tokenizer=tok))
@@ -194,3 +195,17 @@ def test_composite_resplits_the_seam_and_credits_by_bytes(at_seam):
     composite.feedback(draft, 3)
     ((tokens, n),) = follower.feedbacks
     assert helper.bytes_of(tokens[:n]) == b',{"'
+
+
+def test_text_drafts_are_resplit_but_a_draft_models_tokens_are_kept(toy, monkeypatch):
+    quote, a = toy.convert_tokens_to_ids(['"', "a"])
+    merged = toy.convert_tokens_to_ids('"a')
+    model = fixed("draft_model", [quote, a])
+    monkeypatch.setattr(compose, "is_model_proposer", lambda p: p is model)
+    view = GrammarView(RuleMatcher(legal=lambda h, t: True))
+    cheap = CompositeProposer([fixed("text", [quote, a])])
+    cheap.start(toy_request(toy))
+    assert cheap.propose([2], view, 4).tokens == (merged,)  # the canonical split of '"a'
+    drafted = CompositeProposer([model])
+    drafted.start(toy_request(toy))
+    assert drafted.propose([2], view, 4).tokens == (quote, a)

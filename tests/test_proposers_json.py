@@ -119,7 +119,8 @@ def test_arrays_prefix_items_and_bounds():
 
 
 def test_recursive_refs_terminate():
-    schema = SchemaIndex({"$ref": "#/$defs/node", "$defs": {"node": {"anyOf": [{"$ref": "#/$defs/node"}, {"type": "null"}]}}})
+    node = {"anyOf": [{"$ref": "#/$defs/node"}, {"type": "null"}]}
+    schema = SchemaIndex({"$ref": "#/$defs/node", "$defs": {"node": node}})
     assert schema.types(schema.root) == {"null"}
 
 
@@ -153,7 +154,8 @@ def test_find_near_prefers_ahead_of_the_cursor():
 
 
 def test_numbers_labels_and_separators():
-    assert number_spans(b"Total: $1,200.50 on 2024-09-03, qty 3") == [(8, 16, b"1200.50"), (20, 24, b"2024"), (36, 37, b"3")]
+    spans = [(8, 16, b"1200.50"), (20, 24, b"2024"), (36, 37, b"3")]
+    assert number_spans(b"Total: $1,200.50 on 2024-09-03, qty 3") == spans
     assert label_variants("due_date") == [b"due date", b"due_date"]
     assert label_variants("firstName") == [b"first name", b"firstname"]
     assert label_values(b"name: ada\\nage: 3", "name") == [6]

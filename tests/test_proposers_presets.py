@@ -21,7 +21,11 @@ def kinds(proposer):
 
 @pytest.mark.parametrize(
     "name, kind",
-    [("prompt_lookup", PromptLookupProposer), ("schema_ngram", SchemaNgramProposer), ("jump_forward", JumpForwardProposer)],
+    [
+        ("prompt_lookup", PromptLookupProposer),
+        ("schema_ngram", SchemaNgramProposer),
+        ("jump_forward", JumpForwardProposer),
+    ],
 )
 def test_single_presets(name, kind):
     proposer = resolve_assistant(name)

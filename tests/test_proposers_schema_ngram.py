@@ -35,7 +35,10 @@ ITEMS = {
     "required": ["customer", "email", "unit", "items"],
     "additionalProperties": False,
 }
-PROMPT = "Order from Priya Raman (email: priya.raman@brightlane.io). Items: 2 x Desk Lamp, 10 x Cable Tie Pack. Units: Celsius."
+PROMPT = (
+    "Order from Priya Raman (email: priya.raman@brightlane.io). Items: 2 x Desk Lamp, 10 x Cable Tie Pack. "
+    "Units: Celsius."
+)
 
 
 class Setup:

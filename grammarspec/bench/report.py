@@ -149,7 +149,8 @@ def to_markdown(result: BenchResult, summary: dict[str, Any], command: str = "")
         f"{len(result.tasks)} tasks ({len(result.skipped)} skipped); wall time {result.wall_seconds / 60:.1f} min.",
         f"Machine: {machine.get('cpu')}, {machine.get('cores')} cores, torch {machine.get('torch')} "
         f"({machine.get('torch_threads')} threads), transformers {machine.get('transformers')}, "
-        f"xgrammar {machine.get('xgrammar')}.",
+        f"xgrammar {machine.get('xgrammar')}; load average {machine.get('load_average_at_start')} at the start, "
+        f"{machine.get('load_average_at_end')} at the end.",
         "",
         "### Median speedup over the baseline (HF generate + xgrammar logits processor), tokens/s ratio",
         "",

@@ -90,7 +90,18 @@ def machine_info() -> dict[str, Any]:
         "transformers": package("transformers"),
         "xgrammar": package("xgrammar"),
         "grammarspec": grammarspec.__version__,
+        "load_average_at_start": _load_average(),
     }
+
+
+def _load_average() -> float | None:
+    """The 1-minute load average (other processes running make timings noisy)."""
+    import os
+
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):
+        return None
 
 
 def _prompt_ids(tokenizer: Any, task: BenchTask) -> list[int]:
@@ -149,6 +160,7 @@ def run_bench(
             _add_agreement(records, settings.greedy)
             result.runs += [records[arm] for arm in config.arms]
     result.wall_seconds = time.perf_counter() - started
+    result.machine["load_average_at_end"] = _load_average()
     if bar is not None:
         bar.close()
     return result
