@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -100,12 +101,12 @@ def _dequantize(name: str, target: Path) -> None:
     (tmp / "config.json").write_text(json.dumps(config, indent=2))
     model.generation_config.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    if target.exists():  # another process won the race
-        import shutil
-
+    try:
+        tmp.rename(target)
+    except OSError:  # another process finished first: keep its copy
+        if not (target / "model.safetensors").is_file():
+            raise
         shutil.rmtree(tmp, ignore_errors=True)
-        return
-    tmp.rename(target)
 
 
 def load_tokenizer(name_or_path: str | os.PathLike[str] = "smollm2-135m") -> "PreTrainedTokenizerBase":
