@@ -71,7 +71,7 @@ class GrammarSpec:
         return self.kind in ("json_schema", "any_json")
 
 
-def grammar_spec(
+def _grammar_spec(
     *,
     schema: Any = None,
     tools: Sequence[Mapping[str, Any]] | None = None,
@@ -190,6 +190,21 @@ def _pydantic_schema(obj: Any) -> dict[str, Any] | None:
     return obj.model_json_schema()
 
 
+def _remote_ref(node: Any) -> str | None:
+    """The first ``$ref`` that points outside the document, if any."""
+    stack = [node]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            ref = item.get("$ref")
+            if isinstance(ref, str) and not ref.startswith("#"):
+                return ref
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return None
+
+
 def check_json_schema(schema: Any, *, where: str = "the schema") -> None:
     """Raise :class:`GrammarError` unless ``schema`` is a valid JSON Schema object.
 
@@ -204,6 +219,12 @@ def check_json_schema(schema: Any, *, where: str = "the schema") -> None:
     from jsonschema.exceptions import SchemaError
     from jsonschema.validators import validator_for
 
+    remote = _remote_ref(schema)
+    if remote is not None:
+        raise GrammarError(
+            f"{where} has a remote $ref {remote!r}; grammarspec fetches nothing over the network. "
+            "Inline the referenced schema (or put it under $defs and refer to it as '#/$defs/...')."
+        )
     try:
         validator_for(schema).check_schema(schema)
     except SchemaError as e:
@@ -295,3 +316,30 @@ def _tool_definition(tool: Any, i: int) -> tuple[str, dict[str, Any]]:
     parameters.setdefault("additionalProperties", False)
     check_json_schema(parameters, where=f"{where} parameters")
     return name, parameters
+
+
+def grammar_spec(
+    *,
+    schema: Any = None,
+    tools: Sequence[Mapping[str, Any]] | None = None,
+    grammar: str | None = None,
+    regex: str | None = None,
+    json_object: bool = False,
+    parallel_tool_calls: bool = False,
+    any_whitespace: bool = False,
+) -> GrammarSpec | None:
+    """The grammar for exactly one of the constraint arguments (``None`` if none is given).
+
+    See :func:`_grammar_spec` for the inputs.  A schema nested so deeply that
+    Python's recursion limit is reached raises :class:`GrammarError`.
+    """
+    try:
+        return _grammar_spec(
+            schema=schema, tools=tools, grammar=grammar, regex=regex, json_object=json_object,
+            parallel_tool_calls=parallel_tool_calls, any_whitespace=any_whitespace,
+        )  # fmt: skip
+    except RecursionError:
+        raise GrammarError(
+            "the schema is nested too deeply to process (Python's recursion limit was reached while "
+            "checking it); flatten it, or use $defs with local $refs for repeated parts"
+        ) from None

@@ -98,8 +98,9 @@ def generate(
         if tokenizer is None:
             raise ValueError("a constrained generate needs the tokenizer: pass tokenizer=...")
         compiled = compile_grammar(spec, tokenizer, vocab_size=vocab, stop_token_ids=eos, backend=grammar_backend)
-    for candidate in (assistant, assistant_model):
-        _check_assistant(model, candidate, tokenizer)
+    probe = resolve_assistant(assistant, draft_model=assistant_model)
+    for member in getattr(probe, "proposers", None) or [probe]:
+        _check_assistant(model, getattr(member, "model", None), tokenizer)
     if max_draft_tokens < 1:
         raise ValueError(f"max_draft_tokens must be >= 1, got {max_draft_tokens}")
     decode_config = DecodeConfig(

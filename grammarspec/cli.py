@@ -259,6 +259,12 @@ def _cmd_generate(args: argparse.Namespace, command: str) -> int:
 # --- bench ----------------------------------------------------------------------------
 
 
+def _progress_bar(total: int) -> Any:
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc="bench", unit="run", dynamic_ncols=True, file=sys.stderr)
+
+
 def _warn_if_busy() -> None:
     """Timings are only as good as the machine is quiet: say so when it is not."""
     import os
@@ -272,7 +278,7 @@ def _warn_if_busy() -> None:
               "other processes make the timings noisy", file=sys.stderr)  # fmt: skip
 
 
-def _bench_tasks(args: argparse.Namespace) -> list[Any]:
+def _bench_tasks(args: argparse.Namespace, limit: int | None) -> list[Any]:
     from .bench.tasks import TaskFileError, default_tasks_path, load_schema_corpus, load_tasks, select_tasks
 
     task_files = list(args.tasks or [])
@@ -290,7 +296,7 @@ def _bench_tasks(args: argparse.Namespace) -> list[Any]:
                 raise TaskFileError(f"--schemas {corpus}: no such file or folder")
             tasks += load_schema_corpus(corpus)
         categories = [c.strip() for c in args.categories.split(",") if c.strip()] if args.categories else None
-        chosen = select_tasks(tasks, categories, args.limit)
+        chosen = select_tasks(tasks, categories, limit)
     except TaskFileError as e:
         raise CliError(str(e)) from None
     if not chosen:
@@ -301,28 +307,27 @@ def _bench_tasks(args: argparse.Namespace) -> list[Any]:
 def _cmd_bench(args: argparse.Namespace, command: str) -> int:
     from .bench.arms import DEFAULT_ARMS, DRAFT_ARMS, check_arms
 
-    if args.quick:
-        args.limit = args.limit or QUICK["limit"]
-        args.arms = args.arms or QUICK["arms"]
-        args.max_new_tokens = args.max_new_tokens or QUICK["max_new_tokens"]
-    max_new = args.max_new_tokens or BENCH_MAX_NEW_TOKENS
-    if args.arms:
-        names = [a.strip() for a in args.arms.split(",") if a.strip()]
+    quick: dict[str, Any] = QUICK if args.quick else {}
+    limit = args.limit or quick.get("limit")
+    arm_list = args.arms or quick.get("arms")
+    max_new = args.max_new_tokens or quick.get("max_new_tokens") or BENCH_MAX_NEW_TOKENS
+    if arm_list:
+        names = [a.strip() for a in arm_list.split(",") if a.strip()]
     else:
         names = list(DEFAULT_ARMS) + (list(DRAFT_ARMS) if args.draft_model else [])
     try:
         arms = check_arms(names, draft_model_given=bool(args.draft_model))
     except ValueError as e:
         raise CliError(f"--arms: {e}") from None
-    tasks = _bench_tasks(args)
+    tasks = _bench_tasks(args, limit)
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise CliError(f"--out {out} exists and is not a folder")
     if not args.no_plots:
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            raise CliError("the plots need matplotlib: pip install 'grammarspec[bench]' (or pass --no-plots)") from None
+        import importlib.util
+
+        if importlib.util.find_spec("matplotlib") is None:
+            raise CliError("the plots need matplotlib: pip install 'grammarspec[bench]' (or pass --no-plots)")
 
     from .bench.report import write_results
     from .bench.runner import BenchConfig, run_bench
@@ -334,13 +339,7 @@ def _cmd_bench(args: argparse.Namespace, command: str) -> int:
         arms=tuple(arms), max_new_tokens=max_new, temperature=args.temperature, seed=args.seed,
         repeat=args.repeat, model=args.model, draft_model=args.draft_model,
     )  # fmt: skip
-    progress = None
-    if not args.no_progress:
-        from tqdm import tqdm
-
-        def progress(total: int) -> Any:
-            return tqdm(total=total, desc="bench", unit="run", dynamic_ncols=True, file=sys.stderr)
-
+    progress = None if args.no_progress else _progress_bar
     print(f"grammarspec bench: {len(tasks)} tasks x {len(arms)} arms ({', '.join(arms)}) x {args.repeat} repeat(s), "
           f"max_new_tokens {max_new}", file=sys.stderr)  # fmt: skip
     _warn_if_busy()

@@ -68,6 +68,11 @@ __all__ = [
     "fuzz_prompt",
     "grammar_checks",
     "generation_checks",
+    "fuzz_record",
+    "classify_completion",
+    "run_isolated",
+    "RunOptions",
+    "Job",
     "configs_for",
     "FuzzContext",
     "summarize",
@@ -103,19 +108,21 @@ ENFORCED: dict[str, frozenset[str]] = {
             "type", "enum", "const", "required", "additionalProperties", "items", "prefixItems",
             "minItems", "maxItems", "minLength", "maxLength", "pattern", "minimum", "maximum",
             "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "minProperties", "maxProperties",
-            "propertyNames", "anyOf", "oneOf", "format",
+            "propertyNames", "anyOf", "oneOf",
         }
     ),  # fmt: skip
     "outlines": frozenset(
         {
             "type", "enum", "const", "required", "additionalProperties", "items", "prefixItems",
             "minItems", "maxItems", "minLength", "maxLength", "pattern", "minProperties", "anyOf",
-            "oneOf", "format",
+            "oneOf",
         }
     ),  # fmt: skip
 }
 
-#: ``format`` values each backend turns into a grammar (others are ignored or refused).
+#: ``format`` values each backend turns into a grammar (others are ignored or refused).  A
+#: format is only approximated by a regex (``2023-02-30`` has the shape of a date), so
+#: ``format`` is not in :data:`ENFORCED`: a completion must check it, and does.
 FORMATS: dict[str, frozenset[str]] = {
     "xgrammar": frozenset(
         {"date", "time", "date-time", "duration", "email", "hostname", "ipv4", "ipv6", "uri", "uri-reference",
@@ -126,7 +133,7 @@ FORMATS: dict[str, frozenset[str]] = {
 
 #: Nothing below these keywords is enforced: the backends ignore them (``not``,
 #: ``if``/``then``/``else``, ``dependencies``, ``contains``, ...) or only approximate
-#: them (``allOf`` with several members, ``patternProperties``).
+#: them (``allOf``, ``patternProperties``).
 UNENFORCED_CONTEXTS = frozenset(
     {
         "not", "if", "then", "else", "allOf", "dependencies", "dependentSchemas", "dependentRequired",
@@ -134,62 +141,139 @@ UNENFORCED_CONTEXTS = frozenset(
     }
 )  # fmt: skip
 
+#: Keywords that lead to subschemas without being enforced themselves.
+_STRUCTURAL = frozenset({"properties", "definitions", "$defs", "$ref"})
 #: Keywords whose next schema-path segment is a name (not a keyword).
 _NAMED_CHILDREN = frozenset({"properties", "patternProperties", "definitions", "$defs", "dependencies", "dependentSchemas"})
+#: Keywords whose next schema-path segment is an index.
+_INDEXED_CHILDREN = frozenset({"anyOf", "oneOf", "allOf", "prefixItems", "items"})
+#: Keywords that only constrain one JSON type; both backends ignore them unless ``type`` names it.
+_TYPE_OF = {
+    "pattern": "string", "minLength": "string", "maxLength": "string", "format": "string",
+    "minimum": "number", "maximum": "number", "exclusiveMinimum": "number", "exclusiveMaximum": "number",
+    "multipleOf": "number", "items": "array", "prefixItems": "array", "minItems": "array", "maxItems": "array",
+}  # fmt: skip
+_COMBINATORS = ("anyOf", "oneOf", "allOf")
 _LOOKAROUND = re.compile(r"\(\?<?[=!]")
 
 
-def is_enforced(error: Any, backend: str) -> bool:
+def is_enforced(error: Any, backend: str, root: Any) -> bool:
     """Whether ``backend``'s grammar must reject an instance that has this jsonschema error.
 
-    ``error``: a ``jsonschema.ValidationError``.  An ``anyOf``/``oneOf`` error is
-    enforced when every branch fails on an enforced keyword; a ``oneOf``
-    error where some branch matches ("valid under each of") is not.  Pure.
+    ``error``: a ``jsonschema.ValidationError`` raised against the schema
+    ``root``.  Every step of the error's schema path must be enforced (see
+    :func:`_step_enforced`): what the backends ignore (``not``, siblings of
+    ``$ref``/``anyOf``/``enum``, string keywords without ``"type": "string"``,
+    ...) enforces nothing below it.  An ``anyOf``/``oneOf`` error is enforced
+    when every branch fails on an enforced keyword; a ``oneOf`` error where
+    some branch matches ("valid under each of") is not.  Pure.
 
     Worked example (xgrammar): ``{"type": "integer", "not": {"const": 1}}`` and
     the instance ``1`` give one error, keyword ``not``: not enforced.  The
     instance ``"x"`` gives a ``type`` error: enforced.
     """
-    if _in_unenforced_context(list(error.absolute_schema_path)[:-1]):
+    steps = _path_steps(root, list(error.absolute_schema_path))
+    if not steps or not all(_step_enforced(node, keyword, backend) for node, keyword in steps):
         return False
-    keyword = error.validator
+    node, keyword = steps[-1]
     if keyword in ("anyOf", "oneOf"):
-        if keyword not in ENFORCED[backend] or not isinstance(error.validator_value, list):
+        if not isinstance(error.validator_value, list):
             return False
         failing: dict[Any, list[Any]] = defaultdict(list)
         for sub in error.context or ():
             failing[sub.relative_schema_path[0]].append(sub)
         if len(failing) < len(error.validator_value):  # some branch matches
             return False
-        return all(any(is_enforced(sub, backend) for sub in subs) for subs in failing.values())
-    return _node_enforces(keyword, error.schema if isinstance(error.schema, dict) else {}, backend)
+        return all(any(is_enforced(sub, backend, root) for sub in subs) for subs in failing.values())
+    return _keyword_enforced(keyword, node, backend)
 
 
-def _in_unenforced_context(path: Sequence[Any]) -> bool:
-    """Whether a schema path passes through a keyword of :data:`UNENFORCED_CONTEXTS`.
+def _path_steps(root: Any, path: Sequence[Any]) -> list[tuple[dict[str, Any], str]] | None:
+    """``(schema node, keyword)`` for every keyword on a jsonschema schema path.
 
-    ``["properties", "not", "type"]`` -> False (``not`` is a property name there);
-    ``["properties", "a", "not", "type"]`` -> True.
+    jsonschema leaves ``$ref`` out of its paths; where the next segment is not
+    in the node but the node has a local ``$ref``, the walk follows it (as the
+    step ``(node, "$ref")``).  ``None`` when the path cannot be followed (a
+    remote reference, say).  Pure.
+
+    >>> _path_steps({"properties": {"a": {"type": "string"}}}, ["properties", "a", "type"])
+    [({'properties': {'a': {'type': 'string'}}}, 'properties'), ({'type': 'string'}, 'type')]
     """
-    name_next = False
-    for segment in path:
-        if name_next:
-            name_next = False
+    steps: list[tuple[dict[str, Any], str]] = []
+    node = root
+    i = 0
+    for _ in range(10_000):  # bounded: a $ref cycle without progress ends the walk
+        if i >= len(path):
+            return steps
+        if not isinstance(node, dict):
+            return None
+        keyword = path[i]
+        if keyword not in node:
+            target = _resolve(root, node.get("$ref"))
+            if target is None:
+                return None
+            steps.append((node, "$ref"))
+            node = target
             continue
-        if not isinstance(segment, str):
-            continue
-        if segment in UNENFORCED_CONTEXTS:
-            return True
-        name_next = segment in _NAMED_CHILDREN
-    return False
+        steps.append((node, keyword))
+        child = node[keyword]
+        i += 1
+        if keyword == "propertyNames" and isinstance(child, dict):
+            child = {"type": "string", **child}  # property names are strings
+        if keyword in _NAMED_CHILDREN or (keyword in _INDEXED_CHILDREN and isinstance(child, list)):
+            if i >= len(path):
+                return steps
+            try:
+                child = child[path[i]]
+            except (KeyError, IndexError, TypeError):
+                return None
+            i += 1
+        node = child
+    return None
 
 
-def _node_enforces(keyword: str | None, node: dict[str, Any], backend: str) -> bool:
-    """Whether ``keyword`` in schema node ``node`` is enforced by ``backend`` (context aside)."""
-    if keyword is None or keyword not in ENFORCED[backend]:
+def _resolve(root: Any, ref: Any) -> Any:
+    """The subschema a local ``$ref`` (``#`` or ``#/json/pointer``) points at, else ``None``."""
+    if not isinstance(ref, str) or not ref.startswith("#"):
+        return None
+    node = root
+    for part in [p for p in ref[1:].split("/") if p]:
+        part = part.replace("~1", "/").replace("~0", "~")
+        try:
+            node = node[int(part)] if isinstance(node, list) else node[part]
+        except (KeyError, IndexError, ValueError, TypeError):
+            return None
+    return node
+
+
+def _step_enforced(node: dict[str, Any], keyword: str | None, backend: str) -> bool:
+    """Whether the backend applies ``keyword`` of ``node`` at all (what it checks aside).
+
+    Both backends drop the siblings of ``$ref``, of ``anyOf``/``oneOf``/``allOf``
+    and of ``enum``/``const``, and ignore a type-specific keyword (``pattern``,
+    ``maximum``, ``maxItems``, ...) when ``type`` does not name that type.
+    """
+    if keyword is None or keyword in UNENFORCED_CONTEXTS:
         return False
-    if keyword == "format":
-        return node.get("format") in FORMATS[backend]
+    if keyword not in ENFORCED[backend] and keyword not in _STRUCTURAL:
+        return False
+    if "$ref" in node and keyword != "$ref":
+        return False
+    if any(c in node for c in _COMBINATORS) and keyword not in _COMBINATORS:
+        return False
+    if ("enum" in node or "const" in node) and keyword not in ("enum", "const"):
+        return False
+    kind = _TYPE_OF.get(keyword)
+    if kind is not None:
+        declared = node.get("type")
+        types = declared if isinstance(declared, list) else [declared]
+        if kind not in types and not (kind == "number" and "integer" in types):
+            return False
+    return True
+
+
+def _keyword_enforced(keyword: str | None, node: dict[str, Any], backend: str) -> bool:
+    """Whether the backend checks ``keyword`` of ``node`` exactly (for the failing keyword)."""
     if keyword == "pattern":
         return _plain_pattern(node.get("pattern"))
     if keyword in ("minLength", "maxLength") and backend == "xgrammar" and ("pattern" in node or "format" in node):
@@ -200,7 +284,7 @@ def _node_enforces(keyword: str | None, node: dict[str, Any], backend: str) -> b
         isinstance(node.get(k), bool) for k in ("exclusiveMinimum", "exclusiveMaximum")
     ):
         return False  # draft-4 boolean exclusive bounds
-    return True
+    return keyword in ENFORCED[backend]
 
 
 def _plain_pattern(pattern: Any) -> bool:
@@ -470,7 +554,7 @@ def _invalid_example_check(
         text, tokens = _tokens(ctx, example)
         matched, terminated = walk(compiled.matcher(max_rollback=8), tokens, ctx.stop_token_ids[0])
         if terminated:
-            enforced = [e for e in errors if is_enforced(e, backend)]
+            enforced = [e for e in errors if is_enforced(e, backend, record["schema"])]
             if enforced:
                 check.outcome = "accepted_invalid"
                 check.detail = f"invalid example {i} accepted; enforced violation: {_error_text(enforced[0])}"
@@ -539,6 +623,8 @@ def _generation_check(
 ) -> Check:
     import torch
 
+    from grammars import GrammarError
+
     from .completion import complete
 
     check = Check(record["id"], record["category"], backend, "generate", "stop_valid")
@@ -560,7 +646,11 @@ def _generation_check(
             generator=torch.Generator().manual_seed(digest),
             **config.generate_kwargs(),
         )
-    except Exception as e:  # noqa: BLE001 - the schema compiled, so any exception is a bug
+    except GrammarError as e:  # the backend refuses the schema: a defined outcome
+        check.outcome, check.detail = "unsupported", f"{config.name}: {e}"
+        check.seconds = time.perf_counter() - started
+        return check
+    except Exception as e:  # noqa: BLE001 - anything else is a bug
         check.outcome, check.detail = "crash", f"{config.name}: {_describe_exception(e)}"
         check.seconds = time.perf_counter() - started
         return check
@@ -594,7 +684,7 @@ def classify_completion(completion: Any, schema: dict[str, Any], backend: str, m
         if not completion.valid:
             return "stop_unenforced", "valid JSON reported as not valid: " + "; ".join(completion.errors[:2])
         return "stop_valid", ""
-    enforced = [e for e in errors if is_enforced(e, backend)]
+    enforced = [e for e in errors if is_enforced(e, backend, schema)]
     if enforced:
         return "stop_invalid", "enforced violation: " + _error_text(enforced[0])
     if completion.valid:
@@ -661,10 +751,18 @@ def _backend_warnings(text: str) -> list[str]:
 
 
 @dataclass(frozen=True)
+class Job:
+    """One record with one backend; ``generations`` settings from the rotation at ``index``."""
+
+    record: dict[str, Any]
+    backend: str
+    index: int = 0
+    generations: int = 0
+
+
+@dataclass(frozen=True)
 class RunOptions:
     model: str = "smollm2-135m"
-    generations: int = 2
-    outlines_generations: int = 1
     max_new_tokens: int = 32
     seed: int = 0
     compile_timeout: float = 180.0
@@ -673,31 +771,29 @@ class RunOptions:
 
 
 def _worker_main(conn: Any, options: RunOptions) -> None:
-    """Worker process: load the tokenizer (and the model when generating), then run jobs."""
+    """Worker process: load the tokenizer (the model on first need), then run jobs."""
     import torch
 
     if options.threads:
         torch.set_num_threads(options.threads)
     from .loading import load_model, load_tokenizer
 
-    generating = options.generations > 0 or options.outlines_generations > 0
-    if generating:
-        model, tokenizer = load_model(options.model)
-    else:
-        model, tokenizer = None, load_tokenizer(options.model)
-    ctx = FuzzContext.create(tokenizer, model)
+    ctx = FuzzContext.create(load_tokenizer(options.model))
     conn.send(("ready", None))
     while True:
         job = conn.recv()
         if job is None:
             return
-        record, backend, index = job
-        checks = grammar_checks(ctx, record, backend)
+        checks = grammar_checks(ctx, job.record, job.backend)
         conn.send(("checks", [asdict(c) for c in checks]))
-        count = options.generations if backend == "xgrammar" else options.outlines_generations
-        if count and checks[0].outcome == "compiled":
-            configs = configs_for(index, count)
-            gen = generation_checks(ctx, record, backend, configs, max_new_tokens=options.max_new_tokens, seed=options.seed)
+        if job.generations and checks[0].outcome == "compiled":
+            if ctx.model is None:
+                model, tokenizer = load_model(options.model)
+                ctx = FuzzContext.create(tokenizer, model)
+            gen = generation_checks(
+                ctx, job.record, job.backend, configs_for(job.index, job.generations),
+                max_new_tokens=options.max_new_tokens, seed=options.seed,
+            )  # fmt: skip
             conn.send(("checks", [asdict(c) for c in gen]))
         conn.send(("done", None))
 
@@ -732,10 +828,8 @@ class _Worker:
         self.stop()
 
 
-def run_isolated(
-    jobs: Sequence[tuple[dict[str, Any], str, int]], options: RunOptions, on_checks: Any = None
-) -> list[Check]:
-    """Run (record, backend, rotation index) jobs in a worker process, with timeouts.
+def run_isolated(jobs: Sequence[Job], options: RunOptions, on_checks: Any = None) -> list[Check]:
+    """Run jobs in a worker process, with timeouts; returns every check.
 
     The compile step of a job must finish within ``options.compile_timeout``
     and the whole job within ``options.job_timeout``; otherwise the job gets a
@@ -751,37 +845,37 @@ def run_isolated(
             on_checks(checks)
 
     try:
-        for record, backend, index in jobs:
+        for job in jobs:
             if worker is None:
                 worker = _Worker(options)
-            worker.conn.send((record, backend, index))
+            worker.conn.send(job)
             started = time.monotonic()
             deadline = started + options.compile_timeout
-            compiled_seen = False
+            compiled = False
             while True:
-                remaining = deadline - time.monotonic()
                 try:
-                    ready = worker.conn.poll(max(0.0, remaining))
-                    message = worker.conn.recv() if ready else None
+                    ready = worker.conn.poll(max(0.0, deadline - time.monotonic()))
+                    message = worker.conn.recv() if ready else ("timeout", None)
                 except (EOFError, OSError):
-                    ready, message = True, ("died", None)
-                if not ready or message[0] == "died":
-                    phase = "generation" if compiled_seen else "compile"
-                    outcome = "timeout" if not ready else "crash"
-                    why = (
-                        f"{phase} did not finish within {options.compile_timeout if not compiled_seen else options.job_timeout:.0f} s"
-                        if not ready
-                        else f"the worker process died during {phase} (exit code {worker.process.exitcode})"
-                    )
-                    emit([Check(record["id"], record["category"], backend, phase if phase == "compile" else "generate",
-                                outcome, why, time.monotonic() - started)])  # fmt: skip
+                    message = ("died", None)
+                if message[0] in ("timeout", "died"):
+                    phase = "generate" if compiled else "compile"
+                    if message[0] == "timeout":
+                        limit = options.job_timeout if compiled else options.compile_timeout
+                        outcome, why = "timeout", f"{phase} did not finish within {limit:.0f} s"
+                    else:
+                        outcome = "crash"
+                        why = f"the worker process died during {phase} (exit code {worker.process.exitcode})"
+                    record = job.record
+                    emit([Check(record["id"], record["category"], job.backend, phase, outcome, why,
+                                time.monotonic() - started)])  # fmt: skip
                     worker.stop()
                     worker = None
                     break
                 kind, payload = message
                 if kind == "checks":
-                    if not compiled_seen:
-                        compiled_seen = True
+                    if not compiled:
+                        compiled = True
                         deadline = started + options.job_timeout
                     emit([Check(**c) for c in payload])
                 elif kind == "done":
@@ -893,6 +987,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--outlines-max-bytes", type=int, default=None, help="outlines only on schemas up to this size")
     parser.add_argument("--generations", type=int, default=2, help="generations per schema with xgrammar (default 2)")
     parser.add_argument("--outlines-generations", type=int, default=1, help="generations per schema with outlines")
+    parser.add_argument("--outlines-generate-per-category", type=int, default=None,
+                        help="generate with outlines only on a stratified slice of N per category")  # fmt: skip
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--compile-timeout", type=float, default=180.0, help="seconds per compile (default 180)")
@@ -906,7 +1002,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _jobs(args: argparse.Namespace) -> list[tuple[dict[str, Any], str, int]]:
+def _jobs(args: argparse.Namespace) -> list[Job]:
     categories = args.categories.split(",") if args.categories else None
     records = load_corpus(args.schemas, categories)
     if args.per_category is not None or args.max_bytes is not None:
@@ -915,20 +1011,27 @@ def _jobs(args: argparse.Namespace) -> list[tuple[dict[str, Any], str, int]]:
     unknown = set(backends) - set(BACKENDS)
     if unknown:
         raise SystemExit(f"error: unknown backend(s) {sorted(unknown)}; choose from {', '.join(BACKENDS)}")
-    outlines_ids = None
-    if "outlines" in backends and (args.outlines_per_category is not None or args.outlines_max_bytes is not None):
-        subset = stratified_slice(
-            records, args.outlines_per_category or len(records), max_bytes=args.outlines_max_bytes
-        )
-        outlines_ids = {r["id"] for r in subset}
+
+    def ids(per_category: int | None, max_bytes: int | None) -> set[str] | None:
+        if per_category is None and max_bytes is None:
+            return None
+        return {r["id"] for r in stratified_slice(records, per_category or len(records), max_bytes=max_bytes)}
+
+    outlines_ids = ids(args.outlines_per_category, args.outlines_max_bytes)
+    outlines_generate = ids(args.outlines_generate_per_category, None)
     index: Counter[str] = Counter()
     jobs = []
     for backend in backends:
         for record in records:
             if backend == "outlines" and outlines_ids is not None and record["id"] not in outlines_ids:
                 continue
-            jobs.append((record, backend, index[record["category"] + backend]))
-            index[record["category"] + backend] += 1
+            if backend == "xgrammar":
+                count = args.generations
+            else:
+                count = args.outlines_generations if outlines_generate is None or record["id"] in outlines_generate else 0
+            key = record["category"] + backend
+            jobs.append(Job(record, backend, index[key] * max(count, 1), count))
+            index[key] += 1
     return jobs
 
 
@@ -966,9 +1069,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1 if any(c.is_bug for c in checks) else 0
     jobs = _jobs(args)
     options = RunOptions(
-        model=args.model, generations=args.generations, outlines_generations=args.outlines_generations,
-        max_new_tokens=args.max_new_tokens, seed=args.seed, compile_timeout=args.compile_timeout,
-        job_timeout=args.job_timeout, threads=args.threads,
+        model=args.model, max_new_tokens=args.max_new_tokens, seed=args.seed,
+        compile_timeout=args.compile_timeout, job_timeout=args.job_timeout, threads=args.threads,
     )  # fmt: skip
     results_path = Path(args.results)
     started = time.monotonic()

@@ -148,7 +148,8 @@ def to_markdown(result: BenchResult, summary: dict[str, Any], command: str = "")
         f"max_new_tokens {config.max_new_tokens}, repeat {config.repeat}, seed {config.seed}; "
         f"{len(result.tasks)} tasks ({len(result.skipped)} skipped); wall time {result.wall_seconds / 60:.1f} min.",
         f"Machine: {machine.get('cpu')}, {machine.get('cores')} cores, torch {machine.get('torch')} "
-        f"({machine.get('torch_threads')} threads), transformers {machine.get('transformers')}, "
+        f"({machine.get('torch_threads')} threads{''.join(f', {k}={v}' for k, v in machine.get('omp_env', {}).items())}), "
+        f"transformers {machine.get('transformers')}, "
         f"xgrammar {machine.get('xgrammar')}; load average {machine.get('load_average_at_start')} at the start, "
         f"{machine.get('load_average_at_end')} at the end.",
         "",

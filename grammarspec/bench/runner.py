@@ -14,7 +14,7 @@ import platform
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -90,6 +90,7 @@ def machine_info() -> dict[str, Any]:
         "transformers": package("transformers"),
         "xgrammar": package("xgrammar"),
         "grammarspec": grammarspec.__version__,
+        "omp_env": {k: v for k, v in os.environ.items() if k.startswith(("OMP_", "MKL_"))},
         "load_average_at_start": _load_average(),
     }
 
@@ -266,7 +267,3 @@ def _add_agreement(records: dict[str, dict[str, Any]], greedy: bool) -> None:
             record["agrees"], record["agreement_prefix"] = None, None
             continue
         record["agrees"], record["agreement_prefix"] = agreement(record["tokens"], base["tokens"])
-
-
-def config_dict(config: BenchConfig) -> dict[str, Any]:
-    return asdict(config)
