@@ -44,7 +44,9 @@ Based in Porto. Email is the best way to reach me.
 Best,
 Marta"""
 
-SHORT_DOCUMENT = "Call me: Jonas Weber, CTO at Lumen Labs, Berlin. jonas@lumenlabs.de, phone +49 30 1234567 (phone preferred)."
+SHORT_DOCUMENT = (
+    "Call me: Jonas Weber, CTO at Lumen Labs, Berlin. jonas@lumenlabs.de, phone +49 30 1234567 (phone preferred)."
+)
 
 SYSTEM = "You extract contact details into JSON. Copy values exactly as written."
 

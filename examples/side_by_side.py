@@ -38,7 +38,11 @@ TASKS: list[dict[str, Any]] = [
                     "type": "array",
                     "items": {
                         "type": "object",
-                        "properties": {"product": {"type": "string"}, "quantity": {"type": "integer"}, "price": {"type": "number"}},
+                        "properties": {
+                            "product": {"type": "string"},
+                            "quantity": {"type": "integer"},
+                            "price": {"type": "number"},
+                        },
                         "required": ["product", "quantity", "price"],
                         "additionalProperties": False,
                     },
@@ -73,7 +77,11 @@ TASKS: list[dict[str, Any]] = [
                     "type": "array",
                     "items": {
                         "type": "object",
-                        "properties": {"city": {"type": "string"}, "country": {"type": "string"}, "landmark": {"type": "string"}},
+                        "properties": {
+                            "city": {"type": "string"},
+                            "country": {"type": "string"},
+                            "landmark": {"type": "string"},
+                        },
                         "required": ["city", "country", "landmark"],
                         "additionalProperties": False,
                     },
@@ -119,7 +127,10 @@ def compare(model: Any, tokenizer: Any, tasks=TASKS, arms=ARMS, *, max_new_token
 def table(rows: list[Row]) -> str:
     """A plain-text table of the rows; ``same`` compares each arm's tokens with the plain arm's."""
     plain = {r.task: r.completion.tokens for r in rows if r.arm == "plain"}
-    header = f"{'task':<11} {'arm':<14} {'tokens':>6} {'passes':>6} {'tok/pass':>8} {'tok/s':>6} {'accepted/proposed':>18}  same  finish"
+    header = (
+        f"{'task':<11} {'arm':<14} {'tokens':>6} {'passes':>6} {'tok/pass':>8} {'tok/s':>6} "
+        f"{'accepted/proposed':>18}  same  finish"
+    )
     lines = [header, "-" * len(header)]
     for r in rows:
         s = r.completion.stats

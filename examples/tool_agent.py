@@ -153,7 +153,8 @@ class Calendar:
         except ValueError:
             return {"error": f"{date!r} is not a calendar date (YYYY-MM-DD)"}
         self.events.append({"title": title, "date": date, "time": time})
-        return {"added": {"title": title, "date": date, "time": time}, "events_that_day": len(self.list_events(date)["events"])}
+        that_day = len(self.list_events(date)["events"])
+        return {"added": {"title": title, "date": date, "time": time}, "events_that_day": that_day}
 
     def list_events(self, date: str) -> dict[str, Any]:
         return {"date": date, "events": [e for e in self.events if e["date"] == date]}

@@ -190,18 +190,32 @@ def _pydantic_schema(obj: Any) -> dict[str, Any] | None:
     return obj.model_json_schema()
 
 
+#: Keywords whose values are instances (data), not schemas: a "$ref" key there is data.
+_DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples"})
+#: Keywords whose values map names to schemas: every value is a schema, whatever the name.
+_SCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"})
+
+
 def _remote_ref(node: Any) -> str | None:
-    """The first ``$ref`` that points outside the document, if any."""
-    stack = [node]
+    """The first ``$ref`` that points outside the document, if any.
+
+    Walks schemas only: the values of ``enum``/``const``/``default``/``examples``
+    are instances and may hold a "$ref" key as plain data.
+    """
+    stack: list[tuple[Any, bool]] = [(node, True)]  # (item, item is a schema rather than a name map)
     while stack:
-        item = stack.pop()
-        if isinstance(item, dict):
+        item, is_schema = stack.pop()
+        if isinstance(item, list):
+            stack.extend((x, True) for x in item)
+        elif isinstance(item, dict) and not is_schema:
+            stack.extend((x, True) for x in item.values())
+        elif isinstance(item, dict):
             ref = item.get("$ref")
             if isinstance(ref, str) and not ref.startswith("#"):
                 return ref
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
+            for key, value in item.items():
+                if key not in _DATA_KEYWORDS:
+                    stack.append((value, key not in _SCHEMA_MAPS))
     return None
 
 

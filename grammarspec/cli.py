@@ -25,7 +25,7 @@ DEFAULT_MODEL = "smollm2-135m"
 ASSISTANTS = ("auto", "none", "prompt_lookup", "schema_ngram", "jump_forward", "draft_model")
 #: max_new_tokens of a full bench run: covers every tool call and most
 #: extraction/generation answers while the default task file fits in 30 minutes.
-BENCH_MAX_NEW_TOKENS = 192
+BENCH_MAX_NEW_TOKENS = 128
 #: What --quick changes (options given explicitly still win).
 QUICK = {"limit": 3, "arms": "baseline,none,auto", "max_new_tokens": 48}
 

@@ -98,8 +98,8 @@ BUG_OUTCOMES = frozenset(
 # --- what each backend enforces -------------------------------------------------------
 
 #: Keywords whose violation the backend's grammar rejects, wherever they stand outside
-#: the contexts in :data:`UNENFORCED_CONTEXTS` (with the node-level exceptions of
-#: :func:`_node_enforces`).  Measured on xgrammar 0.2.9 and outlines-core 0.2.14 in
+#: the contexts in :data:`UNENFORCED_CONTEXTS` (with the exceptions of
+#: :func:`_step_enforced` and :func:`_keyword_enforced`).  Measured on xgrammar 0.2.9 and outlines-core 0.2.14 in
 #: grammarspec's default (compact, strict) mode; tests/test_fuzz_corpus.py pins every
 #: entry with a violating instance on a toy vocabulary.
 ENFORCED: dict[str, frozenset[str]] = {
@@ -528,7 +528,8 @@ def _example_check(
         legal = compiled.matcher(max_rollback=8).validate(tokens + [stop])
         if legal != matched + int(terminated):
             check.outcome = "validate_mismatch"
-            check.detail = f"example {i}: validate() says {legal} legal tokens, accepting one by one gave {matched + int(terminated)}"
+            walked = matched + int(terminated)
+            check.detail = f"example {i}: validate() says {legal} legal tokens, accepting one by one gave {walked}"
         elif not terminated:
             where = _where(ctx, tokens, matched)
             if backend == "xgrammar" and flag is False:

@@ -7,10 +7,14 @@ asked to continue *after* the forced tokens -- their context includes them
 and their grammar view has been advanced over them -- so the forced span and
 the guess go to the target together.
 
-Choice among the followers (:func:`choose`): the longest non-empty draft of
-the cheap deterministic proposers (the first on ties); a draft model, if
-present, is asked only when the cheap ones offer fewer than ``short`` tokens,
-and used when it offers more.
+Choice among the followers: the draft with the most expected accepted
+tokens, from each follower's record in this request (:class:`proposers.track.Track`;
+with equal records, the longest, the first on ties).  Without a forced span,
+a draft expected to bring fewer than ``min_expected`` tokens is not worth a
+wider verification pass and is held back (probed now and then); with a
+forced span the step verifies a draft anyway, so the follower rides along.
+A draft model, if present, is asked only when the cheap ones offer fewer
+than ``short`` tokens, and used when it offers more.
 
 The seam: the forced span was split into tokens on its own, and its last
 token may merge with the text after it (``"}}`` + ``,{"`` is split ``"}``
@@ -31,6 +35,7 @@ import torch
 from .base import EMPTY_DRAFT, Draft, GrammarView, Proposer, Request
 from .jump_forward import JumpForwardProposer, trim_ambiguous
 from .text import SplitPreferences, TokenText, continuation_tokens, token_text
+from .track import Track
 
 __all__ = ["CompositeProposer", "choose", "concat_drafts", "is_model_proposer"]
 
@@ -91,20 +96,26 @@ class CompositeProposer:
     models (:class:`proposers.draft_model.DraftModelProposer`) are the
     fallback, the rest are the cheap followers, tried in the given order.
     ``short``: the draft model is asked only when the best cheap draft is
-    shorter than this.
+    shorter than this.  ``min_expected``: the fewest expected accepted tokens
+    for which a cheap draft alone is verified (a 2-16 row pass costs about
+    1.6 plain steps on CPU, so less than about 0.6 loses time).
     """
 
-    def __init__(self, proposers: Sequence[Proposer], *, name: str = "composite", short: int = 2) -> None:
+    def __init__(
+        self, proposers: Sequence[Proposer], *, name: str = "composite", short: int = 2, min_expected: float = 0.6
+    ) -> None:
         if not proposers:
             raise ValueError("CompositeProposer needs at least one proposer")
         self.name = name
         self.short = short
+        self.min_expected = min_expected
         self.proposers = list(proposers)
         self.leaders = [p for p in self.proposers if isinstance(p, JumpForwardProposer)]
         self.fallbacks = [p for p in self.proposers if is_model_proposer(p)]
         self.followers = [p for p in self.proposers if p not in self.leaders and p not in self.fallbacks]
         self._tokenizer = None
         self._splits: SplitPreferences | None = None
+        self._tracks: dict[int, Track] = {}  # per follower (by id), for this request
         # The last draft's parts: (proposer, its draft, first byte, bytes per token).
         self._parts: list[tuple[Proposer, Draft, int, list[int]]] = []
         self._token_bytes: list[int] = []  # bytes of each token of the last draft
@@ -115,6 +126,7 @@ class CompositeProposer:
         self._splits = SplitPreferences(request.tokenizer)
         for proposer in self.proposers:
             proposer.start(request)
+        self._tracks = {id(p): Track() for p in self.followers}
         self._parts, self._token_bytes = [], []
 
     def propose(self, context: Sequence[int], grammar: GrammarView | None, k: int) -> Draft:
@@ -145,10 +157,10 @@ class CompositeProposer:
                 view = GrammarView(matcher)
         follow, follower = EMPTY_DRAFT, None
         if rest > 0:
-            drafts = [p.propose(ctx, view, rest) for p in self.followers]
-            best = choose(drafts)
-            if best >= 0:
-                follow, follower = drafts[best].truncate(rest), self.followers[best]
+            drafts = [p.propose(ctx, view, rest).truncate(rest) for p in self.followers]
+            best = self._best(drafts)
+            if best >= 0 and (lead or self._worth_verifying(self.followers[best], drafts[best])):
+                follow, follower = drafts[best], self.followers[best]
             if len(follow) < self.short:
                 for fallback in self.fallbacks:
                     draft = fallback.propose(ctx, view, rest)
@@ -160,6 +172,22 @@ class CompositeProposer:
         if self._splits is not None:
             self._splits.remember(context, draft.tokens)
         return draft
+
+    def _track(self, proposer: Proposer) -> Track:
+        return self._tracks.setdefault(id(proposer), Track())
+
+    def _best(self, drafts: Sequence[Draft]) -> int:
+        """Index of the draft with the most expected accepted tokens (the longest on ties), -1 if none."""
+        best, key = -1, (0.0, 0)
+        for i, draft in enumerate(drafts):
+            candidate = (self._track(self.followers[i]).expected(len(draft)), len(draft))
+            if draft and candidate > key:
+                best, key = i, candidate
+        return best
+
+    def _worth_verifying(self, proposer: Proposer, draft: Draft) -> bool:
+        track = self._track(proposer)
+        return track.expected(len(draft)) >= self.min_expected or track.admit()
 
     def _join(
         self,
@@ -237,7 +265,10 @@ class CompositeProposer:
         for proposer, part, start, sizes in self._parts:
             n_shown = _tokens_within(sizes, shown - start)
             if n_shown:
-                proposer.feedback(part.truncate(n_shown), _tokens_within(sizes, accepted - start))
+                n_accepted = _tokens_within(sizes, accepted - start)
+                proposer.feedback(part.truncate(n_shown), n_accepted)
+                if id(proposer) in self._tracks:
+                    self._tracks[id(proposer)].update(n_shown, n_accepted)
         self._parts, self._token_bytes = [], []
 
 

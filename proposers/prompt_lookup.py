@@ -49,10 +49,18 @@ def find_ngram_continuation(tokens: Sequence[int], min_n: int, max_n: int, k: in
             if pos < 0:
                 break
             if pos % width == 0:
-                start = pos // width + n
-                return list(tokens[start : start + k])
+                return _copy(tokens, pos // width + n, k)
             end = pos + len(pattern) - 1
     return []
+
+
+def _copy(tokens: Sequence[int], start: int, k: int) -> list[int]:
+    """``k`` tokens from ``start`` on, continuing into the copy itself past the end (LZ77)."""
+    out = list(tokens[start : start + k])
+    period = len(tokens) - start
+    while len(out) < k:
+        out.append(out[len(out) - period] if len(out) >= period else tokens[start + len(out)])
+    return out
 
 
 class PromptLookupProposer:

@@ -49,7 +49,9 @@ def generated_schemas(n: int) -> list[dict[str, Any]]:
     for i in range(n):
         properties = {f"field_{i}_{j}": kinds[(i + j) % 4] for j in range(2 + i % 4)}
         properties[f"choice_{i}"] = {"enum": [f"v{i}_{k}" for k in range(3 + i % 5)]}
-        schemas.append({"type": "object", "properties": properties, "required": list(properties), "additionalProperties": False})
+        schemas.append(
+            {"type": "object", "properties": properties, "required": list(properties), "additionalProperties": False}
+        )
     return schemas
 
 

@@ -113,6 +113,20 @@ def test_a_remote_ref_is_refused_up_front(model, tok, prompt):
         grammarspec.generate(model, prompt, tokenizer=tok, schema=schema, max_new_tokens=12)
 
 
+def test_a_ref_inside_example_data_is_not_a_reference(tok):
+    """``enum``/``const``/``default``/``examples`` hold instances, not schemas: a "$ref" key there is data
+    (a schema for OpenAPI or JSON Schema documents has plenty).  A property *named* "default" is a schema."""
+    documents = {
+        "type": "object",
+        "properties": {"link": {"type": "object", "properties": {"$ref": {"type": "string"}}}},
+        "default": {"link": {"$ref": "other.yaml#/pets"}},
+        "examples": [{"link": {"$ref": "https://example.com/pet.json"}}],
+    }
+    assert grammar_spec(schema=documents).schema == documents
+    with pytest.raises(GrammarError, match="remote"):
+        grammar_spec(schema={"type": "object", "properties": {"default": {"$ref": "https://example.com/a.json"}}})
+
+
 # --- recursion, depth, size --------------------------------------------------------------
 
 TREE = {
@@ -140,7 +154,10 @@ def test_a_recursive_schema_generates_within_the_token_limit(model, tok, prompt,
             assert stats.finish_reason == "length" and len(new) == 30
 
 
-@pytest.mark.parametrize("schema", [{"$ref": "#"}, {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}])
+REF_CYCLES = [{"$ref": "#"}, {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}]
+
+
+@pytest.mark.parametrize("schema", REF_CYCLES)
 @pytest.mark.parametrize("backend", ["xgrammar", "outlines"])
 def test_a_ref_cycle_without_content_is_refused(tok, schema, backend):
     with pytest.raises(GrammarError, match="(?i)circular|rec\\w*sion"):  # outlines-core says "recusion"

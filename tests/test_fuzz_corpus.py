@@ -148,7 +148,10 @@ IGNORED = {
     "oneOf matching twice": ({"oneOf": [INT, {"type": "number"}]}, 1),
     "enum beside type": ({"type": "object", "properties": {"a": {"enum": ["x"], "type": "object"}}}, {"a": "x"}),
     "uniqueItems": ({"type": "array", "items": INT, "uniqueItems": True}, [1, 1]),
-    "dependentRequired": ({"type": "object", "properties": {"a": INT, "b": INT}, "dependentRequired": {"a": ["b"]}}, {"a": 1}),
+    "dependentRequired": (
+        {"type": "object", "properties": {"a": INT, "b": INT}, "dependentRequired": {"a": ["b"]}},
+        {"a": 1},
+    ),
 }
 
 

@@ -10,7 +10,7 @@ from toy import toy_tokenizer
 import proposers.compose as compose
 from grammars import compile_grammar, grammar_spec
 from proposers.base import EMPTY_DRAFT, Draft, GrammarView, Request
-from proposers.compose import CompositeProposer, choose, concat_drafts
+from proposers.compose import CompositeProposer, concat_drafts
 from proposers.jump_forward import JumpForwardProposer, trim_ambiguous
 from proposers.text import continuation_tokens, token_text
 
@@ -29,11 +29,6 @@ def forced_at_start(text):
 
 
 # -- pure helpers ------------------------------------------------------------------
-
-
-def test_choose_longest_first_on_ties():
-    assert choose([Draft((1,)), Draft((2, 3)), Draft((4, 5))]) == 1
-    assert choose([EMPTY_DRAFT, EMPTY_DRAFT]) == -1
 
 
 def test_concat_gives_deterministic_positions_point_masses():
@@ -103,6 +98,56 @@ def test_feedback_is_shared_out_over_the_parts(toy):
     composite.propose([2], GrammarView(forced_at_start('{"')), 8)
     composite.feedback(draft.truncate(forced + 1), 0)  # the loop may cut the draft
     assert follower.feedbacks[-1] == ((10,), 0)
+
+
+def test_a_follower_with_a_better_record_beats_a_longer_one(toy):
+    reliable, chatty = fixed("reliable", [4, 5]), fixed("chatty", [6, 7, 8, 9, 10])
+    composite = CompositeProposer([chatty, reliable])
+    composite.start(toy_request(toy))
+    view = GrammarView(RuleMatcher(legal=lambda h, t: True))
+    draft = composite.propose([2], view, 8)
+    assert set(draft.sources) == {"chatty"}  # equal records: the longest
+    composite.feedback(draft, 0)
+    composite.feedback(composite.propose([2], view, 8), 0)  # two misses outweigh the extra length
+    draft = composite.propose([2], view, 8)
+    assert set(draft.sources) == {"reliable"}
+    composite.feedback(draft, len(draft))
+    assert set(composite.propose([2], view, 8).sources) == {"reliable"}
+
+
+def test_a_failing_follower_is_held_back_then_probed(toy):
+    """Without a forced span, a draft expected to bring little is not verified; probes follow a backoff."""
+    wrong = fixed("wrong", [6, 7, 8, 9])
+    composite = CompositeProposer([wrong], min_expected=0.6)
+    composite.start(toy_request(toy))
+    view = GrammarView(RuleMatcher(legal=lambda h, t: True))
+    verified = []
+    for step in range(40):
+        draft = composite.propose([2], view, 8)
+        verified.append(bool(draft))
+        if draft:
+            composite.feedback(draft, 0)
+    first_gap = verified.index(False)
+    assert first_gap >= 3  # the prior lets it try a few times
+    probes = [i for i, v in enumerate(verified) if v and i > first_gap]
+    assert probes, "a held-back follower must be probed again"
+    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    assert gaps == sorted(gaps) and gaps[-1] > gaps[0]  # each failed probe waits longer
+    # A probe that is accepted brings it back at once.
+    composite.propose([2], view, 8)
+    while not (draft := composite.propose([2], view, 8)):
+        pass
+    composite.feedback(draft, 4)
+    assert composite.propose([2], view, 8)
+
+
+def test_a_forced_span_carries_a_held_back_follower(toy):
+    wrong = fixed("wrong", [10, 3])
+    composite = CompositeProposer([JumpForwardProposer(), wrong], min_expected=100.0)
+    composite.start(toy_request(toy))
+    draft = composite.propose([2], GrammarView(forced_at_start('{"a":')), 8)
+    assert draft.tokens[-2:] == (10, 3)  # the pass happens anyway: the follower rides along
+    assert not composite.propose([2], GrammarView(RuleMatcher(legal=lambda h, t: True)), 8)  # alone: held back
 
 
 def test_members_are_started(toy):

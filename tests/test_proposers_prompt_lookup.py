@@ -19,7 +19,10 @@ def naive(tokens, min_n, max_n, k):
         suffix = tokens[-n:]
         for start in range(len(tokens) - n - 1, -1, -1):
             if tokens[start : start + n] == suffix:
-                return tokens[start + n : start + n + k]
+                out = []
+                while len(out) < k:  # past the end, the text repeats with period len(tokens) - (start + n)
+                    out.append((tokens + out)[start + n + len(out)])
+                return out
     return []
 
 
@@ -41,9 +44,13 @@ def test_no_match_and_degenerate_arguments():
     assert find_ngram_continuation([1], 1, 3, 4) == []
 
 
-def test_continuation_may_overlap_the_suffix():
-    # [1, 1, 1]: the suffix [1, 1] occurs at 0, followed by the last 1 only.
-    assert find_ngram_continuation([1, 1, 1], 2, 2, 5) == [1]
+def test_a_match_overlapping_the_suffix_repeats_its_period():
+    # [1, 1, 1]: the suffix [1, 1] occurs at 0, followed by the last 1; the copy runs on (period 1).
+    assert find_ngram_continuation([1, 1, 1], 2, 2, 5) == [1, 1, 1, 1, 1]
+    # "0,0,0": the suffix [0, 44] occurs 2 tokens back; the draft repeats ", 0" ...
+    assert find_ngram_continuation([9, 0, 44, 0, 44], 2, 2, 5) == [0, 44, 0, 44, 0]
+    # A match far from the end copies what followed it, no repetition needed.
+    assert find_ngram_continuation([1, 2, 3, 4, 5, 1, 2], 2, 2, 3) == [3, 4, 5]
 
 
 def test_byte_search_never_matches_across_token_boundaries():

@@ -59,6 +59,7 @@ def write_plots(result: BenchResult, summary: dict[str, Any], out: Path) -> dict
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     arms = [a for a in summary["arms"] if a != "baseline"]
     paths: dict[str, Path] = {}
@@ -70,13 +71,14 @@ def write_plots(result: BenchResult, summary: dict[str, Any], out: Path) -> dict
     for i, arm in enumerate(arms):
         values = [summary["categories"][c][arm]["speedup"] or 0.0 for c in categories]
         xs = [j + (i - (len(arms) - 1) / 2) * width for j in range(len(categories))]
-        ax.bar(xs, values, width, label=arm)
+        bars = ax.bar(xs, values, width, label=arm)
+        ax.bar_label(bars, fmt="%.2f", fontsize=6, padding=1)
     ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
     ax.set_xticks(range(len(categories)), categories, rotation=20, ha="right")
     ax.set_ylabel("median speedup vs HF + xgrammar")
     ax.set_title("Speedup by category and arm")
     if arms:
-        ax.legend(fontsize=8, ncol=2)
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     paths["speedup_png"] = out / "speedup.png"
     fig.savefig(paths["speedup_png"], dpi=90)
@@ -91,6 +93,7 @@ def write_plots(result: BenchResult, summary: dict[str, Any], out: Path) -> dict
         total = sum(hist.values()) or 1
         xs = [k + (i - (len(spec_arms) - 1) / 2) * width for k in hist]
         ax.bar(xs, [n / total for n in hist.values()], width, label=arm)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("accepted draft tokens in one verification step (+1 token from the target)")
     ax.set_ylabel("fraction of steps with a draft")
     ax.set_title("Accepted tokens per step")
@@ -107,6 +110,7 @@ def write_plots(result: BenchResult, summary: dict[str, Any], out: Path) -> dict
         by_length = {k: v for k, v in acceptance_by_length(_steps(result, arm)).items() if v[0] >= MIN_STEPS_PER_LENGTH}
         if by_length:
             ax.plot(list(by_length), [rate for _, rate in by_length.values()], marker="o", label=arm)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("proposal length (draft tokens verified in one pass)")
     ax.set_ylabel("acceptance (accepted / proposed)")
     ax.set_ylim(0, 1.05)
