@@ -181,6 +181,8 @@ def decode(
 
         # 6. Adapt: proposers and the controller learn what was accepted.
         stats.target_forwards += 1
+        if stats.target_forwards == 1:
+            stats.first_step_seconds, stats.first_step_tokens = time.perf_counter() - started, stats.new_tokens
         stats.steps.append((len(draft), num_accepted))
         stats.draft_seconds += t_draft
         stats.verify_seconds += t_verify

@@ -30,6 +30,11 @@ class GenerationStats:
     verify_seconds: float = 0.0
     grammar_seconds: float = 0.0
     total_seconds: float = 0.0
+    #: the first step -- the prompt pass -- ends at this time (from the start
+    #: of decoding) having committed this many tokens; what follows is the
+    #: decode phase that speculation speeds up
+    first_step_seconds: float = 0.0
+    first_step_tokens: int = 0
     finish_reason: str = "length"
     #: per target forward: (proposal length, accepted draft tokens)
     steps: list[tuple[int, int]] = field(default_factory=list)

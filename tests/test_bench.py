@@ -192,7 +192,9 @@ def _synthetic_result():
     runs = []
     for task, category, base, fast in (("e1", "extraction", 10.0, 40.0), ("e2", "extraction", 10.0, 20.0),
                                        ("e3", "extraction", 10.0, 35.0), ("t1", "tool_call", 12.0, 24.0)):  # fmt: skip
-        runs += [_run(task, category, "baseline", base), _run(task, category, "auto", fast, steps)]
+        # the decode phase: the baseline at its rate, "auto" at twice its end-to-end ratio
+        runs += [_run(task, category, "baseline", base, decode_tokens_per_second=base),
+                 _run(task, category, "auto", fast, steps, decode_tokens_per_second=2 * fast)]  # fmt: skip
     runs.append({"task": "t1", "category": "tool_call", "arm": "auto", "repeat": 1, "error": "RuntimeError: boom"})
     config = BenchConfig(arms=("baseline", "auto"), max_new_tokens=64, repeat=1)
     return BenchResult(config=config, runs=runs, tasks=[{"task": t, "category": "x", "prompt_tokens": 100}
@@ -214,6 +216,17 @@ def test_summary_takes_the_median_of_pairwise_speedups():
     tool = summary["categories"]["tool_call"]["auto"]
     assert tool["failures"] == 1 and tool["speedup"] == pytest.approx(2.0)
     assert summary["categories"][report.ALL]["auto"]["speedup"] == pytest.approx(2.75)  # median of 4, 2, 3.5, 2
+    assert extraction["decode_speedup"] == pytest.approx(7.0)  # median of 8, 4, 7
+
+
+def test_a_run_without_a_decode_phase_is_left_out_of_the_decode_speedup():
+    result = _synthetic_result()
+    for run in result.runs:
+        if run.get("task") == "e1" and run.get("arm") == "auto":
+            run["decode_tokens_per_second"] = None  # everything came in the first step
+    extraction = report.summarize(result)["categories"]["extraction"]["auto"]
+    assert extraction["decode_speedup"] == pytest.approx(5.5)  # median of 4, 7
+    assert extraction["speedup"] == pytest.approx(3.5)  # the end-to-end ratio still counts e1
 
 
 def test_write_results_produces_json_markdown_and_plots(tmp_path):
@@ -224,6 +237,7 @@ def test_write_results_produces_json_markdown_and_plots(tmp_path):
     assert data["skipped"][0]["reason"] == "grammar: nope"
     markdown = paths["markdown"].read_text()
     assert "| extraction | 3 | 10.0 | 3.50x |" in markdown
+    assert "| extraction | 3 | 7.00x |" in markdown  # the decode-phase table
     assert "t1 / auto: RuntimeError: boom" in markdown
     for name in ("speedup_png", "accepted_png", "acceptance_png"):
         assert paths[name].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -250,6 +264,9 @@ def test_real_bench_run_on_two_tasks(smol, tmp_path):
         assert 1 <= run["new_tokens"] <= 8
         assert run["finish_reason"] in ("stop", "length")
         assert run["agrees"] is True  # greedy: every arm reproduces the baseline's tokens
+        assert 0 < run["first_step_seconds"] < run["seconds"]  # the prompt pass is part of the run
+        if run["decode_tokens_per_second"] is not None:
+            assert run["decode_tokens_per_second"] > run["tokens_per_second"]  # without the prompt pass
     auto = [r for r in result.runs if r["arm"] == "auto"]
     assert all(r["target_forwards"] <= r["new_tokens"] for r in auto)
     paths = report.write_results(result, tmp_path)

@@ -199,6 +199,8 @@ def test_forced_tokens_skip_the_target():
     assert tok.decode(new[:-1]) in ("abcdefghx", "abcdefghy") and new[-1] == 0
     assert stats.forced_tokens >= 9  # eight letters and the final EOS
     assert stats.target_forwards == 1  # only the x/y choice needs the model
+    # The first step -- the prompt pass -- committed the forced letters before it and its own choice.
+    assert stats.first_step_tokens == 9 and 0 < stats.first_step_seconds <= stats.total_seconds
 
 
 class NoCropCache:

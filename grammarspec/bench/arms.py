@@ -135,6 +135,8 @@ class RunResult:
     finish_reason: str  # "stop" (the grammar completed) or "length"
     stats: GenerationStats | None = None  # grammarspec arms only
     grammar_seconds: float = 0.0  # baseline: time inside the logits processor
+    first_step_seconds: float = 0.0  # from the call to the end of the prompt pass (and its commit)
+    first_step_tokens: int = 0  # tokens committed by then
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -144,9 +146,12 @@ class _TimedProcessor:
     def __init__(self, inner: Any) -> None:
         self.inner = inner
         self.seconds = 0.0
+        self.first_call: float | None = None  # perf_counter at the first call: the prompt pass is done
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         t0 = time.perf_counter()
+        if self.first_call is None:
+            self.first_call = t0
         out = self.inner(input_ids, scores)
         self.seconds += time.perf_counter() - t0
         return out
@@ -196,8 +201,11 @@ def run_arm(
     stats = out.stats[0]
     tokens = out.sequences[0, input_ids.shape[1] :].tolist()[: stats.new_tokens]
     finish = "stop" if stats.finish_reason in ("stop", "eos") else stats.finish_reason
+    setup = seconds - stats.total_seconds  # grammar lookup and proposer start, before decoding
     return RunResult(tokens=tokens, seconds=seconds, finish_reason=finish, stats=stats,
-                     grammar_seconds=stats.grammar_seconds)  # fmt: skip
+                     grammar_seconds=stats.grammar_seconds,
+                     first_step_seconds=setup + stats.first_step_seconds,
+                     first_step_tokens=stats.first_step_tokens)  # fmt: skip
 
 
 def _run_baseline(
@@ -222,4 +230,6 @@ def _run_baseline(
     if eos in tokens:
         tokens = tokens[: tokens.index(eos) + 1]
     finish = "stop" if tokens and tokens[-1] == eos else "length"
-    return RunResult(tokens=tokens, seconds=seconds, finish_reason=finish, grammar_seconds=processor.seconds)
+    first = (processor.first_call - t0) if processor.first_call is not None else 0.0
+    return RunResult(tokens=tokens, seconds=seconds, finish_reason=finish, grammar_seconds=processor.seconds,
+                     first_step_seconds=first, first_step_tokens=1 if tokens else 0)  # fmt: skip

@@ -38,8 +38,11 @@ def _ratio(num: float, den: float, scale: float = 1.0) -> float | None:
     return num / den * scale if den else None
 
 
-def _aggregate(runs: Sequence[dict[str, Any]], speedups: dict[str, float]) -> dict[str, Any]:
-    """Metrics of one arm over some runs; ``speedups``: per-task speedup of those tasks."""
+def _aggregate(
+    runs: Sequence[dict[str, Any]], speedups: dict[str, float], decode_speedups: dict[str, float] | None = None
+) -> dict[str, Any]:
+    """Metrics of one arm over some runs; ``speedups``: per-task speedup of those tasks (end to end),
+    ``decode_speedups``: the same for the decode phase (after the prompt pass)."""
     good = _ok(runs)
     new = sum(r["new_tokens"] for r in good)
     forwards = sum(r["target_forwards"] for r in good)
@@ -58,6 +61,7 @@ def _aggregate(runs: Sequence[dict[str, Any]], speedups: dict[str, float]) -> di
         "tasks": len({r["task"] for r in runs}),
         "speedup": median(speedups.values()),
         "speedup_min": min(speedups.values()) if speedups else None,
+        "decode_speedup": median((decode_speedups or {}).values()),
         "tokens_per_second": median(r["tokens_per_second"] for r in good),
         "new_tokens": new,
         "seconds": sum(r["seconds"] for r in good),
@@ -76,10 +80,13 @@ def _aggregate(runs: Sequence[dict[str, Any]], speedups: dict[str, float]) -> di
     }
 
 
-def task_speedups(runs: Sequence[dict[str, Any]], arm: str) -> dict[str, float]:
-    """Per task: the median over repeats of the arm's pairwise speedup against the baseline."""
-    rate = {(r["task"], r["repeat"]): r["tokens_per_second"] for r in _ok(runs) if r["arm"] == arm}
-    base = {(r["task"], r["repeat"]): r["tokens_per_second"] for r in _ok(runs) if r["arm"] == "baseline"}
+def task_speedups(runs: Sequence[dict[str, Any]], arm: str, rate_key: str = "tokens_per_second") -> dict[str, float]:
+    """Per task: the median over repeats of the arm's pairwise speedup against the baseline.
+
+    ``rate_key``: ``"tokens_per_second"`` (end to end) or ``"decode_tokens_per_second"``.
+    """
+    rate = {(r["task"], r["repeat"]): r.get(rate_key) for r in _ok(runs) if r["arm"] == arm and r.get(rate_key)}
+    base = {(r["task"], r["repeat"]): r.get(rate_key) for r in _ok(runs) if r["arm"] == "baseline" and r.get(rate_key)}
     per_task: dict[str, list[float]] = {}
     for (task, _), ratio in pairwise_speedups(rate, base).items():
         per_task.setdefault(task, []).append(ratio)
@@ -92,6 +99,7 @@ def summarize(result: BenchResult) -> dict[str, Any]:
     arms = list(result.config.arms)
     categories = list(dict.fromkeys(r["category"] for r in runs))
     speedups = {arm: task_speedups(runs, arm) for arm in arms}
+    decode = {arm: task_speedups(runs, arm, "decode_tokens_per_second") for arm in arms}
     tasks_out = []
     for task in dict.fromkeys(r["task"] for r in runs):
         task_runs = [r for r in runs if r["task"] == task]
@@ -104,6 +112,7 @@ def summarize(result: BenchResult) -> dict[str, Any]:
                     arm: _aggregate(
                         [r for r in task_runs if r["arm"] == arm],
                         {task: speedups[arm][task]} if task in speedups[arm] else {},
+                        {task: decode[arm][task]} if task in decode[arm] else {},
                     )
                     for arm in arms
                 },
@@ -117,6 +126,7 @@ def summarize(result: BenchResult) -> dict[str, Any]:
             arm: _aggregate(
                 [r for r in cat_runs if r["arm"] == arm],
                 {t: s for t, s in speedups[arm].items() if t in cat_tasks},
+                {t: s for t, s in decode[arm].items() if t in cat_tasks},
             )
             for arm in arms
         }
@@ -163,6 +173,20 @@ def to_markdown(result: BenchResult, summary: dict[str, Any], command: str = "")
         cells = [_fmt(per_arm[a]["speedup"], ".2f", "x") for a in others]
         name = f"**{category}**" if category == ALL else category
         lines.append(f"| {name} | {base['tasks']} | {_fmt(base['tokens_per_second'], '.1f')} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "### Median speedup of the decode phase (after the prompt pass), tokens/s ratio",
+        "",
+        "The same runs without the first step: the prompt pass costs every arm the same and "
+        "speculation cannot shorten it.",
+        "",
+        "| category | tasks | " + " | ".join(others) + " |",
+        "|---|---:|" + "---:|" * len(others),
+    ]
+    for category, per_arm in categories.items():
+        cells = [_fmt(per_arm[a]["decode_speedup"], ".2f", "x") for a in others]
+        name = f"**{category}**" if category == ALL else category
+        lines.append(f"| {name} | {per_arm['baseline']['tasks']} | " + " | ".join(cells) + " |")
     lines += [
         "",
         "### Details per category and arm",

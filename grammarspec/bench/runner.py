@@ -232,6 +232,8 @@ def _record(
         "new_tokens": new,
         "seconds": run.seconds,
         "tokens_per_second": new / run.seconds if run.seconds > 0 else 0.0,
+        "first_step_seconds": run.first_step_seconds,
+        "decode_tokens_per_second": _decode_rate(new, run),
         "finish_reason": run.finish_reason,
         "valid": valid,
         "errors": errors,
@@ -257,6 +259,12 @@ def _record(
             speculating=stats.speculating,
         )
     return record
+
+
+def _decode_rate(new: int, run: Any) -> float | None:
+    """Tokens per second after the prompt pass (``None`` when nothing came after it)."""
+    tokens, seconds = new - run.first_step_tokens, run.seconds - run.first_step_seconds
+    return tokens / seconds if tokens > 0 and seconds > 0 else None
 
 
 def _add_agreement(records: dict[str, dict[str, Any]], greedy: bool) -> None:
