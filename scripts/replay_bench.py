@@ -1,0 +1,135 @@
+"""Replay greedy outputs through a proposer preset, offline: target passes without the target.
+
+    .venv/bin/python scripts/replay_bench.py bench-out/results.json            # the baseline's outputs, "auto"
+    .venv/bin/python scripts/replay_bench.py bench-out/results.json --assistant schema_ngram
+    .venv/bin/python scripts/replay_bench.py --references                      # the task file's reference answers
+
+Under greedy decoding the output does not depend on the proposer, so a recorded
+output shows exactly what each draft would have got. The replay follows
+:func:`grammarspec.decoding.decode` step by step. Tokens the grammar forces are
+committed without a pass. Otherwise the preset drafts up to ``k`` tokens (the
+same :class:`~grammarspec.adaptive.AdaptiveController`), the grammar cuts the
+draft, the longest prefix that matches the output is accepted, and one more
+token comes from the target. It prints the target passes per task and category,
+and a modelled speedup in which a pass with drafts costs ``--verify-cost`` plain
+steps. Seconds, not counts, come from ``grammarspec bench``. Use this to compare
+drafter changes in a few seconds, on recorded outputs or on reference answers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def replay(
+    tokenizer: Any, prompt: list[int], schema: dict, output: list[int], assistant: str, verify_cost: float
+) -> dict[str, float] | None:
+    """Counts for one output; ``None`` when the grammar rejects the output."""
+    from grammarspec.adaptive import AdaptiveController
+    from grammarspec.api import _k_min
+    from grammarspec.decoding import _forced_token
+    from grammars import compile_grammar, grammar_spec
+    from grammars.base import allocate_bitmask
+    from proposers.base import GrammarView, Request
+    from proposers.presets import resolve_assistant
+
+    eos = tokenizer.eos_token_id
+    vocab = max(len(tokenizer), tokenizer.vocab_size)
+    spec = grammar_spec(schema=schema)
+    compiled = compile_grammar(spec, tokenizer, vocab_size=vocab, stop_token_ids=(eos,))
+    check = compiled.matcher()
+    if any(not check.accept(t) for t in output):
+        return None
+    k_max = 16
+    matcher = compiled.matcher(max_rollback=k_max + 1)
+    view = GrammarView(matcher)
+    proposer = resolve_assistant(assistant)
+    controller = AdaptiveController(k_min=_k_min(proposer, k_max), k_max=k_max)
+    proposer.start(Request(prompt_ids=tuple(prompt), tokenizer=tokenizer, schema=spec.schema,
+                           extra={"target_vocab_size": vocab}))  # fmt: skip
+    masks = allocate_bitmask(k_max + 1, vocab)
+    context, done, passes, cost, forced = list(prompt), 0, 0, 0.0, 0
+    while done < len(output) and not matcher.is_terminated():
+        token = _forced_token(matcher, masks, vocab)
+        if token is not None:
+            matcher.accept(token)
+            context.append(token)
+            done, forced = done + 1, forced + 1
+            continue
+        k = min(controller.k if controller.speculate else 0, len(output) - done - 1)
+        draft = proposer.propose(context, view, k).truncate(k) if k > 0 else None
+        length = matcher.validate(draft.tokens) if draft else 0
+        accepted = 0
+        while accepted < length and draft.tokens[accepted] == output[done + accepted]:  # type: ignore[union-attr]
+            accepted += 1
+        step_cost = verify_cost if length else 1.0
+        passes, cost = passes + 1, cost + step_cost
+        new = output[done : done + accepted + 1]
+        for t in new:
+            matcher.accept(t)
+        context += new
+        done += len(new)
+        if length:
+            proposer.feedback(draft.truncate(length), accepted)  # type: ignore[union-attr]
+            if passes > 1:
+                controller.record_speculative_step(length, accepted, step_cost)
+        elif passes > 1:
+            controller.record_plain_step(step_cost)
+    return {"tokens": done, "passes": passes, "per_pass": done / max(1, passes),
+            "speedup": done / cost if cost else 0.0, "forced": forced}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("results", nargs="?", help="a results.json of grammarspec bench (its baseline outputs)")
+    parser.add_argument("--references", action="store_true", help="replay the task file's reference answers")
+    parser.add_argument("--tasks", default=None, help="task file (default: ../shared/tasks/tasks.jsonl)")
+    parser.add_argument("--assistant", default="auto")
+    parser.add_argument("--verify-cost", type=float, default=1.7, help="cost of a pass with drafts, in plain steps")
+    args = parser.parse_args(argv)
+    if not args.results and not args.references:
+        parser.error("give a results.json or --references")
+
+    from grammarspec import load_model
+    from grammarspec.bench.runner import _prompt_ids
+    from grammarspec.bench.tasks import default_tasks_path, load_tasks
+
+    _, tokenizer = load_model("smollm2-135m")
+    tasks = {t.id: t for t in load_tasks(args.tasks or default_tasks_path())}
+    outputs: list[tuple[str, list[int]]] = []
+    if args.references:
+        for task in tasks.values():
+            if task.reference is not None:  # outputs the grammar rejects are skipped below
+                text = json.dumps(task.reference, separators=(",", ":"), ensure_ascii=False)
+                outputs.append((task.id, tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]))
+    else:
+        runs = json.loads(Path(args.results).read_text())["runs"]
+        outputs = [(r["task"], r["tokens"]) for r in runs if r["arm"] == "baseline" and "error" not in r]
+    per_category: dict[str, list[dict[str, float]]] = defaultdict(list)
+    for task_id, output in outputs:
+        task = tasks[task_id]
+        counts = replay(tokenizer, _prompt_ids(tokenizer, task), task.schema, output, args.assistant, args.verify_cost)
+        if counts is None:
+            print(f"{task_id:40s} skipped: the grammar rejects this output")
+            continue
+        per_category[task.category].append(counts)
+        print(f"{task_id:40s} {counts['tokens']:4.0f} tokens {counts['passes']:4.0f} passes "
+              f"{counts['per_pass']:5.2f} per pass, modelled {counts['speedup']:4.2f}x")  # fmt: skip
+    print(f"\nassistant={args.assistant!r}, verify cost {args.verify_cost} plain steps; medians per category:")
+    for category, rows in per_category.items():
+        print(f"  {category:12s} {len(rows):3d} tasks  {statistics.median(r['per_pass'] for r in rows):5.2f} tokens "
+              f"per pass  modelled {statistics.median(r['speedup'] for r in rows):4.2f}x")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
