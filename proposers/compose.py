@@ -37,7 +37,7 @@ from .jump_forward import JumpForwardProposer, trim_ambiguous
 from .text import SplitPreferences, TokenText, continuation_tokens, token_text
 from .track import Track
 
-__all__ = ["CompositeProposer", "choose", "concat_drafts", "is_model_proposer"]
+__all__ = ["CompositeProposer", "concat_drafts", "is_model_proposer"]
 
 
 def is_model_proposer(proposer: Proposer) -> bool:
@@ -47,18 +47,6 @@ def is_model_proposer(proposer: Proposer) -> bool:
     except ImportError:  # pragma: no cover - the module ships with the package
         return False
     return isinstance(proposer, DraftModelProposer)
-
-
-def choose(drafts: Sequence[Draft]) -> int:
-    """Index of the longest non-empty draft (the first on ties), ``-1`` if all are empty.
-
-    ``choose([Draft((1,)), Draft((2, 3)), Draft((4, 5))]) == 1``.
-    """
-    best, length = -1, 0
-    for i, draft in enumerate(drafts):
-        if len(draft) > length:
-            best, length = i, len(draft)
-    return best
 
 
 def concat_drafts(first: Draft, second: Draft) -> Draft:
