@@ -22,10 +22,16 @@ Quirks absorbed here:
   (the guide's state is unchanged).
 * ``Guide`` has no copy: :meth:`OutlinesMatcher.fork` replays the accepted
   tokens on a fresh guide (about half a microsecond per token).
+* A string with ``minLength``/``maxLength`` *and* a ``pattern`` (or a format
+  outlines-core knows) becomes "any string of that length" in outlines-core:
+  the pattern is dropped.  :func:`shape_over_length` drops the length instead,
+  as xgrammar does, so that both backends keep the stronger constraint.
+  ``Completion.valid`` still checks the length.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import operator
 import os
@@ -40,12 +46,12 @@ import torch
 from ._bitmask import check_bitmask, clear_padding
 from ._window import RollbackWindow, WindowedMatcher
 from .base import CompiledGrammar, GrammarError
-from .spec import GrammarSpec
+from .spec import GrammarSpec, schema_nodes
 
 if TYPE_CHECKING:
     import outlines_core
 
-__all__ = ["OutlinesCompiled", "OutlinesMatcher", "OutlinesVocabulary", "prepare", "compile_spec", "token_bytes"]
+__all__ = ["OutlinesCompiled", "OutlinesMatcher", "OutlinesVocabulary", "prepare", "compile_spec", "token_bytes", "shape_over_length"]
 
 BACKEND = "outlines"
 #: Whitespace allowed between JSON tokens with ``any_whitespace=True``.
@@ -53,6 +59,9 @@ FLEXIBLE_WHITESPACE = r"[\n\t\r ]*"
 #: :meth:`OutlinesMatcher.forced_text` stops looking at states with more legal tokens, or deeper.
 _FORCED_SCAN_LIMIT = 4096
 _FORCED_MAX_STATES = 64
+#: ``format`` values outlines-core turns into a regex (0.2.14).
+_FORMATS = frozenset({"date", "time", "date-time", "email", "uri", "uuid"})
+_LENGTH_KEYWORDS = ("minLength", "maxLength")
 
 
 @dataclass(frozen=True)
@@ -178,7 +187,7 @@ def compile_spec(
     if spec.is_json:
         whitespace = FLEXIBLE_WHITESPACE if spec.any_whitespace else ""
         try:
-            regex = build_regex_from_schema(spec.source, whitespace_pattern=whitespace)
+            regex = build_regex_from_schema(shape_over_length(spec), whitespace_pattern=whitespace)
         except Exception as e:
             raise GrammarError(
                 f"outlines-core cannot convert the JSON schema: {_first_line(e)}. Try backend='xgrammar', "
@@ -195,6 +204,31 @@ def compile_spec(
             "or simplify that part of the grammar."
         ) from None
     return OutlinesCompiled(index, vocab)
+
+
+def shape_over_length(spec: GrammarSpec) -> str:
+    """The schema text for outlines-core, with length bounds dropped where a shape is given.
+
+    outlines-core turns a string schema with ``minLength``/``maxLength`` into
+    a length-bounded string and ignores its ``pattern`` or ``format``; a
+    pattern says far more about a valid value than its length, so the length
+    bounds are dropped there instead (xgrammar makes the same choice).  Only
+    schema objects are edited: ``enum``/``const`` values and property names
+    that happen to be called ``pattern`` are left alone.  Pure.
+
+    >>> spec = GrammarSpec("json_schema", '{"type": "string", "pattern": "^a+$", "maxLength": 3}')
+    >>> shape_over_length(spec)
+    '{"type": "string", "pattern": "^a+$"}'
+    """
+    schema = copy.deepcopy(spec.schema)
+    edited = False
+    for node in schema_nodes(schema):
+        shaped = isinstance(node.get("pattern"), str) or node.get("format") in _FORMATS
+        if shaped and any(k in node for k in _LENGTH_KEYWORDS):
+            for keyword in _LENGTH_KEYWORDS:
+                node.pop(keyword, None)
+            edited = True
+    return json.dumps(schema) if edited else spec.source
 
 
 def _first_line(error: BaseException) -> str:

@@ -22,13 +22,13 @@ from __future__ import annotations
 import copy
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from .base import GrammarError
 
-__all__ = ["GrammarSpec", "GrammarKind", "grammar_spec", "tools_schema", "check_json_schema"]
+__all__ = ["GrammarSpec", "GrammarKind", "grammar_spec", "tools_schema", "check_json_schema", "schema_nodes"]
 
 GrammarKind = Literal["json_schema", "ebnf", "regex", "any_json"]
 _KINDS = ("json_schema", "ebnf", "regex", "any_json")
@@ -193,29 +193,37 @@ def _pydantic_schema(obj: Any) -> dict[str, Any] | None:
 #: Keywords whose values are instances (data), not schemas: a "$ref" key there is data.
 _DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples"})
 #: Keywords whose values map names to schemas: every value is a schema, whatever the name.
-_SCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"})
+_SCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas", "dependencies"})
 
 
-def _remote_ref(node: Any) -> str | None:
-    """The first ``$ref`` that points outside the document, if any.
+def schema_nodes(node: Any) -> Iterator[dict[str, Any]]:
+    """Every schema object in ``node`` (itself included), outermost first.
 
     Walks schemas only: the values of ``enum``/``const``/``default``/``examples``
-    are instances and may hold a "$ref" key as plain data.
+    are instances (a ``"$ref"`` or ``"pattern"`` key there is plain data), and
+    the keys of ``properties``/``$defs``/... are names, not keywords.  Yields the
+    objects themselves, so a caller may edit them in place.
     """
     stack: list[tuple[Any, bool]] = [(node, True)]  # (item, item is a schema rather than a name map)
     while stack:
         item, is_schema = stack.pop()
         if isinstance(item, list):
-            stack.extend((x, True) for x in item)
+            stack.extend((x, True) for x in reversed(item))
         elif isinstance(item, dict) and not is_schema:
-            stack.extend((x, True) for x in item.values())
+            stack.extend((x, True) for x in reversed(list(item.values())))
         elif isinstance(item, dict):
-            ref = item.get("$ref")
-            if isinstance(ref, str) and not ref.startswith("#"):
-                return ref
-            for key, value in item.items():
+            yield item
+            for key, value in reversed(list(item.items())):
                 if key not in _DATA_KEYWORDS:
                     stack.append((value, key not in _SCHEMA_MAPS))
+
+
+def _remote_ref(node: Any) -> str | None:
+    """The first ``$ref`` that points outside the document, if any."""
+    for schema in schema_nodes(node):
+        ref = schema.get("$ref")
+        if isinstance(ref, str) and not ref.startswith("#"):
+            return ref
     return None
 
 

@@ -76,6 +76,7 @@ __all__ = [
     "configs_for",
     "FuzzContext",
     "summarize",
+    "read_results",
     "main",
 ]
 
@@ -276,8 +277,8 @@ def _keyword_enforced(keyword: str | None, node: dict[str, Any], backend: str) -
     """Whether the backend checks ``keyword`` of ``node`` exactly (for the failing keyword)."""
     if keyword == "pattern":
         return _plain_pattern(node.get("pattern"))
-    if keyword in ("minLength", "maxLength") and backend == "xgrammar" and ("pattern" in node or "format" in node):
-        return False  # xgrammar: "pattern combined with minLength/maxLength is not supported"
+    if keyword in ("minLength", "maxLength") and _shaped(node, backend):
+        return False  # a pattern or format wins over length bounds (xgrammar; grammarspec's outlines adapter)
     if keyword == "multipleOf":
         return node.get("type") == "integer"  # xgrammar: "multipleOf is not supported for type:number"
     if keyword in ("minimum", "maximum") and any(
@@ -285,6 +286,13 @@ def _keyword_enforced(keyword: str | None, node: dict[str, Any], backend: str) -
     ):
         return False  # draft-4 boolean exclusive bounds
     return keyword in ENFORCED[backend]
+
+
+def _shaped(node: dict[str, Any], backend: str) -> bool:
+    """Whether ``node``'s string shape comes from ``pattern`` or ``format`` rather than its length bounds."""
+    if backend == "xgrammar":
+        return "pattern" in node or "format" in node
+    return isinstance(node.get("pattern"), str) or node.get("format") in FORMATS[backend]
 
 
 def _plain_pattern(pattern: Any) -> bool:
@@ -999,7 +1007,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--results", default="fuzz-results.jsonl", help="every check, one JSON per line")
     parser.add_argument("--out", default="FUZZ.md", help="the markdown summary")
     parser.add_argument("--from-results", nargs="+", default=None, metavar="JSONL",
-                        help="only summarise existing results files (no run)")  # fmt: skip
+                        help="only summarise existing results files (no run); a later file's run of a schema "
+                             "and backend replaces an earlier one's")  # fmt: skip
     return parser
 
 
@@ -1036,13 +1045,22 @@ def _jobs(args: argparse.Namespace) -> list[Job]:
     return jobs
 
 
-def _read_results(paths: Sequence[str]) -> list[Check]:
-    checks = []
+def read_results(paths: Sequence[str | os.PathLike[str]]) -> list[Check]:
+    """The checks of several results files, a later file's run of a schema replacing an earlier one's.
+
+    A schema that was run again (after a fix, or alone after a timeout) keeps
+    only its latest checks for that backend: a (record, backend) pair found in
+    a later file drops every check of that pair from the earlier files.
+    """
+    merged: dict[tuple[str, str], list[Check]] = {}
     for path in paths:
+        runs: dict[tuple[str, str], list[Check]] = defaultdict(list)
         for line in Path(path).read_text(encoding="utf-8").splitlines():
             if line.strip():
-                checks.append(Check(**json.loads(line)))
-    return checks
+                check = Check(**json.loads(line))
+                runs[(check.record, check.backend)].append(check)
+        merged.update(runs)
+    return [check for checks in merged.values() for check in checks]
 
 
 def _preamble(args: argparse.Namespace, command: str, seconds: float | None) -> str:
@@ -1064,7 +1082,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     command = "python -m grammarspec.fuzz " + " ".join(argv if argv is not None else sys.argv[1:])
     if args.from_results:
-        checks = _read_results(args.from_results)
+        checks = read_results(args.from_results)
         Path(args.out).write_text(summarize(checks, preamble=_preamble(args, command, None)), encoding="utf-8")
         print(f"wrote {args.out} ({len(checks)} checks)")
         return 1 if any(c.is_bug for c in checks) else 0

@@ -36,11 +36,17 @@ class Draft:
     mixed draft a deterministic position carries a one-hot row, which is the
     same thing as a point mass.
     ``sources``: the name of the proposer behind each token (for statistics).
+    ``kind``: what sort of guess the draft starts with, in the proposer's own
+    words (the schema-aware drafter names the source of its first token:
+    ``"history"``, ``"prompt"``, ``"schema_guess"``...).  Guesses of different
+    kinds succeed at very different rates, so the composite keeps a separate
+    record per proposer and kind (:class:`proposers.track.Track`).
     """
 
     tokens: tuple[int, ...] = ()
     probs: torch.Tensor | None = None
     sources: tuple[str, ...] = ()
+    kind: str = ""
 
     def __post_init__(self) -> None:
         if self.sources and len(self.sources) != len(self.tokens):
@@ -61,6 +67,7 @@ class Draft:
             tokens=self.tokens[:n],
             probs=None if self.probs is None else self.probs[:n],
             sources=self.sources[:n],
+            kind=self.kind,
         )
 
 

@@ -8,8 +8,10 @@ and their grammar view has been advanced over them -- so the forced span and
 the guess go to the target together.
 
 Choice among the followers: the draft with the most expected accepted
-tokens, from each follower's record in this request (:class:`proposers.track.Track`;
-with equal records, the longest, the first on ties).  Without a forced span,
+tokens, from the follower's record in this request for that kind of draft
+(:class:`proposers.track.Track` per follower and ``Draft.kind``: a value
+copied from the prompt and a guessed enum value succeed at very different
+rates; with equal records, the longest, the first on ties).  Without a forced span,
 a draft expected to bring fewer than ``min_expected`` tokens is not worth a
 wider verification pass and is held back (probed now and then); with a
 forced span the step verifies a draft anyway, so the follower rides along.
@@ -65,7 +67,7 @@ def concat_drafts(first: Draft, second: Draft) -> Draft:
         width = (first.probs if first.probs is not None else second.probs).shape[-1]  # type: ignore[union-attr]
         probs = torch.cat([_rows(first, width), _rows(second, width)])  # [len(first) + len(second), V]
     sources = (first.sources or ("",) * len(first)) + (second.sources or ("",) * len(second))
-    return Draft(tokens=first.tokens + second.tokens, probs=probs, sources=sources)
+    return Draft(tokens=first.tokens + second.tokens, probs=probs, sources=sources, kind=first.kind)
 
 
 def _rows(draft: Draft, width: int) -> torch.Tensor:
@@ -103,7 +105,7 @@ class CompositeProposer:
         self.followers = [p for p in self.proposers if p not in self.leaders and p not in self.fallbacks]
         self._tokenizer = None
         self._splits: SplitPreferences | None = None
-        self._tracks: dict[int, Track] = {}  # per follower (by id), for this request
+        self._tracks: dict[tuple[int, str], Track] = {}  # per (follower id, draft kind), for this request
         # The last draft's parts: (proposer, its draft, first byte, bytes per token).
         self._parts: list[tuple[Proposer, Draft, int, list[int]]] = []
         self._token_bytes: list[int] = []  # bytes of each token of the last draft
@@ -114,7 +116,7 @@ class CompositeProposer:
         self._splits = SplitPreferences(request.tokenizer)
         for proposer in self.proposers:
             proposer.start(request)
-        self._tracks = {id(p): Track() for p in self.followers}
+        self._tracks = {}
         self._parts, self._token_bytes = [], []
 
     def propose(self, context: Sequence[int], grammar: GrammarView | None, k: int) -> Draft:
@@ -161,20 +163,21 @@ class CompositeProposer:
             self._splits.remember(context, draft.tokens)
         return draft
 
-    def _track(self, proposer: Proposer) -> Track:
-        return self._tracks.setdefault(id(proposer), Track())
+    def _track(self, proposer: Proposer, draft: Draft) -> Track:
+        """The record of ``proposer``'s drafts of the same kind as ``draft``."""
+        return self._tracks.setdefault((id(proposer), draft.kind), Track())
 
     def _best(self, drafts: Sequence[Draft]) -> int:
         """Index of the draft with the most expected accepted tokens (the longest on ties), -1 if none."""
         best, key = -1, (0.0, 0)
         for i, draft in enumerate(drafts):
-            candidate = (self._track(self.followers[i]).expected(len(draft)), len(draft))
+            candidate = (self._track(self.followers[i], draft).expected(len(draft)), len(draft))
             if draft and candidate > key:
                 best, key = i, candidate
         return best
 
     def _worth_verifying(self, proposer: Proposer, draft: Draft) -> bool:
-        track = self._track(proposer)
+        track = self._track(proposer, draft)
         return track.expected(len(draft)) >= self.min_expected or track.admit()
 
     def _join(
@@ -255,8 +258,8 @@ class CompositeProposer:
             if n_shown:
                 n_accepted = _tokens_within(sizes, accepted - start)
                 proposer.feedback(part.truncate(n_shown), n_accepted)
-                if id(proposer) in self._tracks:
-                    self._tracks[id(proposer)].update(n_shown, n_accepted)
+                if proposer in self.followers:
+                    self._track(proposer, part).update(n_shown, n_accepted)
         self._parts, self._token_bytes = [], []
 
 

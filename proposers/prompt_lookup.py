@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from .base import EMPTY_DRAFT, Draft, GrammarView, Request
 
-__all__ = ["PromptLookupProposer", "find_ngram_continuation"]
+__all__ = ["PromptLookupProposer", "find_ngram_continuation", "find_ngram_match"]
 
 
 def find_ngram_continuation(tokens: Sequence[int], min_n: int, max_n: int, k: int) -> list[int]:
@@ -34,9 +34,21 @@ def find_ngram_continuation(tokens: Sequence[int], min_n: int, max_n: int, k: in
 
     Pure function.
     """
-    length = len(tokens)
-    if k <= 0 or min_n < 1 or max_n < min_n or length < min_n + 1:
+    match = find_ngram_match(tokens, min_n, max_n)
+    if match is None or k <= 0:
         return []
+    return _copy(tokens, match[1], k)
+
+
+def find_ngram_match(tokens: Sequence[int], min_n: int, max_n: int) -> tuple[int, int] | None:
+    """``(n, start)``: the longest suffix length ``n`` that occurs earlier, and where its continuation starts.
+
+    The most recent occurrence wins; ``None`` when nothing matches.  In the
+    example of :func:`find_ngram_continuation` the answer is ``(2, 6)``.  Pure.
+    """
+    length = len(tokens)
+    if min_n < 1 or max_n < min_n or length < min_n + 1:
+        return None
     # Search in the raw bytes of a 4-byte array: bytes.rfind runs in C; hits
     # that do not start on a token boundary are skipped.
     data = array("i", tokens).tobytes()
@@ -49,9 +61,9 @@ def find_ngram_continuation(tokens: Sequence[int], min_n: int, max_n: int, k: in
             if pos < 0:
                 break
             if pos % width == 0:
-                return _copy(tokens, pos // width + n, k)
+                return n, pos // width + n
             end = pos + len(pattern) - 1
-    return []
+    return None
 
 
 def _copy(tokens: Sequence[int], start: int, k: int) -> list[int]:
@@ -67,7 +79,9 @@ class PromptLookupProposer:
     """Longest-suffix n-gram lookup over the prompt and the generated tokens.
 
     ``min_n``/``max_n``: the suffix lengths tried (longest first).  The caller
-    chooses ``k``.  Deterministic drafts (``probs=None``).
+    chooses ``k``.  Deterministic drafts (``probs=None``).  A draft's ``kind``
+    is its match length (``"n2"`` .. ``"n4"``; longer counts as 4): a longer
+    match is a safer guess, and the composite keeps a record per kind.
     """
 
     def __init__(self, min_n: int = 2, max_n: int = 5, *, name: str = "prompt_lookup") -> None:
@@ -82,12 +96,16 @@ class PromptLookupProposer:
 
     def propose(self, context: Sequence[int], grammar: GrammarView | None, k: int) -> Draft:
         """Up to ``k`` tokens, cut at the first one the grammar rejects.  Does not change state."""
-        tokens = find_ngram_continuation(context, self.min_n, self.max_n, k)
-        if tokens and grammar is not None:
+        match = find_ngram_match(context, self.min_n, self.max_n) if k > 0 else None
+        if match is None:
+            return EMPTY_DRAFT
+        n, start = match
+        tokens = _copy(context, start, k)
+        if grammar is not None:
             tokens = tokens[: grammar.validate(tokens)]
         if not tokens:
             return EMPTY_DRAFT
-        return Draft(tokens=tuple(tokens), sources=(self.name,) * len(tokens))
+        return Draft(tokens=tuple(tokens), sources=(self.name,) * len(tokens), kind=f"n{min(n, 4)}")
 
     def feedback(self, draft: Draft, num_accepted: int) -> None:
         """Stateless: nothing to learn."""

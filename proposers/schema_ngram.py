@@ -329,7 +329,7 @@ class SchemaNgramProposer:
         if not tokens:
             return EMPTY_DRAFT
         self._last = (tuple(tokens), tuple(sources))
-        return Draft(tokens=tuple(tokens), sources=(self.name,) * len(tokens))
+        return Draft(tokens=tuple(tokens), sources=(self.name,) * len(tokens), kind=sources[0])
 
     def feedback(self, draft: Draft, num_accepted: int) -> None:
         """Credit each source with its proposed and accepted tokens (``draft`` may be a prefix)."""

@@ -20,7 +20,7 @@ __all__ = ["Track"]
 
 
 class Track:
-    """Per-request acceptance record of one proposer.
+    """Per-request acceptance record of one proposer's drafts (of one kind).
 
     >>> t = Track()
     >>> t.expected(8)  # the prior: half the drafts hit, runs of 4

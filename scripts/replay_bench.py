@@ -11,18 +11,24 @@ committed without a pass. Otherwise the preset drafts up to ``k`` tokens (the
 same :class:`~grammarspec.adaptive.AdaptiveController`), the grammar cuts the
 draft, the longest prefix that matches the output is accepted, and one more
 token comes from the target. It prints the target passes per task and category,
-and a modelled speedup in which a pass with drafts costs ``--verify-cost`` plain
-steps. Seconds, not counts, come from ``grammarspec bench``. Use this to compare
+and a modelled speedup in which a pass of ``r`` rows costs ``--pass-base +
+--row-cost * max(r, 4)`` plain steps (measured with 2 threads on this CPU at an
+850-token context: 85 ms for 1 row, about 125 ms for 4-8 rows, 146 ms for 16,
+190 ms for 24; fewer than 4 rows cost as much as 4, because the BLAS takes a
+slower path for the 2-3 row LM-head product). Seconds, not counts, come from
+``grammarspec bench``. Use this to compare
 drafter changes in a few seconds, on recorded outputs or on reference answers.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +36,18 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
+def pass_cost(rows: int, base: float = 1.3, per_row: float = 0.03) -> float:
+    """Cost of a target pass over ``rows`` rows, in plain (1-row) steps."""
+    return 1.0 if rows <= 1 else base + per_row * max(rows, 4)
+
+
 def replay(
-    tokenizer: Any, prompt: list[int], schema: dict, output: list[int], assistant: str, verify_cost: float
+    tokenizer: Any,
+    prompt: list[int],
+    schema: dict,
+    output: list[int],
+    assistant: str,
+    cost: Callable[[int], float] = pass_cost,
 ) -> dict[str, float] | None:
     """Counts for one output; ``None`` when the grammar rejects the output."""
     from grammarspec.adaptive import AdaptiveController
@@ -57,7 +73,7 @@ def replay(
     proposer.start(Request(prompt_ids=tuple(prompt), tokenizer=tokenizer, schema=spec.schema,
                            extra={"target_vocab_size": vocab}))  # fmt: skip
     masks = allocate_bitmask(k_max + 1, vocab)
-    context, done, passes, cost, forced = list(prompt), 0, 0, 0.0, 0
+    context, done, passes, spent, forced = list(prompt), 0, 0, 0.0, 0
     while done < len(output) and not matcher.is_terminated():
         token = _forced_token(matcher, masks, vocab)
         if token is not None:
@@ -71,8 +87,8 @@ def replay(
         accepted = 0
         while accepted < length and draft.tokens[accepted] == output[done + accepted]:  # type: ignore[union-attr]
             accepted += 1
-        step_cost = verify_cost if length else 1.0
-        passes, cost = passes + 1, cost + step_cost
+        step_cost = cost(length + 1)
+        passes, spent = passes + 1, spent + step_cost
         new = output[done : done + accepted + 1]
         for t in new:
             matcher.accept(t)
@@ -85,7 +101,7 @@ def replay(
         elif passes > 1:
             controller.record_plain_step(step_cost)
     return {"tokens": done, "passes": passes, "per_pass": done / max(1, passes),
-            "speedup": done / cost if cost else 0.0, "forced": forced}  # fmt: skip
+            "speedup": done / spent if spent else 0.0, "forced": forced}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -94,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--references", action="store_true", help="replay the task file's reference answers")
     parser.add_argument("--tasks", default=None, help="task file (default: ../shared/tasks/tasks.jsonl)")
     parser.add_argument("--assistant", default="auto")
-    parser.add_argument("--verify-cost", type=float, default=1.7, help="cost of a pass with drafts, in plain steps")
+    parser.add_argument("--pass-base", type=float, default=1.3, help="fixed cost of a pass with drafts, in plain steps")
+    parser.add_argument("--row-cost", type=float, default=0.03, help="cost of each row of such a pass (4 at least)")
     args = parser.parse_args(argv)
     if not args.results and not args.references:
         parser.error("give a results.json or --references")
@@ -117,14 +134,16 @@ def main(argv: list[str] | None = None) -> int:
     per_category: dict[str, list[dict[str, float]]] = defaultdict(list)
     for task_id, output in outputs:
         task = tasks[task_id]
-        counts = replay(tokenizer, _prompt_ids(tokenizer, task), task.schema, output, args.assistant, args.verify_cost)
+        cost = functools.partial(pass_cost, base=args.pass_base, per_row=args.row_cost)
+        counts = replay(tokenizer, _prompt_ids(tokenizer, task), task.schema, output, args.assistant, cost)
         if counts is None:
             print(f"{task_id:40s} skipped: the grammar rejects this output")
             continue
         per_category[task.category].append(counts)
         print(f"{task_id:40s} {counts['tokens']:4.0f} tokens {counts['passes']:4.0f} passes "
               f"{counts['per_pass']:5.2f} per pass, modelled {counts['speedup']:4.2f}x")  # fmt: skip
-    print(f"\nassistant={args.assistant!r}, verify cost {args.verify_cost} plain steps; medians per category:")
+    print(f"\nassistant={args.assistant!r}, pass cost {args.pass_base} + {args.row_cost} per row (plain steps); "
+          "medians per category:")
     for category, rows in per_category.items():
         print(f"  {category:12s} {len(rows):3d} tasks  {statistics.median(r['per_pass'] for r in rows):5.2f} tokens "
               f"per pass  modelled {statistics.median(r['speedup'] for r in rows):4.2f}x")  # fmt: skip

@@ -17,6 +17,7 @@ from toy import toy_byte_level_tokenizer
 
 from grammars import compile_grammar, grammar_spec
 from grammarspec.fuzz import (
+    read_results,
     BUG_OUTCOMES,
     ENFORCED,
     FORMATS,
@@ -198,6 +199,20 @@ def test_formats_are_approximated_and_a_completion_checks_them(byte_tok, backend
     assert error.validator == "format" and not is_enforced(error, backend, schema)
 
 
+@pytest.mark.parametrize("backend", sorted(ENFORCED))
+def test_a_pattern_wins_over_length_bounds_on_both_backends(byte_tok, backend):
+    """outlines-core alone would keep the length and drop the pattern (snowplow/sp_329 in the corpus)."""
+    version = {"type": "string", "maxLength": 8, "pattern": "^(\\d+\\.\\d+\\.\\d+.*)$"}
+    schema = {"type": "object", "properties": {"v": version}, "required": ["v"], "additionalProperties": False}
+    assert _accepts(byte_tok, schema, {"v": "1.2.3"}, backend)
+    (error,) = schema_errors(schema, {"v": "1.2"}, formats=True, default="latest")
+    assert error.validator == "pattern" and is_enforced(error, backend, schema)
+    assert not _accepts(byte_tok, schema, {"v": "1.2"}, backend)
+    (error,) = schema_errors(schema, {"v": "1.2.3-rc.1"}, formats=True, default="latest")
+    assert error.validator == "maxLength" and not is_enforced(error, backend, schema)
+    assert _accepts(byte_tok, schema, {"v": "1.2.3-rc.1"}, backend)
+
+
 def _errors(schema, instance):
     return schema_errors(schema, instance, formats=False)
 
@@ -276,6 +291,33 @@ def test_the_summary_counts_outcomes_per_category_and_lists_bugs():
     assert "| a | 1 | 0 |" in report and "| b | 0 | 1 |" in report  # generate: length, stop_invalid
     assert "`b/1` xgrammar generate: **stop_invalid**" in report
     assert "1 x multipleOf is not supported" in report and "Timeouts: 1" in report
+
+
+def test_a_rerun_replaces_the_earlier_checks_of_that_schema_and_backend(tmp_path):
+    def write(name, checks):
+        path = tmp_path / name
+        path.write_text("".join(json.dumps(vars(c)) + "\n" for c in checks), encoding="utf-8")
+        return path
+
+    first = write("first.jsonl", [
+        Check("a/1", "a", "outlines", "compile", "timeout"),
+        Check("a/1", "a", "xgrammar", "compile", "compiled"),
+        Check("a/2", "a", "outlines", "compile", "compiled"),
+        Check("a/2", "a", "outlines", "invalid_example", "accepted_invalid"),
+    ])  # fmt: skip
+    rerun = write("rerun.jsonl", [
+        Check("a/1", "a", "outlines", "compile", "compiled"),
+        Check("a/2", "a", "outlines", "compile", "compiled"),
+        Check("a/2", "a", "outlines", "invalid_example", "rejected"),
+    ])  # fmt: skip
+    merged = {(c.record, c.backend, c.kind, c.outcome) for c in read_results([first, rerun])}
+    assert merged == {
+        ("a/1", "outlines", "compile", "compiled"),
+        ("a/1", "xgrammar", "compile", "compiled"),  # not rerun: kept
+        ("a/2", "outlines", "compile", "compiled"),
+        ("a/2", "outlines", "invalid_example", "rejected"),
+    }
+    assert len(read_results([rerun, first])) == 4  # the order of the files decides
 
 
 def test_the_isolated_runner_times_out_and_recovers():

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import doctest
+import importlib
 import json
 import threading
 
 import pytest
 
 import grammars.spec
+from grammars.spec import schema_nodes
 from grammars import (
     BACKENDS,
     GrammarError,
@@ -306,8 +308,9 @@ def test_compact_json_on_the_toy_vocabulary(toy, backend):
 # -- documentation --------------------------------------------------------------------------------
 
 
-def test_spec_docstring_examples_run():
-    failures, tried = doctest.testmod(grammars.spec, verbose=False)
+@pytest.mark.parametrize("module", ["grammars.spec", "grammars.outlines_backend"])
+def test_docstring_examples_run(module):
+    failures, tried = doctest.testmod(importlib.import_module(module), verbose=False)
     assert tried > 0 and failures == 0
 
 
@@ -340,3 +343,43 @@ def test_a_tokenizer_that_grows_is_seen_afresh():
     after = compile_grammar(spec, tokenizer)
     assert after is not before and after.vocab_size == before.vocab_size + 1
     assert compile_grammar(spec, tokenizer) is after
+
+
+def test_schema_nodes_walks_schemas_not_data_or_names():
+    schema = {
+        "type": "object",
+        "properties": {"pattern": {"type": "string", "maxLength": 3}, "tags": {"items": [{"const": {"type": 1}}]}},
+        "enum": [{"type": "string"}],
+        "$defs": {"d": {"anyOf": [{"type": "integer"}]}},
+    }
+    nodes = list(schema_nodes(schema))
+    assert nodes[0] is schema
+    assert {"type": "string", "maxLength": 3} in nodes and {"type": "integer"} in nodes
+    assert {"const": {"type": 1}} in nodes
+    assert {"type": 1} not in nodes and {"type": "string"} not in nodes  # const and enum hold data
+    assert schema["properties"] not in nodes  # a name map, whatever its keys are called
+    assert len(nodes) == 6
+
+
+def test_outlines_gets_the_pattern_not_the_length():
+    from grammars.outlines_backend import shape_over_length
+
+    schema = {
+        "type": "object",
+        "properties": {
+            "v": {"type": "string", "pattern": "^a+$", "minLength": 2, "maxLength": 3},
+            "d": {"type": "string", "format": "date", "maxLength": 10},
+            "h": {"type": "string", "format": "hostname", "maxLength": 10},  # outlines has no hostname regex
+            "maxLength": {"type": "string", "maxLength": 4},
+        },
+        "const": {"pattern": "x", "maxLength": 1},
+    }
+    shaped = json.loads(shape_over_length(grammar_spec(schema=schema)))
+    assert shaped["properties"]["v"] == {"type": "string", "pattern": "^a+$"}
+    assert shaped["properties"]["d"] == {"type": "string", "format": "date"}
+    assert shaped["properties"]["h"] == schema["properties"]["h"]
+    assert shaped["properties"]["maxLength"] == {"type": "string", "maxLength": 4}
+    assert shaped["const"] == schema["const"]
+    assert schema["properties"]["v"]["maxLength"] == 3  # the caller's schema is not touched
+    plain = grammar_spec(schema={"type": "string", "maxLength": 3})
+    assert shape_over_length(plain) == plain.source

@@ -141,6 +141,27 @@ def test_a_failing_follower_is_held_back_then_probed(toy):
     assert composite.propose([2], view, 8)
 
 
+def test_each_kind_of_guess_keeps_its_own_record(toy):
+    """A drafter's failing guesses must not hold back its reliable copies (schema_ngram: guess vs prompt)."""
+    copy = Draft(tokens=(4, 5, 6), sources=("mixed",) * 3, kind="copy")
+    guess = Draft(tokens=(7, 8, 9), sources=("mixed",) * 3, kind="guess")
+    mixed = ScriptedProposer("mixed", lambda context, grammar, k: guess if len(context) % 2 else copy)
+    composite = CompositeProposer([mixed], min_expected=0.6)
+    composite.start(toy_request(toy))
+    view = GrammarView(RuleMatcher(legal=lambda h, t: True))
+    verified = {"copy": 0, "guess": 0}
+    for step in range(30):
+        context = [2] * (1 + step % 2)  # odd length: a guess; even: a copy
+        draft = composite.propose(context, view, 8)
+        if draft:
+            verified[draft.kind] += 1
+            composite.feedback(draft, len(draft) if draft.kind == "copy" else 0)
+    assert verified["copy"] == 15  # never held back by the guesses' misses
+    assert verified["guess"] < 10
+    assert Draft(tokens=(1, 2), kind="copy").truncate(1).kind == "copy"
+    assert concat_drafts(Draft(tokens=(1,), kind="forced"), copy).kind == "forced"
+
+
 def test_a_forced_span_carries_a_held_back_follower(toy):
     wrong = fixed("wrong", [10, 3])
     composite = CompositeProposer([JumpForwardProposer(), wrong], min_expected=100.0)

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from proposers.base import Draft, GrammarView
-from proposers.prompt_lookup import PromptLookupProposer, find_ngram_continuation
+from proposers.prompt_lookup import PromptLookupProposer, find_ngram_continuation, find_ngram_match
 from proposer_fakes import RuleMatcher
 
 
@@ -28,6 +28,15 @@ def naive(tokens, min_n, max_n, k):
 
 def test_worked_example():
     assert find_ngram_continuation([1, 2, 3, 4, 1, 2, 3, 9, 9, 1, 2], 1, 3, 3) == [3, 9, 9]
+
+
+def test_the_match_reports_its_length_and_the_drafts_kind_follows_it():
+    assert find_ngram_match([1, 2, 3, 4, 1, 2, 3, 9, 9, 1, 2], 1, 3) == (2, 6)
+    assert find_ngram_match([1, 2, 3], 2, 3) is None
+    view = GrammarView(RuleMatcher(legal=lambda h, t: True))
+    proposer = PromptLookupProposer(min_n=2, max_n=6)
+    assert proposer.propose([1, 2, 3, 4, 9, 1, 2], view, 4).kind == "n2"
+    assert proposer.propose([1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6], view, 4).kind == "n4"  # 6 counts as 4
 
 
 def test_longest_match_wins_over_more_recent_shorter_one():

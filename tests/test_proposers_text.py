@@ -107,6 +107,26 @@ def test_split_preferences_keep_what_was_accepted(smol_tokenizer):
     assert splits.resplit(context, draft) == draft
 
 
+def test_split_preferences_follow_the_latest_sighting_in_any_context(smol_tokenizer):
+    """The target's choice runs in streaks: a split it kept elsewhere replaces an older rejection."""
+    tok = smol_tokenizer
+    splits = SplitPreferences(tok)
+
+    def after(value):
+        context = tok.encode('{"a":"' + value, add_special_tokens=False)
+        return context, continuation_tokens(tok, context, '","b":"y')
+
+    context, draft = after("x")
+    splits.remember(context, draft)
+    splits.observe(context + tok.encode('",', add_special_tokens=False) + [0])  # rejected: '",' then '"'
+    context, draft = after("q")
+    assert names(tok, splits.resplit(context, draft))[:2] == ['",', '"']
+    splits.remember(context, draft)  # drafted canonically anyway
+    splits.observe(context + draft[:2])  # and kept: '","'
+    context, draft = after("z")
+    assert splits.resplit(context, draft) == draft
+
+
 def test_split_preferences_ignore_a_different_text(smol_tokenizer):
     tok = smol_tokenizer
     splits = SplitPreferences(tok)

@@ -42,15 +42,24 @@ def test_replay_counts_every_token_and_saves_passes_on_repeated_items(script, sm
     doc = {"items": [{"sku": "A-1", "qty": 2}, {"sku": "A-1", "qty": 2}, {"sku": "A-1", "qty": 2}]}
     output = tok.encode(json.dumps(doc, separators=(",", ":")), add_special_tokens=False) + [tok.eos_token_id]
     prompt = tok.encode("Order: three times A-1, two each.", add_special_tokens=False)
-    counts = script.replay(tok, prompt, SCHEMA, output, "auto", verify_cost=1.7)
+    counts = script.replay(tok, prompt, SCHEMA, output, "auto")
     assert counts["tokens"] == len(output)
     assert counts["passes"] + counts["forced"] <= len(output)
     assert counts["per_pass"] > 2.0  # the repeated items are drafted
-    plain = script.replay(tok, prompt, SCHEMA, output, "jump_forward", verify_cost=1.7)
+    plain = script.replay(tok, prompt, SCHEMA, output, "jump_forward")
     assert plain["passes"] > counts["passes"]
+
+
+def test_the_pass_cost_model():
+    from importlib import import_module
+
+    cost = import_module("replay_bench").pass_cost
+    assert cost(1) == 1.0
+    assert cost(2) == cost(4) < cost(8) < cost(16)  # 2-3 rows cost as much as 4
+    assert cost(16, base=1.0, per_row=0.0) == 1.0
 
 
 def test_an_output_the_grammar_rejects_is_skipped(script, smol_tokenizer):
     tok = smol_tokenizer
     output = tok.encode('{"items":[{"qty":2}]}', add_special_tokens=False)  # "sku" is required
-    assert script.replay(tok, [1, 2, 3], SCHEMA, output, "auto", verify_cost=1.7) is None
+    assert script.replay(tok, [1, 2, 3], SCHEMA, output, "auto") is None
