@@ -51,7 +51,10 @@ from .spec import GrammarSpec, schema_nodes
 if TYPE_CHECKING:
     import outlines_core
 
-__all__ = ["OutlinesCompiled", "OutlinesMatcher", "OutlinesVocabulary", "prepare", "compile_spec", "token_bytes", "shape_over_length"]
+__all__ = [
+    "OutlinesCompiled", "OutlinesMatcher", "OutlinesVocabulary", "prepare", "compile_spec", "token_bytes",
+    "shape_over_length", "length_yields_to_shape", "FORMATS",
+]  # fmt: skip
 
 BACKEND = "outlines"
 #: Whitespace allowed between JSON tokens with ``any_whitespace=True``.
@@ -60,7 +63,7 @@ FLEXIBLE_WHITESPACE = r"[\n\t\r ]*"
 _FORCED_SCAN_LIMIT = 4096
 _FORCED_MAX_STATES = 64
 #: ``format`` values outlines-core turns into a regex (0.2.14).
-_FORMATS = frozenset({"date", "time", "date-time", "email", "uri", "uuid"})
+FORMATS = frozenset({"date", "time", "date-time", "email", "uri", "uuid"})
 _LENGTH_KEYWORDS = ("minLength", "maxLength")
 
 
@@ -223,12 +226,16 @@ def shape_over_length(spec: GrammarSpec) -> str:
     schema = copy.deepcopy(spec.schema)
     edited = False
     for node in schema_nodes(schema):
-        shaped = isinstance(node.get("pattern"), str) or node.get("format") in _FORMATS
-        if shaped and any(k in node for k in _LENGTH_KEYWORDS):
+        if length_yields_to_shape(node) and any(k in node for k in _LENGTH_KEYWORDS):
             for keyword in _LENGTH_KEYWORDS:
                 node.pop(keyword, None)
             edited = True
     return json.dumps(schema) if edited else spec.source
+
+
+def length_yields_to_shape(node: dict[str, Any]) -> bool:
+    """Whether :func:`shape_over_length` drops ``node``'s length bounds: it has a pattern or a known format."""
+    return isinstance(node.get("pattern"), str) or node.get("format") in FORMATS
 
 
 def _first_line(error: BaseException) -> str:

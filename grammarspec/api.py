@@ -271,8 +271,8 @@ def _k_min(proposer: Any, k_max: int) -> int:
     steps on CPU (each row past 8 about 0.03), so cutting a copied run short
     costs more than the extra rows (replayed on SmolLM2's benchmark outputs:
     4.49 tokens per pass on extraction with a floor of 8, 4.66 with 16; a
-    floor of 1 gave 2.5x where 8 gave 2.9x).  A draft model pays a draft forward pass per
-    drafted token, so its ``k`` may shrink all the way to 1.
+    floor of 1 gave 2.5x where 8 gave 2.9x).  A draft model pays a draft
+    forward pass per drafted token, so its ``k`` may shrink all the way to 1.
     """
     from proposers.compose import is_model_proposer
 

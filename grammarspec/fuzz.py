@@ -55,6 +55,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from grammars.outlines_backend import FORMATS as OUTLINES_FORMATS
+from grammars.outlines_backend import length_yields_to_shape
+
 __all__ = [
     "Check",
     "GenConfig",
@@ -129,7 +132,7 @@ FORMATS: dict[str, frozenset[str]] = {
         {"date", "time", "date-time", "duration", "email", "hostname", "ipv4", "ipv6", "uri", "uri-reference",
          "uri-template", "uuid", "json-pointer"}
     ),  # fmt: skip
-    "outlines": frozenset({"date", "time", "date-time", "email", "uri", "uuid"}),
+    "outlines": OUTLINES_FORMATS,
 }
 
 #: Nothing below these keywords is enforced: the backends ignore them (``not``,
@@ -292,7 +295,7 @@ def _shaped(node: dict[str, Any], backend: str) -> bool:
     """Whether ``node``'s string shape comes from ``pattern`` or ``format`` rather than its length bounds."""
     if backend == "xgrammar":
         return "pattern" in node or "format" in node
-    return isinstance(node.get("pattern"), str) or node.get("format") in FORMATS[backend]
+    return length_yields_to_shape(node)
 
 
 def _plain_pattern(pattern: Any) -> bool:

@@ -171,8 +171,10 @@ class CompositeProposer:
         """Index of the draft with the most expected accepted tokens (the longest on ties), -1 if none."""
         best, key = -1, (0.0, 0)
         for i, draft in enumerate(drafts):
+            if not draft:
+                continue
             candidate = (self._track(self.followers[i], draft).expected(len(draft)), len(draft))
-            if draft and candidate > key:
+            if candidate > key:
                 best, key = i, candidate
         return best
 

@@ -132,9 +132,9 @@ def main(argv: list[str] | None = None) -> int:
         runs = json.loads(Path(args.results).read_text())["runs"]
         outputs = [(r["task"], r["tokens"]) for r in runs if r["arm"] == "baseline" and "error" not in r]
     per_category: dict[str, list[dict[str, float]]] = defaultdict(list)
+    cost = functools.partial(pass_cost, base=args.pass_base, per_row=args.row_cost)
     for task_id, output in outputs:
         task = tasks[task_id]
-        cost = functools.partial(pass_cost, base=args.pass_base, per_row=args.row_cost)
         counts = replay(tokenizer, _prompt_ids(tokenizer, task), task.schema, output, args.assistant, cost)
         if counts is None:
             print(f"{task_id:40s} skipped: the grammar rejects this output")
