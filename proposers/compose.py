@@ -11,7 +11,10 @@ Choice among the followers: the draft with the most expected accepted
 tokens, from the follower's record in this request for that kind of draft
 (:class:`proposers.track.Track` per follower and ``Draft.kind``: a value
 copied from the prompt and a guessed enum value succeed at very different
-rates; with equal records, the longest, the first on ties).  Without a forced span,
+rates; with equal records, the longest, the first on ties).  Where the chosen
+draft stops short of the budget (a value copied by prompt lookup ends), the
+other followers are asked once more, after it, and the best of them worth
+verifying goes on (the next key, from the schema).  Without a forced span,
 a draft expected to bring fewer than ``min_expected`` tokens is not worth a
 wider verification pass and is held back (probed now and then); with a
 forced span the step verifies a draft anyway, so the follower rides along.
@@ -138,13 +141,9 @@ class CompositeProposer:
         view, ctx = grammar, context
         if lead and rest > 0:
             ctx = list(context) + list(lead.tokens)
-            if grammar is not None:
-                matcher = grammar.fork()
-                for token in lead.tokens:
-                    matcher.accept(token)
-                if matcher.is_terminated():
-                    rest = 0
-                view = GrammarView(matcher)
+            view = _advanced(grammar, lead.tokens)
+            if grammar is not None and view is None:
+                rest = 0
         follow, follower = EMPTY_DRAFT, None
         if rest > 0:
             drafts = [p.propose(ctx, view, rest).truncate(rest) for p in self.followers]
@@ -157,11 +156,35 @@ class CompositeProposer:
                     if len(draft) > len(follow):
                         follow, follower = draft.truncate(rest), fallback
                     break
-        # 3. Join them, re-splitting the seam when both parts are deterministic.
-        draft = self._join(context, grammar, k, (leader, lead), (follower, follow))
+        follows = [(follower, follow)] if follower is not None and follow else []
+        # 2b. Where the chosen draft stops short, another follower may go on after it.
+        if follows and follower in self.followers and 0 < len(follow) < rest and follow.probs is None:
+            follows += self._continuation(ctx, view, follower, follow, rest - len(follow))
+        # 3. Join them, re-splitting the seams when every part is deterministic.
+        draft = self._join(context, grammar, k, (leader, lead), follows)
         if self._splits is not None:
             self._splits.remember(context, draft.tokens)
         return draft
+
+    def _continuation(
+        self, context: Sequence[int], grammar: GrammarView | None, first: Proposer, draft: Draft, rest: int
+    ) -> list[tuple[Proposer, Draft]]:
+        """The best draft of the other followers after ``draft`` (one more round), if worth verifying."""
+        others = [p for p in self.followers if p is not first]
+        if not others:
+            return []
+        view = _advanced(grammar, draft.tokens)
+        if grammar is not None and view is None:
+            return []
+        ctx = list(context) + list(draft.tokens)
+        drafts = [p.propose(ctx, view, rest).truncate(rest) for p in others]
+        best, key = -1, (0.0, 0)
+        for i, candidate in enumerate(drafts):
+            if candidate and candidate.probs is None:
+                expected = (self._track(others[i], candidate).expected(len(candidate)), len(candidate))
+                if expected > key and expected[0] >= self.min_expected:
+                    best, key = i, expected
+        return [(others[best], drafts[best])] if best >= 0 else []
 
     def _track(self, proposer: Proposer, draft: Draft) -> Track:
         """The record of ``proposer``'s drafts of the same kind as ``draft``."""
@@ -188,20 +211,21 @@ class CompositeProposer:
         grammar: GrammarView | None,
         k: int,
         lead_part: tuple[Proposer | None, Draft],
-        follow_part: tuple[Proposer | None, Draft],
+        follow_parts: list[tuple[Proposer, Draft]],
     ) -> Draft:
         leader, lead = lead_part
-        follower, follow = follow_part
+        draft = lead
+        for _, follow in follow_parts:
+            draft = concat_drafts(draft, follow)
         helper = token_text(self._tokenizer) if self._tokenizer is not None else None
         if helper is None:
-            return concat_drafts(lead, follow)
-        parts = [(p, d) for p, d in ((leader, lead), (follower, follow)) if p is not None and d]
-        draft = concat_drafts(lead, follow)
-        if draft and draft.probs is None and follower not in self.fallbacks:  # a model's own tokens stay
-            joined = self._resplit(context, grammar, k, draft, helper)
+            return draft
+        parts = [(p, d) for p, d in [(leader, lead), *follow_parts] if p is not None and d]
+        if draft and draft.probs is None and not any(p in self.fallbacks for p, _ in follow_parts):
+            joined = self._resplit(context, grammar, k, draft, helper)  # a model's own tokens stay
             if joined is not None:
                 draft = joined
-        forced = grammar.forced_text() if lead and grammar is not None and not follow else ""
+        forced = grammar.forced_text() if lead and grammar is not None and not follow_parts else ""
         if forced and helper.bytes_of(draft.tokens) == forced.encode("utf-8"):  # the whole span, not cut by k
             keep = trim_ambiguous(self._tokenizer, context, forced, draft.tokens, grammar, self._splits)
             if keep < len(draft):
@@ -263,6 +287,16 @@ class CompositeProposer:
                 if proposer in self.followers:
                     self._track(proposer, part).update(n_shown, n_accepted)
         self._parts, self._token_bytes = [], []
+
+
+def _advanced(grammar: GrammarView | None, tokens: Sequence[int]) -> GrammarView | None:
+    """A view of ``grammar`` after ``tokens``; ``None`` if there is no grammar, or none is left after them."""
+    if grammar is None:
+        return None
+    matcher = grammar.fork()
+    if not all(matcher.accept(token) for token in tokens) or matcher.is_terminated():
+        return None
+    return GrammarView(matcher)
 
 
 def _tokens_within(sizes: list[int], budget: int) -> int:

@@ -10,7 +10,9 @@ see :mod:`proposers.json_cursor`) and drafts from three kinds of source:
   Positions compare by path with array indices erased, so the second item of
   an array copies the first: after ``},{"`` comes the key that came after
   ``[{"``.  ``history`` covers keys and punctuation; ``history_value`` a
-  value seen at the same path (weighted by how often values repeat there).
+  value seen at the same path (weighted by how often values repeat there);
+  ``sibling`` the value of the nearest earlier member of the same object and
+  type (``"strength":10,"dexterity":10``).
 * **prompt** -- spans of the prompt that fit the current value (see
   :mod:`proposers.prompt_spans`).  ``prompt``: once a string or number has
   started, the prompt text that continues it, up to a likely end and the
@@ -63,6 +65,7 @@ SOURCE_PRIORS = {
     "prompt_label": 0.45,
     "prompt_next": 0.4,
     "history_value": 0.35,
+    "sibling": 0.3,
     "prompt_near": 0.3,
     "schema_guess": 0.3,
 }
@@ -573,11 +576,35 @@ class SchemaNgramProposer:
                 out += self._prompt_string_start(label, prompt_cursor, path, opened=c.mode == STRING)
             if (not types or "number" in types) and c.mode != STRING:
                 out += self._prompt_number_start(label, prompt_cursor, "integer" in types and "number" not in types)
+        out += self._sibling_value(c, types, typed)
         if c.mode in VALUE_MODES and len(types) == 1:
             opener = {"string": b'"', "object": b"{", "array": b"["}.get(next(iter(types)))
             if opener is not None:
                 out.append(_Candidate("schema", opener, 0.05, certain=True))
         return out
+
+    def _sibling_value(self, c: Cursor, types: set[str], typed: bytes) -> list[_Candidate]:
+        """The value of the nearest earlier member of this object with the same type, if a scalar.
+
+        Objects often hold uniform members: ``"strength":10,"dexterity":10``,
+        flags that are all ``true``, placeholders that are all ``"N/A"``.
+        ``typed``: what the current value already holds (the rest is proposed).
+        """
+        doc = self._doc
+        assert doc is not None
+        top = c.stack[-1] if c.stack else None
+        if top is None or top.kind != 0x7B or not top.keys or top.keys[-1] != top.key:
+            return []
+        for previous in reversed(top.keys[:-1]):  # the nearest member with a value written (not just planned)
+            if doc.schema.types(doc.schema.object_child(top.nodes, previous)) != types:
+                return []
+            values = doc.values.get(normalize(top.path + (previous,)))
+            if values:
+                value = values[-1]
+                if value[:1] in (b"{", b"[") or not value.startswith(typed) or value == typed:
+                    return []
+                return [_Candidate("sibling", value[len(typed) :])]
+        return []
 
     def _schema_values(self, nodes: Nodes, types: set[str], typed: bytes, prompt_cursor: int) -> list[_Candidate]:
         """``const``/``enum``/``default``/``examples`` values and literals that fit what was typed."""

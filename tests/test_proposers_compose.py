@@ -105,14 +105,32 @@ def test_a_follower_with_a_better_record_beats_a_longer_one(toy):
     composite = CompositeProposer([chatty, reliable])
     composite.start(toy_request(toy))
     view = GrammarView(RuleMatcher(legal=lambda h, t: True))
-    draft = composite.propose([2], view, 8)
+    k = 5  # chatty fills the budget: no other follower continues after it
+    draft = composite.propose([2], view, k)
     assert set(draft.sources) == {"chatty"}  # equal records: the longest
     composite.feedback(draft, 0)
-    composite.feedback(composite.propose([2], view, 8), 0)  # two misses outweigh the extra length
+    composite.feedback(composite.propose([2], view, k), 0)  # two misses outweigh the extra length
+    draft = composite.propose([2], view, k)
+    assert draft.sources[:2] == ("reliable", "reliable")  # leads now (chatty may still continue after it)
+    composite.feedback(draft, 2)  # reliable's part accepted
+    assert composite.propose([2], view, k).sources[0] == "reliable"
+
+
+def test_another_follower_goes_on_where_the_chosen_draft_stops(toy):
+    """A value copied by one drafter, then the next key from another: one pass covers both."""
+    value, keys = fixed("value", [4, 5]), fixed("keys", [6, 7, 8])  # '[' ']' and '"' ':' ','
+    composite = CompositeProposer([value, keys])
+    composite.start(toy_request(toy))
+    view = GrammarView(RuleMatcher(legal=lambda h, t: True))
     draft = composite.propose([2], view, 8)
-    assert set(draft.sources) == {"reliable"}
-    composite.feedback(draft, len(draft))
-    assert set(composite.propose([2], view, 8).sources) == {"reliable"}
+    helper = token_text(toy)
+    assert helper.bytes_of(draft.tokens) == b'":,[]'  # re-split as one text
+    assert draft.sources[0] == "keys" and draft.sources[-1] == "value"
+    assert value.calls[-1] == ([2, 6, 7, 8], 5)  # it drafted after the first part, in the budget left
+    accepted = len(draft) - 1  # everything but the last ']'
+    composite.feedback(draft, accepted)
+    assert keys.feedbacks[-1] == ((6, 7, 8), 3) and value.feedbacks[-1] == ((4, 5), 1)
+    assert set(composite.propose([2], view, 3).sources) == {"keys"}  # no budget left: no continuation
 
 
 def test_a_failing_follower_is_held_back_then_probed(toy):

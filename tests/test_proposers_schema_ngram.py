@@ -95,6 +95,32 @@ def test_second_array_item_repeats_the_first_items_keys(setup):
     assert text.startswith(',"qty":10}'), text
 
 
+SCORES = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "scores": {
+            "type": "object",
+            "properties": {k: {"type": "integer"} for k in ("strength", "dexterity", "wisdom")} | {"motto": {"type": "string"}},
+            "required": ["strength", "dexterity", "wisdom", "motto"],
+        },
+    },
+}
+
+
+def test_a_member_repeats_the_value_of_the_previous_member_of_its_type(smol_tokenizer):
+    setup = Setup(smol_tokenizer, SCORES, "A sheet for Kira.")
+    text, draft = setup.draft('{"name":"Kira","scores":{"strength":14,"dexterity":')
+    assert text.startswith('14,"wisdom":14'), text  # planned members repeat it too
+    assert draft.kind == "sibling"
+    text, _ = setup.draft('{"name":"Kira","scores":{"strength":14,"dexterity":1')
+    assert text.startswith('4,"wisdom"'), text  # the rest of it, once it has started
+    text, _ = setup.draft('{"name":"Kira","scores":{"strength":14,"dexterity":9')
+    assert not text.startswith("4"), text  # it does not fit what was typed
+    text, _ = setup.draft('{"name":"Kira","scores":{"strength":14,"dexterity":12,"wisdom":13,"motto":')
+    assert "14" not in text and "13" not in text, text  # another type: no copy
+
+
 def test_drafts_are_cut_by_the_grammar(smol_tokenizer):
     schema = {"type": "object", "properties": {"code": {"type": "string", "pattern": "^[A-Z]{3}$"}},
               "required": ["code"], "additionalProperties": False}  # fmt: skip

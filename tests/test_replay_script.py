@@ -63,3 +63,34 @@ def test_an_output_the_grammar_rejects_is_skipped(script, smol_tokenizer):
     tok = smol_tokenizer
     output = tok.encode('{"items":[{"qty":2}]}', add_special_tokens=False)  # "sku" is required
     assert script.replay(tok, [1, 2, 3], SCHEMA, output, "auto") is None
+
+
+def test_same_text_tokens_counts_the_tokens_that_spell_the_drafted_text(script):
+    assert script.same_text_tokens(b'":"IN', [b'":', b'"', b"IN", b"V"]) == 3
+    assert script.same_text_tokens(b'":"IN', [b'":"', b"OUT"]) == 1
+    assert script.same_text_tokens(b'",', [b'","']) == 0  # longer than the drafted text
+    assert script.same_text_tokens(b"abc", []) == 0
+
+
+def test_the_split_oracle_accepts_the_same_text_split_otherwise(script, smol_tokenizer):
+    tok = smol_tokenizer
+    doc = {"items": [{"sku": "A-1", "qty": 2}, {"sku": "A-1", "qty": 2}, {"sku": "A-1", "qty": 2}]}
+    canonical = tok.encode(json.dumps(doc, separators=(",", ":")), add_special_tokens=False)
+    merged = tok.convert_tokens_to_ids('":"')
+    split = tok.convert_tokens_to_ids(['":', '"'])
+    assert merged in canonical and tok.unk_token_id not in split
+    output = []  # the same text, with every '":"' written as '":' '"'
+    for token in canonical:
+        output += split if token == merged else [token]
+    output.append(tok.eos_token_id)
+    prompt = tok.encode("Order: three times A-1, two each.", add_special_tokens=False)
+    plain = script.replay(tok, prompt, SCHEMA, output, "schema_ngram")
+    bound = script.replay(tok, prompt, SCHEMA, output, "schema_ngram", split_oracle=True)
+    assert bound["tokens"] == plain["tokens"] == len(output)
+    assert bound["passes"] < plain["passes"]
+
+
+def test_end_to_end_keeps_the_prompt_pass_and_divides_the_decode_phase(script):
+    baseline = {"seconds": 10.0, "first_step_seconds": 2.0}
+    arm = {"seconds": 5.0, "first_step_seconds": 1.5}
+    assert script.end_to_end(baseline, arm, 4.0) == pytest.approx(10.0 / (1.5 + 8.0 / 4.0))
