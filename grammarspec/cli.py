@@ -23,8 +23,9 @@ __all__ = ["main", "build_parser", "DEFAULT_MODEL", "BENCH_MAX_NEW_TOKENS", "QUI
 
 DEFAULT_MODEL = "smollm2-135m"
 ASSISTANTS = ("auto", "none", "prompt_lookup", "schema_ngram", "jump_forward", "draft_model")
-#: max_new_tokens of a full bench run: covers every tool call and most
-#: extraction/generation answers while the default task file fits in 30 minutes.
+#: max_new_tokens of a full bench run: keeps the default task file under 30 minutes.
+#: It covers most tool calls but cuts most extraction and generation answers; the
+#: report then adds a table over the answers that ended by themselves.
 BENCH_MAX_NEW_TOKENS = 128
 #: What --quick changes (options given explicitly still win).
 QUICK = {"limit": 3, "arms": "baseline,none,auto", "max_new_tokens": 48}

@@ -147,7 +147,7 @@ class CompositeProposer:
         follow, follower = EMPTY_DRAFT, None
         if rest > 0:
             drafts = [p.propose(ctx, view, rest).truncate(rest) for p in self.followers]
-            best = self._best(drafts)
+            best = self._best(drafts, self.followers)
             if best >= 0 and (lead or self._worth_verifying(self.followers[best], drafts[best])):
                 follow, follower = drafts[best], self.followers[best]
             if len(follow) < self.short:
@@ -178,26 +178,25 @@ class CompositeProposer:
             return []
         ctx = list(context) + list(draft.tokens)
         drafts = [p.propose(ctx, view, rest).truncate(rest) for p in others]
-        best, key = -1, (0.0, 0)
-        for i, candidate in enumerate(drafts):
-            if candidate and candidate.probs is None:
-                expected = (self._track(others[i], candidate).expected(len(candidate)), len(candidate))
-                if expected > key and expected[0] >= self.min_expected:
-                    best, key = i, expected
+        drafts = [d if d.probs is None else EMPTY_DRAFT for d in drafts]  # only deterministic parts are joined
+        best = self._best(drafts, others, floor=self.min_expected)
         return [(others[best], drafts[best])] if best >= 0 else []
 
     def _track(self, proposer: Proposer, draft: Draft) -> Track:
         """The record of ``proposer``'s drafts of the same kind as ``draft``."""
         return self._tracks.setdefault((id(proposer), draft.kind), Track())
 
-    def _best(self, drafts: Sequence[Draft]) -> int:
-        """Index of the draft with the most expected accepted tokens (the longest on ties), -1 if none."""
+    def _best(self, drafts: Sequence[Draft], proposers: Sequence[Proposer], floor: float = 0.0) -> int:
+        """Index of the draft with the most expected accepted tokens (the longest on ties), -1 if none.
+
+        ``drafts[i]`` comes from ``proposers[i]``; a draft expected to get fewer than ``floor`` accepted is passed over.
+        """
         best, key = -1, (0.0, 0)
         for i, draft in enumerate(drafts):
             if not draft:
                 continue
-            candidate = (self._track(self.followers[i], draft).expected(len(draft)), len(draft))
-            if candidate > key:
+            candidate = (self._track(proposers[i], draft).expected(len(draft)), len(draft))
+            if candidate > key and candidate[0] >= floor:
                 best, key = i, candidate
         return best
 

@@ -229,6 +229,23 @@ def test_a_run_without_a_decode_phase_is_left_out_of_the_decode_speedup():
     assert extraction["speedup"] == pytest.approx(3.5)  # the end-to-end ratio still counts e1
 
 
+def test_the_ended_stratum_keeps_only_answers_that_ended_before_the_limit():
+    result = _synthetic_result()
+    for run in result.runs:
+        if run.get("task") == "e1" and run.get("arm") == "baseline":
+            run["finish_reason"] = "length"  # cut: e1 leaves the stratum, whatever its arm did
+    assert report.ended_tasks(result.runs) == {"e2", "e3", "t1"}
+    summary = report.summarize(result)
+    extraction = summary["categories"]["extraction"]["auto"]
+    assert extraction["speedup"] == pytest.approx(3.5)  # every task: median of 4, 2, 3.5
+    assert extraction["ended_tasks"] == 2 and extraction["ended_speedup"] == pytest.approx(2.75)  # of 2, 3.5
+    assert summary["categories"][report.ALL]["auto"]["ended_speedup"] == pytest.approx(2.0)  # of 2, 3.5, 2
+    markdown = report.to_markdown(result, summary)
+    assert "| extraction | 3 | 2 | 2.75x |" in markdown
+    untouched = _synthetic_result()
+    assert "ended by themselves" not in report.to_markdown(untouched, report.summarize(untouched))
+
+
 def test_write_results_produces_json_markdown_and_plots(tmp_path):
     paths = report.write_results(_synthetic_result(), tmp_path, command="grammarspec bench --quick")
     data = json.loads(paths["json"].read_text())

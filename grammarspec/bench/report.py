@@ -11,6 +11,10 @@ Aggregation rules (also stated in the markdown):
   draft tokens; forced fraction = forced / new tokens; grammar us/token =
   grammar time / new tokens; draft and verify ms per target forward.
 * validity, agreement: fraction of runs; field accuracy: mean over scored runs.
+* **ended**: the speedups again, over the tasks whose baseline answers all
+  ended by themselves (not cut by ``max_new_tokens``).  A small model often
+  repeats itself until the cap, and every drafter predicts a loop well, so a
+  median over cut answers can say more about the model than the decoder.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from typing import Any
 from .runner import BenchResult
 from .scoring import median, pairwise_speedups
 
-__all__ = ["summarize", "to_markdown", "write_results", "ALL"]
+__all__ = ["summarize", "to_markdown", "write_results", "ended_tasks", "ALL"]
 
 #: The pseudo-category holding every task.
 ALL = "all"
@@ -93,9 +97,17 @@ def task_speedups(runs: Sequence[dict[str, Any]], arm: str, rate_key: str = "tok
     return {task: median(ratios) for task, ratios in per_task.items()}  # type: ignore[misc]
 
 
+def ended_tasks(runs: Sequence[dict[str, Any]]) -> set[str]:
+    """The tasks whose baseline runs all ended by themselves (none was cut by the token limit)."""
+    base = [r for r in _ok(runs) if r["arm"] == "baseline"]
+    cut = {r["task"] for r in base if r.get("finish_reason") != "stop"}
+    return {r["task"] for r in base} - cut
+
+
 def summarize(result: BenchResult) -> dict[str, Any]:
     """Per-task, per-category and overall metrics of every arm (plain JSON values)."""
     runs = result.runs
+    ended = ended_tasks(runs)
     arms = list(result.config.arms)
     categories = list(dict.fromkeys(r["category"] for r in runs))
     speedups = {arm: task_speedups(runs, arm) for arm in arms}
@@ -130,6 +142,10 @@ def summarize(result: BenchResult) -> dict[str, Any]:
             )
             for arm in arms
         }
+        for arm in arms:
+            kept = cat_tasks & ended
+            cats_out[category][arm]["ended_tasks"] = len(kept)
+            cats_out[category][arm]["ended_speedup"] = median(s for t, s in speedups[arm].items() if t in kept)
     return {"arms": arms, "categories": cats_out, "tasks": tasks_out}
 
 
@@ -187,6 +203,22 @@ def to_markdown(result: BenchResult, summary: dict[str, Any], command: str = "")
         cells = [_fmt(per_arm[a]["decode_speedup"], ".2f", "x") for a in others]
         name = f"**{category}**" if category == ALL else category
         lines.append(f"| {name} | {per_arm['baseline']['tasks']} | " + " | ".join(cells) + " |")
+    if any(per_arm["baseline"]["ended_tasks"] < per_arm["baseline"]["tasks"] for per_arm in categories.values()):
+        lines += [
+            "",
+            "### Median speedup over the answers that ended by themselves, tokens/s ratio",
+            "",
+            f"Only the tasks whose baseline answer ended before max_new_tokens ({config.max_new_tokens}). "
+            "An answer cut by the limit is often the model repeating itself, which every drafter predicts well.",
+            "",
+            "| category | tasks | ended | " + " | ".join(others) + " |",
+            "|---|---:|---:|" + "---:|" * len(others),
+        ]
+        for category, per_arm in categories.items():
+            base = per_arm["baseline"]
+            cells = [_fmt(per_arm[a]["ended_speedup"], ".2f", "x") for a in others]
+            name = f"**{category}**" if category == ALL else category
+            lines.append(f"| {name} | {base['tasks']} | {base['ended_tasks']} | " + " | ".join(cells) + " |")
     lines += [
         "",
         "### Details per category and arm",
