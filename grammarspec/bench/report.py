@@ -20,7 +20,7 @@ Aggregation rules (also stated in the markdown):
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -159,6 +159,22 @@ def _pct(value: float | None) -> str:
     return "–" if value is None else f"{100 * value:.0f}%"
 
 
+def _speedup_rows(
+    categories: dict[str, Any],
+    others: Sequence[str],
+    key: str,
+    extra: Callable[[dict[str, Any]], list[str]] = lambda _: [],
+) -> list[str]:
+    """One table row per category: name, task count, ``extra`` cells of the baseline, then each arm's ``key``."""
+    rows = []
+    for category, per_arm in categories.items():
+        base = per_arm["baseline"]
+        name = f"**{category}**" if category == ALL else category
+        cells = [name, str(base["tasks"]), *extra(base), *(_fmt(per_arm[a][key], ".2f", "x") for a in others)]
+        rows.append("| " + " | ".join(cells) + " |")
+    return rows
+
+
 def to_markdown(result: BenchResult, summary: dict[str, Any], command: str = "") -> str:
     """The tables of BENCHMARKS.md: speedup matrix, per-category details, per-task speedups."""
     config = result.config
@@ -184,11 +200,7 @@ def to_markdown(result: BenchResult, summary: dict[str, Any], command: str = "")
         "| category | tasks | baseline tok/s | " + " | ".join(others) + " |",
         "|---|---:|---:|" + "---:|" * len(others),
     ]
-    for category, per_arm in categories.items():
-        base = per_arm["baseline"]
-        cells = [_fmt(per_arm[a]["speedup"], ".2f", "x") for a in others]
-        name = f"**{category}**" if category == ALL else category
-        lines.append(f"| {name} | {base['tasks']} | {_fmt(base['tokens_per_second'], '.1f')} | " + " | ".join(cells) + " |")
+    lines += _speedup_rows(categories, others, "speedup", lambda base: [_fmt(base["tokens_per_second"], ".1f")])
     lines += [
         "",
         "### Median speedup of the decode phase (after the prompt pass), tokens/s ratio",
@@ -199,10 +211,7 @@ def to_markdown(result: BenchResult, summary: dict[str, Any], command: str = "")
         "| category | tasks | " + " | ".join(others) + " |",
         "|---|---:|" + "---:|" * len(others),
     ]
-    for category, per_arm in categories.items():
-        cells = [_fmt(per_arm[a]["decode_speedup"], ".2f", "x") for a in others]
-        name = f"**{category}**" if category == ALL else category
-        lines.append(f"| {name} | {per_arm['baseline']['tasks']} | " + " | ".join(cells) + " |")
+    lines += _speedup_rows(categories, others, "decode_speedup")
     if any(per_arm["baseline"]["ended_tasks"] < per_arm["baseline"]["tasks"] for per_arm in categories.values()):
         lines += [
             "",
@@ -214,11 +223,7 @@ def to_markdown(result: BenchResult, summary: dict[str, Any], command: str = "")
             "| category | tasks | ended | " + " | ".join(others) + " |",
             "|---|---:|---:|" + "---:|" * len(others),
         ]
-        for category, per_arm in categories.items():
-            base = per_arm["baseline"]
-            cells = [_fmt(per_arm[a]["ended_speedup"], ".2f", "x") for a in others]
-            name = f"**{category}**" if category == ALL else category
-            lines.append(f"| {name} | {base['tasks']} | {base['ended_tasks']} | " + " | ".join(cells) + " |")
+        lines += _speedup_rows(categories, others, "ended_speedup", lambda base: [str(base["ended_tasks"])])
     lines += [
         "",
         "### Details per category and arm",
