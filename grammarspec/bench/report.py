@@ -142,8 +142,8 @@ def summarize(result: BenchResult) -> dict[str, Any]:
             )
             for arm in arms
         }
+        kept = cat_tasks & ended
         for arm in arms:
-            kept = cat_tasks & ended
             cats_out[category][arm]["ended_tasks"] = len(kept)
             cats_out[category][arm]["ended_speedup"] = median(s for t, s in speedups[arm].items() if t in kept)
     return {"arms": arms, "categories": cats_out, "tasks": tasks_out}
