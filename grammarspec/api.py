@@ -20,10 +20,10 @@ from transformers import GenerationConfig
 
 from grammars import compile_grammar, grammar_spec
 from proposers.base import Request
-from proposers.presets import resolve_assistant
 
 from .adaptive import AdaptiveController
-from .decoding import DecodeConfig, decode, logits_width
+from .assistant import resolve_assistant
+from .decoding import DecodeConfig, RowRequest, decode_batch, logits_width, sampling_processing
 from .sampling import SamplingParams
 from .stats import GenerationStats
 
@@ -80,24 +80,35 @@ def generate(
     ``assistant``: a draft model, a proposer, a list of proposers, or a preset
     name (``"auto"``, ``"prompt_lookup"``, ``"schema_ngram"``, ``"jump_forward"``,
     ``"draft_model"``, ``"none"``).  Without a constraint this is plain exact
-    speculative decoding.  Batches are decoded row by row, each with its own
-    grammar state and acceptance; outputs are right-padded with ``pad_token_id``.
+    speculative decoding.  A batch is decoded together, one target pass per step
+    for every unfinished row; each row has its own grammar state (``schema=[...]``
+    gives one schema per row), draft, acceptance and finish, and outputs are
+    right-padded with ``pad_token_id``.  Left-padded ``input_ids`` with an
+    ``attention_mask`` work as in Hugging Face.
     """
     config = _generation_config(model, generation_config, generation_kwargs)
     rows = _prompt_rows(input_ids, attention_mask)
     sampling = _sampling_params(config)
     eos = _eos_ids(config, tokenizer)
     max_new = _max_new_tokens(config, max(len(r) for r in rows))
-    spec = grammar_spec(
-        schema=schema, tools=tools, grammar=grammar, regex=regex, json_object=json_object,
-        parallel_tool_calls=parallel_tool_calls, any_whitespace=any_whitespace,
-    )  # fmt: skip
+    specs = [
+        grammar_spec(
+            schema=row_schema, tools=tools, grammar=grammar, regex=regex, json_object=json_object,
+            parallel_tool_calls=parallel_tool_calls, any_whitespace=any_whitespace,
+        )  # fmt: skip
+        for row_schema in _row_schemas(schema, len(rows))
+    ]
     vocab = logits_width(model)
-    compiled = None
-    if spec is not None:
+    compiled: list[Any] = [None] * len(rows)
+    if any(spec is not None for spec in specs):
         if tokenizer is None:
             raise ValueError("a constrained generate needs the tokenizer: pass tokenizer=...")
-        compiled = compile_grammar(spec, tokenizer, vocab_size=vocab, stop_token_ids=eos, backend=grammar_backend)
+        by_spec: dict[int, Any] = {}
+        for i, spec in enumerate(specs):
+            key = next(j for j, other in enumerate(specs) if other == spec)  # rows with the same constraint share it
+            if key not in by_spec:
+                by_spec[key] = compile_grammar(spec, tokenizer, vocab_size=vocab, stop_token_ids=eos, backend=grammar_backend)
+            compiled[i] = by_spec[key]
     probe = resolve_assistant(assistant, draft_model=assistant_model)
     for member in getattr(probe, "proposers", None) or [probe]:
         _check_assistant(model, getattr(member, "model", None), tokenizer)
@@ -112,43 +123,32 @@ def generate(
     )
     if streamer is not None and len(rows) > 1:
         raise ValueError("streamers support batch size 1 only, as in Hugging Face generate")
-    outputs: list[list[int]] = []
-    all_stats: list[GenerationStats] = []
-    for prompt in rows:
-        proposer = resolve_assistant(assistant, draft_model=assistant_model)
+    processors = list(logits_processor or ())
+    requests = []
+    for prompt, spec, grammar_ in zip(rows, specs, compiled):
+        processing = sampling_processing(decode_config, processors, len(prompt))
+        proposer = resolve_assistant(assistant, draft_model=assistant_model, sampling=sampling, processing=processing,
+                                     generator=generator, vocab_size=vocab)  # fmt: skip
         controller = None
         if proposer is not None:
             controller = AdaptiveController(k_min=_k_min(proposer, max_draft_tokens), k_max=max_draft_tokens, adaptive=adaptive)
-            proposer.start(
-                Request(
-                    prompt_ids=tuple(prompt),
-                    tokenizer=tokenizer,
-                    schema=spec.schema if spec is not None else None,
-                    sampling=sampling,
-                    generator=generator,
-                    extra={"target_vocab_size": vocab},
-                )
-            )
-        on_commit = None
-        if streamer is not None:
-            streamer.put(torch.tensor([prompt], dtype=torch.long))
-            on_commit = lambda toks: streamer.put(torch.tensor(toks, dtype=torch.long))  # noqa: E731
-        new, stats = decode(
-            model,
-            prompt,
-            decode_config,
-            matcher=compiled.matcher(max_rollback=max_draft_tokens + 1) if compiled is not None else None,
-            proposer=proposer,
-            controller=controller,
-            tokenizer=tokenizer,
-            generator=generator,
-            processors=list(logits_processor or ()),
-            on_commit=on_commit,
-        )
+            proposer.start(Request(prompt_ids=tuple(prompt), tokenizer=tokenizer,
+                                   schema=spec.schema if spec is not None else None))  # fmt: skip
+        matcher = grammar_.matcher(max_rollback=max_draft_tokens + 1) if grammar_ is not None else None
+        requests.append(RowRequest(prompt, matcher, proposer, controller, processing))
+    on_commit = None
+    if streamer is not None:
+        streamer.put(torch.tensor([rows[0]], dtype=torch.long))
+        on_commit = lambda index, toks: streamer.put(torch.tensor(toks, dtype=torch.long))  # noqa: E731
+    pad = config.pad_token_id if config.pad_token_id is not None else (eos[0] if eos else 0)
+    try:
+        finished = decode_batch(model, requests, decode_config, tokenizer=tokenizer, generator=generator,
+                                pad_token_id=int(pad), on_commit=on_commit)  # fmt: skip
+    finally:
         if streamer is not None:
             streamer.end()
-        outputs.append(new)
-        all_stats.append(stats)
+    outputs = [row.generated for row in finished]
+    all_stats = [row.stats for row in finished]
     sequences = _assemble(input_ids, rows, outputs, config, eos)
     if return_dict_in_generate if return_dict_in_generate is not None else config.return_dict_in_generate:
         return GenerationOutput(sequences=sequences, stats=all_stats)
@@ -225,6 +225,18 @@ def _prompt_rows(input_ids: Any, attention_mask: torch.Tensor | None) -> list[li
     if any(not r for r in rows):
         raise ValueError("a batch row has no unmasked token: every prompt needs at least one token")
     return rows
+
+
+def _row_schemas(schema: Any, batch: int) -> list[Any]:
+    """``schema=[s0, s1, ...]`` gives one schema per row; anything else applies to every row."""
+    if isinstance(schema, list):
+        if len(schema) != batch:
+            raise ValueError(
+                f"schema= got a list of {len(schema)} schemas for a batch of {batch} rows: pass one schema per "
+                "row, or a single schema (dict, JSON string or pydantic model) for every row"
+            )
+        return list(schema)
+    return [schema] * batch
 
 
 def _sampling_params(config: GenerationConfig) -> SamplingParams:

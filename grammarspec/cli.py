@@ -131,6 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--quick", action="store_true",
                        help=f"a smoke run: {QUICK['limit']} tasks, arms {QUICK['arms']}, "
                             f"max_new_tokens {QUICK['max_new_tokens']} (explicit options win)")  # fmt: skip
+    bench.add_argument("--batch-size", metavar="B,B",
+                       help="throughput mode: cut the tasks into batches of B requests and run HF generate + "
+                            "xgrammar's processor and grammarspec 'auto' on each batch (e.g. 1,4,8,16); greedy")  # fmt: skip
     bench.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     bench.add_argument("--no-progress", action="store_true", help="no progress bar")
     bench.set_defaults(run=_cmd_bench)
@@ -324,6 +327,8 @@ def _cmd_bench(args: argparse.Namespace, command: str) -> int:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise CliError(f"--out {out} exists and is not a folder")
+    if args.batch_size:
+        return _cmd_batch_bench(args, command, tasks, out, max_new)
     if not args.no_plots:
         import importlib.util
 
@@ -352,6 +357,41 @@ def _cmd_bench(args: argparse.Namespace, command: str) -> int:
     failures = sum("error" in r for r in result.runs)
     if failures:
         print(f"grammarspec bench: {failures} run(s) failed; see {paths['markdown']}", file=sys.stderr)
+    return 0
+
+
+def _batch_sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise CliError(f"--batch-size: expected whole numbers separated by commas (e.g. 1,4,8), got {text!r}") from None
+    if not sizes or min(sizes) < 1:
+        raise CliError(f"--batch-size: every batch size must be >= 1, got {text!r}")
+    return sizes
+
+
+def _cmd_batch_bench(args: argparse.Namespace, command: str, tasks: list[Any], out: Path, max_new: int) -> int:
+    from .bench.batch import batch_table, run_batch_bench
+
+    sizes = _batch_sizes(args.batch_size)
+    if args.temperature:
+        raise CliError("--batch-size runs greedily (outputs are compared row by row): drop --temperature")
+    _quiet_transformers()
+    model, tokenizer = _load(args.model)
+    print(f"grammarspec bench --batch-size {args.batch_size}: {len(tasks)} tasks, max_new_tokens {max_new}",
+          file=sys.stderr)  # fmt: skip
+    _warn_if_busy()
+    progress = None if args.no_progress else (lambda line: print(line, file=sys.stderr))
+    runs = run_batch_bench(model, tokenizer, tasks, sizes, max_new, progress=progress)
+    out.mkdir(parents=True, exist_ok=True)
+    table = batch_table(runs)
+    (out / "batch.json").write_text(json.dumps({"command": command, "runs": [r.as_dict() for r in runs]}, indent=1))
+    (out / "batch.md").write_text(f"`{command}`\n\n{table}\n", encoding="utf-8")
+    if not args.no_plots:
+        from .bench.plots import plot_batch_throughput
+
+        plot_batch_throughput(runs, out / "batch_throughput.png")
+    print(table)
     return 0
 
 

@@ -80,16 +80,11 @@ class Request:
 
     Plain values only.  ``schema`` is the JSON Schema when the grammar came
     from one (tools are turned into a schema too), else ``None``.
-    ``sampling`` is a :class:`grammarspec.sampling.SamplingParams` (kept as
-    ``Any`` here to avoid an import cycle); draft models sample with it.
     """
 
     prompt_ids: tuple[int, ...]
-    tokenizer: "PreTrainedTokenizerBase"
+    tokenizer: "PreTrainedTokenizerBase | None"
     schema: dict[str, Any] | None = None
-    sampling: Any = None
-    generator: torch.Generator | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class GrammarView:
@@ -148,5 +143,10 @@ class Proposer(Protocol):
         worth proposing.
         """
 
-    def feedback(self, draft: Draft, num_accepted: int) -> None:
-        """The target accepted the first ``num_accepted`` tokens of ``draft``."""
+    def commit(self, draft: Draft, num_accepted: int, committed: Sequence[int]) -> None:
+        """After every step: the target accepted the first ``num_accepted`` tokens of ``draft``.
+
+        Called once per step, also when this proposer did not draft (``draft`` is
+        then :data:`EMPTY_DRAFT`); ``committed`` are the tokens appended to the
+        context (the accepted prefix and the target's token, or forced tokens).
+        """

@@ -46,12 +46,8 @@ __all__ = ["CompositeProposer", "concat_drafts", "is_model_proposer"]
 
 
 def is_model_proposer(proposer: Proposer) -> bool:
-    """Whether ``proposer`` runs a draft model (expensive: asked only as a fallback)."""
-    try:
-        from .draft_model import DraftModelProposer
-    except ImportError:  # pragma: no cover - the module ships with the package
-        return False
-    return isinstance(proposer, DraftModelProposer)
+    """Whether ``proposer`` runs a draft model (``runs_model = True``; expensive: asked only as a fallback)."""
+    return bool(getattr(proposer, "runs_model", False))
 
 
 def concat_drafts(first: Draft, second: Draft) -> Draft:
@@ -86,7 +82,7 @@ class CompositeProposer:
     """Jump-forward first, then the best follower continues after the forced span.
 
     ``proposers``: any mix; :class:`JumpForwardProposer` instances lead, draft
-    models (:class:`proposers.draft_model.DraftModelProposer`) are the
+    models (``runs_model = True``, e.g. :class:`grammarspec.draft_model.DraftModelProposer`) are the
     fallback, the rest are the cheap followers, tried in the given order.
     ``short``: the draft model is asked only when the best cheap draft is
     shorter than this.  ``min_expected``: the fewest expected accepted tokens
@@ -274,17 +270,25 @@ class CompositeProposer:
             offset += len(helper.vocab_bytes[token])
         return Draft(tokens=tuple(tokens), sources=tuple(sources))
 
-    def feedback(self, draft: Draft, num_accepted: int) -> None:
-        """Share out ``num_accepted`` by bytes over the parts of the last draft (``draft`` may be a prefix)."""
-        shown = sum(self._token_bytes[: len(draft)])
-        accepted = sum(self._token_bytes[: min(num_accepted, len(draft))])
-        for proposer, part, start, sizes in self._parts:
+    def commit(self, draft: Draft, num_accepted: int, committed: Sequence[int]) -> None:
+        """Share out ``num_accepted`` by bytes over the parts of the last draft (``draft`` may be a prefix).
+
+        Every member is told what was committed, also those without a part in the draft.
+        """
+        shown = sum(self._token_bytes[: len(draft)]) if draft.tokens else 0
+        accepted = sum(self._token_bytes[: min(num_accepted, len(draft))]) if draft.tokens else 0
+        told = set()
+        for proposer, part, start, sizes in self._parts if draft.tokens else ():
             n_shown = _tokens_within(sizes, shown - start)
             if n_shown:
                 n_accepted = _tokens_within(sizes, accepted - start)
-                proposer.feedback(part.truncate(n_shown), n_accepted)
+                proposer.commit(part.truncate(n_shown), n_accepted, committed)
+                told.add(id(proposer))
                 if proposer in self.followers:
                     self._track(proposer, part).update(n_shown, n_accepted)
+        for proposer in self.proposers:
+            if id(proposer) not in told:
+                proposer.commit(EMPTY_DRAFT, 0, committed)
         self._parts, self._token_bytes = [], []
 
 

@@ -37,27 +37,33 @@ _SINGLE: dict[str, Callable[[], Proposer]] = {
 }
 
 
-def resolve_assistant(assistant: Any, draft_model: Any = None) -> Proposer | None:
+#: Turns a Hugging Face draft model into its proposer (the runtime's ``DraftModelProposer``).
+MakeDraft = Callable[[Any], Proposer]
+
+
+def resolve_assistant(assistant: Any, draft_model: Any = None, *, make_draft: MakeDraft | None = None) -> Proposer | None:
     """The proposer for ``assistant`` (``None``: decode without speculation).
 
     ``draft_model``: a Hugging Face model used by ``"auto"`` and
-    ``"draft_model"`` (and on its own when ``assistant`` is ``None``).
+    ``"draft_model"`` (and on its own when ``assistant`` is ``None``);
+    ``make_draft`` turns a model into a proposer (models run in the runtime
+    package, :func:`grammarspec.assistant.resolve_assistant` passes it).
     Raises ``ValueError`` for an unknown preset name and ``TypeError`` for
     anything that is not an accepted kind, saying what is accepted.
     """
     if assistant is None:
-        return _draft_model(draft_model) if draft_model is not None else None
+        return _draft_model(draft_model, make_draft) if draft_model is not None else None
     if isinstance(assistant, str):
-        return _preset(assistant, draft_model)
+        return _preset(assistant, draft_model, make_draft)
     if isinstance(assistant, (list, tuple)):
-        members = [p for item in assistant for p in _members(resolve_assistant(item, draft_model))]
+        members = [p for item in assistant for p in _members(resolve_assistant(item, draft_model, make_draft=make_draft))]
         if not members:
             return None
         if len(members) == 1:
             return members[0]
         return CompositeProposer(members, name="+".join(p.name for p in members))
     if _is_model(assistant):
-        return _draft_model(assistant)
+        return _draft_model(assistant, make_draft)
     if isinstance(assistant, Proposer):
         return assistant
     raise TypeError(
@@ -66,7 +72,7 @@ def resolve_assistant(assistant: Any, draft_model: Any = None) -> Proposer | Non
     )
 
 
-def _preset(name: str, draft_model: Any) -> Proposer | None:
+def _preset(name: str, draft_model: Any, make_draft: MakeDraft | None) -> Proposer | None:
     key = name.strip().lower()
     if key == "none":
         return None
@@ -78,11 +84,11 @@ def _preset(name: str, draft_model: Any) -> Proposer | None:
                 "assistant='draft_model' needs a draft model: pass the model itself as assistant=..., "
                 "or give it as assistant_model=..."
             )
-        return _draft_model(draft_model)
+        return _draft_model(draft_model, make_draft)
     if key == "auto":
         members: list[Proposer] = [JumpForwardProposer(), SchemaNgramProposer(), PromptLookupProposer()]
         if draft_model is not None:
-            members.append(_draft_model(draft_model))
+            members.append(_draft_model(draft_model, make_draft))
         return CompositeProposer(members, name="auto")
     raise ValueError(f"unknown assistant preset {name!r}; choose one of {', '.join(map(repr, PRESETS))}")
 
@@ -104,9 +110,12 @@ def _is_model(value: Any) -> bool:
     return isinstance(value, torch.nn.Module) and hasattr(value, "config")
 
 
-def _draft_model(model: Any) -> Proposer:
+def _draft_model(model: Any, make_draft: MakeDraft | None) -> Proposer:
     if not _is_model(model):
         raise TypeError(f"the draft model must be a Hugging Face model, got a {type(model).__name__}")
-    from .draft_model import DraftModelProposer
-
-    return DraftModelProposer(model)
+    if make_draft is None:
+        raise TypeError(
+            "a draft model runs in the runtime package: resolve it with grammarspec.assistant.resolve_assistant "
+            "(grammarspec.generate does), not proposers.resolve_assistant"
+        )
+    return make_draft(model)

@@ -39,6 +39,8 @@ All text here is bytes of JSON text: string contents stay JSON-escaped.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -334,7 +336,7 @@ class SchemaNgramProposer:
         self._last = (tuple(tokens), tuple(sources))
         return Draft(tokens=tuple(tokens), sources=(self.name,) * len(tokens), kind=sources[0])
 
-    def feedback(self, draft: Draft, num_accepted: int) -> None:
+    def commit(self, draft: Draft, num_accepted: int, committed: Sequence[int]) -> None:
         """Credit each source with its proposed and accepted tokens (``draft`` may be a prefix)."""
         tokens, sources = self._last
         if not draft.tokens or tokens[: len(draft.tokens)] != draft.tokens:

@@ -83,8 +83,9 @@ class ScriptedProposer:
         draft = self.script(context, grammar, k)
         return draft.truncate(k) if draft else EMPTY_DRAFT
 
-    def feedback(self, draft: Draft, num_accepted: int) -> None:
-        self.feedbacks.append((draft.tokens, num_accepted))
+    def commit(self, draft: Draft, num_accepted: int, committed: Sequence[int]) -> None:
+        if draft.tokens:
+            self.feedbacks.append((draft.tokens, num_accepted))
 
 
 def fixed(name: str, tokens: Sequence[int], probs: torch.Tensor | None = None) -> ScriptedProposer:

@@ -17,7 +17,7 @@ from toy_models import ToyCausalLM, tiny_llama
 import grammarspec
 from grammars import GrammarError, compile_grammar, grammar_spec
 from grammarspec import ModelNotFoundError
-from proposers.draft_model import DraftModelProposer
+from grammarspec.draft_model import DraftModelProposer
 
 SCHEMA = {
     "type": "object",

@@ -17,7 +17,7 @@ from grammarspec.cache import CacheError
 from grammarspec.decoding import DecodeConfig, decode
 from grammarspec.sampling import SamplingParams
 from proposers.base import Draft, Request
-from proposers.draft_model import DraftModelProposer
+from grammarspec.draft_model import DraftModelProposer
 
 SCHEMA = {
     "type": "object",
@@ -57,7 +57,7 @@ class ScriptedProposer:
             tokens[-1] = 40  # some letter: usually illegal or rejected
         return Draft(tuple(tokens), sources=(self.name,) * len(tokens))
 
-    def feedback(self, draft, num_accepted):
+    def commit(self, draft, num_accepted, committed):
         pass
 
 
@@ -65,7 +65,7 @@ def run(model, prompt, *, matcher=None, proposer=None, k=4, params=None, config=
     params = params or SamplingParams()
     config = config or DecodeConfig(max_new_tokens=40, sampling=params, eos_token_ids=(0,))
     if proposer is not None:
-        proposer.start(Request(prompt_ids=tuple(prompt), tokenizer=None, sampling=params, generator=kw.get("generator")))
+        proposer.start(Request(prompt_ids=tuple(prompt), tokenizer=None))
     controller = AdaptiveController(k_min=k, k_max=k, adaptive=False) if proposer is not None else None
     return decode(model, prompt, config, matcher=matcher, proposer=proposer, controller=controller, **kw)
 
@@ -86,8 +86,8 @@ def test_rollback_leaves_no_trace(compiled, seed):
     model's cache holds only committed tokens."""
     model, draft_model = ToyCausalLM(V, seed=seed), ToyCausalLM(V, seed=seed + 100)
     matcher = compiled.matcher(max_rollback=8)
-    proposer = DraftModelProposer(draft_model)
     generator = torch.Generator().manual_seed(seed)
+    proposer = DraftModelProposer(draft_model, sampling=SamplingParams(True, 1.0), generator=generator)
     checked = []
 
     def on_step(state):
@@ -213,10 +213,10 @@ class NoCropCache:
 
 
 def test_uncroppable_cache_is_refused(compiled, monkeypatch):
-    import grammarspec.decoding as decoding
+    import grammarspec.kv as kv
 
-    real = decoding.new_cache
-    monkeypatch.setattr(decoding, "new_cache", lambda model: NoCropCache(real(model)))
+    real = kv.new_cache
+    monkeypatch.setattr(kv, "new_cache", lambda model: NoCropCache(real(model)))
     model = ToyCausalLM(V, seed=3)
     script = [6] * 5  # rejected: forces a rollback
     with pytest.raises(CacheError, match="cannot be rolled back"):
@@ -224,8 +224,8 @@ def test_uncroppable_cache_is_refused(compiled, monkeypatch):
 
 
 def test_draft_row_without_legal_token_emits_nothing(compiled, monkeypatch):
-    proposer = DraftModelProposer(ToyCausalLM(V, seed=1))
-    proposer.start(Request(prompt_ids=tuple(PROMPT), tokenizer=None, sampling=SamplingParams(True, 1.0)))
+    proposer = DraftModelProposer(ToyCausalLM(V, seed=1), sampling=SamplingParams(True, 1.0))
+    proposer.start(Request(prompt_ids=tuple(PROMPT), tokenizer=None))
     monkeypatch.setattr(proposer, "_forward", lambda ids: torch.full((1, V), float("-inf")))
     from proposers.base import GrammarView
 

@@ -6,10 +6,11 @@ import pytest
 from proposer_fakes import fixed
 from toy_models import ToyCausalLM
 
-from proposers import PRESETS, resolve_assistant
+from grammarspec.assistant import resolve_assistant
+from proposers import PRESETS
 from proposers.base import Proposer
 from proposers.compose import CompositeProposer
-from proposers.draft_model import DraftModelProposer
+from grammarspec.draft_model import DraftModelProposer
 from proposers.jump_forward import JumpForwardProposer
 from proposers.prompt_lookup import PromptLookupProposer
 from proposers.schema_ngram import SchemaNgramProposer
