@@ -3,7 +3,7 @@
 Pure drafters over token ids and a read-only grammar view (no models, no KV
 caches: the draft-model drafter lives in :mod:`grammarspec.draft_model`).
 Every proposer speaks the small protocol of :mod:`proposers.base`
-(``name``, ``start``, ``propose``, ``feedback``) and returns a frozen
+(``name``, ``start``, ``propose``, ``commit``) and returns a frozen
 :class:`Draft`.  Proposals are validated by the grammar and verified by
 exact rejection sampling, so no proposer changes the output distribution.
 
