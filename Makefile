@@ -1,5 +1,7 @@
 # Two set-up commands for a fresh machine: `make demo` and `make test`.
 # Each creates .venv in the checkout and installs everything it needs.
+# The repository is self-contained: tests and `bench-quick` read the sample in data/;
+# point GRAMMARSPEC_TASKS / GRAMMARSPEC_SCHEMAS (or --tasks / --schemas) at a full corpus for large runs.
 
 PYTHON ?= python3
 VENV   := .venv
@@ -7,7 +9,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-fast bench bench-quick fuzz clean
+.PHONY: demo test test-fast lint bench bench-quick fuzz clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,8 +27,15 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q -ra -n 2 --dist load tests
 
+# no real model (slow) and no numbers measured on the task file (bench)
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -ra -n 2 --dist load -m "not slow" tests
+	$(PY) -m pytest -q -ra -n 2 --dist load -m "not slow and not bench" tests
+
+# ruff (lint + format check) over the tree, mypy over grammars/ and proposers/ (pyproject.toml configures both)
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 bench: $(STAMP)
 	$(VENV)/bin/grammarspec bench --out bench-out
@@ -34,5 +43,9 @@ bench: $(STAMP)
 bench-quick: $(STAMP)
 	$(VENV)/bin/grammarspec bench --quick --out bench-out
 
+# the fuzz tool (tools/fuzz) over the data/schemas sample, or SCHEMAS=DIR (see docs/FUZZ.md)
+fuzz: $(STAMP)
+	$(PY) -m tools.fuzz $(if $(SCHEMAS),--schemas $(SCHEMAS)) --results fuzz-results.jsonl --out FUZZ.md
+
 clean:
-	rm -rf $(VENV) bench-out .pytest_cache
+	rm -rf $(VENV) bench-out .pytest_cache .mypy_cache .ruff_cache

@@ -3,7 +3,7 @@
     grammarspec generate --schema person.json --prompt "Ada Lovelace, born 1815"
     grammarspec generate --tools tools.json --prompt "Weather in Oslo?" --assistant auto
     grammarspec bench --quick
-    grammarspec bench --schemas ../shared/schemas --limit 21 --out bench-corpus
+    grammarspec bench --schemas /path/to/schemas --limit 21 --out bench-corpus
 
 Errors in the arguments or inputs exit with status 2 and say what to fix;
 errors while generating exit with status 1.
@@ -108,8 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     bench.add_argument("--tasks", action="append", metavar="FILE",
-                       help="task file in the tasks.jsonl format (repeatable; default: ../shared/tasks/tasks.jsonl "
-                            "next to the checkout, unless --schemas is given)")  # fmt: skip
+                       help="task file in the tasks.jsonl format (repeatable; default: $GRAMMARSPEC_TASKS, else "
+                            "the repository's data/tasks/tasks.jsonl, unless --schemas is given)")  # fmt: skip
     bench.add_argument("--schemas", action="append", metavar="DIR_OR_FILE",
                        help="schema corpus: a <category>.jsonl file or a folder of them (repeatable)")  # fmt: skip
     bench.add_argument("--limit", type=_positive_int, metavar="N",
@@ -289,7 +289,8 @@ def _bench_tasks(args: argparse.Namespace, limit: int | None) -> list[Any]:
     if not task_files and not args.schemas:
         default = default_tasks_path()
         if not default.is_file():
-            raise CliError(f"the default task file {default} does not exist; pass --tasks FILE or --schemas DIR")
+            raise CliError(f"the default task file {default} does not exist; pass --tasks FILE or --schemas DIR "
+                           "(or set GRAMMARSPEC_TASKS)")  # fmt: skip
         task_files = [str(default)]
     tasks = []
     try:

@@ -93,6 +93,7 @@ def test_validity_uses_the_format_checker_and_needs_a_complete_output():
 # --- inputs -----------------------------------------------------------------------------
 
 
+@pytest.mark.bench
 def test_default_task_file_loads_with_its_categories():
     tasks = load_tasks(default_tasks_path())
     assert len(tasks) == 36
