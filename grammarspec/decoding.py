@@ -143,6 +143,7 @@ def decode(
     on_commit: Callable[[list[int]], None] | None = None,
     on_step: Callable[[DecodeState], None] | None = None,
     prompt_cache: Any = None,
+    step_cost: Callable[[int], float] | None = None,
 ) -> tuple[list[int], GenerationStats]:
     """Generate after ``prompt_ids`` (one request); returns ``(new_tokens, stats)``.
 
@@ -150,12 +151,14 @@ def decode(
     ``proposer`` drafts (``None``: plain decoding).  ``on_commit`` receives each run
     of committed tokens (streamers); ``on_step`` sees the row after every step.
     ``prompt_cache``: a KV cache already holding the first tokens of the prompt
-    (it is extended and cropped in place).
+    (it is extended and cropped in place).  ``step_cost(rows)``: what the
+    controller is told a target pass of ``rows`` rows costs, instead of the
+    measured time (replays against an oracle target model the cost).
     """
     request = RowRequest(prompt_ids, matcher, proposer, controller, sampling_processing(config, processors, len(prompt_ids)))
     (row,) = decode_batch(
         model, [request], config, tokenizer=tokenizer, generator=generator, prompt_cache=prompt_cache,
-        on_commit=(lambda index, tokens: on_commit(tokens)) if on_commit is not None else None,
+        step_cost=step_cost, on_commit=(lambda index, tokens: on_commit(tokens)) if on_commit is not None else None,
         on_step=(lambda rows, kv: on_step(DecodeState(rows[0].tokens, rows[0].prompt_length, kv.cache, rows[0].cached)))
         if on_step is not None
         else None,
@@ -173,6 +176,7 @@ def decode_batch(
     generator: torch.Generator | None = None,
     pad_token_id: int = 0,
     prompt_cache: Any = None,
+    step_cost: Callable[[int], float] | None = None,
     on_commit: Callable[[int, list[int]], None] | None = None,
     on_step: Callable[[list[Row], BatchKV], None] | None = None,
 ) -> list[Row]:
@@ -257,7 +261,7 @@ def decode_batch(
 
         # 6. Adapt: statistics and the controllers learn what the step cost and brought.
         for row, step, (num_accepted, _) in zip(active, steps, results):
-            _account(row, step, num_accepted, verify_seconds, commit_seconds, started)
+            _account(row, step, num_accepted, verify_seconds, commit_seconds, started, step_cost)
         if on_step is not None:
             on_step(active, kv)
     return rows
@@ -354,7 +358,8 @@ def _propose(row: Row, config: DecodeConfig) -> _Step:
     return step
 
 
-def _account(row: Row, step: _Step, num_accepted: int, verify: float, commit_s: float, started: float) -> None:
+def _account(row: Row, step: _Step, num_accepted: int, verify: float, commit_s: float, started: float,
+             step_cost: Callable[[int], float] | None) -> None:  # fmt: skip
     """Statistics and the controller's view of one step (bookkeeping only)."""
     stats = row.stats
     stats.target_forwards += 1
@@ -369,6 +374,8 @@ def _account(row: Row, step: _Step, num_accepted: int, verify: float, commit_s: 
     controller = row.controller
     if controller is not None and stats.target_forwards > 1:  # the prefill pass is no decoding step
         seconds = step.draft_seconds + verify + step.grammar_seconds + commit_s
+        if step_cost is not None:
+            seconds = step_cost(len(step.draft) + 1)
         if len(step.draft):
             controller.record_speculative_step(len(step.draft), num_accepted, seconds)
         else:

@@ -5,12 +5,11 @@
     .venv/bin/python tools/replay_bench.py --references                      # the task file's reference answers
 
 Under greedy decoding the output does not depend on the proposer, so a recorded
-output shows exactly what each draft would have got. The replay follows
-:func:`grammarspec.decoding.decode` step by step. Tokens the grammar forces are
-committed without a pass. Otherwise the preset drafts up to ``k`` tokens (the
-same :class:`~grammarspec.adaptive.AdaptiveController`), the grammar cuts the
-draft, the longest prefix that matches the output is accepted, and one more
-token comes from the target. It prints the target passes per task and category,
+output shows exactly what each draft would have got. The replay runs the real
+loop, :func:`grammarspec.decoding.decode`, against an oracle target whose greedy
+choice is the recorded output (:class:`tools.oracle.OracleLM`), with the same
+:class:`~grammarspec.adaptive.AdaptiveController` fed the modelled pass costs
+instead of wall time. It prints the target passes per task and category,
 and a modelled speedup in which a pass of ``r`` rows costs ``--pass-base +
 --row-cost * max(r, 4)`` plain steps (measured with 2 threads on this CPU at an
 850-token context: 85 ms for 1 row, about 125 ms for 4-8 rows, 146 ms for 16,
@@ -81,19 +80,20 @@ def replay(
     cost: Callable[[int], float] = pass_cost,
     split_oracle: bool = False,
 ) -> dict[str, float] | None:
-    """Counts for one output; ``None`` when the grammar rejects the output.
+    """Counts for one output, from the real decoding loop against an oracle target; ``None`` when the
+    grammar rejects the output.
 
-    ``split_oracle``: a rejected draft token whose text the output spells
-    with other tokens counts as accepted (a bound; see the module doc).
+    ``split_oracle``: the oracle takes a drafted token wherever it spells the
+    output's text with other tokens (a bound; see the module doc).
     """
+    from grammars import compile_grammar, grammar_spec
     from grammarspec.adaptive import AdaptiveController
     from grammarspec.api import _k_min
-    from grammarspec.decoding import _forced_token
-    from grammars import compile_grammar, grammar_spec
-    from grammars.base import allocate_bitmask
-    from proposers.base import EMPTY_DRAFT, GrammarView, Request
-    from proposers.presets import resolve_assistant
+    from grammarspec.assistant import resolve_assistant
+    from grammarspec.decoding import DecodeConfig, decode
+    from proposers.base import Request
     from proposers.text import token_text
+    from tools.oracle import OracleLM
 
     eos = tokenizer.eos_token_id
     vocab = max(len(tokenizer), tokenizer.vocab_size)
@@ -103,48 +103,20 @@ def replay(
     if any(not check.accept(t) for t in output):
         return None
     k_max = 16
-    matcher = compiled.matcher(max_rollback=k_max + 1)
-    view = GrammarView(matcher)
+    table = token_text(tokenizer).vocab_bytes if split_oracle else None
+    oracle = OracleLM(prompt, output, vocab, eos_token_id=eos, split_bytes=table)
     proposer = resolve_assistant(assistant)
     controller = AdaptiveController(k_min=_k_min(proposer, k_max), k_max=k_max)
-    proposer.start(Request(prompt_ids=tuple(prompt), tokenizer=tokenizer, schema=spec.schema,
-                           extra={"target_vocab_size": vocab}))  # fmt: skip
-    masks = allocate_bitmask(k_max + 1, vocab)
-    context, done, passes, spent, forced = list(prompt), 0, 0, 0.0, 0
-    while done < len(output) and not matcher.is_terminated():
-        token = _forced_token(matcher, masks, vocab)
-        if token is not None:
-            matcher.accept(token)
-            context.append(token)
-            done, forced = done + 1, forced + 1
-            proposer.commit(EMPTY_DRAFT, 0, [token])
-            continue
-        k = min(controller.k if controller.speculate else 0, len(output) - done - 1)
-        draft = proposer.propose(context, view, k).truncate(k) if k > 0 else None
-        length = matcher.validate(draft.tokens) if draft else 0
-        accepted = 0
-        while accepted < length and draft.tokens[accepted] == output[done + accepted]:  # type: ignore[union-attr]
-            accepted += 1
-        learned = accepted
-        if split_oracle and accepted < length:
-            table = token_text(tokenizer).vocab_bytes
-            rest = b"".join(table[t] for t in draft.tokens[accepted:length])  # type: ignore[union-attr]
-            accepted += same_text_tokens(rest, [table[t] for t in output[done + accepted : len(output) - 1]])
-        step_cost = cost(length + 1)
-        passes, spent = passes + 1, spent + step_cost
-        new = output[done : done + accepted + 1]
-        for t in new:
-            matcher.accept(t)
-        context += new
-        done += len(new)
-        proposer.commit(draft.truncate(length) if draft else EMPTY_DRAFT, learned, new)  # type: ignore[union-attr]
-        if length:
-            if passes > 1:
-                controller.record_speculative_step(length, min(accepted, length), step_cost)
-        elif passes > 1:
-            controller.record_plain_step(step_cost)
-    return {"tokens": done, "passes": passes, "per_pass": done / max(1, passes),
-            "speedup": done / spent if spent else 0.0, "forced": forced}  # fmt: skip
+    proposer.start(Request(prompt_ids=tuple(prompt), tokenizer=tokenizer, schema=spec.schema))
+    # the output's own length bounds the drafts as it bounds the real run (a split bound may take more tokens)
+    config = DecodeConfig(max_new_tokens=len(output) * (2 if split_oracle else 1), eos_token_ids=(eos,))
+    new, stats = decode(oracle, prompt, config, matcher=compiled.matcher(max_rollback=k_max + 1),
+                        proposer=proposer, controller=controller, tokenizer=tokenizer, step_cost=cost)  # fmt: skip
+    passes = stats.target_forwards
+    spent = sum(cost(proposed + 1) for proposed, _ in stats.steps)
+    tokens = oracle.spelled_tokens(new)
+    return {"tokens": tokens, "passes": passes, "per_pass": tokens / max(1, passes),
+            "speedup": tokens / spent if spent else 0.0, "forced": stats.forced_tokens}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
