@@ -328,4 +328,4 @@ def _assemble(
     new = torch.full((ids.shape[0], width), int(pad), dtype=torch.long)
     for i, out in enumerate(outputs):
         new[i, : len(out)] = torch.tensor(out, dtype=torch.long)
-    return torch.cat([ids, new], dim=1)
+    return torch.cat([ids, new.to(ids.device)], dim=1)  # on the caller's device, as they passed input_ids
