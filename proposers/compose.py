@@ -34,6 +34,7 @@ token.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -88,10 +89,20 @@ class CompositeProposer:
     shorter than this.  ``min_expected``: the fewest expected accepted tokens
     for which a cheap draft alone is verified (a 2-16 row pass costs about
     1.6 plain steps on CPU, so less than about 0.6 loses time).
+    ``splits``: the learned splits of this request; the composite owns them
+    (starts them and teaches them, from its own drafts, once per
+    :meth:`commit`), and members built with the same object only read them.
+    ``None``: a fresh one, not shared.
     """
 
     def __init__(
-        self, proposers: Sequence[Proposer], *, name: str = "composite", short: int = 2, min_expected: float = 0.6
+        self,
+        proposers: Sequence[Proposer],
+        *,
+        name: str = "composite",
+        short: int = 2,
+        min_expected: float = 0.6,
+        splits: SplitPreferences | None = None,
     ) -> None:
         if not proposers:
             raise ValueError("CompositeProposer needs at least one proposer")
@@ -102,8 +113,8 @@ class CompositeProposer:
         self.leaders = [p for p in self.proposers if isinstance(p, JumpForwardProposer)]
         self.fallbacks = [p for p in self.proposers if is_model_proposer(p)]
         self.followers = [p for p in self.proposers if p not in self.leaders and p not in self.fallbacks]
-        self._tokenizer = None
-        self._splits: SplitPreferences | None = None
+        self._tokenizer: Any = None
+        self.splits = splits if splits is not None else SplitPreferences()
         self._tracks: dict[tuple[int, str], Track] = {}  # per (follower id, draft kind), for this request
         # The last draft's parts: (proposer, its draft, first byte, bytes per token).
         self._parts: list[tuple[Proposer, Draft, int, list[int]]] = []
@@ -112,7 +123,7 @@ class CompositeProposer:
     def start(self, request: Request) -> None:
         """Start every member for the new request."""
         self._tokenizer = request.tokenizer
-        self._splits = SplitPreferences(request.tokenizer)
+        self.splits.start(request.tokenizer, request.prompt_ids)
         for proposer in self.proposers:
             proposer.start(request)
         self._tracks = {}
@@ -121,8 +132,6 @@ class CompositeProposer:
     def propose(self, context: Sequence[int], grammar: GrammarView | None, k: int) -> Draft:
         """Forced span, then the chosen follower's draft after it.  Does not change the grammar state."""
         self._parts, self._token_bytes = [], []
-        if self._splits is not None:
-            self._splits.observe(context)
         if k <= 0:
             return EMPTY_DRAFT
         # 1. The forced span.
@@ -158,8 +167,7 @@ class CompositeProposer:
             follows += self._continuation(ctx, view, follower, follow, rest - len(follow))
         # 3. Join them, re-splitting the seams when every part is deterministic.
         draft = self._join(context, grammar, k, (leader, lead), follows)
-        if self._splits is not None:
-            self._splits.remember(context, draft.tokens)
+        self.splits.remember(context, draft.tokens)
         return draft
 
     def _continuation(
@@ -222,7 +230,7 @@ class CompositeProposer:
                 draft = joined
         forced = grammar.forced_text() if lead and grammar is not None and not follow_parts else ""
         if forced and helper.bytes_of(draft.tokens) == forced.encode("utf-8"):  # the whole span, not cut by k
-            keep = trim_ambiguous(self._tokenizer, context, forced, draft.tokens, grammar, self._splits)
+            keep = trim_ambiguous(self._tokenizer, context, forced, draft.tokens, grammar, self.splits)
             if keep < len(draft):
                 draft = draft.truncate(keep)
                 lead = lead.truncate(_tokens_within([len(helper.vocab_bytes[t]) for t in lead.tokens],
@@ -248,9 +256,7 @@ class CompositeProposer:
             tokens = continuation_tokens(self._tokenizer, context, data.decode("utf-8"))
         except UnicodeDecodeError:
             return None
-        if self._splits is not None:
-            tokens = self._splits.resplit(context, tokens)
-        tokens = tokens[:k]
+        tokens = self.splits.resplit(context, tokens)[:k]
         if not tokens or tuple(tokens) == draft.tokens:
             return None
         if grammar is not None:
@@ -276,8 +282,10 @@ class CompositeProposer:
         ``draft`` may be a prefix of the last draft (the loop cuts drafts).
         A member whose part reached the target gets that part and its share
         of the accepted tokens; every other member gets ``EMPTY_DRAFT, 0``.
-        All of them get ``committed``.  Changes state.
+        All of them get ``committed``; the learned splits learn from it once.
+        Changes state.
         """
+        self.splits.commit(committed)
         shown = sum(self._token_bytes[: len(draft)])
         accepted = sum(self._token_bytes[: min(num_accepted, len(draft))])
         reports: dict[int, tuple[Draft, int]] = {}

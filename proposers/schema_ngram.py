@@ -44,6 +44,7 @@ from collections.abc import Sequence
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from .base import EMPTY_DRAFT, Draft, GrammarView, Request
 from .json_cursor import (
@@ -147,22 +148,15 @@ class _Document:
         self.endings: dict[Path, Counter] = {}
         self.prompt_cursor = start
         self.floor = start  # the cursor follows values found at or after this offset
-        self._undo: list[tuple[int, Callable[[], None]]] = []  # (offset, how to undo)
+        self._undo: list[tuple[int, Callable[[], None]]] = []  # (index of the token that did it, how to undo)
 
     @property
     def cursor(self) -> Cursor:
         return self.cursors[-1]
 
-    def sync(self, generated: Sequence[int], token_bytes: list[bytes], skip: frozenset[int]) -> None:
-        """Make the document hold exactly ``generated`` (rolls back and feeds as needed)."""
-        have = len(self.tokens)
-        same = have if list(generated[:have]) == self.tokens else 0
-        if same < have:
-            limit = min(have, len(generated))
-            while same < limit and self.tokens[same] == generated[same]:
-                same += 1
-            self._truncate(same)
-        for token in generated[same:]:
+    def feed(self, tokens: Sequence[int], token_bytes: list[bytes], skip: frozenset[int]) -> None:
+        """Append ``tokens`` (``skip``: ids that add no text).  Changes state."""
+        for token in tokens:
             token = int(token)
             data = b"" if token in skip or not 0 <= token < len(token_bytes) else token_bytes[token]
             self.text += data
@@ -170,13 +164,15 @@ class _Document:
             self.ends.append(len(self.text))
             self.tokens.append(token)
 
-    def _truncate(self, n_tokens: int) -> None:
+    def truncate(self, n_tokens: int) -> None:
+        """Keep the first ``n_tokens`` tokens; undo everything recorded after them.  Changes state."""
         del self.tokens[n_tokens:]
         del self.cursors[n_tokens + 1 :]
         del self.ends[n_tokens + 1 :]
-        offset = self.ends[-1]
-        del self.text[offset:]
-        while self._undo and self._undo[-1][0] > offset:
+        del self.text[self.ends[-1] :]
+        # By token, not by byte: a value ends when the character after it comes, so the
+        # token after a cut may record a value that ends exactly at the cut.
+        while self._undo and self._undo[-1][0] >= n_tokens:
             self._undo.pop()[1]()
 
     def _event(self, kind: str, cursor: Cursor, start: int = 0, end: int = 0) -> None:
@@ -185,16 +181,16 @@ class _Document:
             if sig is not None:
                 offsets = self.points.setdefault(sig, [])
                 offsets.append(cursor.offset)
-                self._undo.append((cursor.offset, offsets.pop))
+                self._undo.append((len(self.tokens), offsets.pop))
             return
         path = normalize(value_path(cursor))
         value = bytes(self.text[start:end])
         values = self.values.setdefault(path, [])
         values.append(value)
-        self._undo.append((end, values.pop))
-        self._note_copy(path, value, end)
+        self._undo.append((len(self.tokens), values.pop))
+        self._note_copy(path, value)
 
-    def _note_copy(self, path: Path, value: bytes, end: int) -> None:
+    def _note_copy(self, path: Path, value: bytes) -> None:
         """Move the prompt cursor past ``value`` if it came from the prompt; learn its delimiters."""
         where = self.locate(value)
         if where is None:
@@ -206,7 +202,7 @@ class _Document:
         def undo_cursor() -> None:
             self.prompt_cursor = previous
 
-        self._undo.append((end, undo_cursor))
+        self._undo.append((len(self.tokens), undo_cursor))
         if value[:1] == b'"':
             inside, at_end = delimiters(self.prompt, start, stop)
             counts = self.endings.setdefault(path, Counter())
@@ -214,7 +210,7 @@ class _Document:
             if at_end is not None:
                 changes[(at_end, "end")] += 1
             counts.update(changes)
-            self._undo.append((end, lambda: counts.subtract(changes)))
+            self._undo.append((len(self.tokens), lambda: counts.subtract(changes)))
 
     def locate(self, value: bytes) -> tuple[int, int] | None:
         """The prompt span (escaped offsets) a string or number value was most likely copied from.
@@ -283,16 +279,32 @@ class SchemaNgramProposer:
 
     Deterministic drafts (``probs=None``).  Works without a schema (history
     and prompt only) and without a grammar (no validation); proposes nothing
-    once the output is not JSON.
+    once the output is not JSON.  ``splits``: learned splits owned by someone
+    else (the composite; only read here); ``None``: its own, learned from its
+    drafts at :meth:`commit`.
+
+    The document model holds the committed tokens: :meth:`commit` advances
+    it.  A context that goes on past them (the composite drafts after a
+    forced span) is fed for the plan and undone after it, so ``propose``
+    must be given the committed tokens plus, possibly, more.
     """
 
-    def __init__(self, *, name: str = "schema_ngram", max_candidates: int = 6, min_score: float = 0.05) -> None:
+    def __init__(
+        self,
+        *,
+        name: str = "schema_ngram",
+        max_candidates: int = 6,
+        min_score: float = 0.05,
+        splits: SplitPreferences | None = None,
+    ) -> None:
         self.name = name
         self.max_candidates = max_candidates
         self.min_score = min_score
         #: source -> [tokens proposed, tokens accepted] in this request.
         self.stats: dict[str, list[float]] = {}
-        self._tokenizer = None
+        self._tokenizer: Any = None
+        self._owns_splits = splits is None
+        self.splits = splits if splits is not None else SplitPreferences()
         self._doc: _Document | None = None
         self._prompt_len = 0
         self._last: tuple[tuple[int, ...], tuple[str, ...]] = ((), ())
@@ -317,27 +329,51 @@ class SchemaNgramProposer:
         self._doc = _Document(SchemaIndex(request.schema), prompt, prompt_start(segments))
         self._prompt_len = len(request.prompt_ids)
         self.stats = {source: [0.0, 0.0] for source in SOURCE_PRIORS}
-        self._splits = SplitPreferences(request.tokenizer)
+        if self._owns_splits:
+            self.splits.start(request.tokenizer, request.prompt_ids)
         self._last = ((), ())
 
     def propose(self, context: Sequence[int], grammar: GrammarView | None, k: int) -> Draft:
-        """Up to ``k`` tokens of predicted JSON.  Does not change the grammar state."""
+        """Up to ``k`` tokens of predicted JSON after ``context`` (the committed tokens, maybe more).
+
+        Does not change the grammar state or the document (tokens past the
+        committed ones are fed for the plan and undone); remembers the draft
+        for :meth:`commit`.  Raises ``ValueError`` if ``context`` does not
+        start with the prompt and the committed tokens.
+        """
         doc = self._doc
         if doc is None or k <= 0 or len(context) < self._prompt_len:
             return EMPTY_DRAFT
-        self._splits.observe(context)
-        doc.sync(context[self._prompt_len :], self._helper.vocab_bytes, self._helper.special_ids)
-        if doc.cursor.mode in (DONE, ERROR):
-            return EMPTY_DRAFT
-        tokens, sources = self._plan(context, grammar, k)
-        self._splits.remember(context, tokens)
+        committed = len(doc.tokens)
+        base = self._prompt_len + committed
+        if list(context[self._prompt_len : base]) != doc.tokens:
+            raise ValueError(
+                f"{self.name}: the context does not extend the {committed} tokens committed so far; "
+                "call commit() once per step with the tokens appended, or start() for a new generation"
+            )
+        doc.feed(context[base:], self._helper.vocab_bytes, self._helper.special_ids)
+        try:
+            if doc.cursor.mode in (DONE, ERROR):
+                return EMPTY_DRAFT
+            tokens, sources = self._plan(context, grammar, k)
+        finally:
+            doc.truncate(committed)  # the one place a speculative position is undone
+        if self._owns_splits:
+            self.splits.remember(context, tokens)
         if not tokens:
             return EMPTY_DRAFT
         self._last = (tuple(tokens), tuple(sources))
         return Draft(tokens=tuple(tokens), sources=(self.name,) * len(tokens), kind=sources[0])
 
     def commit(self, draft: Draft, num_accepted: int, committed: Sequence[int]) -> None:
-        """Credit each source with its proposed and accepted tokens (``draft`` may be a prefix)."""
+        """Advance the document by ``committed``; credit each source of ``draft`` (it may be a prefix).
+
+        Changes state.  A ``draft`` that is not (a prefix of) its last one credits nothing.
+        """
+        if self._doc is not None:
+            self._doc.feed(committed, self._helper.vocab_bytes, self._helper.special_ids)
+        if self._owns_splits:
+            self.splits.commit(committed)
         tokens, sources = self._last
         if not draft.tokens or tokens[: len(draft.tokens)] != draft.tokens:
             return
@@ -392,7 +428,7 @@ class SchemaNgramProposer:
                 break
         if tokens:
             # The target's own way of splitting this text, where it was seen to differ.
-            tokens = self._splits.resplit(context, tokens)[:k]
+            tokens = self.splits.resplit(context, tokens)[:k]
             if grammar is not None:
                 tokens = tokens[: grammar.validate(tokens)]
         return tokens[:k], self._token_sources(tokens[:k], segments)
