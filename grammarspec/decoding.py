@@ -32,7 +32,8 @@ from proposers.base import EMPTY_DRAFT, Draft, GrammarView, Proposer
 
 from .cache import crop_cache, forward_with_cache, new_cache, require_croppable
 from .rejection import greedy_verify, rejection_sample
-from .sampling import LogitsProcessorFn, SamplingParams, probabilities, process_logits, unpack_bitmask
+from .processing import LogitsPipeline
+from .sampling import LogitsProcessorFn, SamplingParams, apply_bitmask, probabilities, unpack_bitmask
 from .stats import GenerationStats
 
 if TYPE_CHECKING:
@@ -50,6 +51,10 @@ class DecodeConfig:
     eos_token_ids: tuple[int, ...] = ()
     min_new_tokens: int = 0
     stop_strings: tuple[str, ...] = ()
+    # [gen14 hook] the HF logits processing (processing.py); None: built from sampling + min_new_tokens
+    pipeline: LogitsPipeline | None = None
+    # [gen14 hook] False: grammar-forced tokens go through a target pass too (output_scores needs their rows)
+    force_tokens: bool = True
 
 
 @dataclass
@@ -80,6 +85,7 @@ def decode(
     processors: Sequence[LogitsProcessorFn] = (),
     on_commit: Callable[[list[int]], None] | None = None,
     on_step: Callable[[DecodeState], None] | None = None,
+    on_scores: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
 ) -> tuple[list[int], GenerationStats]:
     """Generate after ``prompt_ids``; returns ``(new_tokens, stats)``.
 
@@ -87,13 +93,19 @@ def decode(
     fresh and is advanced in lockstep with the target's KV cache.
     ``proposer`` drafts (``None``: plain decoding).  ``on_commit`` receives
     each run of committed tokens (streamers); ``on_step`` sees the state after
-    every step (tests use it to check rollback).
+    every step (tests use it to check rollback).  ``on_scores(raw, processed)``
+    receives the ``[n, V]`` raw and processed target rows of the ``n`` tokens
+    each step commits (``output_scores`` / ``output_logits``).
     """
     if not prompt_ids:
         raise ValueError("the prompt is empty: pass at least one token (e.g. the BOS token or a chat template)")
     if config.stop_strings and tokenizer is None:
         raise ValueError("stop_strings need the tokenizer: pass tokenizer=...")
-    params = config.sampling
+    # [gen14 hook] one pipeline for target and draft rows (the draft model gets it through its Request)
+    pipeline = config.pipeline or LogitsPipeline.from_sampling(
+        config.sampling, processors, min_new_tokens=config.min_new_tokens, eos_token_ids=config.eos_token_ids,
+        prompt_length=len(prompt_ids),
+    )  # fmt: skip
     state = DecodeState(tokens=list(prompt_ids), prompt_length=len(prompt_ids), cache=new_cache(model))
     if proposer is not None:
         require_croppable(state.cache, "target model")
@@ -107,7 +119,7 @@ def decode(
     if config.max_new_tokens <= 0:
         state.finish_reason = "length"
 
-    def commit(new: Sequence[int], forced: bool = False) -> None:
+    def commit(new: Sequence[int], forced: bool = False) -> int:
         """Append tokens one by one until a stop condition; advance the matcher."""
         emitted: list[int] = []
         for token in new:
@@ -123,13 +135,14 @@ def decode(
             stats.forced_tokens += len(emitted)
         if on_commit is not None and emitted:
             on_commit(emitted)
+        return len(emitted)
 
     while state.finish_reason is None:
         budget = config.max_new_tokens - len(state.generated)
 
         # (+) Forced: a grammar that allows exactly one token needs no sampling.
         t0 = time.perf_counter()
-        forced = _forced_token(matcher, masks, vocab) if matcher is not None else None
+        forced = _forced_token(matcher, masks, vocab) if matcher is not None and config.force_tokens else None
         stats.grammar_seconds += time.perf_counter() - t0
         if forced is not None:
             commit([forced], forced=True)
@@ -154,16 +167,12 @@ def decode(
         logits = forward_with_cache(model, pending + list(draft.tokens), state.cache, len(draft) + 1)[:rows]  # [rows, V]
 
         # 4. Same processing for every row, then exact verification.
-        scores = process_logits(
-            logits,
-            params,
-            masks[:rows] if masks is not None else None,
-            processors,
-            [_prefix(state.tokens, draft, i) for i in range(rows)] if processors else (),
+        scores = pipeline(  # [gen14 hook] mask, then HF's processors with each row's prefix
+            apply_bitmask(logits, masks[:rows] if masks is not None else None),
+            [state.tokens + list(draft.tokens[:i]) for i in range(rows)],
         )
-        _suppress_eos(scores, eos, len(state.generated), config.min_new_tokens)
         draft_tokens = torch.tensor(draft.tokens, dtype=torch.long)
-        if params.greedy:
+        if pipeline.greedy:
             num_accepted, next_token = greedy_verify(scores, draft_tokens)
         else:
             num_accepted, next_token = rejection_sample(
@@ -176,7 +185,9 @@ def decode(
         state.cached = len(state.tokens) + num_accepted
         crop_cache(state.cache, state.cached)
         accepted = list(draft.tokens[:num_accepted])
-        commit(accepted + ([next_token] if next_token is not None else []))
+        emitted = commit(accepted + ([next_token] if next_token is not None else []))
+        if on_scores is not None and emitted:  # [gen14 hook]
+            on_scores(logits[:emitted].float(), scores[:emitted])
         t_grammar += time.perf_counter() - t0
 
         # 6. Adapt: proposers and the controller learn what was accepted.
@@ -254,23 +265,6 @@ def _forced_token(matcher: Matcher, masks: torch.Tensor | None, vocab: int) -> i
     if int(allowed.sum()) != 1:
         return None
     return int(allowed.nonzero()[0])
-
-
-def _prefix(tokens: list[int], draft: Draft, i: int) -> torch.LongTensor:
-    return torch.tensor([tokens + list(draft.tokens[:i])], dtype=torch.long)
-
-
-def _suppress_eos(scores: torch.Tensor, eos: frozenset[int], generated: int, min_new: int) -> None:
-    """min_new_tokens: forbid EOS at rows before the minimum, unless EOS is all the row allows."""
-    if not eos or generated >= min_new:
-        return
-    ids = torch.tensor(sorted(eos), dtype=torch.long)
-    ids = ids[ids < scores.shape[-1]]
-    for row in range(min(scores.shape[0], min_new - generated)):
-        blocked = scores[row].clone()
-        blocked[ids] = float("-inf")
-        if not bool(torch.isneginf(blocked).all()):
-            scores[row] = blocked
 
 
 def _stop_reason(

@@ -1,7 +1,8 @@
 """A small draft model (``assistant=``) that shares the target's tokenizer.
 
 The draft samples from its own distribution after the SAME processing as the
-target (grammar mask, processors, temperature, top-k, top-p): a forked matcher
+target (grammar mask, then the target's :class:`~grammarspec.processing.LogitsPipeline`
+with each draft position's exact prefix): a forked matcher
 walks its samples, so every drafted token is grammar-legal.  It returns the
 distributions it sampled from; the verifier's rejection sampling makes the
 output exact whatever those are.  Under greedy decoding the drafts are the
@@ -21,7 +22,8 @@ import torch
 
 from grammars.base import allocate_bitmask
 from grammarspec.cache import crop_cache, forward_with_cache, new_cache, require_croppable
-from grammarspec.sampling import SamplingParams, process_logits
+from grammarspec.processing import LogitsPipeline
+from grammarspec.sampling import SamplingParams, apply_bitmask
 
 from .base import EMPTY_DRAFT, Draft, GrammarView, Request
 
@@ -46,7 +48,7 @@ class DraftModelProposer:
         self.vocab_size = int(model.config.vocab_size)
         self._cache: Any = None
         self._cached: list[int] = []
-        self._sampling = SamplingParams()
+        self._pipeline = LogitsPipeline()
         self._generator: torch.Generator | None = None
         self._target_vocab = self.vocab_size
         self._base = 0
@@ -55,7 +57,9 @@ class DraftModelProposer:
         self._cache = new_cache(self.model)
         require_croppable(self._cache, "draft model")
         self._cached = []
-        self._sampling = request.sampling if request.sampling is not None else SamplingParams()
+        # [gen14] request.sampling: the target's LogitsPipeline (or old-style SamplingParams)
+        sampling = request.sampling if request.sampling is not None else SamplingParams()
+        self._pipeline = sampling if isinstance(sampling, LogitsPipeline) else LogitsPipeline.from_sampling(sampling)
         self._generator = request.generator
         self._target_vocab = int(request.extra.get("target_vocab_size", self.vocab_size))
 
@@ -79,10 +83,10 @@ class DraftModelProposer:
                 logits = torch.nn.functional.pad(logits, (0, width - logits.shape[-1]), value=float("-inf"))
             if matcher is not None:
                 matcher.fill_mask(mask, 0)
-            scores = process_logits(logits, self._sampling, mask)
+            scores = self._pipeline(apply_bitmask(logits, mask), [list(context) + tokens])  # as the target's rows
             if torch.isneginf(scores).all():
                 break  # nothing legal: never emit a token
-            if self._sampling.greedy:
+            if self._pipeline.greedy:
                 token = int(scores.argmax(-1))
             else:
                 probs = scores.softmax(-1)
