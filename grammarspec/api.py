@@ -10,7 +10,6 @@ decoding in distribution; greedy output equals constrained greedy decoding.
 
 from __future__ import annotations
 
-import inspect
 import types
 import warnings
 from dataclasses import dataclass
@@ -283,15 +282,12 @@ def enable(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def _check_model_inputs(model: torch.nn.Module, inputs: dict[str, Any]) -> None:
-    """``token_type_ids`` (from ``tokenizer(...)``): accepted when the model ignores them, as HF does."""
+    """``token_type_ids`` from ``tokenizer(...)``: all 0 (one segment) carries nothing and is accepted."""
     types_ = inputs.get("token_type_ids")
-    if types_ is None:
-        return
-    takes = "token_type_ids" in inspect.signature(model.forward).parameters
-    if takes and bool(torch.as_tensor(types_).ne(0).any()):
+    if types_ is not None and bool(torch.as_tensor(types_).ne(0).any()):
         raise ValueError(
-            "this model reads token_type_ids and they are not all 0; grammarspec feeds only input_ids to the model. "
-            "Drop token_type_ids (or use the model's original generate)."
+            "token_type_ids with non-zero entries: grammarspec feeds only input_ids to the model, so several "
+            "segments cannot be told apart. Drop token_type_ids (or use the model's original generate)."
         )
 
 

@@ -26,9 +26,14 @@ user processors) are called once per row with that row's exact prefix --
 prompt + committed + ``draft[:i]`` for verification row ``i``; warpers, which
 read only the scores, run on all rows at once.
 
-One deliberate difference: ``min_length`` / ``min_new_tokens`` never leave a row
-with no legal token.  When the grammar allows only EOS, Hugging Face would mask
-everything (and pick token 0 greedily, or fail to sample); here EOS stays allowed.
+One deliberate difference: the processors never leave a row with no legal
+token.  When they would (``min_new_tokens`` where the grammar allows only EOS,
+``no_repeat_ngram_size`` or ``bad_words_ids`` banning the one token the grammar
+allows), the row falls back to its grammar-masked scores before the warpers.
+Hugging Face has no defined behaviour there: it picks token 0 greedily (which the
+grammar then rejects) or fails to sample.  The fallback also makes a
+grammar-forced token (committed without processing) agree with the same token
+verified inside a draft.
 """
 
 from __future__ import annotations
@@ -52,18 +57,6 @@ PREFIX_FREE: tuple[type, ...] = (
 
 #: Modules whose logits processors keep grammar state between calls.
 _STATEFUL_MODULES = ("xgrammar", "outlines", "lmformatenforcer", "llguidance", "guidance", "transformers_cfg")
-
-
-class _KeepOneToken(lp.LogitsProcessor):
-    """Wraps a min-length processor: a row it would leave with no legal token is left as it was."""
-
-    def __init__(self, inner: lp.LogitsProcessor) -> None:
-        self.inner = inner
-
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.Tensor) -> torch.Tensor:
-        blocked = self.inner(input_ids, scores)
-        empty = torch.isneginf(blocked).all(dim=-1, keepdim=True)
-        return torch.where(empty, scores, blocked)
 
 
 @dataclass(frozen=True)
@@ -96,11 +89,15 @@ class LogitsPipeline:
             return out
         assert len(prefixes) == out.shape[0], f"{len(prefixes)} prefixes for {out.shape[0]} rows"
         ids = [torch.tensor([list(p)], dtype=torch.long, device=out.device) for p in prefixes]  # [1, L_i] each
+        entry = out
         if self.defaults:
-            masked = torch.isneginf(out)
+            masked = torch.isneginf(entry)
             out = self._run(self.defaults, ids, out)
             out = out.masked_fill(masked, float("-inf"))  # HF applies the grammar after its defaults
         out = self._run(self.custom, ids, out)
+        empty = torch.isneginf(out).all(dim=-1, keepdim=True) & ~torch.isneginf(entry).all(dim=-1, keepdim=True)
+        if bool(empty.any()):  # never leave a row with no legal token (see the module docstring)
+            out = torch.where(empty, entry, out)
         if not self.greedy:
             out = self._run(self.warpers, ids, out)
         return self._run(self.final, ids, out)
@@ -157,9 +154,9 @@ def build_pipeline(
     if config.bad_words_ids is not None:
         d.append(lp.NoBadWordsLogitsProcessor(config.bad_words_ids, eos))
     if config.min_length is not None and eos is not None and config.min_length > 0:
-        d.append(_KeepOneToken(lp.MinLengthLogitsProcessor(config.min_length, eos, device=device)))
+        d.append(lp.MinLengthLogitsProcessor(config.min_length, eos, device=device))
     if config.min_new_tokens is not None and eos is not None and config.min_new_tokens > 0:
-        d.append(_KeepOneToken(lp.MinNewTokensLengthLogitsProcessor(prompt_length, config.min_new_tokens, eos, device=device)))
+        d.append(lp.MinNewTokensLengthLogitsProcessor(prompt_length, config.min_new_tokens, eos, device=device))
     if config.forced_bos_token_id is not None:
         d.append(lp.ForcedBOSTokenLogitsProcessor(config.forced_bos_token_id))
     if config.forced_eos_token_id is not None:
@@ -201,10 +198,9 @@ def _merge(defaults: list[Any], custom: list[Any]) -> tuple[list[Any], list[Any]
 
     Returns (defaults with replacements, the remaining user processors in order).
     """
-    kind = lambda p: type(p.inner) if isinstance(p, _KeepOneToken) else type(p)  # noqa: E731
     merged = []
     for default in defaults:
-        replacement = next((c for c in custom if type(c) is kind(default)), None)
+        replacement = next((c for c in custom if type(c) is type(default)), None)
         merged.append(replacement if replacement is not None else default)
     rest = [c for c in custom if not any(c is m for m in merged)]
     return merged, rest
