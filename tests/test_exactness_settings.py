@@ -29,7 +29,10 @@ from proposers.draft_model import DraftModelProposer
 SAMPLES = 6000
 CASES = {
     "repetition_penalty-draft": ({"do_sample": True, "top_k": 0, "repetition_penalty": 1.8}, lambda: DraftModelProposer(OTHER)),
-    "repetition_penalty-improbable": ({"do_sample": True, "top_k": 0, "repetition_penalty": 0.5}, ImprobableProposer),
+    "repetition_penalty-matched-draft": (
+        {"do_sample": True, "top_k": 0, "repetition_penalty": 0.4}, lambda: DraftModelProposer(TARGET)
+    ),
+    "repetition_penalty-improbable": ({"do_sample": True, "top_k": 0, "repetition_penalty": 0.4}, ImprobableProposer),
     "min_p-draft": ({"do_sample": True, "top_k": 0, "min_p": 0.15}, lambda: DraftModelProposer(OTHER)),
     "min_p-improbable": ({"do_sample": True, "top_k": 0, "min_p": 0.15}, ImprobableProposer),
 }
