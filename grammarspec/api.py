@@ -10,21 +10,24 @@ decoding in distribution; greedy output equals constrained greedy decoding.
 
 from __future__ import annotations
 
-import copy
 import types
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from transformers import GenerationConfig
+from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from grammars import compile_grammar, grammar_spec
 from proposers.base import Request
 
 from .adaptive import AdaptiveController
 from .assistant import resolve_assistant
-from .decoding import DecodeConfig, RowRequest, decode_batch, logits_width, sampling_processing
+from .decoding import DecodeConfig, RowRequest, decode_batch, logits_width
+from .processing import build_pipeline, check_stateless
 from .sampling import SamplingParams
+from .settings import ACCEPTED_MODEL_INPUTS, max_new_tokens, resolve_config
 from .stats import GenerationStats
 
 __all__ = ["generate", "enable", "GenerationOutput", "DEFAULT_MAX_DRAFT"]
@@ -32,22 +35,39 @@ __all__ = ["generate", "enable", "GenerationOutput", "DEFAULT_MAX_DRAFT"]
 #: Longest proposal by default: verifying 16 tokens costs ~1.7x one step on CPU.
 DEFAULT_MAX_DRAFT = 16
 
+#: grammarspec's own keywords: after ``enable``, a call with any of them (whatever its value) is ours.
 _OUR_KWARGS = (
-    "schema", "tools", "grammar", "regex", "json_object", "parallel_tool_calls",
-    "assistant", "assistant_model", "grammar_backend",
+    "schema", "tools", "grammar", "regex", "json_object", "parallel_tool_calls", "any_whitespace",
+    "assistant", "grammar_backend", "max_draft_tokens", "adaptive", "generator",
 )  # fmt: skip
+
+#: Hugging Face ``generate`` arguments with no meaning here: refused when given.
+_REFUSED_ARGUMENTS = {
+    "negative_prompt_ids": "classifier-free guidance needs a second model pass per token",
+    "negative_prompt_attention_mask": "classifier-free guidance needs a second model pass per token",
+    "prefix_allowed_tokens_fn": "pass the constraint as grammar=, regex= or schema= instead",
+    "stopping_criteria": "use max_new_tokens, eos_token_id or stop_strings",
+    "synced_gpus": "multi-GPU synchronised generation is not supported",
+    "custom_generate": "grammarspec is itself the decoding method",
+    "inputs_embeds": "grammarspec needs token ids (the grammar and the drafters read them)",
+}
 
 
 @dataclass
-class GenerationOutput:
-    """``return_dict_in_generate=True``: the sequences and what it took to make them."""
+class GenerationOutput(GenerateDecoderOnlyOutput):
+    """``return_dict_in_generate=True``: Hugging Face's ``GenerateDecoderOnlyOutput`` plus ``stats``.
 
-    sequences: torch.LongTensor  # [batch, prompt + new]
-    stats: list[GenerationStats]  # one per row
+    Attribute and key access both work (``out.sequences``, ``out["sequences"]``).
+    ``scores`` / ``logits`` (``output_scores`` / ``output_logits``): one
+    ``[batch, V]`` float32 tensor per generated position, processed / raw, as
+    Hugging Face returns them; positions past a row's end are ``-inf``.
+    """
+
+    stats: list[GenerationStats] | None = None  # one per row (ModelOutput fields must default to None)
 
     @property
     def finish_reasons(self) -> list[str]:
-        return [s.finish_reason for s in self.stats]
+        return [s.finish_reason for s in self.stats or ()]
 
 
 def generate(
@@ -80,87 +100,139 @@ def generate(
     ``assistant``: a draft model, a proposer, a list of proposers, or a preset
     name (``"auto"``, ``"prompt_lookup"``, ``"schema_ngram"``, ``"jump_forward"``,
     ``"draft_model"``, ``"none"``).  Without a constraint this is plain exact
-    speculative decoding.  A batch is decoded together, one target pass per step
-    for every unfinished row; each row has its own grammar state (``schema=[...]``
-    gives one schema per row), draft, acceptance and finish, and outputs are
-    right-padded with ``pad_token_id``.  Left-padded ``input_ids`` with an
-    ``attention_mask`` work as in Hugging Face.
+    speculative decoding.  Generation settings are resolved as Hugging Face
+    resolves them (the model's ``generation_config`` included) and applied with
+    transformers' own processors to target and draft rows alike; settings that
+    speculation cannot honour raise ``ValueError``.  A batch is decoded together,
+    one target pass per step for every unfinished row; each row has its own grammar
+    state (``schema=[...]`` gives one schema per row), draft, acceptance and finish,
+    and outputs are right-padded with ``pad_token_id``.  Left-padded ``input_ids``
+    with an ``attention_mask`` work as in Hugging Face.  ``num_return_sequences=n`` (sampling) repeats each prompt n times.
     """
-    config = _generation_config(model, generation_config, generation_kwargs)
-    rows = _prompt_rows(input_ids, attention_mask)
-    sampling = _sampling_params(config)
+    try:
+        return _generate(model, input_ids, tokenizer=tokenizer, schema=schema, tools=tools, grammar=grammar,
+                         regex=regex, json_object=json_object, parallel_tool_calls=parallel_tool_calls,
+                         any_whitespace=any_whitespace, grammar_backend=grammar_backend, assistant=assistant,
+                         assistant_model=assistant_model, max_draft_tokens=max_draft_tokens, adaptive=adaptive,
+                         generation_config=generation_config, streamer=streamer, logits_processor=logits_processor,
+                         attention_mask=attention_mask, generator=generator,
+                         return_dict_in_generate=return_dict_in_generate, **generation_kwargs)  # fmt: skip
+    finally:
+        if streamer is not None:
+            streamer.end()  # always: a TextIteratorStreamer consumer would otherwise block forever
+
+
+def _generate(
+    model: torch.nn.Module, input_ids: Any, *, tokenizer: Any, schema: Any, tools: Any, grammar: Any, regex: Any,
+    json_object: bool, parallel_tool_calls: bool, any_whitespace: bool, grammar_backend: str, assistant: Any,
+    assistant_model: Any, max_draft_tokens: int, adaptive: bool, generation_config: GenerationConfig | None,
+    streamer: Any, logits_processor: list[Any] | None, attention_mask: Any, generator: Any,
+    return_dict_in_generate: bool | None, **generation_kwargs: Any,
+) -> torch.LongTensor | GenerationOutput:  # fmt: skip
+    for name, why in _REFUSED_ARGUMENTS.items():
+        if generation_kwargs.get(name) not in (None, False):
+            raise ValueError(f"grammarspec cannot honour {name}= ({why})")
+        generation_kwargs.pop(name, None)
+    model_inputs = {k: generation_kwargs.pop(k) for k in ACCEPTED_MODEL_INPUTS if k in generation_kwargs}
+    config, unknown, default_length = resolve_config(model, generation_config, generation_kwargs)
+    unknown = {k: v for k, v in unknown.items() if k not in ("output_scores", "output_logits")}
+    if unknown:
+        raise TypeError(
+            f"generate() got unknown arguments: {', '.join(sorted(unknown))}. Pass GenerationConfig fields "
+            "(max_new_tokens, do_sample, temperature, top_k, top_p, stop_strings, ...) or grammarspec's own "
+            "(schema, tools, grammar, regex, json_object, assistant, ...)."
+        )
+    _check_model_inputs(model, model_inputs)
+    processors = list(logits_processor or ())
+    check_stateless(processors)
+    rows, width = _prompt_rows(input_ids, attention_mask)
+    vocab = logits_width(model)
+    _check_prompt(model, rows, vocab)
     eos = _eos_ids(config, tokenizer)
-    max_new = _max_new_tokens(config, max(len(r) for r in rows))
+    context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    max_new = max_new_tokens(config, width, context, default_length)
+    if context is not None and width + max_new > context:
+        warnings.warn(
+            f"the prompt ({width} tokens) plus max_new_tokens ({max_new}) exceeds the model's context "
+            f"(max_position_embeddings={context}); output past the context is unreliable",
+            UserWarning,
+            stacklevel=3,
+        )
+    repeat = int(config.num_return_sequences or 1)
+    schemas = [row_schema for row_schema in _row_schemas(schema, len(rows)) for _ in range(repeat)]
+    rows = [row for row in rows for _ in range(repeat)]  # HF: input_ids.repeat_interleave(n)
     specs = [
         grammar_spec(
             schema=row_schema, tools=tools, grammar=grammar, regex=regex, json_object=json_object,
             parallel_tool_calls=parallel_tool_calls, any_whitespace=any_whitespace,
         )  # fmt: skip
-        for row_schema in _row_schemas(schema, len(rows))
+        for row_schema in schemas
     ]
-    vocab = logits_width(model)
-    compiled: list[Any] = [None] * len(rows)
-    if any(spec is not None for spec in specs):
-        if tokenizer is None:
-            raise ValueError("a constrained generate needs the tokenizer: pass tokenizer=...")
-        by_spec: dict[int, Any] = {}
-        for i, spec in enumerate(specs):
-            key = next(j for j, other in enumerate(specs) if other == spec)  # rows with the same constraint share it
-            if key not in by_spec:
-                by_spec[key] = compile_grammar(spec, tokenizer, vocab_size=vocab, stop_token_ids=eos, backend=grammar_backend)
-            compiled[i] = by_spec[key]
+    compiled = _compile_rows(specs, tokenizer, vocab, eos, grammar_backend)
     probe = resolve_assistant(assistant, draft_model=assistant_model)
     for member in getattr(probe, "proposers", None) or [probe]:
         _check_assistant(model, getattr(member, "model", None), tokenizer)
+    if probe is not None and tokenizer is None and _needs_tokenizer(probe):
+        raise ValueError(
+            f"assistant={assistant!r} drafts text and needs the tokenizer: pass tokenizer=... "
+            "(or use assistant='none' / a draft model)"
+        )
     if max_draft_tokens < 1:
         raise ValueError(f"max_draft_tokens must be >= 1, got {max_draft_tokens}")
-    decode_config = DecodeConfig(
-        max_new_tokens=max_new,
-        sampling=sampling,
-        eos_token_ids=eos,
-        min_new_tokens=int(config.min_new_tokens or 0),
-        stop_strings=_stop_strings(config),
-    )
+    want_dict = return_dict_in_generate if return_dict_in_generate is not None else config.return_dict_in_generate
+    want_scores, want_logits = bool(want_dict and config.output_scores), bool(want_dict and config.output_logits)
     if streamer is not None and len(rows) > 1:
         raise ValueError("streamers support batch size 1 only, as in Hugging Face generate")
-    processors = list(logits_processor or ())
+    decode_config = DecodeConfig(
+        max_new_tokens=max_new,
+        sampling=SamplingParams(do_sample=bool(config.do_sample)),
+        eos_token_ids=eos,
+        stop_strings=_stop_strings(config),
+        record_scores=want_scores or want_logits,  # forced tokens then take a target pass: HF has a row for each
+    )
     requests = []
     for prompt, spec, grammar_ in zip(rows, specs, compiled):
-        processing = sampling_processing(decode_config, processors, len(prompt))
-        proposer = resolve_assistant(assistant, draft_model=assistant_model, sampling=sampling, processing=processing,
-                                     generator=generator, vocab_size=vocab)  # fmt: skip
+        pipeline = build_pipeline(config, prompt_length=len(prompt), eos_token_ids=eos, processors=processors,
+                                  max_length=len(prompt) + max_new, device=_device(model))  # fmt: skip
+        proposer = resolve_assistant(assistant, draft_model=assistant_model, sampling=decode_config.sampling,
+                                     processing=pipeline, generator=generator, vocab_size=vocab)  # fmt: skip
         controller = None
         if proposer is not None:
             controller = AdaptiveController(k_min=_k_min(proposer, max_draft_tokens), k_max=max_draft_tokens, adaptive=adaptive)
             proposer.start(Request(prompt_ids=tuple(prompt), tokenizer=tokenizer,
                                    schema=spec.schema if spec is not None else None))  # fmt: skip
         matcher = grammar_.matcher(max_rollback=max_draft_tokens + 1) if grammar_ is not None else None
-        requests.append(RowRequest(prompt, matcher, proposer, controller, processing))
+        requests.append(RowRequest(prompt, matcher, proposer, controller, pipeline))
     on_commit = None
     if streamer is not None:
         streamer.put(torch.tensor([rows[0]], dtype=torch.long))
         on_commit = lambda index, toks: streamer.put(torch.tensor(toks, dtype=torch.long))  # noqa: E731
     pad = config.pad_token_id if config.pad_token_id is not None else (eos[0] if eos else 0)
-    try:
-        finished = decode_batch(model, requests, decode_config, tokenizer=tokenizer, generator=generator,
-                                pad_token_id=int(pad), on_commit=on_commit)  # fmt: skip
-    finally:
-        if streamer is not None:
-            streamer.end()
+    finished = decode_batch(model, requests, decode_config, tokenizer=tokenizer, generator=generator,
+                            pad_token_id=int(pad), on_commit=on_commit)  # fmt: skip
     outputs = [row.generated for row in finished]
     all_stats = [row.stats for row in finished]
-    sequences = _assemble(input_ids, rows, outputs, config, eos)
-    if return_dict_in_generate if return_dict_in_generate is not None else config.return_dict_in_generate:
-        return GenerationOutput(sequences=sequences, stats=all_stats)
-    return sequences
+    scores = [row.scores for row in finished]
+    raw = [row.logits for row in finished]
+    sequences = _assemble(input_ids, rows, outputs, config, eos, repeat)
+    if not want_dict:
+        return sequences
+    return GenerationOutput(
+        sequences=sequences,
+        scores=_per_step(scores, vocab) if want_scores else None,
+        logits=_per_step(raw, vocab) if want_logits else None,
+        stats=all_stats,
+    )
 
 
 def enable(model: torch.nn.Module) -> torch.nn.Module:
     """Route ``model.generate(...)`` through grammarspec when asked to.
 
-    After ``enable(model)``, a call with ``schema=``, ``tools=``, ``grammar=``,
-    ``regex=``, ``json_object=``, ``assistant=`` or ``assistant_model=`` runs
-    :func:`generate`; any other call goes to the original ``generate``.
+    After ``enable(model)``, a call with any of grammarspec's own keywords
+    (``schema=``, ``tools=``, ``grammar=``, ``regex=``, ``json_object=``,
+    ``any_whitespace=``, ``assistant=``, ``max_draft_tokens=``, ... -- whatever
+    their value, so none ever reaches Hugging Face) or with ``assistant_model=``
+    runs :func:`generate`; any other call goes to the original ``generate``.
     Returns ``model`` (changed in place; idempotent).
     """
     if getattr(model, "_grammarspec_original_generate", None) is not None:
@@ -168,7 +240,7 @@ def enable(model: torch.nn.Module) -> torch.nn.Module:
     original = model.generate
 
     def patched(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
-        if any(kwargs.get(name) not in (None, False) for name in _OUR_KWARGS):
+        if any(name in kwargs for name in _OUR_KWARGS) or kwargs.get("assistant_model") is not None:
             if args:
                 if "input_ids" in kwargs or "inputs" in kwargs:
                     raise TypeError("generate() got input_ids both positionally and by keyword")
@@ -188,31 +260,26 @@ def enable(model: torch.nn.Module) -> torch.nn.Module:
 # --- input handling -----------------------------------------------------------------
 
 
-def _generation_config(
-    model: torch.nn.Module, base: GenerationConfig | None, overrides: dict[str, Any]
-) -> GenerationConfig:
-    config = copy.deepcopy(base if base is not None else getattr(model, "generation_config", None) or GenerationConfig())
-    overrides = dict(overrides)
-    max_new = overrides.pop("max_new_tokens", config.max_new_tokens)  # 0 is valid here: return the prompt
-    try:
-        unknown = config.update(**overrides)
-    except ValueError as exc:
-        raise ValueError(f"invalid generation settings: {exc}") from None
-    config.max_new_tokens = max_new
-    unknown = {k: v for k, v in unknown.items() if k not in ("use_cache", "output_scores")}
-    if unknown:
-        raise TypeError(
-            f"generate() got unknown arguments: {', '.join(sorted(unknown))}. Pass GenerationConfig fields "
-            "(max_new_tokens, do_sample, temperature, top_k, top_p, stop_strings, ...) or grammarspec's own "
-            "(schema, tools, grammar, regex, json_object, assistant, ...)."
+def _check_model_inputs(model: torch.nn.Module, inputs: dict[str, Any]) -> None:
+    """``token_type_ids`` from ``tokenizer(...)``: all 0 (one segment) carries nothing and is accepted."""
+    types_ = inputs.get("token_type_ids")
+    if types_ is not None and bool(torch.as_tensor(types_).ne(0).any()):
+        raise ValueError(
+            "token_type_ids with non-zero entries: grammarspec feeds only input_ids to the model, so several "
+            "segments cannot be told apart. Drop token_type_ids (or use the model's original generate)."
         )
-    return config
 
 
-def _prompt_rows(input_ids: Any, attention_mask: torch.Tensor | None) -> list[list[int]]:
+def _prompt_rows(input_ids: Any, attention_mask: torch.Tensor | None) -> tuple[list[list[int]], int]:
+    """The unpadded rows and the padded width (``input_ids.shape[1]``, as HF counts the prompt)."""
     if input_ids is None:
         raise ValueError("generate() needs input_ids (the tokenized prompt)")
-    ids = torch.as_tensor(input_ids, dtype=torch.long)
+    ids = torch.as_tensor(input_ids)
+    if ids.numel() == 0:
+        ids = ids.long()
+    if ids.is_floating_point() or ids.is_complex():
+        raise ValueError(f"input_ids must hold integer token ids, got dtype {ids.dtype}")
+    ids = ids.long()
     if ids.dim() == 1:
         ids = ids.unsqueeze(0)
     if ids.dim() != 2 or ids.shape[1] == 0:
@@ -224,7 +291,27 @@ def _prompt_rows(input_ids: Any, attention_mask: torch.Tensor | None) -> list[li
     rows = [row[m.bool()].tolist() for row, m in zip(ids, mask)]
     if any(not r for r in rows):
         raise ValueError("a batch row has no unmasked token: every prompt needs at least one token")
-    return rows
+    return rows, int(ids.shape[1])
+
+
+def _check_prompt(model: torch.nn.Module, rows: list[list[int]], vocab: int) -> None:
+    """Token ids inside the vocabulary; prompts shorter than the model's context."""
+    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    limit = int(getattr(embeddings, "num_embeddings", 0) or vocab)
+    for i, row in enumerate(rows):
+        bad = [t for t in row if t < 0 or t >= limit]
+        if bad:
+            raise ValueError(
+                f"input_ids row {i} holds token id {bad[0]}, outside the model's vocabulary (0..{limit - 1}); "
+                "tokenize the prompt with this model's tokenizer"
+            )
+    context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    longest = max(len(r) for r in rows)
+    if context is not None and longest >= context:
+        raise ValueError(
+            f"the prompt has {longest} tokens but the model's context is {context} "
+            "(config.max_position_embeddings): shorten the prompt"
+        )
 
 
 def _row_schemas(schema: Any, batch: int) -> list[Any]:
@@ -239,15 +326,25 @@ def _row_schemas(schema: Any, batch: int) -> list[Any]:
     return [schema] * batch
 
 
-def _sampling_params(config: GenerationConfig) -> SamplingParams:
-    if not config.do_sample:
-        return SamplingParams(do_sample=False)
-    return SamplingParams(
-        do_sample=True,
-        temperature=float(config.temperature if config.temperature is not None else 1.0),
-        top_k=int(config.top_k or 0),
-        top_p=float(config.top_p if config.top_p is not None else 1.0),
-    )
+def _compile_rows(specs: list[Any], tokenizer: Any, vocab: int, eos: tuple[int, ...], backend: str) -> list[Any]:
+    """One compiled grammar per row (rows with the same constraint share it); ``None`` for unconstrained rows."""
+    if all(spec is None for spec in specs):
+        return [None] * len(specs)
+    if tokenizer is None:
+        raise ValueError("a constrained generate needs the tokenizer: pass tokenizer=...")
+    compiled: list[Any] = []
+    for i, spec in enumerate(specs):
+        same = next(j for j in range(i + 1) if specs[j] == spec)
+        compiled.append(compiled[same] if same < i else
+                        compile_grammar(spec, tokenizer, vocab_size=vocab, stop_token_ids=eos, backend=backend) if spec is not None else None)  # fmt: skip
+    return compiled
+
+
+def _device(model: torch.nn.Module) -> torch.device:
+    try:
+        return next(model.parameters()).device
+    except (StopIteration, AttributeError, TypeError):
+        return torch.device("cpu")
 
 
 def _eos_ids(config: GenerationConfig, tokenizer: Any) -> tuple[int, ...]:
@@ -259,12 +356,27 @@ def _eos_ids(config: GenerationConfig, tokenizer: Any) -> tuple[int, ...]:
     return tuple(int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos]))
 
 
-def _max_new_tokens(config: GenerationConfig, prompt_length: int) -> int:
-    if config.max_new_tokens is not None:
-        if config.max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be >= 0, got {config.max_new_tokens}")
-        return int(config.max_new_tokens)
-    return max(0, int(config.max_length or 20) - prompt_length)
+def _needs_tokenizer(proposer: Any) -> bool:
+    """Whether a resolved assistant holds one of grammarspec's text drafters (they read the tokenizer)."""
+    from proposers.compose import CompositeProposer
+    from proposers.jump_forward import JumpForwardProposer
+    from proposers.schema_ngram import SchemaNgramProposer
+
+    members = proposer.proposers if isinstance(proposer, CompositeProposer) else [proposer]
+    return any(isinstance(p, (JumpForwardProposer, SchemaNgramProposer)) for p in members)
+
+
+def _per_step(rows: list[list[torch.Tensor]], vocab: int) -> tuple[torch.Tensor, ...]:
+    """Per-row lists of ``[V]`` rows -> one ``[batch, V]`` tensor per generated position (``-inf`` past a row's end)."""
+    steps = max((len(r) for r in rows), default=0)
+    out = []
+    for j in range(steps):
+        step = torch.full((len(rows), vocab), float("-inf"))
+        for i, r in enumerate(rows):
+            if j < len(r):
+                step[i, : r[j].shape[-1]] = r[j].cpu()
+        out.append(step)
+    return tuple(out)
 
 
 def _stop_strings(config: GenerationConfig) -> tuple[str, ...]:
@@ -318,11 +430,13 @@ def _check_assistant(model: torch.nn.Module, assistant: Any, tokenizer: Any) -> 
 
 
 def _assemble(
-    input_ids: Any, rows: list[list[int]], outputs: list[list[int]], config: GenerationConfig, eos: tuple[int, ...]
-) -> torch.LongTensor:
+    input_ids: Any, rows: list[list[int]], outputs: list[list[int]], config: GenerationConfig, eos: tuple[int, ...],
+    repeat: int = 1,
+) -> torch.LongTensor:  # fmt: skip
     ids = torch.as_tensor(input_ids, dtype=torch.long)
     if ids.dim() == 1:
         ids = ids.unsqueeze(0)
+    ids = ids.repeat_interleave(repeat, dim=0)
     pad = config.pad_token_id if config.pad_token_id is not None else (eos[0] if eos else 0)
     width = max(len(o) for o in outputs)
     new = torch.full((ids.shape[0], width), int(pad), dtype=torch.long)

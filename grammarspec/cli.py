@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shlex
 import sys
 from collections.abc import Sequence
@@ -199,6 +200,11 @@ def _load(name: str, what: str = "--model") -> tuple[Any, Any]:
         raise CliError(f"{what}: {e}") from None
 
 
+def _cli_words(message: str) -> str:
+    """The library's advice in the CLI's own terms (``grammar_backend='outlines'`` -> ``--grammar-backend outlines``)."""
+    return re.sub(r"(?:grammar_)?backend='(\w+)'", r"--grammar-backend \1", message)
+
+
 def _cmd_generate(args: argparse.Namespace, command: str) -> int:
     import torch
 
@@ -220,7 +226,7 @@ def _cmd_generate(args: argparse.Namespace, command: str) -> int:
     try:  # check the schema or tools before spending time on the model
         grammar_spec(schema=schema, tools=tools, parallel_tool_calls=args.parallel_tool_calls)
     except GrammarError as e:
-        raise CliError(f"{'--schema ' + args.schema if schema is not None else '--tools ' + args.tools}: {e}") from None
+        raise CliError(f"{'--schema ' + args.schema if schema is not None else '--tools ' + args.tools}: {_cli_words(str(e))}") from None
     _quiet_transformers()
     model, tokenizer = _load(args.model)
     assistant: Any = None if args.assistant == "none" else args.assistant
@@ -238,7 +244,8 @@ def _cmd_generate(args: argparse.Namespace, command: str) -> int:
             max_new_tokens=args.max_new_tokens, grammar_backend=args.grammar_backend, **sampling,
         )  # fmt: skip
     except GrammarError as e:
-        raise CliError(f"{'--schema' if schema is not None else '--tools'}: {e}") from None
+        source = f"--schema {args.schema}" if schema is not None else f"--tools {args.tools}"
+        raise CliError(f"{source}: {_cli_words(str(e))}") from None
     except (ValueError, TypeError) as e:
         print(f"grammarspec generate: error: {e}", file=sys.stderr)
         return 1

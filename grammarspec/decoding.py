@@ -254,9 +254,9 @@ def decode_batch(
 
         # 5. Commit: matchers, proposers and every KV cache move to the committed tokens together.
         t0 = time.perf_counter()
+        committed = commit(active, steps, results, kv, eos, config, tokenizer, on_commit)
         if config.record_scores:
-            _record(active, steps, results, logits, scores)
-        commit(active, steps, results, kv, eos, config, tokenizer, on_commit)
+            _record(active, steps, committed, logits, scores)
         commit_seconds = time.perf_counter() - t0
 
         # 6. Adapt: statistics and the controllers learn what the step cost and brought.
@@ -276,16 +276,16 @@ def commit(
     config: DecodeConfig,
     tokenizer: Any,
     on_commit: Callable[[int, list[int]], None] | None,
-) -> None:
+) -> list[int]:
     """The one commit path after verification.  Changes every stateful part.
 
     Row ``r`` commits its first ``num_accepted`` draft tokens and the target's own
     next token: its matcher accepts them, its proposer is told (``commit``), and
     the target cache keeps the row's pending tokens plus the accepted drafts --
     the next token is fed in the next pass.  A stop condition met inside the run
-    ends the row there.
+    ends the row there.  Returns how many tokens each row committed.
     """
-    kept = []
+    kept, counts = [], []
     for row, step, (num_accepted, next_token) in zip(rows, steps, results):
         pending = len(row.pending)
         new = list(step.draft.tokens[:num_accepted]) + ([next_token] if next_token is not None else [])
@@ -295,7 +295,9 @@ def commit(
         keep = min(pending + num_accepted, len(row.tokens) - row.cached)
         row.cached += keep
         kept.append(keep)
+        counts.append(len(committed))
     kv.keep(kept)
+    return counts
 
 
 def _commit_row(
@@ -404,13 +406,12 @@ def _finish(row: Row, seconds: float) -> None:
         stats.final_k, stats.speculating = row.controller.k, row.controller.speculate
 
 
-def _record(rows: Sequence[Row], steps: Sequence[_Step], results: Sequence[tuple[int, int | None]],
-            logits: torch.Tensor, scores: torch.Tensor) -> None:  # fmt: skip
-    """Keep the raw logits and processed scores of the rows whose tokens are committed."""
-    for row, step, (num_accepted, next_token) in zip(rows, steps, results):
+def _record(rows: Sequence[Row], steps: Sequence[_Step], committed: Sequence[int], logits: torch.Tensor,
+            scores: torch.Tensor) -> None:  # fmt: skip
+    """Keep the raw logits and processed scores of the rows whose tokens were committed."""
+    for row, step, used in zip(rows, steps, committed):
         seg = step.segment
         assert seg is not None
-        used = num_accepted + (next_token is not None)
         row.logits += list(logits[seg.start : seg.start + used])
         row.scores += list(scores[seg.start : seg.start + used])
 

@@ -429,3 +429,12 @@ def test_two_threads_with_the_same_new_schema_get_their_own_grammar_state(model,
     assert not errors, errors
     alone = [one(s) for s in settings]  # afterwards, one by one, from the cached grammar
     assert [results[i] for i in range(len(settings))] == alone
+
+
+@pytest.mark.parametrize("schema", [{"type": "integer", "minimum": 5, "maximum": 2}, {"enum": []},
+                                    {"type": "object", "properties": {"a": False}, "required": ["a"]}])  # fmt: skip
+def test_unsatisfiable_schemas_do_not_suggest_another_backend(tok, schema):
+    with pytest.raises(GrammarError) as info:
+        compile_grammar(grammar_spec(schema=schema), tok, vocab_size=len(tok), stop_token_ids=(0,))
+    message = str(info.value)
+    assert "accepts no value" in message and "outlines" not in message

@@ -166,3 +166,56 @@ def test_empty_prompt_is_explained(model, tok):
 def test_max_new_tokens_zero_returns_the_prompt(model, tok, prompt):
     out = grammarspec.generate(model, prompt, tokenizer=tok, schema=SCHEMA, max_new_tokens=0, return_dict_in_generate=True)
     assert torch.equal(out.sequences, prompt) and out.stats[0].finish_reason == "length"
+
+
+# --- complete() with every constraint kind; up-front checks; streamers always ended -------------------
+
+
+@pytest.mark.parametrize("kind", ["grammar", "regex", "json_object"])
+def test_complete_marks_finished_answers_of_every_kind_valid(tok, kind):
+    model = tiny_llama(V, seed=0)
+    kwargs = {"grammar": {"grammar": 'root ::= "yes" | "no"'}, "regex": {"regex": "[a-c]{2,4}"},
+              "json_object": {"json_object": True}}[kind]  # fmt: skip
+    result = grammarspec.complete(model, tok, "answer", max_new_tokens=60, **kwargs)
+    assert result.finish_reason == "stop", result.text
+    assert result.valid, (result.text, result.errors)
+    if kind == "json_object":
+        assert isinstance(result.value, dict) and result.value == json.loads(result.text)
+    else:
+        assert result.value == result.text and result.text in ("yes", "no") or len(result.text) in (2, 3, 4)
+
+
+def test_prompt_longer_than_the_context_is_refused_up_front(model, tok):
+    too_long = torch.full((1, model.config.max_position_embeddings + 1), 5, dtype=torch.long)
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        grammarspec.generate(model, too_long, tokenizer=tok, schema=SCHEMA, max_new_tokens=5)
+
+
+def test_prompt_id_outside_the_vocabulary_is_refused(model, tok):
+    for bad in (V + 3, -1):
+        with pytest.raises(ValueError, match="outside the model's vocabulary"):
+            grammarspec.generate(model, torch.tensor([[2, bad]]), tokenizer=tok, schema=SCHEMA, max_new_tokens=5)
+
+
+@pytest.mark.parametrize("assistant", ["auto", "schema_ngram", ["jump_forward", "prompt_lookup"]])
+def test_text_drafters_without_tokenizer_are_explained(model, prompt, assistant):
+    with pytest.raises(ValueError, match="tokenizer="):
+        grammarspec.generate(model, prompt, max_new_tokens=5, assistant=assistant)
+
+
+def test_streamer_is_ended_when_generation_raises(model, tok, prompt):
+    streamer = TextIteratorStreamer(tok, skip_prompt=True, timeout=10)
+    failed = {}
+
+    def work():
+        try:
+            grammarspec.generate(model, prompt, tokenizer=tok, schema=SCHEMA, max_new_tokens=5, streamer=streamer,
+                                 num_beams=2)  # fmt: skip
+        except ValueError as exc:
+            failed["error"] = exc
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    assert "".join(streamer) == ""  # ends instead of blocking (the timeout would raise queue.Empty)
+    thread.join()
+    assert "num_beams" in str(failed["error"])

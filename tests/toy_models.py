@@ -78,7 +78,7 @@ def tiny_llama(vocab_size: int, seed: int = 0) -> LlamaForCausalLM:
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
         bos_token_id=None, eos_token_id=0, pad_token_id=1, tie_word_embeddings=False,
     )  # fmt: skip
     model = LlamaForCausalLM(config)
