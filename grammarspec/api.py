@@ -19,7 +19,7 @@ import torch
 from transformers import GenerationConfig
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-from grammars import compile_grammar, grammar_spec
+from grammars import GrammarError, compile_grammar, grammar_spec
 from proposers.base import Request
 
 from .adaptive import AdaptiveController
@@ -318,8 +318,8 @@ def _row_schemas(schema: Any, batch: int) -> list[Any]:
     """``schema=[s0, s1, ...]`` gives one schema per row; anything else applies to every row."""
     if isinstance(schema, list):
         if len(schema) != batch:
-            raise ValueError(
-                f"schema= got a list of {len(schema)} schemas for a batch of {batch} rows: pass one schema per "
+            raise GrammarError(
+                f"schema= got list of {len(schema)} schemas for a batch of {batch} rows: pass one schema per "
                 "row, or a single schema (dict, JSON string or pydantic model) for every row"
             )
         return list(schema)

@@ -59,7 +59,7 @@ def run(model, tok, prompt, **kwargs):
         ({"type": "strng"}, "at type"),
         ({"type": "object", "properties": {"a": {"minLength": -1}}}, "at properties/a/minLength"),
         ('{"type": "object",', "not valid JSON"),
-        ([{"type": "object"}], "got list"),
+        ([{"type": "object"}, {"type": "object"}], "got list"),  # a list is one schema per row: two for one row
         ({"required": "a"}, "at required"),
     ],
 )
