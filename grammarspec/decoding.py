@@ -35,10 +35,12 @@ import torch
 from grammars.base import Matcher, allocate_bitmask
 from proposers.base import EMPTY_DRAFT, Draft, GrammarView, Proposer
 
+from .bookkeeping import account, finish, record_scores
 from .kv import BatchKV
 from .masking import apply_masks, forced_token, walk_draft
 from .rejection import Segment, verify_greedy, verify_sampled
-from .sampling import LogitsProcessorFn, SamplingParams, probabilities, process_logits
+from .processing import LogitsPipeline
+from .sampling import LogitsProcessorFn, SamplingParams, probabilities
 from .stats import GenerationStats
 from .stopping import stop_reason
 
@@ -256,12 +258,12 @@ def decode_batch(
         t0 = time.perf_counter()
         committed = commit(active, steps, results, kv, eos, config, tokenizer, on_commit)
         if config.record_scores:
-            _record(active, steps, committed, logits, scores)
+            record_scores(active, steps, committed, logits, scores)
         commit_seconds = time.perf_counter() - t0
 
         # 6. Adapt: statistics and the controllers learn what the step cost and brought.
         for row, step, (num_accepted, _) in zip(active, steps, results):
-            _account(row, step, num_accepted, verify_seconds, commit_seconds, started, step_cost)
+            account(row, step, num_accepted, verify_seconds, commit_seconds, started, step_cost)
         if on_step is not None:
             on_step(active, kv)
     return rows
@@ -360,30 +362,6 @@ def _propose(row: Row, config: DecodeConfig) -> _Step:
     return step
 
 
-def _account(row: Row, step: _Step, num_accepted: int, verify: float, commit_s: float, started: float,
-             step_cost: Callable[[int], float] | None) -> None:  # fmt: skip
-    """Statistics and the controller's view of one step (bookkeeping only)."""
-    stats = row.stats
-    stats.target_forwards += 1
-    if stats.target_forwards == 1:
-        stats.first_step_seconds, stats.first_step_tokens = time.perf_counter() - started, stats.new_tokens
-    stats.steps.append((len(step.draft), num_accepted))
-    stats.draft_seconds += step.draft_seconds
-    stats.verify_seconds += verify
-    stats.grammar_seconds += step.grammar_seconds + commit_s
-    if len(step.draft):
-        stats.count(step.draft.sources or ("draft",) * len(step.draft), num_accepted)
-    controller = row.controller
-    if controller is not None and stats.target_forwards > 1:  # the prefill pass is no decoding step
-        seconds = step.draft_seconds + verify + step.grammar_seconds + commit_s
-        if step_cost is not None:
-            seconds = step_cost(len(step.draft) + 1)
-        if len(step.draft):
-            controller.record_speculative_step(len(step.draft), num_accepted, seconds)
-        else:
-            controller.record_plain_step(seconds)
-
-
 def _leave(active: list[Row], kv: BatchKV, started: float) -> list[Row]:
     """Finished rows leave the batch (their cache rows are dropped)."""
     now = time.perf_counter()
@@ -392,28 +370,10 @@ def _leave(active: list[Row], kv: BatchKV, started: float) -> list[Row]:
         if row.finish_reason is None:
             keep.append(slot)
         else:
-            _finish(row, now - started)
+            finish(row, now - started)
     if len(keep) < len(active):
         kv.select(keep)
     return [active[slot] for slot in keep]
-
-
-def _finish(row: Row, seconds: float) -> None:
-    stats = row.stats
-    stats.total_seconds = seconds
-    stats.finish_reason = row.finish_reason or "length"
-    if row.controller is not None:
-        stats.final_k, stats.speculating = row.controller.k, row.controller.speculate
-
-
-def _record(rows: Sequence[Row], steps: Sequence[_Step], committed: Sequence[int], logits: torch.Tensor,
-            scores: torch.Tensor) -> None:  # fmt: skip
-    """Keep the raw logits and processed scores of the rows whose tokens were committed."""
-    for row, step, used in zip(rows, steps, committed):
-        seg = step.segment
-        assert seg is not None
-        row.logits += list(logits[seg.start : seg.start + used])
-        row.scores += list(scores[seg.start : seg.start + used])
 
 
 def _new_row(index: int, request: RowRequest, config: DecodeConfig) -> Row:
@@ -439,31 +399,9 @@ def _cached_prefix(cache: Any, row: Row) -> int:
 
 
 def sampling_processing(config: DecodeConfig, processors: Sequence[LogitsProcessorFn], prompt_length: int) -> Processing:
-    """The default row processing: user processors, min_new_tokens, temperature, top-k, top-p."""
-    eos = sorted(config.eos_token_ids)
-    params = config.sampling
-
-    def process(scores: torch.Tensor, prefixes: Sequence[Sequence[int]]) -> torch.Tensor:
-        device = scores.device
-        tensors = [torch.tensor([p], dtype=torch.long, device=device) for p in prefixes] if processors else ()
-        out = process_logits(scores, params, None, processors, tensors)
-        if eos and config.min_new_tokens:
-            _suppress_eos(out, eos, [len(p) - prompt_length for p in prefixes], config.min_new_tokens)
-        return out
-
-    return process
-
-
-def _suppress_eos(scores: torch.Tensor, eos: list[int], generated: list[int], min_new: int) -> None:
-    """min_new_tokens: forbid EOS at rows before the minimum, unless EOS is all the row allows."""
-    ids = torch.tensor([e for e in eos if e < scores.shape[-1]], dtype=torch.long, device=scores.device)
-    for row, done in enumerate(generated):
-        if done >= min_new:
-            continue
-        blocked = scores[row].clone()
-        blocked[ids] = float("-inf")
-        if not bool(torch.isneginf(blocked).all()):
-            scores[row] = blocked
+    """The row processing for ``config``'s sampling settings (and min_new_tokens) plus user ``processors``."""
+    return LogitsPipeline.from_sampling(config.sampling, processors, min_new_tokens=config.min_new_tokens,
+                                        eos_token_ids=config.eos_token_ids, prompt_length=prompt_length)  # fmt: skip
 
 
 def logits_width(model: torch.nn.Module) -> int:

@@ -1,0 +1,57 @@
+"""What a decoding step records: statistics, the controller's inputs, the finish, the scores (bookkeeping only).
+
+Nothing here changes generation state; the loop (:mod:`grammarspec.decoding`)
+calls these after its commit.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+__all__ = ["account", "finish", "record_scores"]
+
+
+def account(row: Any, step: Any, num_accepted: int, verify: float, commit_s: float, started: float,
+             step_cost: Callable[[int], float] | None) -> None:  # fmt: skip
+    """Statistics and the controller's view of one step (bookkeeping only)."""
+    stats = row.stats
+    stats.target_forwards += 1
+    if stats.target_forwards == 1:
+        stats.first_step_seconds, stats.first_step_tokens = time.perf_counter() - started, stats.new_tokens
+    stats.steps.append((len(step.draft), num_accepted))
+    stats.draft_seconds += step.draft_seconds
+    stats.verify_seconds += verify
+    stats.grammar_seconds += step.grammar_seconds + commit_s
+    if len(step.draft):
+        stats.count(step.draft.sources or ("draft",) * len(step.draft), num_accepted)
+    controller = row.controller
+    if controller is not None and stats.target_forwards > 1:  # the prefill pass is no decoding step
+        seconds = step.draft_seconds + verify + step.grammar_seconds + commit_s
+        if step_cost is not None:
+            seconds = step_cost(len(step.draft) + 1)
+        if len(step.draft):
+            controller.record_speculative_step(len(step.draft), num_accepted, seconds)
+        else:
+            controller.record_plain_step(seconds)
+
+
+def finish(row: Any, seconds: float) -> None:
+    stats = row.stats
+    stats.total_seconds = seconds
+    stats.finish_reason = row.finish_reason or "length"
+    if row.controller is not None:
+        stats.final_k, stats.speculating = row.controller.k, row.controller.speculate
+
+
+def record_scores(rows: Sequence[Any], steps: Sequence[Any], committed: Sequence[int], logits: torch.Tensor,
+            scores: torch.Tensor) -> None:  # fmt: skip
+    """Keep the raw logits and processed scores of the rows whose tokens were committed."""
+    for row, step, used in zip(rows, steps, committed):
+        seg = step.segment
+        assert seg is not None
+        row.logits += list(logits[seg.start : seg.start + used])
+        row.scores += list(scores[seg.start : seg.start + used])
