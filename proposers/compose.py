@@ -40,7 +40,7 @@ import torch
 
 from .base import EMPTY_DRAFT, Draft, GrammarView, Proposer, Request
 from .jump_forward import JumpForwardProposer, trim_ambiguous
-from .text import SplitPreferences, TokenText, continuation_tokens, token_text
+from .text import SplitPreferences, TokenText, continuation_tokens, token_sources, token_text
 from .track import Track
 
 __all__ = ["CompositeProposer", "concat_drafts", "is_model_proposer"]
@@ -268,17 +268,11 @@ class CompositeProposer:
         if not tokens:
             return None
         # Each token's source: the part holding its first byte.
-        boundaries, offset = [], 0
+        segments, offset = [], 0
         for token, source in zip(draft.tokens, draft.sources):
-            boundaries.append((offset, source))
             offset += len(helper.vocab_bytes[token])
-        sources, offset, j = [], 0, 0
-        for token in tokens:
-            while j + 1 < len(boundaries) and boundaries[j + 1][0] <= offset:
-                j += 1
-            sources.append(boundaries[j][1])
-            offset += len(helper.vocab_bytes[token])
-        return Draft(tokens=tuple(tokens), sources=tuple(sources))
+            segments.append((source, offset))
+        return Draft(tokens=tuple(tokens), sources=tuple(token_sources(tokens, helper.vocab_bytes, segments)))
 
     def commit(self, draft: Draft, num_accepted: int, committed: Sequence[int]) -> None:
         """Share out ``num_accepted`` by bytes over the parts of the last draft and commit every member.
