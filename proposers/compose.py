@@ -48,12 +48,12 @@ __all__ = ["CompositeProposer", "concat_drafts", "is_model_proposer"]
 
 
 def is_model_proposer(proposer: Proposer) -> bool:
-    """Whether ``proposer`` runs a draft model (expensive: asked only as a fallback)."""
-    try:
-        from .draft_model import DraftModelProposer
-    except ImportError:  # pragma: no cover - the module ships with the package
-        return False
-    return isinstance(proposer, DraftModelProposer)
+    """Whether ``proposer`` runs a draft model (expensive: asked only as a fallback).
+
+    A drafter says so with a true ``runs_model`` attribute (the draft-model
+    drafter lives with the model runtime; this package never imports it).
+    """
+    return bool(getattr(proposer, "runs_model", False))
 
 
 def concat_drafts(first: Draft, second: Draft) -> Draft:

@@ -40,6 +40,9 @@ def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
 class DraftModelProposer:
     """Drafts with a small causal LM sharing the target's tokenizer."""
 
+    #: It runs a model: the composite asks it only as a fallback (:func:`proposers.compose.is_model_proposer`).
+    runs_model = True
+
     def __init__(self, model: torch.nn.Module, *, name: str = "draft_model") -> None:
         self.model = model
         self.name = name

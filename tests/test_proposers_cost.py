@@ -69,3 +69,12 @@ def test_the_composite_holds_back_drafts_when_passes_turn_out_dear():
     fixed_bar = CompositeProposer([fixed("guess", [4, 5, 6])], cost_model=cost, min_expected=0.6)
     fixed_bar.start(Request(prompt_ids=(2,), tokenizer=tok))
     assert fixed_bar.propose([2], view, 8)  # an explicit min_expected wins
+
+
+@pytest.mark.parametrize("module", ["proposers.cost", "proposers.track", "proposers.json_document", "proposers.json_cursor"])
+def test_docstring_examples_hold(module):
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(module))
+    assert result.attempted > 0 and result.failed == 0
