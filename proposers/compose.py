@@ -39,15 +39,20 @@ from typing import Any
 import torch
 
 from .base import EMPTY_DRAFT, Draft, GrammarView, Proposer, Request
+from .cost import PassCost
 from .jump_forward import JumpForwardProposer, trim_ambiguous
-from .text import SplitPreferences, TokenText, continuation_tokens, token_text
+from .text import SplitPreferences, TokenText, continuation_tokens, token_sources, token_text
 from .track import Track
 
 __all__ = ["CompositeProposer", "concat_drafts", "is_model_proposer"]
 
 
 def is_model_proposer(proposer: Proposer) -> bool:
-    """Whether ``proposer`` runs a draft model (``runs_model = True``; expensive: asked only as a fallback)."""
+    """Whether ``proposer`` runs a draft model (expensive: asked only as a fallback).
+
+    A drafter says so with a true ``runs_model`` attribute (the draft-model
+    drafter lives with the model runtime; this package never imports it).
+    """
     return bool(getattr(proposer, "runs_model", False))
 
 
@@ -83,12 +88,21 @@ class CompositeProposer:
     """Jump-forward first, then the best follower continues after the forced span.
 
     ``proposers``: any mix; :class:`JumpForwardProposer` instances lead, draft
-    models (``runs_model = True``, e.g. :class:`grammarspec.draft_model.DraftModelProposer`) are the
+    models (:class:`proposers.draft_model.DraftModelProposer`) are the
     fallback, the rest are the cheap followers, tried in the given order.
     ``short``: the draft model is asked only when the best cheap draft is
     shorter than this.  ``min_expected``: the fewest expected accepted tokens
-    for which a cheap draft alone is verified (a 2-16 row pass costs about
-    1.6 plain steps on CPU, so less than about 0.6 loses time).
+    for which a cheap draft alone is verified, or continues another; ``None``
+    (the default): what a pass of ``typical_rows`` rows costs beyond a plain
+    step (``cost_model.break_even(typical_rows)``: 0.6 with the prior, the
+    value tuned on replayed benchmark outputs; it rises as measured passes
+    turn out dearer).  A per-length bar (``Track.worth`` without a floor)
+    replayed slightly worse: 3.873 against 3.878 modelled speedup.
+    ``cost_model``: the :class:`proposers.cost.PassCost` of the target (a
+    fresh prior if ``None``), exposed as :attr:`cost_model`: the loop may
+    ``cost_model.update(rows, seconds)`` after each measured target pass and
+    read ``cost_model.cost(rows)`` (plain steps) for its own decisions; the
+    composite only reads it.
     ``splits``: the learned splits of this request; the composite owns them
     (starts them and teaches them, from its own drafts, once per
     :meth:`commit`), and members built with the same object only read them.
@@ -101,14 +115,18 @@ class CompositeProposer:
         *,
         name: str = "composite",
         short: int = 2,
-        min_expected: float = 0.6,
+        min_expected: float | None = None,
         splits: SplitPreferences | None = None,
+        cost_model: PassCost | None = None,
+        typical_rows: int = 10,
     ) -> None:
         if not proposers:
             raise ValueError("CompositeProposer needs at least one proposer")
         self.name = name
         self.short = short
         self.min_expected = min_expected
+        self.cost_model = cost_model if cost_model is not None else PassCost()
+        self.typical_rows = typical_rows
         self.proposers = list(proposers)
         self.leaders = [p for p in self.proposers if isinstance(p, JumpForwardProposer)]
         self.fallbacks = [p for p in self.proposers if is_model_proposer(p)]
@@ -183,30 +201,40 @@ class CompositeProposer:
         ctx = list(context) + list(draft.tokens)
         drafts = [p.propose(ctx, view, rest).truncate(rest) for p in others]
         drafts = [d if d.probs is None else EMPTY_DRAFT for d in drafts]  # only deterministic parts are joined
-        best = self._best(drafts, others, floor=self.min_expected)
+        best = self._best(drafts, others, gated=True)
         return [(others[best], drafts[best])] if best >= 0 else []
 
     def _track(self, proposer: Proposer, draft: Draft) -> Track:
         """The record of ``proposer``'s drafts of the same kind as ``draft``."""
-        return self._tracks.setdefault((id(proposer), draft.kind), Track())
+        key = (id(proposer), draft.kind)
+        track = self._tracks.get(key)
+        if track is None:
+            track = self._tracks[key] = Track(cost=self.cost_model)
+        return track
 
-    def _best(self, drafts: Sequence[Draft], proposers: Sequence[Proposer], floor: float = 0.0) -> int:
+    def _best(self, drafts: Sequence[Draft], proposers: Sequence[Proposer], gated: bool = False) -> int:
         """Index of the draft with the most expected accepted tokens (the longest on ties), -1 if none.
 
-        ``drafts[i]`` comes from ``proposers[i]``; a draft expected to get fewer than ``floor`` accepted is passed over.
+        ``drafts[i]`` comes from ``proposers[i]``; ``gated``: a draft not worth its pass
+        (:meth:`Track.worth`) is passed over.
         """
         best, key = -1, (0.0, 0)
         for i, draft in enumerate(drafts):
             if not draft:
                 continue
-            candidate = (self._track(proposers[i], draft).expected(len(draft)), len(draft))
-            if candidate > key and candidate[0] >= floor:
+            track = self._track(proposers[i], draft)
+            candidate = (track.expected(len(draft)), len(draft))
+            if candidate > key and (not gated or track.worth(len(draft), self._floor())):
                 best, key = i, candidate
         return best
 
     def _worth_verifying(self, proposer: Proposer, draft: Draft) -> bool:
         track = self._track(proposer, draft)
-        return track.expected(len(draft)) >= self.min_expected or track.admit()
+        return track.worth(len(draft), self._floor()) or track.admit()
+
+    def _floor(self) -> float:
+        """The fewest expected accepted tokens worth a pass (see ``min_expected``)."""
+        return self.min_expected if self.min_expected is not None else self.cost_model.break_even(self.typical_rows)
 
     def _join(
         self,
@@ -264,17 +292,11 @@ class CompositeProposer:
         if not tokens:
             return None
         # Each token's source: the part holding its first byte.
-        boundaries, offset = [], 0
+        segments, offset = [], 0
         for token, source in zip(draft.tokens, draft.sources):
-            boundaries.append((offset, source))
             offset += len(helper.vocab_bytes[token])
-        sources, offset, j = [], 0, 0
-        for token in tokens:
-            while j + 1 < len(boundaries) and boundaries[j + 1][0] <= offset:
-                j += 1
-            sources.append(boundaries[j][1])
-            offset += len(helper.vocab_bytes[token])
-        return Draft(tokens=tuple(tokens), sources=tuple(sources))
+            segments.append((source, offset))
+        return Draft(tokens=tuple(tokens), sources=tuple(token_sources(tokens, helper.vocab_bytes, segments)))
 
     def commit(self, draft: Draft, num_accepted: int, committed: Sequence[int]) -> None:
         """Share out ``num_accepted`` by bytes over the parts of the last draft and commit every member.

@@ -23,7 +23,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["TokenText", "token_text", "continuation_tokens", "SplitPreferences"]
+__all__ = ["TokenText", "token_text", "continuation_tokens", "token_sources", "SplitPreferences"]
 
 _ENCODE_CACHE_SIZE = 4096
 
@@ -187,6 +187,32 @@ def continuation_tokens(
             if helper.bytes_of(rest) == target:
                 return rest
     return []
+
+
+def token_sources(
+    tokens: Sequence[int], token_bytes: Sequence[bytes], segments: Sequence[tuple[str, int]], default: str = ""
+) -> list[str]:
+    """Which source produced each token: the segment that holds the token's first byte.
+
+    ``segments``: ``(source, end byte)`` in order, covering the text the
+    tokens spell (a token past the last end belongs to the last segment);
+    ``default`` names every token when there are no segments.  Pure.
+
+    Worked example (one byte per token)::
+
+        token_sources([ord("a"), ord("b"), ord("c")], BYTES, [("key", 1), ("value", 3)])
+        -> ["key", "value", "value"]
+
+    A token that straddles a boundary belongs to the segment it starts in:
+    ``ab`` then ``c`` over segments ``("x", 1), ("y", 3)`` is ``["x", "y"]``.
+    """
+    out, pos, seg = [], 0, 0
+    for token in tokens:
+        while seg < len(segments) - 1 and pos >= segments[seg][1]:
+            seg += 1
+        out.append(segments[seg][0] if segments else default)
+        pos += len(token_bytes[token]) if 0 <= token < len(token_bytes) else 0
+    return out
 
 
 class SplitPreferences:

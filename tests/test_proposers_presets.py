@@ -109,3 +109,17 @@ def test_auto_learns_the_targets_splits_once_per_step(smol_tokenizer, monkeypatc
     assert result is not None and result.steps > 1
     assert set(learned) == {id(auto.splits)}  # no member keeps a learner of its own
     assert len(learned) == result.steps  # one lesson per step, none twice
+
+
+def test_building_the_cheap_presets_never_imports_the_runtime():
+    """Layering: proposers/ sits below grammarspec/ (only the draft-model drafter needs it)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from proposers import resolve_assistant; "
+        "[resolve_assistant(p) for p in ('auto', 'schema_ngram', 'jump_forward', 'prompt_lookup', ['auto'])]; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'grammarspec'))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

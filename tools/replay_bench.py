@@ -44,10 +44,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from proposers.cost import PRIOR_BASE, PRIOR_PER_ROW, PassCost  # noqa: E402  (after the path is set)
 
-def pass_cost(rows: int, base: float = 1.3, per_row: float = 0.03) -> float:
-    """Cost of a target pass over ``rows`` rows, in plain (1-row) steps."""
-    return 1.0 if rows <= 1 else base + per_row * max(rows, 4)
+
+def pass_cost(rows: int, base: float = PRIOR_BASE, per_row: float = PRIOR_PER_ROW) -> float:
+    """Cost of a target pass over ``rows`` rows, in plain (1-row) steps: the model of :mod:`proposers.cost`."""
+    return PassCost(base, per_row).cost(rows)
 
 
 def same_text_tokens(drafted: bytes, output: list[bytes]) -> int:
@@ -125,8 +127,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--references", action="store_true", help="replay the task file's reference answers")
     parser.add_argument("--tasks", default=None, help="task file (default: $GRAMMARSPEC_TASKS, else data/tasks/tasks.jsonl)")
     parser.add_argument("--assistant", default="auto")
-    parser.add_argument("--pass-base", type=float, default=1.3, help="fixed cost of a pass with drafts, in plain steps")
-    parser.add_argument("--row-cost", type=float, default=0.03, help="cost of each row of such a pass (4 at least)")
+    parser.add_argument("--pass-base", type=float, default=PRIOR_BASE,
+                        help="fixed cost of a pass with drafts, in plain steps")
+    parser.add_argument("--row-cost", type=float, default=PRIOR_PER_ROW,
+                        help="cost of each row of such a pass (4 at least)")
     parser.add_argument("--split-oracle", action="store_true",
                         help="bound: count a rejected draft's text as accepted where the output spells it otherwise")
     args = parser.parse_args(argv)
