@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
 
     print("loading the embedded SmolLM2-135M-Instruct ...", flush=True)
     model, tokenizer = grammarspec.load_model("smollm2-135m")
-    kwargs = dict(system=SYSTEM, schema=SCHEMA, max_new_tokens=args.max_new_tokens)
+    kwargs = {"system": SYSTEM, "schema": SCHEMA, "max_new_tokens": args.max_new_tokens}
     spec = grammarspec.complete(model, tokenizer, DOCUMENT, assistant=args.assistant, **kwargs)
     print(f"\n=== speculative (assistant={args.assistant!r})")
     print(json.dumps(spec.value, indent=2) if spec.value is not None else spec.text)

@@ -31,8 +31,8 @@ from grammars.base import Matcher, allocate_bitmask
 from proposers.base import EMPTY_DRAFT, Draft, GrammarView, Proposer
 
 from .cache import crop_cache, forward_with_cache, new_cache, require_croppable
-from .rejection import greedy_verify, rejection_sample
 from .processing import LogitsPipeline
+from .rejection import greedy_verify, rejection_sample
 from .sampling import LogitsProcessorFn, SamplingParams, apply_bitmask, probabilities, unpack_bitmask
 from .stats import GenerationStats
 

@@ -104,7 +104,7 @@ def test_speculative_samples_follow_the_processed_target(compiled, case):
 def test_wrong_prefix_for_draft_rows_is_detected(compiled, monkeypatch):
     """Sanity of the method: give every verification row the first row's prefix (as if the penalty ignored
     the draft tokens before it) and the test must fail."""
-    import grammarspec.processing as processing
+    from grammarspec import processing
 
     run = processing.LogitsPipeline._run
     monkeypatch.setattr(processing.LogitsPipeline, "_run", staticmethod(lambda p, ids, s: run(p, [ids[0]] * len(ids), s)))
