@@ -25,12 +25,21 @@ from proposers.base import Request
 from .adaptive import AdaptiveController
 from .assistant import resolve_assistant
 from .decoding import DecodeConfig, RowRequest, decode_batch, logits_width
+from .inputs import (
+    check_assistant,
+    check_model_inputs,
+    check_prompt,
+    eos_ids,
+    needs_tokenizer,
+    prompt_rows,
+    refuse_arguments,
+)
 from .processing import build_pipeline, check_stateless
 from .sampling import SamplingParams
 from .settings import ACCEPTED_MODEL_INPUTS, max_new_tokens, resolve_config
 from .stats import GenerationStats
 
-__all__ = ["generate", "enable", "GenerationOutput", "DEFAULT_MAX_DRAFT"]
+__all__ = ["DEFAULT_MAX_DRAFT", "GenerationOutput", "enable", "generate"]
 
 #: Longest proposal by default: verifying 16 tokens costs ~1.7x one step on CPU.
 DEFAULT_MAX_DRAFT = 16
@@ -41,16 +50,6 @@ _OUR_KWARGS = (
     "assistant", "grammar_backend", "max_draft_tokens", "adaptive", "generator",
 )  # fmt: skip
 
-#: Hugging Face ``generate`` arguments with no meaning here: refused when given.
-_REFUSED_ARGUMENTS = {
-    "negative_prompt_ids": "classifier-free guidance needs a second model pass per token",
-    "negative_prompt_attention_mask": "classifier-free guidance needs a second model pass per token",
-    "prefix_allowed_tokens_fn": "pass the constraint as grammar=, regex= or schema= instead",
-    "stopping_criteria": "use max_new_tokens, eos_token_id or stop_strings",
-    "synced_gpus": "multi-GPU synchronised generation is not supported",
-    "custom_generate": "grammarspec is itself the decoding method",
-    "inputs_embeds": "grammarspec needs token ids (the grammar and the drafters read them)",
-}
 
 
 @dataclass
@@ -129,10 +128,7 @@ def _generate(
     streamer: Any, logits_processor: list[Any] | None, attention_mask: Any, generator: Any,
     return_dict_in_generate: bool | None, **generation_kwargs: Any,
 ) -> torch.LongTensor | GenerationOutput:  # fmt: skip
-    for name, why in _REFUSED_ARGUMENTS.items():
-        if generation_kwargs.get(name) not in (None, False):
-            raise ValueError(f"grammarspec cannot honour {name}= ({why})")
-        generation_kwargs.pop(name, None)
+    refuse_arguments(generation_kwargs)
     model_inputs = {k: generation_kwargs.pop(k) for k in ACCEPTED_MODEL_INPUTS if k in generation_kwargs}
     config, unknown, default_length = resolve_config(model, generation_config, generation_kwargs)
     unknown = {k: v for k, v in unknown.items() if k not in ("output_scores", "output_logits")}
@@ -142,13 +138,13 @@ def _generate(
             "(max_new_tokens, do_sample, temperature, top_k, top_p, stop_strings, ...) or grammarspec's own "
             "(schema, tools, grammar, regex, json_object, assistant, ...)."
         )
-    _check_model_inputs(model, model_inputs)
+    check_model_inputs(model, model_inputs)
     processors = list(logits_processor or ())
     check_stateless(processors)
-    rows, width = _prompt_rows(input_ids, attention_mask)
+    rows, width = prompt_rows(input_ids, attention_mask)
     vocab = logits_width(model)
-    _check_prompt(model, rows, vocab)
-    eos = _eos_ids(config, tokenizer)
+    check_prompt(model, rows, vocab)
+    eos = eos_ids(config, tokenizer)
     context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
     max_new = max_new_tokens(config, width, context, default_length)
     if context is not None and width + max_new > context:
@@ -171,8 +167,8 @@ def _generate(
     compiled = _compile_rows(specs, tokenizer, vocab, eos, grammar_backend)
     probe = resolve_assistant(assistant, draft_model=assistant_model)
     for member in getattr(probe, "proposers", None) or [probe]:
-        _check_assistant(model, getattr(member, "model", None), tokenizer)
-    if probe is not None and tokenizer is None and _needs_tokenizer(probe):
+        check_assistant(model, getattr(member, "model", None), tokenizer)
+    if probe is not None and tokenizer is None and needs_tokenizer(probe):
         raise ValueError(
             f"assistant={assistant!r} drafts text and needs the tokenizer: pass tokenizer=... "
             "(or use assistant='none' / a draft model)"
@@ -257,61 +253,7 @@ def enable(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-# --- input handling -----------------------------------------------------------------
-
-
-def _check_model_inputs(model: torch.nn.Module, inputs: dict[str, Any]) -> None:
-    """``token_type_ids`` from ``tokenizer(...)``: all 0 (one segment) carries nothing and is accepted."""
-    types_ = inputs.get("token_type_ids")
-    if types_ is not None and bool(torch.as_tensor(types_).ne(0).any()):
-        raise ValueError(
-            "token_type_ids with non-zero entries: grammarspec feeds only input_ids to the model, so several "
-            "segments cannot be told apart. Drop token_type_ids (or use the model's original generate)."
-        )
-
-
-def _prompt_rows(input_ids: Any, attention_mask: torch.Tensor | None) -> tuple[list[list[int]], int]:
-    """The unpadded rows and the padded width (``input_ids.shape[1]``, as HF counts the prompt)."""
-    if input_ids is None:
-        raise ValueError("generate() needs input_ids (the tokenized prompt)")
-    ids = torch.as_tensor(input_ids)
-    if ids.numel() == 0:
-        ids = ids.long()
-    if ids.is_floating_point() or ids.is_complex():
-        raise ValueError(f"input_ids must hold integer token ids, got dtype {ids.dtype}")
-    ids = ids.long()
-    if ids.dim() == 1:
-        ids = ids.unsqueeze(0)
-    if ids.dim() != 2 or ids.shape[1] == 0:
-        raise ValueError(
-            f"input_ids must be a non-empty [batch, length] tensor, got shape {tuple(ids.shape)}; an empty "
-            "prompt gives the model nothing to condition on (use at least a BOS token or a chat template)"
-        )
-    mask = torch.ones_like(ids) if attention_mask is None else torch.as_tensor(attention_mask).reshape(ids.shape)
-    rows = [row[m.bool()].tolist() for row, m in zip(ids, mask)]
-    if any(not r for r in rows):
-        raise ValueError("a batch row has no unmasked token: every prompt needs at least one token")
-    return rows, int(ids.shape[1])
-
-
-def _check_prompt(model: torch.nn.Module, rows: list[list[int]], vocab: int) -> None:
-    """Token ids inside the vocabulary; prompts shorter than the model's context."""
-    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
-    limit = int(getattr(embeddings, "num_embeddings", 0) or vocab)
-    for i, row in enumerate(rows):
-        bad = [t for t in row if t < 0 or t >= limit]
-        if bad:
-            raise ValueError(
-                f"input_ids row {i} holds token id {bad[0]}, outside the model's vocabulary (0..{limit - 1}); "
-                "tokenize the prompt with this model's tokenizer"
-            )
-    context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
-    longest = max(len(r) for r in rows)
-    if context is not None and longest >= context:
-        raise ValueError(
-            f"the prompt has {longest} tokens but the model's context is {context} "
-            "(config.max_position_embeddings): shorten the prompt"
-        )
+# --- outputs and helpers -----------------------------------------------------------
 
 
 def _row_schemas(schema: Any, batch: int) -> list[Any]:
@@ -345,25 +287,6 @@ def _device(model: torch.nn.Module) -> torch.device:
         return next(model.parameters()).device
     except (StopIteration, AttributeError, TypeError):
         return torch.device("cpu")
-
-
-def _eos_ids(config: GenerationConfig, tokenizer: Any) -> tuple[int, ...]:
-    eos = config.eos_token_id
-    if eos is None and tokenizer is not None:
-        eos = tokenizer.eos_token_id
-    if eos is None:
-        return ()
-    return tuple(int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos]))
-
-
-def _needs_tokenizer(proposer: Any) -> bool:
-    """Whether a resolved assistant holds one of grammarspec's text drafters (they read the tokenizer)."""
-    from proposers.compose import CompositeProposer
-    from proposers.jump_forward import JumpForwardProposer
-    from proposers.schema_ngram import SchemaNgramProposer
-
-    members = proposer.proposers if isinstance(proposer, CompositeProposer) else [proposer]
-    return any(isinstance(p, (JumpForwardProposer, SchemaNgramProposer)) for p in members)
 
 
 def _per_step(rows: list[list[torch.Tensor]], vocab: int) -> tuple[torch.Tensor, ...]:
@@ -404,29 +327,6 @@ def _k_min(proposer: Any, k_max: int) -> int:
     if any(is_model_proposer(p) for p in members):
         return 1
     return k_max
-
-
-def _check_assistant(model: torch.nn.Module, assistant: Any, tokenizer: Any) -> None:
-    """Refuse a draft model whose tokenizer cannot be the target's."""
-    if not isinstance(assistant, torch.nn.Module):
-        return
-    target_cfg, draft_cfg = model.config, assistant.config
-    problems = []
-    n_tokens = len(tokenizer) if tokenizer is not None else None
-    if n_tokens is not None and draft_cfg.vocab_size < n_tokens:
-        problems.append(f"its vocabulary has {draft_cfg.vocab_size} entries but the tokenizer has {n_tokens}")
-    for attr in ("bos_token_id", "eos_token_id"):
-        a, b = getattr(target_cfg, attr, None), getattr(draft_cfg, attr, None)
-        if a is not None and b is not None and a != b:
-            problems.append(f"{attr} is {b} for the draft but {a} for the target")
-    if problems:
-        raise ValueError(
-            "the assistant model does not share the target's tokenizer ("
-            + "; ".join(problems)
-            + "). grammarspec verifies draft tokens by id, so the draft must use the same tokenizer "
-            "(a padded vocabulary is fine). Use a draft model from the same family, or a cheap proposer "
-            "such as assistant='auto'."
-        )
 
 
 def _assemble(

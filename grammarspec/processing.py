@@ -46,7 +46,7 @@ import torch
 from transformers import GenerationConfig
 from transformers.generation import logits_process as lp
 
-__all__ = ["LogitsPipeline", "build_pipeline", "check_stateless", "PREFIX_FREE"]
+__all__ = ["PREFIX_FREE", "LogitsPipeline", "build_pipeline", "check_stateless"]
 
 #: Processor classes that read only the scores (never ``input_ids``): run on all rows at once.
 PREFIX_FREE: tuple[type, ...] = (
@@ -115,7 +115,7 @@ class LogitsPipeline:
     def from_sampling(
         cls, params: Any, processors: Sequence[Any] = (), *, min_new_tokens: int = 0,
         eos_token_ids: Sequence[int] = (), prompt_length: int = 0,
-    ) -> "LogitsPipeline":  # fmt: skip
+    ) -> LogitsPipeline:  # fmt: skip
         """The pipeline for a :class:`grammarspec.sampling.SamplingParams` (tests, old callers)."""
         config = GenerationConfig(
             do_sample=not params.greedy, temperature=params.temperature if not params.greedy else 1.0,

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from transformers import GenerationConfig
 
-__all__ = ["resolve_config", "refuse_unsupported", "max_new_tokens", "ACCEPTED_MODEL_INPUTS"]
+__all__ = ["ACCEPTED_MODEL_INPUTS", "max_new_tokens", "refuse_unsupported", "resolve_config"]
 
 #: ``model.generate(**tokenizer(...))`` inputs accepted besides input_ids / attention_mask.
 ACCEPTED_MODEL_INPUTS = ("token_type_ids", "use_cache")

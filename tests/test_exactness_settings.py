@@ -99,3 +99,14 @@ def test_speculative_samples_follow_the_processed_target(compiled, case):
         drafted += sum(stats.proposed.values())
     assert drafted > SAMPLES  # speculation really happened
     assert_matches(counts, exact, samples=SAMPLES)
+
+
+def test_wrong_prefix_for_draft_rows_is_detected(compiled, monkeypatch):
+    """Sanity of the method: give every verification row the first row's prefix (as if the penalty ignored
+    the draft tokens before it) and the test must fail."""
+    from grammarspec import processing
+
+    run = processing.LogitsPipeline._run
+    monkeypatch.setattr(processing.LogitsPipeline, "_run", staticmethod(lambda p, ids, s: run(p, [ids[0]] * len(ids), s)))
+    with pytest.raises(AssertionError):
+        test_speculative_samples_follow_the_processed_target(compiled, "repetition_penalty-matched-draft")
