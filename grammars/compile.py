@@ -28,7 +28,7 @@ from .spec import GrammarSpec
 __all__ = ["compile_grammar", "clear_grammar_cache", "BACKENDS"]
 
 #: Backend names accepted by :func:`compile_grammar` (the first is the default).
-BACKENDS = ("xgrammar", "outlines")
+BACKENDS = ("xgrammar", "outlines", "llguidance")
 _ALIASES = {"outlines-core": "outlines", "outlines_core": "outlines"}
 
 #: How many compiled grammars / tokenizer-level states are kept.
@@ -156,6 +156,10 @@ def _backend_module(name: str) -> Any:
         from . import xgrammar_backend
 
         return xgrammar_backend
+    if name == "llguidance":
+        from . import llguidance_backend
+
+        return llguidance_backend
     from . import outlines_backend
 
     return outlines_backend
