@@ -16,13 +16,17 @@ checked by :data:`PROBES`: tests/test_grammar_spec.py compiles each probe's
 schema on a toy vocabulary and checks that an invalid instance is (or is not)
 rejected, so a backend upgrade that changes an entry fails a test.
 
-``format`` values are approximated by regexes (``2023-02-30`` has the shape
-of a date), so a format is never counted as fully enforced here: a finished
-output is always validated with format checking.
+A ``format`` is the feature ``"format:<name>"``: ``"enforced"`` when the
+backend turns it into a grammar (:data:`FORMATS`; only approximately: the
+regex of a date accepts ``2023-02-30``, so a finished output is always
+validated with format checking), else what the backend does with an unknown
+format (xgrammar ignores it; outlines-core and llguidance refuse it).
 
     >>> unenforced({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, "xgrammar")
     ['uniqueItems']
-    >>> unenforced({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, "llguidance")
+    >>> refused({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, "llguidance")
+    ['uniqueItems']
+    >>> unenforced({"type": "string", "pattern": "^a+$", "maxLength": 3}, "llguidance")
     []
 """
 
@@ -37,7 +41,7 @@ from .spec import schema_nodes
 
 __all__ = [
     "Support", "FEATURES", "TABLES", "PROBES", "Probe", "features_used", "unenforced", "refused",
-    "support", "LOOKAROUND",
+    "support", "LOOKAROUND", "FORMATS", "run_probe",
 ]  # fmt: skip
 
 Support = Literal["enforced", "ignored", "refused"]
@@ -101,6 +105,20 @@ TABLES: dict[str, dict[str, Support]] = {
 }  # fmt: skip
 
 #: Keywords that only annotate or lead to subschemas; never reported as unenforced.
+#: ``format`` values each backend turns into a grammar (from the fuzz tool and llguidance's refusals).
+FORMATS: dict[str, frozenset[str]] = {
+    "xgrammar": frozenset(
+        {"date", "time", "date-time", "duration", "email", "hostname", "ipv4", "ipv6", "uri", "uri-reference",
+         "uri-template", "uuid", "json-pointer"}
+    ),
+    "outlines": frozenset({"date", "time", "date-time", "email", "uri", "uuid"}),
+    "llguidance": frozenset(
+        {"date", "time", "date-time", "duration", "email", "hostname", "ipv4", "ipv6", "uri", "uuid"}
+    ),
+}  # fmt: skip
+#: What a backend does with a format it has no grammar for.
+_OTHER_FORMATS: dict[str, Support] = {"xgrammar": "ignored", "outlines": "refused", "llguidance": "refused"}
+
 _NEUTRAL = frozenset(
     {
         "$schema", "$id", "id", "$anchor", "$comment", "$defs", "definitions", "title", "description", "default",
@@ -112,6 +130,8 @@ _NEUTRAL = frozenset(
 
 def support(backend: str, feature: str) -> Support:
     """The table entry for ``feature`` on ``backend`` (``"ignored"`` when not listed).  Pure."""
+    if feature.startswith("format:"):
+        return "enforced" if feature[7:] in FORMATS[backend] else _OTHER_FORMATS[backend]
     return TABLES[backend].get(feature, _I)
 
 
@@ -126,6 +146,8 @@ def features_used(schema: Any) -> list[str]:
         for key in node:
             if isinstance(key, str) and key not in _NEUTRAL and not key.startswith("x-"):
                 found[key] = None
+        if isinstance(node.get("format"), str) and node.get("type", "string") == "string":
+            found[f"format:{node['format']}"] = None
         pattern = node.get("pattern")
         if isinstance(pattern, str) and LOOKAROUND.search(pattern):
             found["pattern:lookaround"] = None
@@ -195,6 +217,10 @@ PROBES: tuple[Probe, ...] = (
     Probe("minLength", {"type": "string", "minLength": 3}, '"ab"', '"abc"'),
     Probe("maxLength", {"type": "string", "maxLength": 2}, '"abc"', '"ab"'),
     Probe("pattern", {"type": "string", "pattern": "^a+$"}, '"b"', '"aa"'),
+    Probe("format:date", {"type": "string", "format": "date"}, '"abc"', '"2024-01-02"'),
+    Probe("format:uuid", {"type": "string", "format": "uuid"}, '"abc"', '"12345678-1234-1234-1234-123456789abc"'),
+    Probe("format:ipv4", {"type": "string", "format": "ipv4"}, '"abc"', '"1.2.3.4"'),
+    Probe("format:uri-reference", {"type": "string", "format": "uri-reference"}, '"a b"', '"a"'),
     Probe("anyOf", {"anyOf": [_INT, {"type": "boolean"}]}, '"a"', "1"),
     Probe("oneOf", {"oneOf": [_INT, {"type": "boolean"}]}, '"a"', "true"),
     Probe("$ref", {"$defs": {"i": _INT}, "$ref": "#/$defs/i"}, '"a"', "1"),

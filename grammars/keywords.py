@@ -52,14 +52,33 @@ def unknown_keywords(schema: Any) -> list[str]:
     """Keywords no JSON Schema draft defines (``x-...`` extensions aside), in order of appearance.
 
     A typo such as ``propertiez`` makes a schema object accept anything, so
-    callers warn about these.  Pure.
+    callers warn about these.  The value of an unknown keyword is not
+    searched (it is not a schema).  Pure.
     """
     found: dict[str, None] = {}
-    for node in schema_nodes(schema):
-        for key in node:
-            if isinstance(key, str) and key not in KNOWN_KEYWORDS and not key.startswith("x-"):
+    stack: list[Any] = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            stack.extend(reversed(node))
+            continue
+        if not isinstance(node, dict):
+            continue
+        for key, value in node.items():
+            if not isinstance(key, str) or key.startswith("x-") or key in _DATA:
+                continue
+            if key not in KNOWN_KEYWORDS:
                 found[key] = None
+            elif key in _MAPS and isinstance(value, dict):
+                stack.extend(value.values())
+            elif isinstance(value, (dict, list)):
+                stack.append(value)
     return list(found)
+
+
+#: Keywords whose values are data, and keywords whose values map names to schemas.
+_DATA = frozenset({"enum", "const", "default", "examples", "example", "required", "dependentRequired"})
+_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas", "dependencies"})
 
 
 def unsatisfiable(schema: Any) -> str | None:

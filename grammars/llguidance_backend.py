@@ -173,8 +173,11 @@ def compile_spec(
 
 
 def _first_line(error: BaseException | str) -> str:
-    text = " ".join(str(error).strip().split("\n")[:3])
-    return " ".join(text.split())[:500] or type(error).__name__
+    """llguidance's message on one line; a regex error keeps its ``error: ...`` line (the reason)."""
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+    reason = next((line for line in lines if line.startswith("error:")), None)
+    text = " ".join(lines[:1] + ([reason] if reason and reason not in lines[:1] else []))
+    return text[:500] or type(error).__name__
 
 
 def _compile_error_message(spec: GrammarSpec, reason: str) -> str:
