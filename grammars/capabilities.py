@@ -275,8 +275,12 @@ def run_probe(probe: Probe, backend: str, tokenizer: Any) -> tuple[Support, str]
     from .compile import compile_grammar
     from .spec import grammar_spec
 
+    import warnings
+
     try:
-        compiled = compile_grammar(grammar_spec(schema=probe.schema), tokenizer, backend=backend)
+        with warnings.catch_warnings():  # the probe measures what the warning would predict
+            warnings.simplefilter("ignore")
+            compiled = compile_grammar(grammar_spec(schema=probe.schema), tokenizer, backend=backend)
     except GrammarError as e:
         return "refused", str(e)[:200]
     eos = compiled.stop_token_ids[0]

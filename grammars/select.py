@@ -85,7 +85,11 @@ def choose(spec: GrammarSpec, compile_with: Callable[[str], CompiledGrammar]) ->
     if best is None:
         raise GrammarError(_none_compiled(errors))
     _, name, compiled = best
-    failed = "; ".join(f"{n} refused it" for n in PREFERENCE if n in errors)
+    failed = "; ".join(
+        f"{n} refused it" if n in errors else f"{n} refuses {', '.join(refused(spec.schema, n))}"
+        for n in PREFERENCE
+        if n != name and (n in errors or refused(spec.schema, n))
+    )
     reason = (
         f"no backend enforces every keyword this schema uses; {name} compiles it and leaves the fewest "
         f"unenforced ({', '.join(gaps[name])})" + (f"; {failed}" if failed else "")
