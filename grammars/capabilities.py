@@ -37,11 +37,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .spec import schema_nodes
 
 __all__ = [
     "Support", "FEATURES", "TABLES", "PROBES", "Probe", "features_used", "unenforced", "refused",
-    "support", "LOOKAROUND", "FORMATS", "run_probe",
+    "support", "LOOKAROUND", "FORMATS", "run_probe", "enforced_keywords",
 ]  # fmt: skip
 
 Support = Literal["enforced", "ignored", "refused"]
@@ -141,10 +140,12 @@ def features_used(schema: Any) -> list[str]:
     >>> features_used({"type": "string", "pattern": "^(?!x)a+$", "maxLength": 3})
     ['type', 'pattern', 'maxLength', 'pattern:lookaround', 'maxLength+pattern']
     """
+    from .keywords import KNOWN_KEYWORDS, schema_objects
+
     found: dict[str, None] = {}
-    for node in schema_nodes(schema):
+    for node in schema_objects(schema):
         for key in node:
-            if isinstance(key, str) and key not in _NEUTRAL and not key.startswith("x-"):
+            if isinstance(key, str) and key in KNOWN_KEYWORDS and key not in _NEUTRAL:
                 found[key] = None
         if isinstance(node.get("format"), str) and node.get("type", "string") == "string":
             found[f"format:{node['format']}"] = None
@@ -295,3 +296,12 @@ def run_probe(probe: Probe, backend: str, tokenizer: Any) -> tuple[Support, str]
     if probe.valid is not None and not accepted(probe.valid):
         detail = f"the valid instance {probe.valid} is rejected too"
     return ("ignored" if accepted(probe.invalid) else "enforced"), detail
+
+
+def enforced_keywords(backend: str) -> frozenset[str]:
+    """The plain keywords (no setting) the table marks enforced for ``backend`` -- the fuzz tool's ``ENFORCED`` view.
+
+    >>> "uniqueItems" in enforced_keywords("xgrammar"), "maxLength" in enforced_keywords("xgrammar")
+    (False, True)
+    """
+    return frozenset(k for k, v in TABLES[backend].items() if v == _E and ":" not in k and "+" not in k)

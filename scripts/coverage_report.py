@@ -169,11 +169,29 @@ def generation_pass(records: list[dict[str, Any]], backends: tuple[str, ...], ma
     from grammars import GrammarError
     from grammars.validation import output_errors
 
+    from grammars import compile_grammar, grammar_spec
+
     model, tokenizer = load_model("smollm2-135m")
     rows = []
-    for backend in backends:
+    done: dict[tuple[str, str], dict[str, Any]] = {}
+    order = sorted(backends, key=lambda b: b == "auto")  # auto last: it reuses the run of the backend it picks
+    for backend in order:
         for record in records:
             row: dict[str, Any] = {"id": record["id"], "category": record["category"], "backend": backend}
+            if backend == "auto":  # greedy and the same grammar: the chosen backend's run is auto's run
+                try:
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")
+                        chosen = compile_grammar(grammar_spec(schema=record["schema"]), tokenizer,
+                                                 vocab_size=model.config.vocab_size, backend="auto",
+                                                 compile_timeout=60).backend  # fmt: skip
+                except GrammarError as e:
+                    row.update(declared=False, error=str(e)[:200])
+                    rows.append(row)
+                    continue
+                if (record["id"], chosen) in done:
+                    rows.append({**done[record["id"], chosen], "backend": "auto", "chosen": chosen, "reused": True})
+                    continue
             prompt, system, quote = fuzz_prompt(record)
             try:
                 with warnings.catch_warnings():
@@ -191,6 +209,7 @@ def generation_pass(records: list[dict[str, Any]], backends: tuple[str, ...], ma
                        grammar_s=s.grammar_seconds, verify_s=s.verify_seconds, total_s=s.total_seconds,
                        chosen=s.grammar_backend, unenforced=s.unenforced_keywords)  # fmt: skip
             rows.append(row)
+            done[record["id"], backend] = row
             print(f"[generate] {backend} {record['id'][:50]} {c.finish_reason} valid={row['valid']}", file=sys.stderr,
                   flush=True)  # fmt: skip
     del torch
