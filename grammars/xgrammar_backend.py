@@ -105,12 +105,11 @@ def _compile_error_message(spec: GrammarSpec, error: BaseException, compiler: "x
             f"xgrammar cannot compile the EBNF grammar: {reason}. Fix the grammar "
             "(GBNF syntax, start rule 'root')."
         )
-    if _UNSATISFIABLE.search(reason):  # no backend can help: the schema itself admits no value
-        return (
-            f"xgrammar cannot compile the JSON schema because it accepts no value at all: {reason}. "
-            "Fix the schema: no grammar backend can "
-            "generate a document for it."
-        )
+    from .keywords import unsatisfiable
+
+    why_not = unsatisfiable(spec.schema)
+    if why_not is not None:  # no backend can help
+        return f"xgrammar cannot compile the JSON schema: {reason}. The schema accepts no value ({why_not}); fix the schema."
     part = ""
     if "regex" in reason.lower():
         bad = _bad_patterns(spec.schema, compiler)
@@ -120,15 +119,6 @@ def _compile_error_message(spec: GrammarSpec, error: BaseException, compiler: "x
         f"xgrammar cannot compile the JSON schema: {reason}{part}. Try backend='outlines', "
         "or simplify or remove that part of the schema."
     )
-
-
-#: xgrammar's reasons for a schema no document satisfies under any backend (minimum > maximum, an empty
-#: enum, ``false``).  Not "minItems is greater than the number of prefixItems": that one comes from
-#: xgrammar's strict reading of a missing ``items``, which outlines-core does not share.
-_UNSATISFIABLE = re.compile(
-    r"minimum greater than maximum|min\w* greater than max\w*|enum array must not be empty|cannot accept any value",
-    re.IGNORECASE,
-)
 
 
 def _near_position(source: str, reason: str) -> str:

@@ -47,7 +47,7 @@ DEFAULT_MAX_DRAFT = 16
 #: grammarspec's own keywords: after ``enable``, a call with any of them (whatever its value) is ours.
 _OUR_KWARGS = (
     "schema", "tools", "grammar", "regex", "json_object", "parallel_tool_calls", "any_whitespace",
-    "assistant", "grammar_backend", "max_draft_tokens", "adaptive", "generator",
+    "assistant", "grammar_backend", "max_draft_tokens", "adaptive", "generator", "strict", "compile_timeout",
 )  # fmt: skip
 
 
@@ -82,6 +82,8 @@ def generate(
     parallel_tool_calls: bool = False,
     any_whitespace: bool = False,
     grammar_backend: str = "xgrammar",
+    strict: bool = False,
+    compile_timeout: float | None = None,
     assistant: Any = None,
     assistant_model: torch.nn.Module | None = None,
     max_draft_tokens: int = DEFAULT_MAX_DRAFT,
@@ -111,7 +113,8 @@ def generate(
     try:
         return _generate(model, input_ids, tokenizer=tokenizer, schema=schema, tools=tools, grammar=grammar,
                          regex=regex, json_object=json_object, parallel_tool_calls=parallel_tool_calls,
-                         any_whitespace=any_whitespace, grammar_backend=grammar_backend, assistant=assistant,
+                         any_whitespace=any_whitespace, grammar_backend=grammar_backend, strict=strict,
+                         compile_timeout=compile_timeout, assistant=assistant,
                          assistant_model=assistant_model, max_draft_tokens=max_draft_tokens, adaptive=adaptive,
                          generation_config=generation_config, streamer=streamer, logits_processor=logits_processor,
                          attention_mask=attention_mask, generator=generator,
@@ -123,7 +126,8 @@ def generate(
 
 def _generate(
     model: torch.nn.Module, input_ids: Any, *, tokenizer: Any, schema: Any, tools: Any, grammar: Any, regex: Any,
-    json_object: bool, parallel_tool_calls: bool, any_whitespace: bool, grammar_backend: str, assistant: Any,
+    json_object: bool, parallel_tool_calls: bool, any_whitespace: bool, grammar_backend: str, strict: bool,
+    compile_timeout: float | None, assistant: Any,
     assistant_model: Any, max_draft_tokens: int, adaptive: bool, generation_config: GenerationConfig | None,
     streamer: Any, logits_processor: list[Any] | None, attention_mask: Any, generator: Any,
     return_dict_in_generate: bool | None, **generation_kwargs: Any,
@@ -164,7 +168,7 @@ def _generate(
         )  # fmt: skip
         for row_schema in schemas
     ]
-    compiled = _compile_rows(specs, tokenizer, vocab, eos, grammar_backend)
+    compiled = _compile_rows(specs, tokenizer, vocab, eos, grammar_backend, strict, compile_timeout)
     probe = resolve_assistant(assistant, draft_model=assistant_model)
     for member in getattr(probe, "proposers", None) or [probe]:
         check_assistant(model, getattr(member, "model", None), tokenizer)
@@ -208,6 +212,9 @@ def _generate(
                             pad_token_id=int(pad), on_commit=on_commit)  # fmt: skip
     outputs = [row.generated for row in finished]
     all_stats = [row.stats for row in finished]
+    for stats, grammar_, spec, new in zip(all_stats, compiled, specs, outputs):
+        if grammar_ is not None:
+            grammar_stats(stats, grammar_, spec, tokenizer.decode(new, skip_special_tokens=True))
     scores = [row.scores for row in finished]
     raw = [row.logits for row in finished]
     sequences = _assemble(input_ids, rows, outputs, config, eos, repeat)
@@ -256,6 +263,21 @@ def enable(model: torch.nn.Module) -> torch.nn.Module:
 # --- outputs and helpers -----------------------------------------------------------
 
 
+def grammar_stats(stats: GenerationStats, compiled: Any, spec: Any, text: str) -> None:
+    """Record the backend, its reason and what it leaves unenforced, and whether ``text`` is valid.  Changes ``stats``."""
+    from grammars.validation import output_errors
+
+    stats.grammar_backend = compiled.backend
+    stats.backend_reason = compiled.backend_reason
+    stats.unenforced_keywords = list(compiled.unenforced)
+    if stats.finish_reason == "stop":
+        stats.schema_errors = output_errors(spec, text)
+        stats.valid = not stats.schema_errors
+    else:
+        stats.valid = False
+        stats.schema_errors = [f"the output ended with finish_reason {stats.finish_reason!r} before the grammar completed"]
+
+
 def _row_schemas(schema: Any, batch: int) -> list[Any]:
     """``schema=[s0, s1, ...]`` gives one schema per row; anything else applies to every row."""
     if isinstance(schema, list):
@@ -268,7 +290,8 @@ def _row_schemas(schema: Any, batch: int) -> list[Any]:
     return [schema] * batch
 
 
-def _compile_rows(specs: list[Any], tokenizer: Any, vocab: int, eos: tuple[int, ...], backend: str) -> list[Any]:
+def _compile_rows(specs: list[Any], tokenizer: Any, vocab: int, eos: tuple[int, ...], backend: str, strict: bool,
+                  compile_timeout: float | None) -> list[Any]:  # fmt: skip
     """One compiled grammar per row (rows with the same constraint share it); ``None`` for unconstrained rows."""
     if all(spec is None for spec in specs):
         return [None] * len(specs)
@@ -278,7 +301,9 @@ def _compile_rows(specs: list[Any], tokenizer: Any, vocab: int, eos: tuple[int, 
     for i, spec in enumerate(specs):
         same = next(j for j in range(i + 1) if specs[j] == spec)
         compiled.append(compiled[same] if same < i else
-                        compile_grammar(spec, tokenizer, vocab_size=vocab, stop_token_ids=eos, backend=backend) if spec is not None else None)  # fmt: skip
+                        compile_grammar(spec, tokenizer, vocab_size=vocab, stop_token_ids=eos, backend=backend,
+                                        strict=strict, compile_timeout=compile_timeout)
+                        if spec is not None else None)  # fmt: skip
     return compiled
 
 
