@@ -34,7 +34,7 @@ DEFAULT_MAX_DRAFT = 16
 
 _OUR_KWARGS = (
     "schema", "tools", "grammar", "regex", "json_object", "parallel_tool_calls",
-    "assistant", "assistant_model", "grammar_backend",
+    "assistant", "assistant_model", "grammar_backend", "strict", "compile_timeout",
 )  # fmt: skip
 
 
@@ -63,6 +63,8 @@ def generate(
     parallel_tool_calls: bool = False,
     any_whitespace: bool = False,
     grammar_backend: str = "xgrammar",
+    strict: bool = False,
+    compile_timeout: float | None = None,
     assistant: Any = None,
     assistant_model: torch.nn.Module | None = None,
     max_draft_tokens: int = DEFAULT_MAX_DRAFT,
@@ -97,7 +99,10 @@ def generate(
     if spec is not None:
         if tokenizer is None:
             raise ValueError("a constrained generate needs the tokenizer: pass tokenizer=...")
-        compiled = compile_grammar(spec, tokenizer, vocab_size=vocab, stop_token_ids=eos, backend=grammar_backend)
+        compiled = compile_grammar(
+            spec, tokenizer, vocab_size=vocab, stop_token_ids=eos, backend=grammar_backend, strict=strict,
+            compile_timeout=compile_timeout,
+        )  # fmt: skip
     probe = resolve_assistant(assistant, draft_model=assistant_model)
     for member in getattr(probe, "proposers", None) or [probe]:
         _check_assistant(model, getattr(member, "model", None), tokenizer)
@@ -147,6 +152,8 @@ def generate(
         )
         if streamer is not None:
             streamer.end()
+        if compiled is not None:
+            grammar_stats(stats, compiled, spec, tokenizer.decode(new, skip_special_tokens=True))
         outputs.append(new)
         all_stats.append(stats)
     sequences = _assemble(input_ids, rows, outputs, config, eos)
@@ -183,6 +190,21 @@ def enable(model: torch.nn.Module) -> torch.nn.Module:
     model._grammarspec_original_generate = original  # type: ignore[attr-defined]
     model.generate = types.MethodType(patched, model)  # type: ignore[method-assign]
     return model
+
+
+def grammar_stats(stats: GenerationStats, compiled: Any, spec: Any, text: str) -> None:
+    """Record the backend, its reason and what it leaves unenforced, and whether ``text`` is valid.  Changes ``stats``."""
+    from grammars.validation import output_errors
+
+    stats.grammar_backend = compiled.backend
+    stats.backend_reason = compiled.backend_reason
+    stats.unenforced_keywords = list(compiled.unenforced)
+    if stats.finish_reason == "stop":
+        stats.schema_errors = output_errors(spec, text)
+        stats.valid = not stats.schema_errors
+    else:
+        stats.valid = False
+        stats.schema_errors = [f"the output ended with finish_reason {stats.finish_reason!r} before the grammar completed"]
 
 
 # --- input handling -----------------------------------------------------------------

@@ -94,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=_int, default=0, metavar="S", help="random seed (default: 0)")
     gen.add_argument("--model", default=DEFAULT_MODEL, metavar="NAME_OR_DIR",
                      help=f"embedded model name or local model directory (default: {DEFAULT_MODEL})")  # fmt: skip
-    gen.add_argument("--grammar-backend", choices=("xgrammar", "outlines"), default="xgrammar")
+    gen.add_argument("--grammar-backend", choices=("xgrammar", "outlines", "llguidance", "auto"), default="xgrammar")
     gen.add_argument("--json", action="store_true", help="print one JSON object with the answer and statistics")
     gen.set_defaults(run=_cmd_generate)
 
