@@ -1,7 +1,6 @@
 import math
 
 import torch
-
 from scipy_free_stats import chi_square_pvalue, chi_square_statistic, chi_square_survival
 
 

@@ -35,6 +35,7 @@ BACKENDS = ("xgrammar", "outlines")
 #: :func:`_step_enforced` and :func:`_keyword_enforced`).  Measured on xgrammar 0.2.9 and outlines-core 0.2.14 in
 #: grammarspec's default (compact, strict) mode; tests/test_fuzz_corpus.py pins every
 #: entry with a violating instance on a toy vocabulary.
+# fmt: off
 ENFORCED: dict[str, frozenset[str]] = {
     "xgrammar": frozenset(
         {
@@ -43,14 +44,14 @@ ENFORCED: dict[str, frozenset[str]] = {
             "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "minProperties", "maxProperties",
             "propertyNames", "anyOf", "oneOf",
         }
-    ),  # fmt: skip
+    ),
     "outlines": frozenset(
         {
             "type", "enum", "const", "required", "additionalProperties", "items", "prefixItems",
             "minItems", "maxItems", "minLength", "maxLength", "pattern", "minProperties", "anyOf",
             "oneOf",
         }
-    ),  # fmt: skip
+    ),
 }
 
 #: ``format`` values each backend turns into a grammar (others are ignored or refused).  A
@@ -60,7 +61,7 @@ FORMATS: dict[str, frozenset[str]] = {
     "xgrammar": frozenset(
         {"date", "time", "date-time", "duration", "email", "hostname", "ipv4", "ipv6", "uri", "uri-reference",
          "uri-template", "uuid", "json-pointer"}
-    ),  # fmt: skip
+    ),
     "outlines": OUTLINES_FORMATS,
 }
 
@@ -72,20 +73,25 @@ UNENFORCED_CONTEXTS = frozenset(
         "not", "if", "then", "else", "allOf", "dependencies", "dependentSchemas", "dependentRequired",
         "contains", "patternProperties", "unevaluatedProperties", "unevaluatedItems", "additionalItems",
     }
-)  # fmt: skip
+)
+# fmt: on
 
 #: Keywords that lead to subschemas without being enforced themselves.
 _STRUCTURAL = frozenset({"properties", "definitions", "$defs", "$ref"})
 #: Keywords whose next schema-path segment is a name (not a keyword).
-_NAMED_CHILDREN = frozenset({"properties", "patternProperties", "definitions", "$defs", "dependencies", "dependentSchemas"})
+_NAMED_CHILDREN = frozenset(
+    {"properties", "patternProperties", "definitions", "$defs", "dependencies", "dependentSchemas"}
+)
 #: Keywords whose next schema-path segment is an index.
 _INDEXED_CHILDREN = frozenset({"anyOf", "oneOf", "allOf", "prefixItems", "items"})
 #: Keywords that only constrain one JSON type; both backends ignore them unless ``type`` names it.
+# fmt: off
 _TYPE_OF = {
     "pattern": "string", "minLength": "string", "maxLength": "string", "format": "string",
     "minimum": "number", "maximum": "number", "exclusiveMinimum": "number", "exclusiveMaximum": "number",
     "multipleOf": "number", "items": "array", "prefixItems": "array", "minItems": "array", "maxItems": "array",
-}  # fmt: skip
+}
+# fmt: on
 _COMBINATORS = ("anyOf", "oneOf", "allOf")
 _LOOKAROUND = re.compile(r"\(\?<?[=!]")
 
