@@ -8,13 +8,18 @@ the backend ignores, which a :class:`grammarspec.Completion` checks).
 Measured on xgrammar 0.2.9 and outlines-core 0.2.14; every claim is pinned by
 ``tests/test_fuzz_corpus.py`` on a toy vocabulary.
 
-(This table is the capability knowledge that is meant to live in
-``grammars/`` next to the backends; until it does, the fuzz keeps it here.)
+:mod:`grammars.capabilities` holds the runtime's own table (which
+features each backend enforces, ignores or refuses, per schema); this one
+answers a different question, per ``jsonschema`` error and its schema path,
+and is kept here until the two are reconciled.  They differ where the
+schema's shape matters: outlines-core rejects ``{}`` for ``minProperties: 1``
+beside ``additionalProperties`` (pinned by tests/test_fuzz_corpus.py), not
+beside optional ``properties`` alone (the capabilities probe), so one says
+enforced and the other ignored.
 """
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
@@ -23,6 +28,7 @@ from referencing import Registry, Resource
 from referencing.exceptions import Unresolvable
 from referencing.jsonschema import DRAFT7
 
+from grammars.capabilities import LOOKAROUND
 from grammars.outlines_backend import FORMATS as OUTLINES_FORMATS
 from grammars.outlines_backend import length_yields_to_shape
 
@@ -93,7 +99,6 @@ _TYPE_OF = {
 }
 # fmt: on
 _COMBINATORS = ("anyOf", "oneOf", "allOf")
-_LOOKAROUND = re.compile(r"\(\?<?[=!]")
 
 
 def is_enforced(error: Any, backend: str, root: Any) -> bool:
@@ -241,7 +246,7 @@ def _shaped(node: dict[str, Any], backend: str) -> bool:
 
 def _plain_pattern(pattern: Any) -> bool:
     """A regex without lookaround and without ``^``/``$`` in the middle (xgrammar ignores both)."""
-    if not isinstance(pattern, str) or _LOOKAROUND.search(pattern):
+    if not isinstance(pattern, str) or LOOKAROUND.search(pattern):
         return False
     inner = pattern[1:] if pattern.startswith("^") else pattern
     inner = inner[:-1] if inner.endswith("$") and not inner.endswith("\\$") else inner
