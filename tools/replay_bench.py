@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("results", nargs="?", help="a results.json of grammarspec bench (its baseline outputs)")
     parser.add_argument("--references", action="store_true", help="replay the task file's reference answers")
-    parser.add_argument("--tasks", default=None, help="task file (default: $GRAMMARSPEC_TASKS or data/tasks/tasks.jsonl)")
+    parser.add_argument("--tasks", default=None, help="default: $GRAMMARSPEC_TASKS or data/tasks/tasks.jsonl")
     parser.add_argument("--assistant", default="auto")
     parser.add_argument("--pass-base", type=float, default=1.3, help="fixed cost of a pass with drafts, in plain steps")
     parser.add_argument("--row-cost", type=float, default=0.03, help="cost of each row of such a pass (4 at least)")
