@@ -184,7 +184,7 @@ def _compile_error_message(spec: GrammarSpec, reason: str) -> str:
     reason = _first_line(reason)
     what = {"regex": "the regex", "ebnf": "the EBNF grammar"}.get(spec.kind, "the JSON schema")
     if "Unsatisfiable" in reason:  # no backend can help: the schema admits no value
-        return f"llguidance cannot compile {what}: {reason}. No value satisfies it; fix the schema."
+        return f"llguidance cannot compile {what}: {reason}. The schema accepts no value; fix the schema."
     if spec.kind == "ebnf":
         return f"llguidance cannot compile {what}: {reason}. Fix the grammar (GBNF syntax, start rule 'root')."
     return (

@@ -197,7 +197,7 @@ def compile_spec(
             why_not = unsatisfiable(spec.schema)
             if why_not is not None:  # no backend can help
                 raise GrammarError(
-                    f"outlines-core cannot convert the JSON schema: {_first_line(e)}. No value satisfies it "
+                    f"outlines-core cannot convert the JSON schema: {_first_line(e)}. The schema accepts no value "
                     f"({why_not}); fix the schema."
                 ) from None
             raise GrammarError(

@@ -141,8 +141,6 @@ def complete(
 
 
 def _schema_errors(schema: dict[str, Any], value: Any) -> list[str]:
-    import jsonschema
+    from grammars.validation import schema_errors  # the one jsonschema validator (formats checked)
 
-    validator_cls = jsonschema.validators.validator_for(schema)
-    validator = validator_cls(schema, format_checker=validator_cls.FORMAT_CHECKER)
-    return [e.message for e in validator.iter_errors(value)][:10]
+    return schema_errors(schema, value)

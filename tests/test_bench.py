@@ -129,10 +129,17 @@ def test_malformed_task_files_name_the_problem(tmp_path):
 
 
 def test_schema_corpus_records_become_tasks(tmp_path):
-    fc = {"id": "function_calling/x/f", "category": "function_calling", "schema": {"type": "object",
-          "properties": {"q": {"type": "string"}}}, "tool": {"name": "f", "description": "find"},
-          "prompts": [{"messages": [{"role": "user", "content": "find cats"}], "ground_truth": [{"q": "cats"}]},
-                      {"messages": [{"role": "user", "content": "find a, b"}], "ground_truth": [{"q": "a"}, {"q": "b"}]}]}  # fmt: skip
+    prompts = [
+        {"messages": [{"role": "user", "content": "find cats"}], "ground_truth": [{"q": "cats"}]},
+        {"messages": [{"role": "user", "content": "find a, b"}], "ground_truth": [{"q": "a"}, {"q": "b"}]},
+    ]
+    fc = {
+        "id": "function_calling/x/f",
+        "category": "function_calling",
+        "schema": {"type": "object", "properties": {"q": {"type": "string"}}},
+        "tool": {"name": "f", "description": "find"},
+        "prompts": prompts,
+    }
     plain = {"id": "snowplow/y", "category": "snowplow", "schema": {"title": "Click", "type": "object"}}
     (tmp_path / "function_calling.jsonl").write_text(json.dumps(fc) + "\n")
     (tmp_path / "snowplow.jsonl").write_text(json.dumps(plain) + "\n")

@@ -94,6 +94,6 @@ def test_nothing_reads_a_folder_beside_the_checkout():
             if path == Path(__file__).resolve():
                 continue
             text = path.read_text(encoding="utf-8")
-            if "../shared" in text or '"shared" /' in text or "parent / \"shared\"" in text:
+            if "../shared" in text or '"shared" /' in text or 'parent / "shared"' in text:
                 offenders.append(str(path.relative_to(ROOT)))
     assert offenders == [], offenders

@@ -79,12 +79,20 @@ def masks_equal(a, b, vocab):
     return torch.equal(ma, mb)
 
 
+class RecordingLM(ToyCausalLM):
+    """A toy model that remembers the cache it last ran on (a draft model's own cache, seen from outside)."""
+
+    def forward(self, input_ids, cache=None, **kwargs):
+        self.last_cache = cache
+        return super().forward(input_ids, cache=cache, **kwargs)
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_rollback_leaves_no_trace(compiled, seed):
     """After every step: the matcher equals a fresh one fed the committed tokens, the
     target cache holds exactly the committed-and-verified prefix, and the draft
     model's cache holds only committed tokens."""
-    model, draft_model = ToyCausalLM(V, seed=seed), ToyCausalLM(V, seed=seed + 100)
+    model, draft_model = ToyCausalLM(V, seed=seed), RecordingLM(V, seed=seed + 100)
     matcher = compiled.matcher(max_rollback=8)
     generator = torch.Generator().manual_seed(seed)
     proposer = DraftModelProposer(draft_model, sampling=SamplingParams(True, 1.0), generator=generator)
@@ -98,7 +106,7 @@ def test_rollback_leaves_no_trace(compiled, seed):
         assert state.cache.get_seq_length() == state.cached <= len(state.tokens)
         stored = state.cache.layers[0].keys[0, 0, :, 0].long().tolist()
         assert stored == state.tokens[: state.cached]  # no rejected position in the target cache
-        draft_cache = proposer._cache
+        draft_cache = draft_model.last_cache
         draft_len = draft_cache.get_seq_length()
         assert draft_cache.layers[0].keys[0, 0, :, 0].long().tolist() == state.tokens[:draft_len]
         checked.append(len(state.generated))

@@ -157,7 +157,10 @@ VIOLATIONS = {
     "enum": ({"enum": ["a", "b"]}, "c"),
     "const": ({"const": "a"}, "b"),
     "required": ({"type": "object", "properties": {"a": INT}, "required": ["a"]}, {}),
-    "additionalProperties": ({"type": "object", "properties": {"a": INT}, "additionalProperties": False}, {"a": 1, "b": 2}),
+    "additionalProperties": (
+        {"type": "object", "properties": {"a": INT}, "additionalProperties": False},
+        {"a": 1, "b": 2},
+    ),
     "items": ({"type": "array", "items": INT}, ["a"]),
     "prefixItems": ({"type": "array", "prefixItems": [INT]}, ["a"]),
     "minItems": ({"type": "array", "items": INT, "minItems": 2}, [1]),

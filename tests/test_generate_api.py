@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import threading
 
+import jsonschema
 import pytest
 import torch
 from toy import toy_tokenizer, toy_vocab_size
@@ -14,6 +15,7 @@ from toy_models import tiny_llama
 from transformers import TextIteratorStreamer
 
 import grammarspec
+from grammars import compile_grammar, grammar_spec
 from grammarspec import GenerationOutput
 
 SCHEMA = {
@@ -51,8 +53,33 @@ def test_constrained_output_is_valid_json(model, tok, prompt):
     if stats.finish_reason == "stop":
         value = json.loads(text)
         assert set(value) == {"a", "b"}
+        jsonschema.validate(value, SCHEMA)
     else:
         assert stats.finish_reason == "length" and stats.new_tokens == 60
+
+
+@pytest.mark.parametrize("assistant", [None, "auto"])
+def test_finished_outputs_validate_and_cut_ones_are_legal_prefixes(model, tok, prompt, assistant):
+    """Greedy and sampled, long enough to finish: a finished output validates against the schema; an
+    output cut by the token limit is a prefix the grammar accepts (it never leaves the schema)."""
+    compiled = compile_grammar(grammar_spec(schema=SCHEMA), tok, vocab_size=V, stop_token_ids=(tok.eos_token_id,))
+    finished = 0
+    for seed in range(6):
+        sampling = {"do_sample": False} if seed == 0 else {"do_sample": True, "temperature": 1.0}
+        out = grammarspec.generate(model, prompt, tokenizer=tok, schema=SCHEMA, max_new_tokens=60, assistant=assistant,
+                                   generator=torch.Generator().manual_seed(seed), return_dict_in_generate=True,
+                                   **sampling)  # fmt: skip
+        stats = out.stats[0]
+        tokens = new_tokens(out.sequences, prompt)[: stats.new_tokens]
+        matcher = compiled.matcher(max_rollback=1)
+        assert all(matcher.accept(t) for t in tokens), (seed, tok.decode(tokens))
+        if stats.finish_reason == "stop":
+            finished += 1
+            assert matcher.is_terminated()
+            jsonschema.validate(json.loads(tok.decode(tokens, skip_special_tokens=True)), SCHEMA)
+        else:
+            assert stats.finish_reason == "length" and stats.new_tokens == 60
+    assert finished >= 3  # most runs finish within 60 tokens: the validity check above is exercised
 
 
 @pytest.mark.parametrize("assistant", ["auto", "prompt_lookup", "schema_ngram", "jump_forward"])
@@ -79,21 +106,17 @@ def test_draft_model_with_another_tokenizer_is_refused(model, tok, prompt):
 
 
 def test_enable_routes_only_grammarspec_calls(model, tok, prompt):
-    grammarspec.enable(model)
-    try:
-        ours = model.generate(prompt, tokenizer=tok, schema=SCHEMA, assistant="auto", max_new_tokens=30)
-        direct = grammarspec.generate(model, prompt, tokenizer=tok, schema=SCHEMA, max_new_tokens=30)
-        assert torch.equal(ours, direct)
-        # no grammarspec argument: Hugging Face's own generate
-        hf = model.generate(prompt, max_new_tokens=6, do_sample=False)
-        plain = grammarspec.generate(model, prompt, max_new_tokens=6)
-        assert torch.equal(hf, plain)  # and unconstrained greedy agrees with it
-        # unconstrained speculative decoding through assistant= alone
-        spec = model.generate(prompt, assistant="prompt_lookup", max_new_tokens=6)
-        assert torch.equal(spec, hf)
-    finally:
-        model.generate = model._grammarspec_original_generate
-        del model._grammarspec_original_generate
+    enabled = grammarspec.enable(tiny_llama(V, seed=0))  # a copy of `model`: the shared one stays as it is
+    ours = enabled.generate(prompt, tokenizer=tok, schema=SCHEMA, assistant="auto", max_new_tokens=30)
+    direct = grammarspec.generate(model, prompt, tokenizer=tok, schema=SCHEMA, max_new_tokens=30)
+    assert torch.equal(ours, direct)
+    # no grammarspec argument: Hugging Face's own generate
+    hf = enabled.generate(prompt, max_new_tokens=6, do_sample=False)
+    plain = grammarspec.generate(model, prompt, max_new_tokens=6)
+    assert torch.equal(hf, plain)  # and unconstrained greedy agrees with it
+    # unconstrained speculative decoding through assistant= alone
+    spec = enabled.generate(prompt, assistant="prompt_lookup", max_new_tokens=6)
+    assert torch.equal(spec, hf)
 
 
 def test_streamer_receives_committed_tokens(model, tok, prompt):
@@ -134,6 +157,41 @@ def test_sampling_settings_are_honoured(model, tok, prompt):
     a = grammarspec.generate(model, prompt, generator=g1, **kw)
     b = grammarspec.generate(model, prompt, generator=g2, **kw)
     assert torch.equal(a, b)  # same seed, same sample
+
+
+@pytest.mark.parametrize("constrained", [True, False], ids=["schema", "free"])
+@pytest.mark.parametrize("assistant", [None, "auto"])
+def test_top_k_1_sampling_is_greedy(model, tok, prompt, assistant, constrained):
+    """top-k comes after the grammar mask: the one token left is the greedy one, whatever the temperature."""
+    kw = dict(tokenizer=tok, schema=SCHEMA if constrained else None, max_new_tokens=30, assistant=assistant)
+    greedy = grammarspec.generate(model, prompt, do_sample=False, **kw)
+
+    def sample(seed, top_k):
+        return grammarspec.generate(model, prompt, do_sample=True, temperature=1.7, top_k=top_k,
+                                    generator=torch.Generator().manual_seed(seed), **kw)  # fmt: skip
+
+    assert all(torch.equal(sample(seed, 1), greedy) for seed in range(3))
+    assert not all(torch.equal(sample(seed, 0), greedy) for seed in range(3))  # without top-k these seeds differ
+
+
+@pytest.mark.parametrize("assistant", [None, "prompt_lookup"])
+def test_top_k_samples_only_the_k_most_probable_tokens(model, tok, assistant):
+    """Unconstrained, top_k=3 at a high temperature: every new token is one of the 3 best of its step."""
+    k = 3
+    prompt = torch.tensor([tok("[1,2,1,2,1,2", add_special_tokens=False)["input_ids"]])
+    ranks = []
+    for seed in range(4):
+        out = grammarspec.generate(model, prompt, max_new_tokens=24, do_sample=True, temperature=3.0, top_k=k,
+                                   assistant=assistant, generator=torch.Generator().manual_seed(seed),
+                                   return_dict_in_generate=True)  # fmt: skip
+        n = out.stats[0].new_tokens
+        sequence = out.sequences[:, : prompt.shape[1] + n]
+        with torch.no_grad():
+            logits = model(sequence).logits[0, prompt.shape[1] - 1 : -1]  # the step that chose each new token
+        new = sequence[0, prompt.shape[1] :]
+        ranks += (logits > logits.gather(1, new[:, None])).sum(1).tolist()  # tokens more probable than the one chosen
+    assert max(ranks) < k, ranks
+    assert len(set(ranks)) > 1  # a high temperature: not always the most probable token (it samples)
 
 
 def test_min_new_tokens_and_stop_strings(model, tok, prompt):

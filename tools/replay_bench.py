@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("results", nargs="?", help="a results.json of grammarspec bench (its baseline outputs)")
     parser.add_argument("--references", action="store_true", help="replay the task file's reference answers")
-    parser.add_argument("--tasks", default=None, help="task file (default: $GRAMMARSPEC_TASKS, else data/tasks/tasks.jsonl)")
+    parser.add_argument("--tasks", default=None, help="default: $GRAMMARSPEC_TASKS or data/tasks/tasks.jsonl")
     parser.add_argument("--assistant", default="auto")
     parser.add_argument("--pass-base", type=float, default=PRIOR_BASE,
                         help="fixed cost of a pass with drafts, in plain steps")

@@ -20,18 +20,27 @@ from .enforced import BACKENDS
 from .report import read_results, summarize
 from .runner import Job, RunOptions, run_isolated
 
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m tools.fuzz",
         description="Fuzz grammarspec over a schema corpus: compile, grammar soundness, generation.",
     )
-    parser.add_argument("--schemas", default=None, help="corpus folder or .jsonl file (default: $GRAMMARSPEC_SCHEMAS, else the repository's data/schemas sample)")
+    parser.add_argument(
+        "--schemas",
+        default=None,
+        help="corpus folder or .jsonl file (default: $GRAMMARSPEC_SCHEMAS, else the repository's data/schemas sample)",
+    )
     parser.add_argument("--categories", default=None, help="comma-separated categories (default: all)")
     parser.add_argument("--per-category", type=int, default=None, help="a stratified slice: N schemas per category")
     parser.add_argument("--max-bytes", type=int, default=None, help="skip schemas larger than this (compact bytes)")
     parser.add_argument("--backends", default="xgrammar,outlines", help="comma-separated (default: both)")
-    parser.add_argument("--outlines-per-category", type=int, default=None,
-                        help="run outlines only on a stratified slice of N per category (it compiles slowly)")  # fmt: skip
+    parser.add_argument(
+        "--outlines-per-category",
+        type=int,
+        default=None,
+        help="run outlines only on a stratified slice of N per category (it compiles slowly)",
+    )
     parser.add_argument("--outlines-max-bytes", type=int, default=None, help="outlines only on schemas up to this size")
     parser.add_argument("--generations", type=int, default=2, help="generations per schema with xgrammar (default 2)")
     parser.add_argument("--outlines-generations", type=int, default=1, help="generations per schema with outlines")
@@ -80,7 +89,9 @@ def _jobs(args: argparse.Namespace) -> list[Job]:
             if backend == "xgrammar":
                 count = args.generations
             else:
-                count = args.outlines_generations if outlines_generate is None or record["id"] in outlines_generate else 0
+                count = (
+                    args.outlines_generations if outlines_generate is None or record["id"] in outlines_generate else 0
+                )
             key = record["category"] + backend
             jobs.append(Job(record, backend, index[key] * max(count, 1), count))
             index[key] += 1

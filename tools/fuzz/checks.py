@@ -138,7 +138,7 @@ class FuzzContext:
     stop_token_ids: tuple[int, ...] = ()
 
     @classmethod
-    def create(cls, tokenizer: Any, model: Any = None) -> "FuzzContext":
+    def create(cls, tokenizer: Any, model: Any = None) -> FuzzContext:
         """Logits width and stop tokens as :func:`grammarspec.generate` derives them."""
         vocab = None
         stops: tuple[int, ...] = ()
@@ -288,7 +288,6 @@ def _generation_check(
     import torch
 
     from grammars import GrammarError
-
     from grammarspec.completion import complete
 
     check = Check(record["id"], record["category"], backend, "generate", "stop_valid")

@@ -90,11 +90,14 @@ def fuzz_prompt(record: dict[str, Any]) -> tuple[str | list[dict[str, str]], str
     prompts = record.get("prompts") or []
     if prompts:
         tool = record.get("tool") or {}
+        description = str(tool.get("description", "")).strip()[:300]
         system = (
-            f"You call the function {tool.get('name', 'the function')}: {str(tool.get('description', '')).strip()[:300]} "
+            f"You call the function {tool.get('name', 'the function')}: {description} "
             "Reply with the call's arguments as one JSON object."
         )
         return list(prompts[0]["messages"]), system, quote
-    what = next((schema[k] for k in ("title", "description") if isinstance(schema.get(k), str) and schema[k].strip()), "")
+    what = next(
+        (schema[k] for k in ("title", "description") if isinstance(schema.get(k), str) and schema[k].strip()), ""
+    )
     what = what.strip().rstrip(".")[:200] or "a document that follows the schema"
     return f"Write one realistic example of a JSON document: {what}. Reply with the JSON only.", None, quote

@@ -8,13 +8,18 @@ the backend ignores, which a :class:`grammarspec.Completion` checks).
 Measured on xgrammar 0.2.9 and outlines-core 0.2.14; every claim is pinned by
 ``tests/test_fuzz_corpus.py`` on a toy vocabulary.
 
-(This table is the capability knowledge that is meant to live in
-``grammars/`` next to the backends; until it does, the fuzz keeps it here.)
+:mod:`grammars.capabilities` holds the runtime's own table (which
+features each backend enforces, ignores or refuses, per schema); this one
+answers a different question, per ``jsonschema`` error and its schema path,
+and is kept here until the two are reconciled.  They differ where the
+schema's shape matters: outlines-core rejects ``{}`` for ``minProperties: 1``
+beside ``additionalProperties`` (pinned by tests/test_fuzz_corpus.py), not
+beside optional ``properties`` alone (the capabilities probe), so one says
+enforced and the other ignored.
 """
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
@@ -23,6 +28,7 @@ from referencing import Registry, Resource
 from referencing.exceptions import Unresolvable
 from referencing.jsonschema import DRAFT7
 
+from grammars.capabilities import LOOKAROUND
 from grammars.outlines_backend import FORMATS as OUTLINES_FORMATS
 from grammars.outlines_backend import length_yields_to_shape
 
@@ -35,6 +41,7 @@ BACKENDS = ("xgrammar", "outlines")
 #: :func:`_step_enforced` and :func:`_keyword_enforced`).  Measured on xgrammar 0.2.9 and outlines-core 0.2.14 in
 #: grammarspec's default (compact, strict) mode; tests/test_fuzz_corpus.py pins every
 #: entry with a violating instance on a toy vocabulary.
+# fmt: off
 ENFORCED: dict[str, frozenset[str]] = {
     "xgrammar": frozenset(
         {
@@ -43,14 +50,14 @@ ENFORCED: dict[str, frozenset[str]] = {
             "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "minProperties", "maxProperties",
             "propertyNames", "anyOf", "oneOf",
         }
-    ),  # fmt: skip
+    ),
     "outlines": frozenset(
         {
             "type", "enum", "const", "required", "additionalProperties", "items", "prefixItems",
             "minItems", "maxItems", "minLength", "maxLength", "pattern", "minProperties", "anyOf",
             "oneOf",
         }
-    ),  # fmt: skip
+    ),
 }
 
 #: ``format`` values each backend turns into a grammar (others are ignored or refused).  A
@@ -60,7 +67,7 @@ FORMATS: dict[str, frozenset[str]] = {
     "xgrammar": frozenset(
         {"date", "time", "date-time", "duration", "email", "hostname", "ipv4", "ipv6", "uri", "uri-reference",
          "uri-template", "uuid", "json-pointer"}
-    ),  # fmt: skip
+    ),
     "outlines": OUTLINES_FORMATS,
 }
 
@@ -72,22 +79,26 @@ UNENFORCED_CONTEXTS = frozenset(
         "not", "if", "then", "else", "allOf", "dependencies", "dependentSchemas", "dependentRequired",
         "contains", "patternProperties", "unevaluatedProperties", "unevaluatedItems", "additionalItems",
     }
-)  # fmt: skip
+)
+# fmt: on
 
 #: Keywords that lead to subschemas without being enforced themselves.
 _STRUCTURAL = frozenset({"properties", "definitions", "$defs", "$ref"})
 #: Keywords whose next schema-path segment is a name (not a keyword).
-_NAMED_CHILDREN = frozenset({"properties", "patternProperties", "definitions", "$defs", "dependencies", "dependentSchemas"})
+_NAMED_CHILDREN = frozenset(
+    {"properties", "patternProperties", "definitions", "$defs", "dependencies", "dependentSchemas"}
+)
 #: Keywords whose next schema-path segment is an index.
 _INDEXED_CHILDREN = frozenset({"anyOf", "oneOf", "allOf", "prefixItems", "items"})
 #: Keywords that only constrain one JSON type; both backends ignore them unless ``type`` names it.
+# fmt: off
 _TYPE_OF = {
     "pattern": "string", "minLength": "string", "maxLength": "string", "format": "string",
     "minimum": "number", "maximum": "number", "exclusiveMinimum": "number", "exclusiveMaximum": "number",
     "multipleOf": "number", "items": "array", "prefixItems": "array", "minItems": "array", "maxItems": "array",
-}  # fmt: skip
+}
+# fmt: on
 _COMBINATORS = ("anyOf", "oneOf", "allOf")
-_LOOKAROUND = re.compile(r"\(\?<?[=!]")
 
 
 def is_enforced(error: Any, backend: str, root: Any) -> bool:
@@ -235,7 +246,7 @@ def _shaped(node: dict[str, Any], backend: str) -> bool:
 
 def _plain_pattern(pattern: Any) -> bool:
     """A regex without lookaround and without ``^``/``$`` in the middle (xgrammar ignores both)."""
-    if not isinstance(pattern, str) or _LOOKAROUND.search(pattern):
+    if not isinstance(pattern, str) or LOOKAROUND.search(pattern):
         return False
     inner = pattern[1:] if pattern.startswith("^") else pattern
     inner = inner[:-1] if inner.endswith("$") and not inner.endswith("\\$") else inner
