@@ -16,8 +16,15 @@ __all__ = ["account", "finish", "record_scores"]
 
 
 def account(row: Any, step: Any, num_accepted: int, verify: float, commit_s: float, started: float,
-             step_cost: Callable[[int], float] | None) -> None:  # fmt: skip
-    """Statistics and the controller's view of one step (bookkeeping only)."""
+            step_cost: Callable[[int], float] | None, alone: bool) -> None:  # fmt: skip
+    """Statistics, the cost model's measurement and the controller's view of one step.
+
+    The pass cost model (``proposer.cost_model``, :class:`proposers.cost.PassCost`)
+    learns from the measured pass when the row had the pass to itself (``alone``:
+    batch 1); the controller is told the step's drafting time plus the modelled
+    cost of its pass, so both judge passes by one cost model.  ``step_cost``
+    (replays) replaces the whole step's cost.
+    """
     stats = row.stats
     stats.target_forwards += 1
     if stats.target_forwards == 1:
@@ -28,11 +35,18 @@ def account(row: Any, step: Any, num_accepted: int, verify: float, commit_s: flo
     stats.grammar_seconds += step.grammar_seconds + commit_s
     if len(step.draft):
         stats.count(step.draft.sources or ("draft",) * len(step.draft), num_accepted)
+    rows = step.segment.rows if step.segment is not None else len(step.draft) + 1
+    model = getattr(row.proposer, "cost_model", None)
+    decoding = stats.target_forwards > 1  # the prefill pass is no decoding step
+    if model is not None and alone and decoding and verify > 0:
+        model.update(rows, verify)
     controller = row.controller
-    if controller is not None and stats.target_forwards > 1:  # the prefill pass is no decoding step
+    if controller is not None and decoding:
         seconds = step.draft_seconds + verify + step.grammar_seconds + commit_s
         if step_cost is not None:
             seconds = step_cost(len(step.draft) + 1)
+        elif model is not None and model.unit_seconds is not None:
+            seconds = step.draft_seconds + step.grammar_seconds + commit_s + model.cost(rows) * model.unit_seconds
         if len(step.draft):
             controller.record_speculative_step(len(step.draft), num_accepted, seconds)
         else:

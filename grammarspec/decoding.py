@@ -263,7 +263,7 @@ def decode_batch(
 
         # 6. Adapt: statistics and the controllers learn what the step cost and brought.
         for row, step, (num_accepted, _) in zip(active, steps, results):
-            account(row, step, num_accepted, verify_seconds, commit_seconds, started, step_cost)
+            account(row, step, num_accepted, verify_seconds, commit_seconds, started, step_cost, len(active) == 1)
         if on_step is not None:
             on_step(active, kv)
     return rows

@@ -177,3 +177,35 @@ def test_a_schema_list_must_match_the_batch():
     with pytest.raises(ValueError, match="one schema per row"):
         grammarspec.generate(tiny_llama(len(tok)), torch.tensor([[5, 6], [7, 8]]), tokenizer=tok, schema=SCHEMAS,
                              max_new_tokens=4)  # fmt: skip
+
+
+class Costed(Noisy):
+    """A scripted drafter that carries a pass cost model, as the composite does, and logs its updates."""
+
+    def __init__(self, script, every, log):
+        from proposers.cost import PassCost
+
+        super().__init__(script, every)
+        self.cost_model = PassCost()
+        real = self.cost_model.update
+        self.cost_model.update = lambda rows, seconds: (log.append(rows), real(rows, seconds))[1]
+
+
+def test_the_cost_model_learns_from_passes_a_row_has_to_itself(grammars):
+    model = ToyCausalLM(V, seed=3)
+    config = DecodeConfig(max_new_tokens=40, eos_token_ids=(0,))
+    alone = [decode(model, p, config, matcher=g.matcher())[0] for p, g in zip(PROMPTS, grammars)]
+    log: list[int] = []
+    single = Costed([], 0, log)  # drafts nothing: every step is a plain 1-row pass
+    decode_batch(model, [_request(PROMPTS[1], grammars[1].matcher(), single, 4, config)], config)
+    assert log and single.cost_model.unit_seconds is not None  # measured 1-row passes set the unit
+    log.clear()
+    sizes: list[tuple[int, int]] = []  # (rows in the batch, cost-model updates so far) after every step
+    shared = [Costed([], 0, log) for _ in alone]
+    requests = [_request(p, g.matcher(), prop, 4, config) for p, g, prop in zip(PROMPTS, grammars, shared)]
+    decode_batch(model, requests, config, on_step=lambda rows, kv: sizes.append((len(rows), len(log))))
+    before = 0
+    for batch, updates in sizes:
+        assert batch == 1 or updates == before  # a pass shared by several rows measures none of them
+        before = updates
+    assert sizes[0][0] == 3
