@@ -47,7 +47,7 @@ DEFAULT_MAX_DRAFT = 16
 #: grammarspec's own keywords: after ``enable``, a call with any of them (whatever its value) is ours.
 _OUR_KWARGS = (
     "schema", "tools", "grammar", "regex", "json_object", "parallel_tool_calls", "any_whitespace",
-    "assistant", "grammar_backend", "max_draft_tokens", "adaptive", "generator", "strict", "compile_timeout",
+    "assistant", "grammar_backend", "max_draft_tokens", "adaptive", "generator", "strict", "compile_timeout", "max_batch_size",
 )  # fmt: skip
 
 
@@ -88,6 +88,7 @@ def generate(
     assistant_model: torch.nn.Module | None = None,
     max_draft_tokens: int = DEFAULT_MAX_DRAFT,
     adaptive: bool = True,
+    max_batch_size: int | None = None,
     generation_config: GenerationConfig | None = None,
     streamer: Any = None,
     logits_processor: list[Any] | None = None,
@@ -108,7 +109,8 @@ def generate(
     one target pass per step for every unfinished row; each row has its own grammar
     state (``schema=[...]`` gives one schema per row), draft, acceptance and finish,
     and outputs are right-padded with ``pad_token_id``.  Left-padded ``input_ids``
-    with an ``attention_mask`` work as in Hugging Face.  ``num_return_sequences=n`` (sampling) repeats each prompt n times.
+    with an ``attention_mask`` work as in Hugging Face.  ``max_batch_size``: at most
+    that many rows decode together; the others wait and join as rows finish.  ``num_return_sequences=n`` (sampling) repeats each prompt n times.
     """
     try:
         return _generate(model, input_ids, tokenizer=tokenizer, schema=schema, tools=tools, grammar=grammar,
@@ -116,6 +118,7 @@ def generate(
                          any_whitespace=any_whitespace, grammar_backend=grammar_backend, strict=strict,
                          compile_timeout=compile_timeout, assistant=assistant,
                          assistant_model=assistant_model, max_draft_tokens=max_draft_tokens, adaptive=adaptive,
+                         max_batch_size=max_batch_size,
                          generation_config=generation_config, streamer=streamer, logits_processor=logits_processor,
                          attention_mask=attention_mask, generator=generator,
                          return_dict_in_generate=return_dict_in_generate, **generation_kwargs)  # fmt: skip
@@ -128,7 +131,8 @@ def _generate(
     model: torch.nn.Module, input_ids: Any, *, tokenizer: Any, schema: Any, tools: Any, grammar: Any, regex: Any,
     json_object: bool, parallel_tool_calls: bool, any_whitespace: bool, grammar_backend: str, strict: bool,
     compile_timeout: float | None, assistant: Any,
-    assistant_model: Any, max_draft_tokens: int, adaptive: bool, generation_config: GenerationConfig | None,
+    assistant_model: Any, max_draft_tokens: int, adaptive: bool, max_batch_size: int | None,
+    generation_config: GenerationConfig | None,
     streamer: Any, logits_processor: list[Any] | None, attention_mask: Any, generator: Any,
     return_dict_in_generate: bool | None, **generation_kwargs: Any,
 ) -> torch.LongTensor | GenerationOutput:  # fmt: skip
@@ -209,7 +213,7 @@ def _generate(
         on_commit = lambda index, toks: streamer.put(torch.tensor(toks, dtype=torch.long))  # noqa: E731
     pad = config.pad_token_id if config.pad_token_id is not None else (eos[0] if eos else 0)
     finished = decode_batch(model, requests, decode_config, tokenizer=tokenizer, generator=generator,
-                            pad_token_id=int(pad), on_commit=on_commit)  # fmt: skip
+                            pad_token_id=int(pad), max_batch_size=max_batch_size, on_commit=on_commit)  # fmt: skip
     outputs = [row.generated for row in finished]
     all_stats = [row.stats for row in finished]
     for stats, grammar_, spec, new in zip(all_stats, compiled, specs, outputs):

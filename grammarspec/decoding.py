@@ -26,6 +26,7 @@ the same either way, and the same as at batch 1.
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -168,6 +169,22 @@ def decode(
     return row.generated, row.stats
 
 
+@dataclass
+class _Shared:
+    """What every step of one :func:`decode_batch` call shares (plain holder)."""
+
+    config: DecodeConfig
+    tokenizer: Any
+    generator: torch.Generator | None
+    eos: frozenset[int]
+    masks: torch.Tensor  # [rows of the widest step, ceil(V/32)] int32, on the host
+    scratch: torch.Tensor  # [1, ceil(V/32)]: the forced-token check
+    started: float
+    step_cost: Callable[[int], float] | None
+    on_commit: Callable[[int, list[int]], None] | None
+    on_step: Callable[[list[Row], BatchKV], None] | None
+
+
 @torch.inference_mode()
 def decode_batch(
     model: torch.nn.Module,
@@ -178,95 +195,125 @@ def decode_batch(
     generator: torch.Generator | None = None,
     pad_token_id: int = 0,
     prompt_cache: Any = None,
+    max_batch_size: int | None = None,
     step_cost: Callable[[int], float] | None = None,
     on_commit: Callable[[int, list[int]], None] | None = None,
     on_step: Callable[[list[Row], BatchKV], None] | None = None,
 ) -> list[Row]:
-    """Generate for every request at once; returns the finished rows in request order.
+    """Generate for every request; returns the finished rows in request order.
 
-    One target forward per step serves every unfinished row.  ``on_commit(index,
-    tokens)`` receives each run of committed tokens of request ``index``;
-    ``on_step(rows, kv)`` sees the batch after every step (tests check rollback).
+    One target forward per step serves every unfinished row.  With
+    ``max_batch_size`` at most that many rows decode together and the others
+    wait; a waiting request joins as soon as a row finishes (its prompt pass
+    runs as a batch of its own, then its cache rows join the batch's).
+    ``on_commit(index, tokens)`` receives each run of committed tokens of request
+    ``index``; ``on_step(rows, kv)`` sees the batch after every step (tests check rollback).
     """
     rows = [_new_row(i, request, config) for i, request in enumerate(requests)]
     if config.stop_strings and tokenizer is None:
         raise ValueError("stop_strings need the tokenizer: pass tokenizer=...")
-    if prompt_cache is not None:
-        if len(rows) != 1:
-            raise ValueError("a prompt cache (past_key_values) serves one request; pass batch size 1")
-        kv = BatchKV.from_cache(model, prompt_cache, _cached_prefix(prompt_cache, rows[0]))
-        rows[0].cached = kv.lengths[0]
-    else:
-        kv = BatchKV(model, len(rows), pad_token_id=pad_token_id)
-    if any(row.proposer is not None for row in rows):
-        kv.require_croppable()
+    if max_batch_size is not None and max_batch_size < 1:
+        raise ValueError(f"max_batch_size must be >= 1 (or None for the whole batch), got {max_batch_size}")
+    if prompt_cache is not None and len(rows) != 1:
+        raise ValueError("a prompt cache (past_key_values) serves one request; pass batch size 1")
     vocab = logits_width(model)
-    width = sum(_max_rows(row) for row in rows)
-    masks = allocate_bitmask(width, vocab)  # [rows of the widest step, ceil(V/32)], on the host
-    scratch = allocate_bitmask(1, vocab)
-    eos = frozenset(config.eos_token_ids)
-    started = time.perf_counter()
+    shared = _Shared(config, tokenizer, generator, frozenset(config.eos_token_ids),
+                     allocate_bitmask(sum(_max_rows(row) for row in rows), vocab), allocate_bitmask(1, vocab),
+                     time.perf_counter(), step_cost, on_commit, on_step)  # fmt: skip
     for row in rows:
         if config.max_new_tokens <= 0:
             row.finish_reason = "length"
-    active = [row for row in rows if row.finish_reason is None]
-    kv.select([row.index for row in active])
-
-    while active:
-        # (+) Forced: a grammar that allows exactly one token needs no sampling.
-        if not config.record_scores:
-            for row in active:
-                _commit_forced(row, scratch, eos, config, tokenizer, on_commit)
-        active = _leave(active, kv, started)
-        if not active:
-            break
-
-        # 1. Propose up to k tokens per row (k leaves room for the token the target adds).
-        steps = [_propose(row, config) for row in active]
-
-        # 2. Masks for every target row; each draft is cut at its first illegal token.
-        start = 0
-        for row, step in zip(active, steps):
-            t0 = time.perf_counter()
-            step.draft, n_rows = walk_draft(row.matcher, masks, start, step.draft, eos)
-            step.segment = Segment(start, step.draft.tokens, n_rows == len(step.draft) + 1, step.draft.probs)
-            step.grammar_seconds += time.perf_counter() - t0
-            start += n_rows
-
-        # 3. One target forward over every row's pending + draft tokens.
-        t0 = time.perf_counter()
-        chunks = [row.pending + list(step.draft.tokens) for row, step in zip(active, steps)]
-        wanted = [range(len(row.pending) - 1, len(row.pending) - 1 + step.segment.rows) for row, step in zip(active, steps)]  # type: ignore[union-attr]
-        logits = kv.forward(chunks, wanted)  # [N, V]
-
-        # 4. Each row's processing for its rows, then exact verification of the whole batch.
-        scores = logits.clone() if config.record_scores else logits
-        apply_masks(scores, masks[:start])
-        for row, step in zip(active, steps):
-            seg = step.segment
-            assert seg is not None
-            prefixes = [row.tokens + list(step.draft.tokens[:i]) for i in range(seg.rows)]
-            scores[seg.start : seg.start + seg.rows] = row.processing(scores[seg.start : seg.start + seg.rows], prefixes)
-        segments = [step.segment for step in steps]
-        if config.sampling.greedy:
-            results = verify_greedy(scores, segments)  # type: ignore[arg-type]
-        else:
-            results = verify_sampled(probabilities(scores), segments, generator)  # type: ignore[arg-type]
-        verify_seconds = time.perf_counter() - t0
-
-        # 5. Commit: matchers, proposers and every KV cache move to the committed tokens together.
-        t0 = time.perf_counter()
-        committed = commit(active, steps, results, kv, eos, config, tokenizer, on_commit)
-        if config.record_scores:
-            record_scores(active, steps, committed, logits, scores)
-        commit_seconds = time.perf_counter() - t0
-
-        # 6. Adapt: statistics and the controllers learn what the step cost and brought.
-        for row, step, (num_accepted, _) in zip(active, steps, results):
-            account(row, step, num_accepted, verify_seconds, commit_seconds, started, step_cost, len(active) == 1)
-        if on_step is not None:
-            on_step(active, kv)
+    waiting = deque(row for row in rows if row.finish_reason is None)
+    limit = max_batch_size or max(1, len(waiting))
+    speculating = any(row.proposer is not None for row in rows)
+    active: list[Row] = []
+    kv: BatchKV | None = None
+    while active or waiting:
+        # (0) Join: waiting requests take the free places; their prompt pass runs as a batch of its own.
+        free = limit - sum(row.finish_reason is None for row in active)
+        if waiting and free > 0:
+            joining = [waiting.popleft() for _ in range(min(free, len(waiting)))]
+            side = _new_kv(model, joining, prompt_cache, pad_token_id, speculating)
+            joined = _step(model, joining, side, shared)
+            if kv is None or not active:
+                kv, active = side, joined
+            else:
+                kv.extend(side)
+                active = active + joined
+            continue
+        assert kv is not None
+        active = _step(model, active, kv, shared)
     return rows
+
+
+def _step(model: torch.nn.Module, active: list[Row], kv: BatchKV, shared: _Shared) -> list[Row]:
+    """One decoding step for the rows of ``kv``; returns the rows still in the batch."""
+    config, eos, masks = shared.config, shared.eos, shared.masks
+    # (+) Forced: a grammar that allows exactly one token needs no sampling.
+    if not config.record_scores:
+        for row in active:
+            _commit_forced(row, shared.scratch, eos, config, shared.tokenizer, shared.on_commit)
+    active = _leave(active, kv, shared.started)
+    if not active:
+        return active
+
+    # 1. Propose up to k tokens per row (k leaves room for the token the target adds).
+    steps = [_propose(row, config) for row in active]
+
+    # 2. Masks for every target row; each draft is cut at its first illegal token.
+    start = 0
+    for row, step in zip(active, steps):
+        t0 = time.perf_counter()
+        step.draft, n_rows = walk_draft(row.matcher, masks, start, step.draft, eos)
+        step.segment = Segment(start, step.draft.tokens, n_rows == len(step.draft) + 1, step.draft.probs)
+        step.grammar_seconds += time.perf_counter() - t0
+        start += n_rows
+    segments = [step.segment for step in steps if step.segment is not None]
+
+    # 3. One target forward over every row's pending + draft tokens.
+    t0 = time.perf_counter()
+    chunks = [row.pending + list(step.draft.tokens) for row, step in zip(active, steps)]
+    wanted = [range(len(row.pending) - 1, len(row.pending) - 1 + seg.rows) for row, seg in zip(active, segments)]
+    logits = kv.forward(chunks, wanted)  # [N, V]
+
+    # 4. Each row's processing for its rows, then exact verification of the whole batch.
+    scores = logits.clone() if config.record_scores else logits
+    apply_masks(scores, masks[:start])
+    for row, step, seg in zip(active, steps, segments):
+        prefixes = [row.tokens + list(step.draft.tokens[:i]) for i in range(seg.rows)]
+        scores[seg.start : seg.start + seg.rows] = row.processing(scores[seg.start : seg.start + seg.rows], prefixes)
+    if config.sampling.greedy:
+        results = verify_greedy(scores, segments)
+    else:
+        results = verify_sampled(probabilities(scores), segments, shared.generator)
+    verify_seconds = time.perf_counter() - t0
+
+    # 5. Commit: matchers, proposers and every KV cache move to the committed tokens together.
+    t0 = time.perf_counter()
+    committed = commit(active, steps, results, kv, eos, config, shared.tokenizer, shared.on_commit)
+    if config.record_scores:
+        record_scores(active, steps, committed, logits, scores)
+    commit_seconds = time.perf_counter() - t0
+
+    # 6. Adapt: statistics and the controllers learn what the step cost and brought.
+    for row, step, (num_accepted, _) in zip(active, steps, results):
+        account(row, step, num_accepted, verify_seconds, commit_seconds, shared.started, shared.step_cost,
+                len(active) == 1)  # fmt: skip
+    if shared.on_step is not None:
+        shared.on_step(active, kv)
+    return active
+
+
+def _new_kv(model: torch.nn.Module, rows: list[Row], prompt_cache: Any, pad: int, speculating: bool) -> BatchKV:
+    """The cache for rows starting their prompt pass (a user's prompt cache for a single request)."""
+    if prompt_cache is not None:
+        kv = BatchKV.from_cache(model, prompt_cache, _cached_prefix(prompt_cache, rows[0]))
+        rows[0].cached = kv.lengths[0]
+    else:
+        kv = BatchKV(model, len(rows), pad_token_id=pad)
+    if speculating:
+        kv.require_croppable()
+    return kv
 
 
 def commit(

@@ -160,6 +160,24 @@ class BatchKV:
         if self.batch_size and self.columns - max(self.lengths) > 0:
             self.compact()
 
+    def extend(self, other: BatchKV) -> None:
+        """Append the rows of ``other`` (a batch that just ran its prompt pass).  Changes this cache.
+
+        Both caches are aligned to the longer one: the shorter is left-padded with
+        invalid columns.  Costs one copy of both caches.
+        """
+        assert not self._appended and not other._appended, "extend() between forward() and keep()"
+        width = max(self.columns, other.columns)
+        mine, theirs = _layers(self.cache), _layers(other.cache)
+        if len(mine) != len(theirs):
+            raise CacheError("internal error: the two caches have different layers")
+        for a, b in zip(mine, theirs):
+            a.keys = torch.cat([_left_pad(a.keys, width), _left_pad(b.keys, width)], dim=0)
+            a.values = torch.cat([_left_pad(a.values, width), _left_pad(b.values, width)], dim=0)
+        pad = lambda valid: torch.nn.functional.pad(valid, (width - valid.shape[1], 0), value=False)  # noqa: E731
+        self.valid = torch.cat([pad(self.valid), pad(other.valid)], dim=0)
+        self.lengths = self.lengths + other.lengths
+
     def compact(self) -> None:
         """Move every row's valid columns together, left-padded to the longest row.  Changes the cache.
 
@@ -179,6 +197,11 @@ class BatchKV:
         for layer in _layers(self.cache):
             layer.keys, layer.values = _gather_columns(layer.keys, index), _gather_columns(layer.values, index)
         self.valid = valid
+
+
+def _left_pad(states: torch.Tensor, width: int) -> torch.Tensor:
+    """``states`` ``[B, H, L, D]`` with ``width - L`` zero columns in front."""
+    return torch.nn.functional.pad(states, (0, 0, width - states.shape[2], 0))
 
 
 def _gather_columns(states: torch.Tensor, index: torch.Tensor) -> torch.Tensor:

@@ -209,3 +209,24 @@ def test_the_cost_model_learns_from_passes_a_row_has_to_itself(grammars):
         assert batch == 1 or updates == before  # a pass shared by several rows measures none of them
         before = updates
     assert sizes[0][0] == 3
+
+
+@pytest.mark.parametrize("every", [0, 3])
+def test_waiting_requests_join_as_rows_finish(grammars, every):
+    model = ToyCausalLM(V, seed=3)
+    config = DecodeConfig(max_new_tokens=40, eos_token_ids=(0,))
+    prompts = PROMPTS + [[9, 8]]
+    chosen = grammars + [grammars[1]]
+    alone = [decode(model, p, config, matcher=g.matcher())[0] for p, g in zip(prompts, chosen)]
+    requests = [_request(p, g.matcher(), Noisy(out, every), 3, config) for p, g, out in zip(prompts, chosen, alone)]
+    on_step, seen = check_rows(chosen)
+    rows = decode_batch(model, requests, config, max_batch_size=2, on_step=on_step)
+    assert [row.generated for row in rows] == alone
+    assert max(len(indices) for indices, _ in seen) <= 2
+    late = [i for i, (indices, _) in enumerate(seen) if 3 in indices]
+    assert late and any(len(seen[i][0]) == 2 for i in late)  # the last request decoded beside an earlier one
+
+
+def test_max_batch_size_must_be_positive(grammars):
+    with pytest.raises(ValueError, match="max_batch_size"):
+        decode_batch(ToyCausalLM(V), [RowRequest([2, 3])], DecodeConfig(max_new_tokens=3), max_batch_size=0)

@@ -1,20 +1,20 @@
 """Throughput at batch size B: grammarspec's batched loop against batched plain constrained decoding.
 
-For each batch size the task list is cut, in order, into batches of ``B``
-requests.  Every batch is run by both arms back to back (the order alternates
-from batch to batch, so machine noise hits both alike):
+For each batch size ``B`` both arms serve the whole task list, back to back
+(the arm order alternates from size to size, so machine noise hits both alike):
 
-* ``baseline`` -- Hugging Face ``model.generate`` on the left-padded batch with
-  xgrammar's HF logits processor holding one compiled grammar per row (what
-  users run today; the batch runs until its longest row ends);
-* ``auto`` -- :func:`grammarspec.generate` on the same batch, ``assistant="auto"``
-  (rows leave the batch as they finish).
+* ``baseline`` -- what transformers users run today: the list cut, in order, into
+  batches of ``B``, each run by Hugging Face ``model.generate`` on the
+  left-padded batch with xgrammar's HF logits processor holding one compiled
+  grammar per row (a batch runs until its longest row ends);
+* ``auto`` -- one :func:`grammarspec.generate` call over the whole list with
+  ``max_batch_size=B`` and ``assistant="auto"``: at most ``B`` rows decode
+  together, a row leaves the batch when it finishes and a waiting request joins.
 
 Throughput is committed tokens (each row's tokens up to and including its
-stop token) over the summed wall time of all batches; a request's latency is
-the time from its batch's start to its own end (the batch's end for the
-baseline, the row's finish for grammarspec).  Greedy outputs of the two arms
-are compared row by row.
+stop token) over the arm's wall time; a request's latency is the time from
+the start of the arm to its own end (its batch's end for the baseline).
+Greedy outputs of the two arms are compared row by row.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ class BatchRun:
     row_passes: int = 0  # target passes summed over requests (a request's tokens per pass = tokens / its passes)
     latencies: list[float] = field(default_factory=list)
     outputs: dict[str, list[int]] = field(default_factory=dict)
-    categories: dict[str, list[float]] = field(default_factory=dict)  # category -> [tokens, seconds share]
+    categories: dict[str, list[float]] = field(default_factory=dict)  # category -> [tokens, seconds]
 
     @property
     def throughput(self) -> float:
@@ -100,19 +100,6 @@ def _run_baseline(model: Any, ids: torch.Tensor, mask: torch.Tensor, grammars: l
     return [_cut(row.tolist(), eos) for row in new], seconds, int(new.shape[1])
 
 
-def _run_auto(model: Any, tokenizer: Any, ids: torch.Tensor, mask: torch.Tensor, schemas: list[Any],
-              max_new: int) -> tuple[list[list[int]], float, list[float], int, int]:  # fmt: skip
-    t0 = time.perf_counter()
-    out = grammarspec.generate(model, ids, attention_mask=mask, tokenizer=tokenizer, schema=schemas, assistant="auto",
-                               max_new_tokens=max_new, do_sample=False, return_dict_in_generate=True)  # fmt: skip
-    seconds = time.perf_counter() - t0
-    setup = seconds - max(s.total_seconds for s in out.stats)
-    outputs = [out.sequences[i, ids.shape[1] :].tolist()[: s.new_tokens] for i, s in enumerate(out.stats)]
-    latencies = [setup + s.total_seconds for s in out.stats]
-    steps = max(s.target_forwards for s in out.stats)  # one batch pass per step
-    return outputs, seconds, latencies, steps, sum(s.target_forwards for s in out.stats)
-
-
 def run_batch_bench(
     model: torch.nn.Module,
     tokenizer: Any,
@@ -130,38 +117,65 @@ def run_batch_bench(
             prepared.append((task, _prompt(tokenizer, task), prepare_grammars(model, tokenizer, baseline, task.schema)))
         except grammarspec.GrammarError:
             continue
+    by_category: dict[str, list[Any]] = {}
+    for item in prepared:
+        by_category.setdefault(item[0].category, []).append(item)
     runs = []
-    for size in batch_sizes:
-        arms = {arm: BatchRun(arm, size) for arm in ARMS}
-        for b, first in enumerate(range(0, len(prepared), size)):
-            chunk = prepared[first : first + size]
-            ids, mask = _left_pad([p for _, p, _ in chunk], eos)
-            order = ARMS if b % 2 == 0 else ARMS[::-1]
-            for arm in order:
-                run = arms[arm]
-                if arm == "baseline":
-                    outputs, seconds, steps = _run_baseline(model, ids, mask, [g for _, _, g in chunk], eos,
-                                                            max_new_tokens)  # fmt: skip
-                    latencies = [seconds] * len(chunk)
-                    row_passes = sum(len(o) for o in outputs)
-                else:
-                    outputs, seconds, latencies, steps, row_passes = _run_auto(model, tokenizer, ids, mask,
-                                                                   [t.schema for t, _, _ in chunk], max_new_tokens)  # fmt: skip
+    for n, size in enumerate(batch_sizes):
+        order = ARMS if n % 2 == 0 else ARMS[::-1]
+        for arm in order:
+            run = BatchRun(arm, size)
+            for category, items in by_category.items():  # each category is served on its own: its throughput
+                seconds = (_serve_baseline if arm == "baseline" else _serve_auto)(model, tokenizer, items, size, eos,
+                                                                                 max_new_tokens, run)  # fmt: skip
                 run.seconds += seconds
-                run.target_passes += steps
-                run.row_passes += row_passes
-                run.latencies += latencies
-                total = sum(len(o) for o in outputs)
-                run.tokens += total
-                for (task, _, _), out in zip(chunk, outputs):
-                    run.outputs[task.id] = out
-                    share = run.categories.setdefault(task.category, [0.0, 0.0])
-                    share[0] += len(out)
-                    share[1] += seconds * len(out) / max(total, 1)
-                if progress is not None:
-                    progress(f"B={size} batch {b + 1} {arm}: {total} tokens in {seconds:.1f}s")
-        runs += list(arms.values())
+                run.categories.setdefault(category, [0.0, 0.0])[1] += seconds
+            if progress is not None:
+                progress(f"B={size} {arm}: {run.tokens} tokens in {run.seconds:.1f}s ({run.throughput:.1f} tokens/s)")
+            runs.append(run)
     return runs
+
+
+def _serve_baseline(model: Any, tokenizer: Any, items: list[Any], size: int, eos: int, max_new: int,
+                    run: BatchRun) -> float:  # fmt: skip
+    """HF generate over ``items`` cut into batches of ``size``; returns the seconds."""
+    elapsed = run.seconds
+    start = elapsed
+    for first in range(0, len(items), size):
+        chunk = items[first : first + size]
+        ids, mask = _left_pad([p for _, p, _ in chunk], eos)
+        outputs, seconds, steps = _run_baseline(model, ids, mask, [g for _, _, g in chunk], eos, max_new)
+        elapsed += seconds
+        _add(run, [t for t, _, _ in chunk], outputs, [elapsed - start] * len(chunk), steps, sum(map(len, outputs)))
+    return elapsed - start
+
+
+def _serve_auto(model: Any, tokenizer: Any, items: list[Any], size: int, eos: int, max_new: int,
+                run: BatchRun) -> float:  # fmt: skip
+    """One grammarspec call over ``items`` with ``max_batch_size=size``; returns the seconds."""
+    ids, mask = _left_pad([p for _, p, _ in items], eos)
+    t0 = time.perf_counter()
+    out = grammarspec.generate(model, ids, attention_mask=mask, tokenizer=tokenizer, schema=[t.schema for t, _, _ in items],
+                               assistant="auto", max_batch_size=size, max_new_tokens=max_new, do_sample=False,
+                               return_dict_in_generate=True)  # fmt: skip
+    seconds = time.perf_counter() - t0
+    setup = seconds - max(s.total_seconds for s in out.stats)
+    outputs = [out.sequences[i, ids.shape[1] :].tolist()[: s.new_tokens] for i, s in enumerate(out.stats)]
+    _add(run, [t for t, _, _ in items], outputs, [setup + s.total_seconds for s in out.stats],
+         max(s.target_forwards for s in out.stats), sum(s.target_forwards for s in out.stats))  # fmt: skip
+    return seconds
+
+
+def _add(run: BatchRun, tasks: Sequence[BenchTask], outputs: list[list[int]], latencies: list[float], steps: int,
+         row_passes: int) -> None:  # fmt: skip
+    """Record one call's outputs in ``run``: tokens per category, latencies, passes."""
+    run.target_passes += steps
+    run.row_passes += row_passes
+    run.latencies += latencies
+    for task, out in zip(tasks, outputs):
+        run.outputs[task.id] = out
+        run.tokens += len(out)
+        run.categories.setdefault(task.category, [0.0, 0.0])[0] += len(out)
 
 
 def batch_table(runs: Sequence[BatchRun]) -> str:
