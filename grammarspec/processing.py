@@ -88,7 +88,11 @@ class LogitsPipeline:
         if not (self.defaults or self.custom or self.warpers or self.final):
             return out
         assert len(prefixes) == out.shape[0], f"{len(prefixes)} prefixes for {out.shape[0]} rows"
-        ids = [torch.tensor([list(p)], dtype=torch.long, device=out.device) for p in prefixes]  # [1, L_i] each
+        everything = (*self.defaults, *self.custom, *self.warpers, *self.final)
+        if all(isinstance(p, PREFIX_FREE) for p in everything):  # warpers only: no prefix is read
+            ids = [torch.zeros((1, 1), dtype=torch.long, device=out.device)] * out.shape[0]
+        else:
+            ids = [torch.tensor([list(p)], dtype=torch.long, device=out.device) for p in prefixes]  # [1, L_i] each
         entry = out
         if self.defaults:
             masked = torch.isneginf(entry)
