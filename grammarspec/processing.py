@@ -93,7 +93,7 @@ class LogitsPipeline:
             ids = [torch.zeros((1, 1), dtype=torch.long, device=out.device)] * out.shape[0]
         else:
             ids = [torch.tensor([list(p)], dtype=torch.long, device=out.device) for p in prefixes]  # [1, L_i] each
-        entry = out
+        entry, out = out, out.clone()  # a processor that writes in place must not change the fallback rows
         if self.defaults:
             masked = torch.isneginf(entry)
             out = self._run(self.defaults, ids, out)
