@@ -38,6 +38,7 @@ verified inside a draft.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -88,8 +89,12 @@ class LogitsPipeline:
         if not (self.defaults or self.custom or self.warpers or self.final):
             return out
         assert len(prefixes) == out.shape[0], f"{len(prefixes)} prefixes for {out.shape[0]} rows"
-        ids = [torch.tensor([list(p)], dtype=torch.long, device=out.device) for p in prefixes]  # [1, L_i] each
-        entry = out
+        everything = (*self.defaults, *self.custom, *self.warpers, *self.final)
+        if all(isinstance(p, PREFIX_FREE) for p in everything):  # warpers only: no prefix is read
+            ids = [torch.zeros((1, 1), dtype=torch.long, device=out.device)] * out.shape[0]
+        else:
+            ids = [torch.tensor([list(p)], dtype=torch.long, device=out.device) for p in prefixes]  # [1, L_i] each
+        entry, out = out, out.clone()  # a processor that writes in place must not change the fallback rows
         if self.defaults:
             masked = torch.isneginf(entry)
             out = self._run(self.defaults, ids, out)
@@ -102,6 +107,17 @@ class LogitsPipeline:
             out = self._run(self.warpers, ids, out)
         return self._run(self.final, ids, out)
 
+    @classmethod
+    def from_sampling(
+        cls, params: Any, processors: Sequence[Any] = (), *, min_new_tokens: int = 0,
+        eos_token_ids: Sequence[int] = (), prompt_length: int = 0,
+    ) -> LogitsPipeline:  # fmt: skip
+        """The pipeline for a :class:`grammarspec.sampling.SamplingParams` (tests, old callers)."""
+        if not processors:  # pipelines are immutable and their processors stateless: share them
+            return _from_sampling_cached(params, min_new_tokens, tuple(eos_token_ids), prompt_length)
+        return build_pipeline(_sampling_config(params, min_new_tokens), prompt_length=prompt_length,
+                              eos_token_ids=eos_token_ids, processors=processors)  # fmt: skip
+
     @staticmethod
     def _run(processors: Sequence[Any], ids: list[torch.Tensor], scores: torch.Tensor) -> torch.Tensor:
         for proc in processors:
@@ -111,17 +127,18 @@ class LogitsPipeline:
                 scores = torch.cat([proc(ids[i], scores[i : i + 1]) for i in range(scores.shape[0])])
         return scores.float()
 
-    @classmethod
-    def from_sampling(
-        cls, params: Any, processors: Sequence[Any] = (), *, min_new_tokens: int = 0,
-        eos_token_ids: Sequence[int] = (), prompt_length: int = 0,
-    ) -> LogitsPipeline:  # fmt: skip
-        """The pipeline for a :class:`grammarspec.sampling.SamplingParams` (tests, old callers)."""
-        config = GenerationConfig(
-            do_sample=not params.greedy, temperature=params.temperature if not params.greedy else 1.0,
-            top_k=params.top_k, top_p=params.top_p, min_new_tokens=min_new_tokens or None,
-        )  # fmt: skip
-        return build_pipeline(config, prompt_length=prompt_length, eos_token_ids=eos_token_ids, processors=processors)
+
+def _sampling_config(params: Any, min_new_tokens: int) -> GenerationConfig:
+    return GenerationConfig(
+        do_sample=not params.greedy, temperature=params.temperature if not params.greedy else 1.0,
+        top_k=params.top_k, top_p=params.top_p, min_new_tokens=min_new_tokens or None,
+    )  # fmt: skip
+
+
+@functools.lru_cache(maxsize=256)
+def _from_sampling_cached(params: Any, min_new_tokens: int, eos_token_ids: tuple[int, ...], prompt_length: int) -> LogitsPipeline:
+    config = _sampling_config(params, min_new_tokens)
+    return build_pipeline(config, prompt_length=prompt_length, eos_token_ids=eos_token_ids)
 
 
 def build_pipeline(
