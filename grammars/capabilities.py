@@ -140,12 +140,12 @@ def features_used(schema: Any) -> list[str]:
     >>> features_used({"type": "string", "pattern": "^(?!x)a+$", "maxLength": 3})
     ['type', 'pattern', 'maxLength', 'pattern:lookaround', 'maxLength+pattern']
     """
-    from .keywords import KNOWN_KEYWORDS, schema_objects
+    from .keywords import ANNOTATIONS, KNOWN_KEYWORDS, schema_objects
 
     found: dict[str, None] = {}
     for node in schema_objects(schema):
         for key in node:
-            if isinstance(key, str) and key in KNOWN_KEYWORDS and key not in _NEUTRAL:
+            if isinstance(key, str) and key in KNOWN_KEYWORDS and key not in ANNOTATIONS and key not in _NEUTRAL:
                 found[key] = None
         if isinstance(node.get("format"), str) and node.get("type", "string") == "string":
             found[f"format:{node['format']}"] = None
@@ -162,7 +162,7 @@ def features_used(schema: Any) -> list[str]:
             found["allOf:multi"] = None
         if isinstance(node.get("oneOf"), list) and len(node["oneOf"]) > 1:
             found["oneOf:overlap"] = None  # overlap is not decidable here: assume it may
-        if "$ref" in node and any(k not in _NEUTRAL and k != "$ref" for k in node):
+        if "$ref" in node and any(k in KNOWN_KEYWORDS and k not in ANNOTATIONS and k not in _NEUTRAL for k in node):
             found["$ref+siblings"] = None
     return list(found)
 
