@@ -56,6 +56,8 @@ FEATURES = (
     "allOf:multi",  # allOf with two or more parts
     "oneOf:overlap",  # oneOf whose branches both match one value ("exactly one" is not checked)
     "$ref+siblings",  # keywords beside a $ref
+    "anyOf+siblings",  # keywords beside anyOf / oneOf / allOf (xgrammar drops them)
+    "enum+siblings",  # keywords beside enum / const (xgrammar drops them)
 )  # fmt: skip
 
 _E, _I, _R = "enforced", "ignored", "refused"
@@ -74,6 +76,7 @@ TABLES: dict[str, dict[str, Support]] = {
         "minProperties": _E, "maxProperties": _E, "propertyNames": _E,
         "multipleOf:number": _I, "pattern:lookaround": _I, "maxLength+pattern": _I, "minLength+pattern": _I,
         "allOf": _E, "allOf:multi": _I, "oneOf:overlap": _I, "$ref+siblings": _I,
+        "anyOf+siblings": _I, "enum+siblings": _I,
         "uniqueItems": _I, "contains": _I, "not": _I, "if": _I, "then": _I, "else": _I,
         # patternProperties: {"ab": "x"} is rejected, and so is the valid {"ab": 1} (stricter than the schema);
         # unevaluatedProperties: false is what strict mode does anyway
@@ -87,6 +90,7 @@ TABLES: dict[str, dict[str, Support]] = {
         # multipleOf on a number: 0.3 and 1.5 are both rejected for multipleOf 0.5 (stricter than the schema)
         "multipleOf:number": _E, "pattern:lookaround": _R, "maxLength+pattern": _I, "minLength+pattern": _I,
         "allOf": _E, "allOf:multi": _R, "oneOf:overlap": _I, "$ref+siblings": _I,
+        "anyOf+siblings": _E, "enum+siblings": _I,
         "uniqueItems": _I, "contains": _I, "not": _I, "if": _I, "then": _I, "else": _I,
         "dependentRequired": _I, "dependentSchemas": _I, "dependencies": _I, "patternProperties": _I,
         "unevaluatedProperties": _E,
@@ -97,6 +101,7 @@ TABLES: dict[str, dict[str, Support]] = {
         "minProperties": _E, "maxProperties": _E, "propertyNames": _R,
         "multipleOf:number": _E, "pattern:lookaround": _R, "maxLength+pattern": _E, "minLength+pattern": _E,
         "allOf": _E, "allOf:multi": _E, "oneOf:overlap": _R, "$ref+siblings": _E,
+        "anyOf+siblings": _E, "enum+siblings": _E,
         "uniqueItems": _R, "contains": _R, "not": _R, "if": _R, "then": _R, "else": _R,
         "dependentRequired": _R, "dependentSchemas": _R, "dependencies": _R, "patternProperties": _E,
         "unevaluatedProperties": _R,
@@ -140,12 +145,12 @@ def features_used(schema: Any) -> list[str]:
     >>> features_used({"type": "string", "pattern": "^(?!x)a+$", "maxLength": 3})
     ['type', 'pattern', 'maxLength', 'pattern:lookaround', 'maxLength+pattern']
     """
-    from .keywords import KNOWN_KEYWORDS, schema_objects
+    from .keywords import ANNOTATIONS, KNOWN_KEYWORDS, schema_objects
 
     found: dict[str, None] = {}
     for node in schema_objects(schema):
         for key in node:
-            if isinstance(key, str) and key in KNOWN_KEYWORDS and key not in _NEUTRAL:
+            if isinstance(key, str) and key in KNOWN_KEYWORDS and key not in ANNOTATIONS and key not in _NEUTRAL:
                 found[key] = None
         if isinstance(node.get("format"), str) and node.get("type", "string") == "string":
             found[f"format:{node['format']}"] = None
@@ -162,8 +167,13 @@ def features_used(schema: Any) -> list[str]:
             found["allOf:multi"] = None
         if isinstance(node.get("oneOf"), list) and len(node["oneOf"]) > 1:
             found["oneOf:overlap"] = None  # overlap is not decidable here: assume it may
-        if "$ref" in node and any(k not in _NEUTRAL and k != "$ref" for k in node):
+        validation = [k for k in node if k in KNOWN_KEYWORDS and k not in ANNOTATIONS and k not in _NEUTRAL]
+        if "$ref" in node and validation:
             found["$ref+siblings"] = None
+        if any(k in node for k in ("anyOf", "oneOf", "allOf")) and any(k not in ("anyOf", "oneOf", "allOf") for k in validation):
+            found["anyOf+siblings"] = None
+        if any(k in node for k in ("enum", "const")) and any(k not in ("enum", "const", "type") for k in validation):
+            found["enum+siblings"] = None
     return list(found)
 
 
@@ -242,6 +252,9 @@ PROBES: tuple[Probe, ...] = (
           "{}", '{"a":1}'),
     Probe("oneOf:overlap", {"oneOf": [_INT, {"type": "integer", "minimum": 0}]}, "1", "-1"),
     Probe("$ref+siblings", {"$defs": {"i": _INT}, "$ref": "#/$defs/i", "minimum": 5}, "3", "7"),
+    Probe("anyOf+siblings", {"type": "object", "properties": {"a": _INT}, "required": ["a"],
+                             "anyOf": [{"type": "object"}]}, "{}", '{"a":1}'),
+    Probe("enum+siblings", {"type": "string", "enum": ["a", "bbb"], "maxLength": 2}, '"bbb"', '"a"'),
     Probe("uniqueItems", {"type": "array", "items": _INT, "uniqueItems": True}, "[1,1]", "[1,2]"),
     Probe("contains", {"type": "array", "items": _INT, "contains": {"const": 5}}, "[1]", "[5]"),
     Probe("not", {"type": "integer", "not": {"const": 1}}, "1", "2"),

@@ -67,7 +67,7 @@ def schema_objects(schema: Any) -> Iterator[dict[str, Any]]:
         yield node
         children: list[Any] = []
         for key, value in node.items():
-            if not isinstance(key, str) or key not in KNOWN_KEYWORDS or key in _DATA:
+            if not isinstance(key, str) or key not in KNOWN_KEYWORDS or key in _DATA or key in _NOT_SCHEMAS:
                 continue
             if key in _MAPS and isinstance(value, dict):
                 children.extend(value.values())
@@ -104,6 +104,8 @@ def unknown_keywords(schema: Any) -> list[str]:
     return list(found)
 
 
+#: Annotations whose values are not schemas (``$defs``/``definitions`` are maps of schemas; ``contentSchema`` is one).
+_NOT_SCHEMAS = ANNOTATIONS - {"$defs", "definitions", "contentSchema"}
 #: Keywords whose values are data, and keywords whose values map names to schemas.
 _DATA = frozenset({"enum", "const", "default", "examples", "example", "required", "dependentRequired"})
 _MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas", "dependencies"})

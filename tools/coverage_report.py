@@ -159,7 +159,10 @@ def grammar_pass(records: list[dict[str, Any]], backends: tuple[str, ...], timeo
 # --- generation pass ----------------------------------------------------------------------
 
 
-def generation_pass(records: list[dict[str, Any]], backends: tuple[str, ...], max_new_tokens: int) -> list[dict[str, Any]]:
+def generation_pass(
+    records: list[dict[str, Any]], backends: tuple[str, ...], max_new_tokens: int, log: Any = None
+) -> list[dict[str, Any]]:
+    """Generate once per (record, backend); every row is also written to ``log`` (a text file) as it is made."""
     import warnings
 
     import torch
@@ -191,6 +194,9 @@ def generation_pass(records: list[dict[str, Any]], backends: tuple[str, ...], ma
                     continue
                 if (record["id"], chosen) in done:
                     rows.append({**done[record["id"], chosen], "backend": "auto", "chosen": chosen, "reused": True})
+                    if log is not None:
+                        log.write(json.dumps({"pass": "generate", **rows[-1]}) + "\n")
+                        log.flush()
                     continue
             prompt, system, quote = fuzz_prompt(record)
             try:
@@ -210,6 +216,9 @@ def generation_pass(records: list[dict[str, Any]], backends: tuple[str, ...], ma
                        chosen=s.grammar_backend, unenforced=s.unenforced_keywords)  # fmt: skip
             rows.append(row)
             done[record["id"], backend] = row
+            if log is not None:
+                log.write(json.dumps({"pass": "generate", **row}) + "\n")
+                log.flush()
             print(f"[generate] {backend} {record['id'][:50]} {c.finish_reason} valid={row['valid']}", file=sys.stderr,
                   flush=True)  # fmt: skip
     del torch
@@ -340,8 +349,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", default="/tmp/coverage.jsonl", help="every measurement, one JSON per line")
     parser.add_argument("--plot", default=None, help="PNG path for the plot")
     parser.add_argument("--out", default=None, help="markdown file for the tables (default: stdout)")
+    parser.add_argument("--from-results", nargs="*", default=None,
+                        help="only render the tables (and plot) from these JSONL result files")  # fmt: skip
     args = parser.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    if args.from_results is not None:
+        rows = [json.loads(line) for path in args.from_results for line in open(path) if line.strip()]
+        grammar_rows = [r for r in rows if r.get("pass") == "grammar"]
+        gen_rows = [r for r in rows if r.get("pass") == "generate"]
+        steps = [r["seconds"] for r in rows if r.get("pass") == "step"]
+        text = tables(grammar_rows, gen_rows, steps[0] if steps else None)
+        if args.plot:
+            plot(grammar_rows, gen_rows, Path(args.plot))
+        if args.out:
+            Path(args.out).write_text(text)
+        else:
+            print(text)
+        return 0
     corpus = Path(args.corpus)
     backends = tuple(b for b in args.backends.split(",") if b)
     grammar_rows = grammar_pass(load_records(corpus, args.per_category), backends, args.compile_timeout)
@@ -349,8 +373,11 @@ def main(argv: list[str] | None = None) -> int:
     step_s = None
     if args.generate_per_category:
         gen_backends = tuple(b for b in args.generate_backends.split(",") if b)
-        gen_rows = generation_pass(load_records(corpus, args.generate_per_category), gen_backends, args.max_new_tokens)
-        step_s = target_step_seconds()
+        with open(args.results + ".partial", "w") as log:
+            step_s = target_step_seconds()
+            log.write(json.dumps({"pass": "step", "seconds": step_s}) + "\n")
+            gen_rows = generation_pass(load_records(corpus, args.generate_per_category), gen_backends,
+                                       args.max_new_tokens, log)  # fmt: skip
     with open(args.results, "w") as f:
         for row in grammar_rows:
             f.write(json.dumps({"pass": "grammar", **row}) + "\n")
