@@ -252,3 +252,15 @@ def test_speculative_config_and_import_without_vllm():
     module, name = gsv.CLASS_PATH.rsplit(".", 1)
     assert getattr(sys.modules[module], name) is gsv.GrammarspecProposer
     assert "vllm" not in sys.modules  # importing grammarspec.vllm never imports vLLM
+
+
+def test_state_dropped_at_the_step_the_request_ends(smol_tokenizer):
+    tok = smol_tokenizer
+    engine = FakeEngine(GPUModelRunner())
+    proposer = make(tok, engine.runner)
+    engine.add("a", ids(tok, "JSON:"), SCHEMA)
+    engine.step(proposer, [ids(tok, '{"city":"Oslo","days":3}')])
+    assert "a" in proposer.states
+    # the stop token: the request is over, though the runner still lists it during this step
+    assert engine.step(proposer, [[tok.eos_token_id]]) == [[]]
+    assert proposer.states == {}

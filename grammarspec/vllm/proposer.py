@@ -25,7 +25,9 @@ prompt lookup), an own grammar matcher advanced over every committed token
 (dropped if it ever disagrees with what vLLM committed), and the last draft.
 Each step first tells the drafters how much of their last draft vLLM
 accepted (the new tokens compared with that draft), then drafts again.
-States of requests that left the runner are dropped.
+A state is dropped at the step its request ends (stop token, grammar
+complete, ``max_tokens``), else (a stop string, an abort) at the first call
+after the request left the runner.
 
 Exactness is vLLM's: every draft is verified by vLLM's target pass and
 rejection sampler and cut at the first token vLLM's own grammar rejects.
@@ -189,6 +191,10 @@ class GrammarspecProposer:
             cached = requests.get(key) if requests is not None and req_ids is not None else None
             state = self._state(key, context, len(sampled), cached)
             self._sync(state, context, sampled)
+            if self._finished(state, context):  # ends with this step: vLLM will not ask again
+                del self.states[key]
+                out.append([])
+                continue
             out.append(self._draft(state, context))
         self._forget(seen, requests if req_ids is not None else None)
         return out
@@ -245,13 +251,22 @@ class GrammarspecProposer:
                     break
         state.synced = len(context)
 
+    def _finished(self, state: _State, context: list[int]) -> bool:
+        """Whether the request ended with its last token (stop token, grammar complete, max_tokens).
+
+        A request stopped otherwise (a stop string, an abort) is dropped when it leaves the runner.
+        """
+        if context and context[-1] == self.eos:
+            return True
+        if state.matcher is not None and state.matcher.is_terminated():
+            return True
+        return state.max_tokens is not None and len(context) - state.prompt_length >= state.max_tokens
+
     def _draft(self, state: _State, context: list[int]) -> list[int]:
         """The next draft for one request (``[]``: none).  Remembers it."""
         k = min(self.k, self.max_model_len - len(context) - 1)
         if state.max_tokens is not None:
             k = min(k, state.max_tokens - (len(context) - state.prompt_length) - 1)  # the target adds one
-        if state.matcher is not None and state.matcher.is_terminated():
-            k = 0
         if k <= 0:
             return []
         draft = state.proposer.propose(context, state.view, k).truncate(k)
