@@ -25,7 +25,7 @@ from typing import Any
 
 from .scoring import median, parse_and_validate
 
-__all__ = ["VLLM_ARMS", "NUM_SPECULATIVE_TOKENS", "vllm_python", "run_vllm_arms", "vllm_markdown"]
+__all__ = ["VLLM_ARMS", "NUM_SPECULATIVE_TOKENS", "vllm_python", "run_vllm_arms", "collect", "vllm_markdown"]
 
 VLLM_ARMS = ("vllm", "vllm-ngram", "vllm-grammarspec")
 #: Draft tokens per step for both speculating vLLM arms.
@@ -88,6 +88,12 @@ def run_vllm_arms(
         "modes": list(modes),
         "tasks": [{"task": t.id, "prompt_ids": list(p.prompt_ids), "schema": p.schema} for t, p in prepared],
     }
+    answer = _launch(python, job)
+    return collect(answer, prepared, arms, config, tokenizer)
+
+
+def _launch(python: Path, job: dict[str, Any]) -> dict[str, Any]:
+    """Run the worker on ``job``; its answer (``{"arms": {}}`` plus a reason when it wrote nothing)."""
     with tempfile.TemporaryDirectory(prefix="grammarspec-vllm-") as tmp:
         job_path, out_path = Path(tmp) / "job.json", Path(tmp) / "out.json"
         job_path.write_text(json.dumps(job), encoding="utf-8")
@@ -98,11 +104,19 @@ def run_vllm_arms(
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout or "").strip()[-1500:]
         print(f"grammarspec bench: the vLLM worker exited with status {proc.returncode}:\n{tail}", file=sys.stderr)
+        answer["failure"] = f"the vLLM worker exited with status {proc.returncode}"
+    return answer
+
+
+def collect(
+    answer: dict[str, Any], prepared: Sequence[tuple[Any, Any]], arms: Sequence[str], config: Any, tokenizer: Any
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The worker's ``answer`` as bench records (batch 1) and the throughput summary (``all``).  Pure."""
     records, throughput = [], {"vllm": answer.get("vllm"), "ld_preload": answer.get("ld_preload"),
                                "load_average": [answer.get("load_average_at_start"), answer.get("load_average_at_end")],
                                "num_speculative_tokens": NUM_SPECULATIVE_TOKENS, "arms": {}}  # fmt: skip
     for arm in arms:
-        got = answer["arms"].get(arm) or {"error": f"the vLLM worker returned nothing (status {proc.returncode})"}
+        got = answer["arms"].get(arm) or {"error": answer.get("failure", "the vLLM worker returned nothing")}
         runs = {r["task"]: r for r in got.get("batch1", [])}
         for task, prep in prepared:
             run = runs.get(task.id)
@@ -192,14 +206,15 @@ def vllm_markdown(runs: Sequence[dict[str, Any]], throughput: dict[str, Any]) ->
         lines.append(f"| {category} | " + " | ".join(cells) + " |")
     hf = [a for a in ("baseline", "auto") if any(r["arm"] == a for r in good)]
     shown = hf + arms
+    latency_ratio = "auto" in hf and "vllm-ngram" in arms
     lines += ["", "### Batch 1: median per-request latency (seconds)", "",
               "Same prompts, grammar (compact JSON) and greedy settings; `auto` is grammarspec on Hugging Face. "
               "Ratio: vllm-ngram's latency over auto's, per task, median per category (above 1: grammarspec faster).",
-              "", "| category | " + " | ".join(shown) + (" | vllm-ngram / auto |" if "auto" in hf else " |"),
-              "|---|" + "---:|" * (len(shown) + ("auto" in hf))]  # fmt: skip
+              "", "| category | " + " | ".join(shown) + (" | vllm-ngram / auto |" if latency_ratio else " |"),
+              "|---|" + "---:|" * (len(shown) + latency_ratio)]  # fmt: skip
     for category in categories:
         cells = [_f(median(r["seconds"] for r in pick(arm, category))) for arm in shown]
-        if "auto" in hf and "vllm-ngram" in arms:
+        if latency_ratio:
             ours = {r["task"]: r["seconds"] for r in pick("auto", category)}
             ratios = [r["seconds"] / ours[r["task"]] for r in pick("vllm-ngram", category) if ours.get(r["task"])]
             cells.append(_f(median(ratios), ".2f", "x"))
