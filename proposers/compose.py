@@ -26,7 +26,7 @@ token may merge with the text after it (``"}}`` + ``,{"`` is split ``"}``
 ``},`` ``{"``).  A draft of text (anything but a draft model's tokens) is
 therefore split again as one text (:func:`proposers.text.continuation_tokens`),
 then the way the target was seen to split such text in this request
-(:class:`proposers.text.SplitPreferences`); feedback is shared out by bytes.
+(:class:`proposers.text.SplitPreferences`); what was accepted is shared out by bytes.
 Without a continuation, jump-forward's own rule drops an ambiguous last
 token.
 """
@@ -274,17 +274,27 @@ class CompositeProposer:
             offset += len(helper.vocab_bytes[token])
         return Draft(tokens=tuple(tokens), sources=tuple(sources))
 
-    def feedback(self, draft: Draft, num_accepted: int) -> None:
-        """Share out ``num_accepted`` by bytes over the parts of the last draft (``draft`` may be a prefix)."""
+    def commit(self, draft: Draft, num_accepted: int, committed: Sequence[int]) -> None:
+        """Share out ``num_accepted`` by bytes over the parts of the last draft and commit every member.
+
+        ``draft`` may be a prefix of the last draft (the loop cuts drafts).
+        A member whose part reached the target gets that part and its share
+        of the accepted tokens; every other member gets ``EMPTY_DRAFT, 0``.
+        All of them get ``committed``.  Changes state.
+        """
         shown = sum(self._token_bytes[: len(draft)])
         accepted = sum(self._token_bytes[: min(num_accepted, len(draft))])
+        reports: dict[int, tuple[Draft, int]] = {}
         for proposer, part, start, sizes in self._parts:
             n_shown = _tokens_within(sizes, shown - start)
             if n_shown:
                 n_accepted = _tokens_within(sizes, accepted - start)
-                proposer.feedback(part.truncate(n_shown), n_accepted)
+                reports[id(proposer)] = (part.truncate(n_shown), n_accepted)
                 if proposer in self.followers:
                     self._track(proposer, part).update(n_shown, n_accepted)
+        for proposer in self.proposers:
+            part, n_accepted = reports.get(id(proposer), (EMPTY_DRAFT, 0))
+            proposer.commit(part, n_accepted, committed)
         self._parts, self._token_bytes = [], []
 
 

@@ -156,5 +156,5 @@ class JumpForwardProposer:
             return EMPTY_DRAFT
         return Draft(tokens=tuple(tokens), sources=(self.name,) * len(tokens))
 
-    def feedback(self, draft: Draft, num_accepted: int) -> None:
+    def commit(self, draft: Draft, num_accepted: int, committed: Sequence[int]) -> None:
         """Nothing to learn here: the next context shows what the target wrote instead."""

@@ -62,7 +62,7 @@ def resolve_assistant(assistant: Any, draft_model: Any = None) -> Proposer | Non
         return assistant
     raise TypeError(
         f"assistant= got a {type(assistant).__name__}; pass a preset name ({', '.join(map(repr, PRESETS))}), "
-        "a proposer (with name, start, propose and feedback), a Hugging Face draft model, or a list of these"
+        "a proposer (with name, start, propose and commit), a Hugging Face draft model, or a list of these"
     )
 
 

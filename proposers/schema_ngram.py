@@ -29,7 +29,7 @@ A draft is planned in rounds: rank the candidate segments for the current
 position, keep the first the grammar accepts (``GrammarView.validate``),
 advance a copy of the cursor over it, repeat until more than ``k`` tokens.
 Candidates rank by their source's token acceptance in this request (a prior
-plus what :meth:`SchemaNgramProposer.feedback` reports) times their rank
+plus what :meth:`SchemaNgramProposer.commit` reports) times their rank
 within the source.  Text becomes tokens in the tokenizer's canonical split,
 re-split where the target was seen to split the same text otherwise
 (:mod:`proposers.text`).
@@ -56,7 +56,7 @@ from .text import SplitPreferences, continuation_tokens, token_text
 
 __all__ = ["SchemaNgramProposer", "SOURCE_PRIORS", "follow_length", "prompt_start"]
 
-#: Token-acceptance rate assumed for each source before any feedback.
+#: Token-acceptance rate assumed for each source before any commit reports on it.
 SOURCE_PRIORS = {
     "history": 0.8,
     "schema": 0.8,
@@ -334,7 +334,7 @@ class SchemaNgramProposer:
         self._last = (tuple(tokens), tuple(sources))
         return Draft(tokens=tuple(tokens), sources=(self.name,) * len(tokens), kind=sources[0])
 
-    def feedback(self, draft: Draft, num_accepted: int) -> None:
+    def commit(self, draft: Draft, num_accepted: int, committed: Sequence[int]) -> None:
         """Credit each source with its proposed and accepted tokens (``draft`` may be a prefix)."""
         tokens, sources = self._last
         if not draft.tokens or tokens[: len(draft.tokens)] != draft.tokens:
@@ -346,7 +346,7 @@ class SchemaNgramProposer:
         self._last = ((), ())
 
     def score(self, source: str) -> float:
-        """Expected acceptance of ``source``'s tokens: its prior updated by this request's feedback."""
+        """Expected acceptance of ``source``'s tokens: its prior updated by this request's commits."""
         proposed, accepted = self.stats.get(source, (0.0, 0.0))
         prior = SOURCE_PRIORS.get(source, 0.3)
         return (prior * _PRIOR_WEIGHT + accepted) / (_PRIOR_WEIGHT + proposed)

@@ -7,6 +7,7 @@ import re
 import statistics
 
 import pytest
+from proposer_fakes import commit_step
 from proposer_replay import reference_ids, replay
 
 from grammars import compile_grammar, grammar_spec
@@ -138,16 +139,16 @@ def test_rollback_gives_the_same_draft_as_a_fresh_proposer(smol_tokenizer):
     assert rolled == fresh
 
 
-def test_feedback_moves_source_scores(setup):
+def test_commit_moves_source_scores(setup):
     text, draft = setup.draft('{"customer":"Pri')
     assert setup.proposer.score("prompt") == pytest.approx(SOURCE_PRIORS["prompt"])
-    setup.proposer.feedback(draft, 0)
+    commit_step(setup.proposer, draft, 0)
     assert setup.proposer.score("prompt") < SOURCE_PRIORS["prompt"]
     _, draft = setup.draft('{"customer":"Pri')
     before = setup.proposer.score("prompt")
-    setup.proposer.feedback(draft, len(draft))
+    commit_step(setup.proposer, draft, len(draft))
     assert setup.proposer.score("prompt") > before
-    setup.proposer.feedback(Draft(tokens=(1, 2, 3)), 3)  # not its draft: ignored
+    commit_step(setup.proposer, Draft(tokens=(1, 2, 3)), 3)  # not its draft: ignored
     assert setup.proposer.score("prompt") > before
 
 
