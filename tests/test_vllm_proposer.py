@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from proposers.base import EMPTY_DRAFT, Draft
+from proposers.base import Draft
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
           "required": ["city", "days"], "additionalProperties": False}  # fmt: skip
@@ -100,8 +100,8 @@ class Recorder:
     def propose(self, context, grammar, k):
         return Draft(tokens=tuple(self.guess[:k]), sources=("recorder",) * min(k, len(self.guess)))
 
-    def feedback(self, draft, num_accepted) -> None:
-        self.told.append((draft.tokens, num_accepted))
+    def commit(self, draft, num_accepted, committed) -> None:
+        self.told.append((draft.tokens, num_accepted, tuple(committed)))
 
 
 def test_schema_request_drafts_forced_keys_and_copies_the_prompt(smol_tokenizer):
@@ -128,7 +128,7 @@ def test_without_a_schema_no_grammar_view(smol_tokenizer):
     assert "city" not in tok.decode(draft)
 
 
-def test_feedback_counts_what_vllm_accepted(smol_tokenizer):
+def test_commit_reports_what_vllm_accepted(smol_tokenizer):
     engine = FakeEngine(GPUModelRunner())
     proposer = make(smol_tokenizer, engine.runner)
     recorder = Recorder([11, 12, 13, 14])
@@ -137,28 +137,12 @@ def test_feedback_counts_what_vllm_accepted(smol_tokenizer):
     assert engine.step(proposer, [[10]]) == [[11, 12, 13, 14]]
     # vLLM accepted 11, 12 and then sampled 99 itself
     engine.step(proposer, [[11, 12, 99]])
-    assert recorder.told == [((11, 12, 13, 14), 2)]
+    # first step: no draft yet, the target's first token; then 11 and 12 accepted, 99 the target's own
+    assert recorder.told == [((), 0, (10,)), ((11, 12, 13, 14), 2, (11, 12, 99))]
     # nothing accepted: the target's token differs at once
     engine.step(proposer, [[42]])
-    assert recorder.told[-1] == ((11, 12, 13, 14), 0)
+    assert recorder.told[-1] == ((11, 12, 13, 14), 0, (42,))
     assert recorder.requests[0].prompt_ids == (5, 6, 7)
-
-
-def test_commit_protocol_is_used_when_the_proposer_has_it(smol_tokenizer):
-    engine = FakeEngine(GPUModelRunner())
-    proposer = make(smol_tokenizer, engine.runner)
-
-    class Committer(Recorder):
-        def commit(self, draft, num_accepted, committed) -> None:
-            self.told.append((draft.tokens, num_accepted, tuple(committed)))
-
-    committer = Committer([11, 12])
-    proposer.make_proposer = lambda: committer
-    engine.add("a", [5, 6, 7], None)
-    engine.step(proposer, [[10]])
-    engine.step(proposer, [[11, 50]])
-    # first step: nothing drafted yet, the target's own token; then 11 accepted and 50 sampled
-    assert committer.told == [(EMPTY_DRAFT.tokens, 0, (10,)), ((11, 12), 1, (11, 50))]
 
 
 def test_state_per_request_and_dropped_when_the_request_ends(smol_tokenizer):
@@ -178,7 +162,7 @@ def test_state_per_request_and_dropped_when_the_request_ends(smol_tokenizer):
     engine.remove("a")  # finished: the runner forgets it, "b" moves to row 0
     engine.step(proposer, [[21]])
     assert set(proposer.states) == {"b"} and len(made) == 2
-    assert made[1].told == [((1, 2), 0)]  # "b" kept its own state across the move
+    assert made[1].told == [((), 0, (20,)), ((1, 2), 0, (21,))]  # "b" kept its own state across the move
 
 
 def test_a_row_in_prefill_gets_no_draft_and_keeps_no_state(smol_tokenizer):

@@ -239,9 +239,9 @@ class GrammarspecProposer:
                 matched += 1
             # vLLM appended the accepted draft prefix and one token of its own.
             accepted = min(matched, max(len(sampled) - 1, 0)) if len(new) == len(sampled) else matched
-            _tell(state.proposer, draft, accepted, new)
+            state.proposer.commit(draft, accepted, new)
         elif new:
-            _tell(state.proposer, EMPTY_DRAFT, 0, new)
+            state.proposer.commit(EMPTY_DRAFT, 0, new)
         state.draft = EMPTY_DRAFT
         if state.matcher is not None:
             for token in new:
@@ -284,11 +284,3 @@ class GrammarspecProposer:
             if not alive:
                 del self.states[key]
 
-
-def _tell(proposer: Proposer, draft: Draft, accepted: int, committed: Sequence[int]) -> None:
-    """Report one step to ``proposer``: ``commit`` where the proposer speaks it, else ``feedback``."""
-    commit = getattr(proposer, "commit", None)
-    if callable(commit):
-        commit(draft, accepted, list(committed))
-    elif draft:
-        proposer.feedback(draft, accepted)
