@@ -248,3 +248,18 @@ def test_state_dropped_at_the_step_the_request_ends(smol_tokenizer):
     # the stop token: the request is over, though the runner still lists it during this step
     assert engine.step(proposer, [[tok.eos_token_id]]) == [[]]
     assert proposer.states == {}
+
+
+def test_a_failing_drafter_gives_no_draft_and_the_engine_goes_on(smol_tokenizer):
+    engine = FakeEngine(GPUModelRunner())
+    proposer = make(smol_tokenizer, engine.runner)
+
+    class Broken(Recorder):
+        def propose(self, context, grammar, k):
+            raise RuntimeError("drafter bug")
+
+    proposer.make_proposer = lambda: Broken([1])
+    engine.add("a", [5, 6, 7], None)
+    engine.add("b", [8, 9], None)
+    assert engine.step(proposer, [[10], [11]]) == [[], []]
+    assert proposer.errors == 2 and proposer.states == {}

@@ -36,6 +36,7 @@ rejection sampler and cut at the first token vLLM's own grammar rejects.
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import weakref
 from collections.abc import Sequence
@@ -48,6 +49,8 @@ from proposers.base import EMPTY_DRAFT, Draft, GrammarView, Proposer, Request
 from proposers.presets import resolve_assistant
 
 __all__ = ["GrammarspecProposer", "RequestInfo", "request_info", "find_model_runner"]
+
+_log = logging.getLogger("grammarspec.vllm")
 
 #: Rows keyed by batch index (no runner): this many leading tokens tell two requests apart.
 _HEAD = 32
@@ -154,6 +157,7 @@ class GrammarspecProposer:
         self.make_proposer: Any = lambda: resolve_assistant("auto")
         self.drafts = 0  # drafts returned (non-empty), for logs and tests
         self.grammar_drops = 0  # requests whose grammar disagreed with vLLM's output
+        self.errors = 0  # drafting failures (logged; that row got no draft)
 
     @property
     def runner(self) -> Any:
@@ -187,17 +191,25 @@ class GrammarspecProposer:
             if not sampled or n >= self.max_model_len:
                 out.append([])
                 continue
-            context = token_ids_cpu[i, :n].tolist()
             cached = requests.get(key) if requests is not None and req_ids is not None else None
-            state = self._state(key, context, len(sampled), cached)
-            self._sync(state, context, sampled)
-            if self._finished(state, context):  # ends with this step: vLLM will not ask again
-                del self.states[key]
+            try:
+                out.append(self._step(key, token_ids_cpu[i, :n].tolist(), sampled, cached))
+            except Exception:  # noqa: BLE001 - a drafting bug must not stop the engine: no draft is always exact
+                self.errors += 1
+                self.states.pop(key, None)
+                _log.exception("grammarspec drafter failed for request %s; drafting nothing for this step", key)
                 out.append([])
-                continue
-            out.append(self._draft(state, context))
         self._forget(seen, requests if req_ids is not None else None)
         return out
+
+    def _step(self, key: Any, context: list[int], sampled: Sequence[int], cached: Any) -> list[int]:
+        """Learn from the last step of one request, then draft for it (``[]``: none).  Changes its state."""
+        state = self._state(key, context, len(sampled), cached)
+        self._sync(state, context, sampled)
+        if self._finished(state, context):  # ends with this step: vLLM will not ask again
+            del self.states[key]
+            return []
+        return self._draft(state, context)
 
     # --- per-request state ----------------------------------------------------------------
 

@@ -115,7 +115,7 @@ def test_per_request_states_dropped_when_requests_end(speculative, tokenizer):
     drafter = _drafter(llm)
     assert isinstance(drafter, gsv.GrammarspecProposer)
     assert drafter.runner is not None  # found on the stack: states keyed by request id, schemas reachable
-    assert drafter.drafts > 0 and drafter.grammar_drops == 0
+    assert drafter.drafts > 0 and drafter.grammar_drops == 0 and drafter.errors == 0
     # dropped at their last step (stop token, max_tokens); the stop-string request when it left the runner
     assert set(drafter.states) <= {req_id for req_id in drafter.states if req_id not in drafter.runner.requests}
     assert len(drafter.states) <= 1
