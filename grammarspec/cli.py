@@ -119,8 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--model", default=DEFAULT_MODEL, metavar="NAME_OR_DIR")
     bench.add_argument("--arms", metavar="A,B",
                        help="arms to run (comma-separated; the baseline always runs). Known: baseline, none, "
-                            "jump_forward, prompt_lookup, schema_ngram, auto, draft_model, auto+draft. Default: "
-                            "all but the draft arms, which are added with --draft-model")  # fmt: skip
+                            "jump_forward, prompt_lookup, schema_ngram, auto, draft_model, auto+draft, vllm, vllm-ngram, "
+                            "vllm-grammarspec (in .venv-vllm: make vllm-env). Default: "
+                            "all but the vLLM arms and the draft arms, which are added with --draft-model")  # fmt: skip
     bench.add_argument("--draft-model", metavar="DIR", help="a draft model sharing the tokenizer")
     bench.add_argument("--temperature", type=_non_negative_float, default=0.0, metavar="T",
                        help="0 (default): greedy, and agreement with the baseline is checked")  # fmt: skip
