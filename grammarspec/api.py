@@ -73,6 +73,8 @@ def generate(
     attention_mask: torch.Tensor | None = None,
     generator: torch.Generator | None = None,
     return_dict_in_generate: bool | None = None,
+    past_key_values: Any = None,
+    update_cache: bool = False,
     **generation_kwargs: Any,
 ) -> torch.LongTensor | GenerationOutput:
     """Constrained (optionally speculative) generation, ``model.generate``-style.
@@ -82,6 +84,9 @@ def generate(
     ``"draft_model"``, ``"none"``).  Without a constraint this is plain exact
     speculative decoding.  Batches are decoded row by row, each with its own
     grammar state and acceptance; outputs are right-padded with ``pad_token_id``.
+    ``past_key_values``: a prompt cache (``DynamicCache``) holding the first
+    tokens of ``input_ids`` (batch 1); only the rest is prefilled.  It is
+    copied unless ``update_cache=True`` (then it is extended in place).
     """
     config = _generation_config(model, generation_config, generation_kwargs)
     rows = _prompt_rows(input_ids, attention_mask)
@@ -112,6 +117,8 @@ def generate(
     )
     if streamer is not None and len(rows) > 1:
         raise ValueError("streamers support batch size 1 only, as in Hugging Face generate")
+    if past_key_values is not None and len(rows) > 1:  # conv17: a user's prompt cache
+        raise ValueError("past_key_values supports batch size 1 only: pass one prompt row per call")
     outputs: list[list[int]] = []
     all_stats: list[GenerationStats] = []
     for prompt in rows:
@@ -144,6 +151,7 @@ def generate(
             generator=generator,
             processors=list(logits_processor or ()),
             on_commit=on_commit,
+            cache=past_key_values if update_cache or past_key_values is None else copy.deepcopy(past_key_values),
         )
         if streamer is not None:
             streamer.end()

@@ -30,7 +30,7 @@ import torch
 from grammars.base import Matcher, allocate_bitmask
 from proposers.base import EMPTY_DRAFT, Draft, GrammarView, Proposer
 
-from .cache import crop_cache, forward_with_cache, new_cache, require_croppable
+from .cache import cache_length, crop_cache, forward_with_cache, new_cache, require_croppable
 from .rejection import greedy_verify, rejection_sample
 from .sampling import LogitsProcessorFn, SamplingParams, probabilities, process_logits, unpack_bitmask
 from .stats import GenerationStats
@@ -80,6 +80,7 @@ def decode(
     processors: Sequence[LogitsProcessorFn] = (),
     on_commit: Callable[[list[int]], None] | None = None,
     on_step: Callable[[DecodeState], None] | None = None,
+    cache: Any = None,
 ) -> tuple[list[int], GenerationStats]:
     """Generate after ``prompt_ids``; returns ``(new_tokens, stats)``.
 
@@ -88,6 +89,11 @@ def decode(
     ``proposer`` drafts (``None``: plain decoding).  ``on_commit`` receives
     each run of committed tokens (streamers); ``on_step`` sees the state after
     every step (tests use it to check rollback).
+    ``cache`` (conv17): a target ``DynamicCache`` that already holds the keys and
+    values of the first ``cache_length(cache)`` prompt tokens (a kept
+    conversation, a user's prompt cache); only the rest of the prompt is
+    prefilled.  It is extended in place and ends holding a prefix of prompt +
+    new tokens (see :func:`cache_length`).  ``None``: a fresh cache.
     """
     if not prompt_ids:
         raise ValueError("the prompt is empty: pass at least one token (e.g. the BOS token or a chat template)")
@@ -95,6 +101,15 @@ def decode(
         raise ValueError("stop_strings need the tokenizer: pass tokenizer=...")
     params = config.sampling
     state = DecodeState(tokens=list(prompt_ids), prompt_length=len(prompt_ids), cache=new_cache(model))
+    # --- conv17: start from a cache that already holds a prefix of the prompt ------------------
+    if cache is not None:
+        state.cache, state.cached = cache, cache_length(cache)
+        if state.cached >= len(prompt_ids):
+            raise ValueError(
+                f"the cache holds {state.cached} tokens but the prompt has only {len(prompt_ids)}: the model "
+                "must read at least the last prompt token; crop the cache (or pass a longer prompt)"
+            )
+    # --- end conv17 -------------------------------------------------------------------------------
     if proposer is not None:
         require_croppable(state.cache, "target model")
     stats = GenerationStats()

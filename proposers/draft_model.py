@@ -52,9 +52,12 @@ class DraftModelProposer:
         self._base = 0
 
     def start(self, request: Request) -> None:
-        self._cache = new_cache(self.model)
-        require_croppable(self._cache, "draft model")
-        self._cached = []
+        # conv17: keep the KV cache across starts (a Conversation starts its proposer every turn);
+        # propose() keeps the longest cached prefix that still matches the new context.
+        if self._cache is None:
+            self._cache = new_cache(self.model)
+            require_croppable(self._cache, "draft model")
+            self._cached = []
         self._sampling = request.sampling if request.sampling is not None else SamplingParams()
         self._generator = request.generator
         self._target_vocab = int(request.extra.get("target_vocab_size", self.vocab_size))
