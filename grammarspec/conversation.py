@@ -49,9 +49,16 @@ from proposers.presets import resolve_assistant
 from .api import DEFAULT_MAX_DRAFT, generate
 from .cache import cache_length, crop_cache, new_cache
 from .stats import GenerationStats
-from .tools import ToolCallError, chat_messages, check_tools, parse_tool_reply, tool_constraint, tool_format_for
+from .tools import (
+    ToolCallError,
+    chat_messages,
+    check_tools,
+    parse_tool_reply,
+    tool_constraint,
+    tool_format_for,
+)
 
-__all__ = ["Conversation", "Reply", "ContextLimitError", "common_prefix_length"]
+__all__ = ["ContextLimitError", "Conversation", "Reply", "common_prefix_length"]
 
 
 class ContextLimitError(ValueError):

@@ -53,12 +53,12 @@ from grammars import GrammarError, tools_schema
 
 __all__ = [
     "ToolCallError",
-    "tool_format_for",
-    "tool_constraint",
-    "parse_tool_reply",
+    "call_json",
     "chat_messages",
     "describe_tools",
-    "call_json",
+    "parse_tool_reply",
+    "tool_constraint",
+    "tool_format_for",
 ]
 
 #: Chat-template markers of the model formats xgrammar builds structural tags for.
@@ -110,9 +110,8 @@ def _normalize(tools: Sequence[Mapping[str, Any]] | None, tool_choice: Any) -> t
     from pydantic import ValidationError
     from xgrammar.builtin_structural_tag import normalize_tool_choice
 
-    if tool_choice in ("required",) or isinstance(tool_choice, Mapping):
-        if not tools:
-            raise ToolCallError(f"tool_choice={tool_choice!r} needs tools: pass tools=[...] or tool_choice='none'")
+    if (tool_choice == "required" or isinstance(tool_choice, Mapping)) and not tools:
+        raise ToolCallError(f"tool_choice={tool_choice!r} needs tools: pass tools=[...] or tool_choice='none'")
     try:
         functions, _builtin, mode = normalize_tool_choice(list(tools or []), tool_choice)
     except (ValueError, ValidationError) as e:
@@ -160,7 +159,14 @@ def tool_constraint(
 def _text_or_call_ebnf(call_schema: dict[str, Any]) -> str:
     """EBNF of "the compact JSON call, or text that does not start with ``{``/``[``" (xgrammar structural tag)."""
     import xgrammar as xgr
-    from xgrammar.structural_tag import AnyTextFormat, GrammarFormat, OrFormat, RegexFormat, SequenceFormat, StructuralTag
+    from xgrammar.structural_tag import (
+        AnyTextFormat,
+        GrammarFormat,
+        OrFormat,
+        RegexFormat,
+        SequenceFormat,
+        StructuralTag,
+    )
 
     call = str(xgr.Grammar.from_json_schema(json.dumps(call_schema), any_whitespace=False, separators=(",", ":")))
     text = SequenceFormat(elements=[RegexFormat(pattern="[^{\\[]"), AnyTextFormat()])

@@ -43,7 +43,8 @@ def test_a_prompt_cache_gives_the_same_output_and_is_left_alone(model, tok, assi
     ids = tok("{b:1}{a:[x,yy]}", add_special_tokens=False)["input_ids"]
     cache = prefix_cache(model, ids[:5])
     before = [layer.keys.clone() for layer in cache.layers]
-    kwargs = dict(tokenizer=tok, schema=SCHEMA, assistant=assistant, max_new_tokens=40, return_dict_in_generate=True)
+    kwargs = {"tokenizer": tok, "schema": SCHEMA, "assistant": assistant, "max_new_tokens": 40,
+              "return_dict_in_generate": True}  # fmt: skip
     fresh = grammarspec.generate(model, torch.tensor([ids]), **kwargs)
     cached = grammarspec.generate(model, torch.tensor([ids]), past_key_values=cache, **kwargs)
     assert cached.sequences.tolist() == fresh.sequences.tolist()
