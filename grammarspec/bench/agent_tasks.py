@@ -20,6 +20,9 @@ __all__ = ["CONVERSATIONS", "SYSTEM", "TOOLS", "ModelTurn", "run_tool"]
 SYSTEM = "You are a helpful shop assistant. Use the tools to look things up, then answer in one short sentence."
 
 
+#: String arguments are bounded so that a call always ends within a turn's budget (the model can loop).
+
+
 def _function(name: str, description: str, properties: dict[str, Any]) -> dict[str, Any]:
     return {"type": "function", "function": {"name": name, "description": description, "parameters": {
         "type": "object", "properties": properties, "required": list(properties)}}}  # fmt: skip
@@ -27,11 +30,11 @@ def _function(name: str, description: str, properties: dict[str, Any]) -> dict[s
 
 TOOLS: list[dict[str, Any]] = [
     _function("get_weather", "Current weather for a city.",
-              {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}),
+              {"city": {"type": "string", "maxLength": 24}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}),
     _function("calculator", "Evaluate an arithmetic expression with + - * / and parentheses.",
-              {"expression": {"type": "string"}}),
-    _function("lookup_order", "Status of an order by its id, e.g. A-1042.", {"order_id": {"type": "string"}}),
-    _function("find_product", "Price and stock of a product in the shop.", {"name": {"type": "string"}}),
+              {"expression": {"type": "string", "maxLength": 40}}),
+    _function("lookup_order", "Status of an order by its id, e.g. A-1042.", {"order_id": {"type": "string", "maxLength": 12}}),
+    _function("find_product", "Price and stock of a product in the shop.", {"name": {"type": "string", "maxLength": 32}}),
 ]  # fmt: skip
 
 _WEATHER = {"oslo": (4.0, "light rain"), "paris": (14.5, "sunny"), "lima": (21.0, "fog"), "tokyo": (18.0, "cloudy")}
