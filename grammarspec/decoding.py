@@ -122,8 +122,8 @@ def decode(
     if config.max_new_tokens <= 0:
         state.finish_reason = "length"
 
-    def commit(new: Sequence[int], forced: bool = False) -> None:
-        """Append tokens one by one until a stop condition; advance the matcher."""
+    def commit(new: Sequence[int], forced: bool = False) -> list[int]:
+        """Append tokens one by one until a stop condition; advance the matcher.  Returns those appended."""
         emitted: list[int] = []
         for token in new:
             if matcher is not None and not matcher.accept(token):
@@ -138,6 +138,7 @@ def decode(
             stats.forced_tokens += len(emitted)
         if on_commit is not None and emitted:
             on_commit(emitted)
+        return emitted
 
     while state.finish_reason is None:
         budget = config.max_new_tokens - len(state.generated)
@@ -147,7 +148,9 @@ def decode(
         forced = _forced_token(matcher, masks, vocab) if matcher is not None else None
         stats.grammar_seconds += time.perf_counter() - t0
         if forced is not None:
-            commit([forced], forced=True)
+            committed_tokens = commit([forced], forced=True)
+            if proposer is not None:  # every proposer hears of every step (Proposer.commit)
+                proposer.commit(EMPTY_DRAFT, 0, committed_tokens)
             continue
 
         # 1. Propose up to k tokens (k leaves room for the token the target adds).
@@ -191,7 +194,7 @@ def decode(
         state.cached = len(state.tokens) + num_accepted
         crop_cache(state.cache, state.cached)
         accepted = list(draft.tokens[:num_accepted])
-        commit(accepted + ([next_token] if next_token is not None else []))
+        committed_tokens = commit(accepted + ([next_token] if next_token is not None else []))
         t_grammar += time.perf_counter() - t0
 
         # 6. Adapt: proposers and the controller learn what was accepted.
@@ -204,7 +207,8 @@ def decode(
         stats.grammar_seconds += t_grammar
         if len(draft):
             stats.count(draft.sources or ("draft",) * len(draft), num_accepted)
-            proposer.feedback(draft, num_accepted)  # type: ignore[union-attr]
+        if proposer is not None:
+            proposer.commit(draft, num_accepted, committed_tokens)
         if controller is not None and stats.target_forwards > 1:  # the prefill pass is no decoding step
             if len(draft):
                 controller.record_speculative_step(len(draft), num_accepted, t_draft + t_verify + t_grammar)

@@ -1,7 +1,7 @@
 """Drafters for speculative decoding.
 
 Every proposer speaks the small protocol of :mod:`proposers.base`
-(``name``, ``start``, ``propose``, ``feedback``) and returns a frozen
+(``name``, ``start``, ``propose``, ``commit``) and returns a frozen
 :class:`Draft`.  Proposals are validated by the grammar and verified by
 exact rejection sampling, so no proposer changes the output distribution.
 

@@ -26,7 +26,7 @@ token may merge with the text after it (``"}}`` + ``,{"`` is split ``"}``
 ``},`` ``{"``).  A draft of text (anything but a draft model's tokens) is
 therefore split again as one text (:func:`proposers.text.continuation_tokens`),
 then the way the target was seen to split such text in this request
-(:class:`proposers.text.SplitPreferences`); feedback is shared out by bytes.
+(:class:`proposers.text.SplitPreferences`); what was accepted is shared out by bytes.
 Without a continuation, jump-forward's own rule drops an ambiguous last
 token.
 """
@@ -34,12 +34,13 @@ token.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
 from .base import EMPTY_DRAFT, Draft, GrammarView, Proposer, Request
 from .jump_forward import JumpForwardProposer, trim_ambiguous
-from .text import SplitPreferences, TokenText, continuation_tokens, token_text
+from .text import SplitPreferences, TokenText, continuation_tokens, token_sources, token_text
 from .track import Track
 
 __all__ = ["CompositeProposer", "concat_drafts", "is_model_proposer"]
@@ -92,10 +93,20 @@ class CompositeProposer:
     shorter than this.  ``min_expected``: the fewest expected accepted tokens
     for which a cheap draft alone is verified (a 2-16 row pass costs about
     1.6 plain steps on CPU, so less than about 0.6 loses time).
+    ``splits``: the learned splits of this request; the composite owns them
+    (starts them and teaches them, from its own drafts, once per
+    :meth:`commit`), and members built with the same object only read them.
+    ``None``: a fresh one, not shared.
     """
 
     def __init__(
-        self, proposers: Sequence[Proposer], *, name: str = "composite", short: int = 2, min_expected: float = 0.6
+        self,
+        proposers: Sequence[Proposer],
+        *,
+        name: str = "composite",
+        short: int = 2,
+        min_expected: float = 0.6,
+        splits: SplitPreferences | None = None,
     ) -> None:
         if not proposers:
             raise ValueError("CompositeProposer needs at least one proposer")
@@ -106,8 +117,8 @@ class CompositeProposer:
         self.leaders = [p for p in self.proposers if isinstance(p, JumpForwardProposer)]
         self.fallbacks = [p for p in self.proposers if is_model_proposer(p)]
         self.followers = [p for p in self.proposers if p not in self.leaders and p not in self.fallbacks]
-        self._tokenizer = None
-        self._splits: SplitPreferences | None = None
+        self._tokenizer: Any = None
+        self.splits = splits if splits is not None else SplitPreferences()
         self._tracks: dict[tuple[int, str], Track] = {}  # per (follower id, draft kind), for this request
         # The last draft's parts: (proposer, its draft, first byte, bytes per token).
         self._parts: list[tuple[Proposer, Draft, int, list[int]]] = []
@@ -116,7 +127,7 @@ class CompositeProposer:
     def start(self, request: Request) -> None:
         """Start every member for the new request."""
         self._tokenizer = request.tokenizer
-        self._splits = SplitPreferences(request.tokenizer)
+        self.splits.start(request.tokenizer, request.prompt_ids)
         for proposer in self.proposers:
             proposer.start(request)
         self._tracks = {}
@@ -125,8 +136,6 @@ class CompositeProposer:
     def propose(self, context: Sequence[int], grammar: GrammarView | None, k: int) -> Draft:
         """Forced span, then the chosen follower's draft after it.  Does not change the grammar state."""
         self._parts, self._token_bytes = [], []
-        if self._splits is not None:
-            self._splits.observe(context)
         if k <= 0:
             return EMPTY_DRAFT
         # 1. The forced span.
@@ -162,8 +171,7 @@ class CompositeProposer:
             follows += self._continuation(ctx, view, follower, follow, rest - len(follow))
         # 3. Join them, re-splitting the seams when every part is deterministic.
         draft = self._join(context, grammar, k, (leader, lead), follows)
-        if self._splits is not None:
-            self._splits.remember(context, draft.tokens)
+        self.splits.remember(context, draft.tokens)
         return draft
 
     def _continuation(
@@ -226,7 +234,7 @@ class CompositeProposer:
                 draft = joined
         forced = grammar.forced_text() if lead and grammar is not None and not follow_parts else ""
         if forced and helper.bytes_of(draft.tokens) == forced.encode("utf-8"):  # the whole span, not cut by k
-            keep = trim_ambiguous(self._tokenizer, context, forced, draft.tokens, grammar, self._splits)
+            keep = trim_ambiguous(self._tokenizer, context, forced, draft.tokens, grammar, self.splits)
             if keep < len(draft):
                 draft = draft.truncate(keep)
                 lead = lead.truncate(_tokens_within([len(helper.vocab_bytes[t]) for t in lead.tokens],
@@ -252,9 +260,7 @@ class CompositeProposer:
             tokens = continuation_tokens(self._tokenizer, context, data.decode("utf-8"))
         except UnicodeDecodeError:
             return None
-        if self._splits is not None:
-            tokens = self._splits.resplit(context, tokens)
-        tokens = tokens[:k]
+        tokens = self.splits.resplit(context, tokens)[:k]
         if not tokens or tuple(tokens) == draft.tokens:
             return None
         if grammar is not None:
@@ -262,29 +268,35 @@ class CompositeProposer:
         if not tokens:
             return None
         # Each token's source: the part holding its first byte.
-        boundaries, offset = [], 0
+        segments, offset = [], 0
         for token, source in zip(draft.tokens, draft.sources):
-            boundaries.append((offset, source))
             offset += len(helper.vocab_bytes[token])
-        sources, offset, j = [], 0, 0
-        for token in tokens:
-            while j + 1 < len(boundaries) and boundaries[j + 1][0] <= offset:
-                j += 1
-            sources.append(boundaries[j][1])
-            offset += len(helper.vocab_bytes[token])
-        return Draft(tokens=tuple(tokens), sources=tuple(sources))
+            segments.append((source, offset))
+        return Draft(tokens=tuple(tokens), sources=tuple(token_sources(tokens, helper.vocab_bytes, segments)))
 
-    def feedback(self, draft: Draft, num_accepted: int) -> None:
-        """Share out ``num_accepted`` by bytes over the parts of the last draft (``draft`` may be a prefix)."""
+    def commit(self, draft: Draft, num_accepted: int, committed: Sequence[int]) -> None:
+        """Share out ``num_accepted`` by bytes over the parts of the last draft and commit every member.
+
+        ``draft`` may be a prefix of the last draft (the loop cuts drafts).
+        A member whose part reached the target gets that part and its share
+        of the accepted tokens; every other member gets ``EMPTY_DRAFT, 0``.
+        All of them get ``committed``; the learned splits learn from it once.
+        Changes state.
+        """
+        self.splits.commit(committed)
         shown = sum(self._token_bytes[: len(draft)])
         accepted = sum(self._token_bytes[: min(num_accepted, len(draft))])
+        reports: dict[int, tuple[Draft, int]] = {}
         for proposer, part, start, sizes in self._parts:
             n_shown = _tokens_within(sizes, shown - start)
             if n_shown:
                 n_accepted = _tokens_within(sizes, accepted - start)
-                proposer.feedback(part.truncate(n_shown), n_accepted)
+                reports[id(proposer)] = (part.truncate(n_shown), n_accepted)
                 if proposer in self.followers:
                     self._track(proposer, part).update(n_shown, n_accepted)
+        for proposer in self.proposers:
+            part, n_accepted = reports.get(id(proposer), (EMPTY_DRAFT, 0))
+            proposer.commit(part, n_accepted, committed)
         self._parts, self._token_bytes = [], []
 
 

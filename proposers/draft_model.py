@@ -102,12 +102,16 @@ class DraftModelProposer:
         probs = torch.stack(rows) if rows else None
         return Draft(tokens=tuple(tokens), probs=probs, sources=(self.name,) * len(tokens))
 
-    def feedback(self, draft: Draft, num_accepted: int) -> None:
+    def commit(self, draft: Draft, num_accepted: int, committed: Sequence[int]) -> None:
         """Crop the draft cache back to the accepted prefix of the last draft.
 
-        The cache then holds committed tokens only.  (Should a caller's
-        bookkeeping ever disagree, the prefix check in :meth:`propose` re-syncs.)
+        The cache then holds committed tokens only.  A step it did not draft
+        (``draft`` empty) changes nothing: the prefix check in :meth:`propose`
+        feeds what was committed.  (Should a caller's bookkeeping ever
+        disagree, that check re-syncs too.)
         """
+        if not draft:
+            return
         keep = min(self._base + num_accepted, len(self._cached))
         if self._cache is not None and keep < len(self._cached):
             crop_cache(self._cache, keep, "draft model")

@@ -4,7 +4,9 @@
 
 * ``None`` or ``"none"``: no speculation (unless a draft model is given);
 * a preset name: ``"auto"`` (jump-forward + schema n-gram + prompt lookup,
-  plus the draft model when one is given), ``"prompt_lookup"``,
+  plus the draft model when one is given; one
+  :class:`~proposers.text.SplitPreferences` shared by all, taught by the
+  composite), ``"prompt_lookup"``,
   ``"schema_ngram"``, ``"jump_forward"``, ``"draft_model"``;
 * a :class:`~proposers.base.Proposer` (returned as is);
 * a Hugging Face model (a draft model sharing the tokenizer);
@@ -24,6 +26,7 @@ from .compose import CompositeProposer
 from .jump_forward import JumpForwardProposer
 from .prompt_lookup import PromptLookupProposer
 from .schema_ngram import SchemaNgramProposer
+from .text import SplitPreferences
 
 __all__ = ["PRESETS", "resolve_assistant"]
 
@@ -62,7 +65,7 @@ def resolve_assistant(assistant: Any, draft_model: Any = None) -> Proposer | Non
         return assistant
     raise TypeError(
         f"assistant= got a {type(assistant).__name__}; pass a preset name ({', '.join(map(repr, PRESETS))}), "
-        "a proposer (with name, start, propose and feedback), a Hugging Face draft model, or a list of these"
+        "a proposer (with name, start, propose and commit), a Hugging Face draft model, or a list of these"
     )
 
 
@@ -80,10 +83,15 @@ def _preset(name: str, draft_model: Any) -> Proposer | None:
             )
         return _draft_model(draft_model)
     if key == "auto":
-        members: list[Proposer] = [JumpForwardProposer(), SchemaNgramProposer(), PromptLookupProposer()]
+        splits = SplitPreferences()  # one per request: the composite learns it, the members read it
+        members: list[Proposer] = [
+            JumpForwardProposer(splits=splits),
+            SchemaNgramProposer(splits=splits),
+            PromptLookupProposer(),
+        ]
         if draft_model is not None:
             members.append(_draft_model(draft_model))
-        return CompositeProposer(members, name="auto")
+        return CompositeProposer(members, name="auto", splits=splits)
     raise ValueError(f"unknown assistant preset {name!r}; choose one of {', '.join(map(repr, PRESETS))}")
 
 

@@ -91,7 +91,7 @@ def replay(
     from grammarspec.decoding import _forced_token
     from grammars import compile_grammar, grammar_spec
     from grammars.base import allocate_bitmask
-    from proposers.base import GrammarView, Request
+    from proposers.base import EMPTY_DRAFT, GrammarView, Request
     from proposers.presets import resolve_assistant
     from proposers.text import token_text
 
@@ -117,6 +117,7 @@ def replay(
             matcher.accept(token)
             context.append(token)
             done, forced = done + 1, forced + 1
+            proposer.commit(EMPTY_DRAFT, 0, [token])
             continue
         k = min(controller.k if controller.speculate else 0, len(output) - done - 1)
         draft = proposer.propose(context, view, k).truncate(k) if k > 0 else None
@@ -136,8 +137,8 @@ def replay(
             matcher.accept(t)
         context += new
         done += len(new)
+        proposer.commit(draft.truncate(length) if draft else EMPTY_DRAFT, learned, new)  # type: ignore[union-attr]
         if length:
-            proposer.feedback(draft.truncate(length), learned)  # type: ignore[union-attr]
             if passes > 1:
                 controller.record_speculative_step(length, min(accepted, length), step_cost)
         elif passes > 1:

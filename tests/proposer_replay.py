@@ -60,8 +60,8 @@ def replay(
         for i, source in enumerate(draft.sources):
             result.proposed[source] += 1
             result.accepted[source] += i < n
-        proposer.feedback(draft, n)
         commit = reference[done : done + n + 1]
+        proposer.commit(draft, n, commit)
         for token in commit:
             assert matcher.accept(token)
         context += commit

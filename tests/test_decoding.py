@@ -57,7 +57,7 @@ class ScriptedProposer:
             tokens[-1] = 40  # some letter: usually illegal or rejected
         return Draft(tuple(tokens), sources=(self.name,) * len(tokens))
 
-    def feedback(self, draft, num_accepted):
+    def commit(self, draft, num_accepted, committed):
         pass
 
 
@@ -201,6 +201,43 @@ def test_forced_tokens_skip_the_target():
     assert stats.target_forwards == 1  # only the x/y choice needs the model
     # The first step -- the prompt pass -- committed the forced letters before it and its own choice.
     assert stats.first_step_tokens == 9 and 0 < stats.first_step_seconds <= stats.total_seconds
+
+
+class RecordingProposer(ScriptedProposer):
+    """A scripted proposer that records every ``commit``."""
+
+    def __init__(self, script: list[int], noise_every: int = 0) -> None:
+        super().__init__(script, noise_every)
+        self.commits: list[tuple[tuple[int, ...], int, tuple[int, ...]]] = []
+        self.proposed: list[tuple[int, ...]] = []
+
+    def propose(self, context, grammar, k):
+        draft = super().propose(context, grammar, k)
+        self.proposed.append(draft.tokens)
+        return draft
+
+    def commit(self, draft, num_accepted, committed):
+        self.commits.append((draft.tokens, num_accepted, tuple(committed)))
+
+
+@pytest.mark.parametrize("noise", [0, 2])
+def test_every_step_commits_every_proposer_with_what_was_appended(noise):
+    """One commit per step, forced steps included (empty draft); the commits spell the output."""
+    tok = toy_tokenizer()
+    compiled = compile_grammar(grammar_spec(regex="abc(x|yy)de(f|g)h"), tok, vocab_size=len(tok), stop_token_ids=(0,))
+    model = ToyCausalLM(V, seed=4)
+    plain, _ = run(model, PROMPT, matcher=compiled.matcher())
+    proposer = RecordingProposer(plain, noise)
+    new, stats = run(model, PROMPT, matcher=compiled.matcher(), proposer=proposer, k=3)
+    assert new == plain
+    assert len(proposer.commits) == stats.target_forwards + stats.forced_tokens
+    assert [t for _, _, committed in proposer.commits for t in committed] == new
+    forced_steps = [c for c in proposer.commits if not c[0]]
+    assert len(forced_steps) >= stats.forced_tokens > 0
+    for draft, accepted, committed in proposer.commits:
+        assert accepted <= len(draft) and committed[:accepted] == draft[:accepted]
+        assert len(committed) in (accepted, accepted + 1)  # + the target's own token unless the draft ended it
+        assert not draft or any(p[: len(draft)] == draft for p in proposer.proposed)
 
 
 class NoCropCache:

@@ -87,7 +87,7 @@ class ImprobableProposer:
                 break
         return Draft(tokens=tuple(tokens), sources=(self.name,) * len(tokens))
 
-    def feedback(self, draft: Draft, num_accepted: int) -> None:
+    def commit(self, draft: Draft, num_accepted: int, committed) -> None:
         pass
 
 
