@@ -116,3 +116,19 @@ def test_an_unknown_tool_call_id_is_refused(smol):
     conv = grammarspec.Conversation(model, tok, tools=TOOLS)
     with pytest.raises(grammarspec.ToolCallError, match="no tool call has id"):
         conv.add_tool_result("call_9", "x")
+
+
+def test_a_draft_model_keeps_its_cache_across_turns(smol):
+    model, tok = smol
+    conv = grammarspec.Conversation(model, tok, tools=TOOLS, assistant=model)  # the model drafts for itself
+    fed: list[int] = []
+    drafter = conv._proposer
+    original = drafter._forward
+    drafter._forward = lambda ids: (fed.append(len(ids)), original(ids))[1]
+    replies = play(model, tok, conv, ["What is the weather in Oslo?", {"tool_choice": "required"},
+                                      {"tool_choice": "none"}], max_new_tokens=16)  # fmt: skip
+    assert fed and sum(fed) > 0
+    fed.clear()
+    third = play(model, tok, conv, ["Thanks. And in Lima?", {"tool_choice": "required"}], max_new_tokens=16)[0]
+    # Only the new part of the conversation went through the draft model, not the whole prompt again.
+    assert 0 < sum(fed) < third.prompt_tokens - replies[-1].prompt_tokens + 2 * len(third.tokens)
