@@ -303,7 +303,7 @@ def chat_messages(
     when there is none), assistant ``tool_calls`` become their JSON text, a
     tool result that is not a string is JSON-encoded, and every ``content`` is
     a string.  Model formats: messages pass as they are (the template renders
-    ``tool_calls``), with tool results as strings.
+    ``tool_calls``; their ``arguments`` as a dict), with tool results as strings.
     """
     out: list[dict[str, Any]] = []
     for i, message in enumerate(messages):
@@ -320,6 +320,8 @@ def chat_messages(
             content = (prefix + "\n" if prefix else "") + call_json(m.pop("tool_calls"))
         if tool_format == "json":
             m.pop("tool_call_id", None)
+        elif m.get("tool_calls"):  # chat templates write the arguments themselves (``| tojson``): give a dict
+            m["tool_calls"] = [_with_parsed_arguments(c) for c in m["tool_calls"]]
         m["content"] = "" if content is None else content
         out.append(m)
     if tools and tool_format == "json":
@@ -329,6 +331,13 @@ def chat_messages(
         else:
             out.insert(0, {"role": "system", "content": description})
     return out
+
+
+def _with_parsed_arguments(call: Mapping[str, Any]) -> dict[str, Any]:
+    function = dict(call.get("function") or {})
+    if isinstance(function.get("arguments"), str):
+        function["arguments"] = json.loads(call_json([call]))["arguments"]
+    return {**call, "function": function}
 
 
 def check_tools(tools: Sequence[Mapping[str, Any]] | None) -> None:

@@ -115,3 +115,10 @@ def test_messages_are_rendered_for_a_template_without_tools():
     assert messages[1]["tool_calls"] == [call]  # the caller's messages are not changed
     with pytest.raises(ToolCallError, match="role"):
         chat_messages([{"role": "robot", "content": "x"}], TOOLS, "json")
+
+
+def test_messages_for_a_native_template_keep_tool_calls_with_parsed_arguments():
+    call = {"id": "call_0", "type": "function", "function": {"name": "calculator", "arguments": '{"expression": "2*3"}'}}
+    rendered = chat_messages([{"role": "assistant", "content": None, "tool_calls": [call]}], TOOLS, "qwen_3")
+    assert rendered == [{"role": "assistant", "content": "",
+                         "tool_calls": [{**call, "function": {"name": "calculator", "arguments": {"expression": "2*3"}}}]}]
