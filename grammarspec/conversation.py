@@ -209,9 +209,9 @@ class Conversation:
         crop_cache(self._cache, keep, "target model")
         self._cached = self._cached[:keep]
         options = {**self._options, **generation_kwargs}
-        out = generate(
+        out: Any = generate(
             self.model,
-            torch.tensor([ids], dtype=torch.long),
+            ids,
             tokenizer=self.tokenizer,
             assistant=self._proposer if self._proposer is not None else None,
             max_new_tokens=max_new_tokens,

@@ -113,7 +113,7 @@ def _normalize(tools: Sequence[Mapping[str, Any]] | None, tool_choice: Any) -> t
     if (tool_choice == "required" or isinstance(tool_choice, Mapping)) and not tools:
         raise ToolCallError(f"tool_choice={tool_choice!r} needs tools: pass tools=[...] or tool_choice='none'")
     try:
-        functions, _builtin, mode = normalize_tool_choice(list(tools or []), tool_choice)
+        functions, _builtin, mode = normalize_tool_choice([dict(t) for t in tools or []], tool_choice)
     except (ValueError, ValidationError) as e:
         raise ToolCallError(
             f"tool_choice={tool_choice!r} cannot be used with these tools ({str(e).splitlines()[0]}); pass "
@@ -151,7 +151,11 @@ def tool_constraint(
     if mode == "forced":
         choice = {"type": "function", "function": {"name": chosen[0]["function"]["name"]}}
     tag = get_model_structural_tag(
-        tool_format, tools=chosen, tool_choice=choice, reasoning="disabled", parallel_tool_calls=bool(parallel_tool_calls)
+        tool_format,
+        tools=list[Any](chosen),
+        tool_choice=choice,
+        reasoning="disabled",
+        parallel_tool_calls=bool(parallel_tool_calls),
     )
     return {"grammar": str(xgr.Grammar.from_structural_tag(tag))}
 
@@ -170,7 +174,9 @@ def _text_or_call_ebnf(call_schema: dict[str, Any]) -> str:
 
     call = str(xgr.Grammar.from_json_schema(json.dumps(call_schema), any_whitespace=False, separators=(",", ":")))
     text = SequenceFormat(elements=[RegexFormat(pattern="[^{\\[]"), AnyTextFormat()])
-    return str(xgr.Grammar.from_structural_tag(StructuralTag(format=OrFormat(elements=[GrammarFormat(grammar=call), text]))))
+    return str(
+        xgr.Grammar.from_structural_tag(StructuralTag(format=OrFormat(elements=[GrammarFormat(grammar=call), text])))
+    )
 
 
 # --- reading a reply ---------------------------------------------------------------------
@@ -211,11 +217,15 @@ def parse_tool_reply(
     return message
 
 
-def _parse_tagged(text: str, tools: Sequence[Mapping[str, Any]], tool_format: str) -> tuple[str | None, list[tuple[str, Any]]]:
+def _parse_tagged(
+    text: str, tools: Sequence[Mapping[str, Any]], tool_format: str
+) -> tuple[str | None, list[tuple[str, Any]]]:
     """Calls written in a model format: found by the begin/end strings of its structural tag."""
     from xgrammar.builtin_structural_tag import get_model_structural_tag
 
-    tag = get_model_structural_tag(tool_format, tools=list(tools), tool_choice="auto", reasoning="disabled")
+    tag = get_model_structural_tag(
+        tool_format, tools=[dict(t) for t in tools], tool_choice="auto", reasoning="disabled"
+    )
     tags = {}  # begin -> (name, end)
     for item in _tag_formats(tag.format):
         name = _tool_named(item.begin, tools)

@@ -15,7 +15,10 @@ from grammarspec.cache import cache_length, forward_with_cache
 
 SCHEMA = {
     "type": "object",
-    "properties": {"a": {"type": "array", "items": {"enum": ["x", "yy", "z"]}, "maxItems": 5}, "b": {"type": "boolean"}},
+    "properties": {
+        "a": {"type": "array", "items": {"enum": ["x", "yy", "z"]}, "maxItems": 5},
+        "b": {"type": "boolean"},
+    },
     "required": ["a", "b"],
     "additionalProperties": False,
 }

@@ -101,7 +101,11 @@ def test_the_format_follows_the_chat_template(smol_tokenizer):
 
 
 def test_messages_are_rendered_for_a_template_without_tools():
-    call = {"id": "call_0", "type": "function", "function": {"name": "calculator", "arguments": '{"expression": "2*3"}'}}
+    call = {
+        "id": "call_0",
+        "type": "function",
+        "function": {"name": "calculator", "arguments": '{"expression": "2*3"}'},
+    }
     messages = [
         {"role": "user", "content": "2*3?"},
         {"role": "assistant", "content": None, "tool_calls": [call]},
@@ -118,7 +122,16 @@ def test_messages_are_rendered_for_a_template_without_tools():
 
 
 def test_messages_for_a_native_template_keep_tool_calls_with_parsed_arguments():
-    call = {"id": "call_0", "type": "function", "function": {"name": "calculator", "arguments": '{"expression": "2*3"}'}}
+    call = {
+        "id": "call_0",
+        "type": "function",
+        "function": {"name": "calculator", "arguments": '{"expression": "2*3"}'},
+    }
     rendered = chat_messages([{"role": "assistant", "content": None, "tool_calls": [call]}], TOOLS, "qwen_3")
-    assert rendered == [{"role": "assistant", "content": "",
-                         "tool_calls": [{**call, "function": {"name": "calculator", "arguments": {"expression": "2*3"}}}]}]
+    assert rendered == [
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{**call, "function": {"name": "calculator", "arguments": {"expression": "2*3"}}}],
+        }
+    ]

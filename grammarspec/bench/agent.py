@@ -69,7 +69,9 @@ class _Grammars:
     def __init__(self, tokenizer: Any, vocab_size: int) -> None:
         import xgrammar as xgr
 
-        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=[tokenizer.eos_token_id])
+        info = xgr.TokenizerInfo.from_huggingface(
+            tokenizer, vocab_size=vocab_size, stop_token_ids=[tokenizer.eos_token_id]
+        )
         self._compiler = xgr.GrammarCompiler(info)
         self._compiled: dict[str, Any] = {}
 
@@ -100,7 +102,8 @@ def _hf_turn(model: torch.nn.Module, ids: list[int], compiled: Any, max_new: int
     input_ids = torch.tensor([ids], dtype=torch.long)
     extra = {"past_key_values": cache} if cache is not None else {}
     with torch.inference_mode():
-        out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), logits_processor=processors,
+        out = model.generate(  # type: ignore[operator]
+            input_ids, attention_mask=torch.ones_like(input_ids), logits_processor=processors,
                              max_new_tokens=max_new, do_sample=False, eos_token_id=eos, pad_token_id=eos,
                              **extra)  # fmt: skip
     new = out[0, len(ids) :].tolist()
@@ -113,7 +116,8 @@ def play(
     """Run one conversation under one arm; returns ``(seconds, turns)``."""
     conv = Conversation(model, tokenizer, tools=TOOLS, system=SYSTEM, assistant="auto")
     eos = tokenizer.eos_token_id
-    cache, cached = (new_cache(model), []) if arm == "hf_cache" else (None, [])
+    cache = new_cache(model) if arm == "hf_cache" else None
+    cached: list[int] = []
     records: list[TurnRecord] = []
     started = time.perf_counter()
     for step in script:
@@ -176,8 +180,9 @@ def run_agent_bench(
             if isinstance(step, ModelTurn):
                 constraint = tool_constraint(TOOLS, step.tool_choice, False, "json")
                 grammars.get(constraint)
-                if constraint:
-                    compile_grammar(grammar_spec(**constraint), tokenizer, vocab_size=logits_width(model),
+                spec = grammar_spec(**constraint)
+                if spec is not None:
+                    compile_grammar(spec, tokenizer, vocab_size=logits_width(model),
                                     stop_token_ids=(tokenizer.eos_token_id,))  # fmt: skip
     first = next(iter(conversations.values()))
     for arm in arms:  # warm-up: one untimed short conversation per arm
@@ -214,7 +219,7 @@ def agent_markdown(runs: list[ConversationRun], command: str) -> str:
                    for a in arms for r in repeats)  # fmt: skip
         prefilled = " / ".join(str(sum(t.prefilled for t in by[(name, a, repeats[0])].turns)) for a in arms)
         conv = by.get((name, "conversation", repeats[0]))
-        per_pass = (f"{conv.generated / max(1, sum(t.target_forwards or 0 for t in conv.turns)):.2f}" if conv else "-")
+        per_pass = f"{conv.generated / max(1, sum(t.target_forwards or 0 for t in conv.turns)):.2f}" if conv else "-"
         speed = {b: secs[b] / secs["conversation"] for b in ratios if b in secs and "conversation" in secs}
         for b, value in speed.items():
             ratios[b].append(value)

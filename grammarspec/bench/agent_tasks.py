@@ -38,12 +38,12 @@ TOOLS: list[dict[str, Any]] = [
 ]  # fmt: skip
 
 _WEATHER = {"oslo": (4.0, "light rain"), "paris": (14.5, "sunny"), "lima": (21.0, "fog"), "tokyo": (18.0, "cloudy")}
-_ORDERS = {
+_ORDERS: dict[str, dict[str, Any]] = {
     "A-1042": {"status": "shipped", "carrier": "PostNord", "eta": "2025-06-04", "items": ["desk lamp", "bulbs"]},
     "A-1043": {"status": "processing", "carrier": None, "eta": "2025-06-09", "items": ["office chair"]},
     "B-2001": {"status": "delivered", "carrier": "DHL", "eta": "2025-05-28", "items": ["monitor arm"]},
 }
-_PRODUCTS = {
+_PRODUCTS: dict[str, dict[str, Any]] = {
     "desk lamp": {"price": 39.9, "currency": "EUR", "in_stock": 12},
     "office chair": {"price": 189.0, "currency": "EUR", "in_stock": 0, "restock": "2025-06-15"},
     "monitor arm": {"price": 74.5, "currency": "EUR", "in_stock": 5},
@@ -78,7 +78,12 @@ def run_tool(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
         if known is None:
             return {"error": f"no weather for {arguments.get('city')!r}"}
         celsius = known[0] if arguments.get("unit") != "fahrenheit" else round(known[0] * 9 / 5 + 32, 1)
-        return {"city": arguments["city"], "temperature": celsius, "unit": arguments.get("unit"), "conditions": known[1]}
+        return {
+            "city": arguments["city"],
+            "temperature": celsius,
+            "unit": arguments.get("unit"),
+            "conditions": known[1],
+        }
     if name == "calculator":
         return _calculate(str(arguments.get("expression", "")))
     if name == "lookup_order":
