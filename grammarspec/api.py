@@ -10,6 +10,7 @@ decoding in distribution; greedy output equals constrained greedy decoding.
 
 from __future__ import annotations
 
+import copy
 import types
 import warnings
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from proposers.base import Request
 
 from .adaptive import AdaptiveController
 from .assistant import resolve_assistant
+from .draft_model import DraftModelProposer
 from .decoding import DecodeConfig, RowRequest, decode_batch, logits_width
 from .inputs import (
     check_assistant,
@@ -47,7 +49,7 @@ DEFAULT_MAX_DRAFT = 16
 #: grammarspec's own keywords: after ``enable``, a call with any of them (whatever its value) is ours.
 _OUR_KWARGS = (
     "schema", "tools", "grammar", "regex", "json_object", "parallel_tool_calls", "any_whitespace",
-    "assistant", "grammar_backend", "max_draft_tokens", "adaptive", "generator", "strict", "compile_timeout", "max_batch_size",
+    "assistant", "grammar_backend", "max_draft_tokens", "adaptive", "generator", "strict", "compile_timeout", "max_batch_size", "update_cache",
 )  # fmt: skip
 
 
@@ -95,6 +97,8 @@ def generate(
     attention_mask: torch.Tensor | None = None,
     generator: torch.Generator | None = None,
     return_dict_in_generate: bool | None = None,
+    past_key_values: Any = None,
+    update_cache: bool = False,
     **generation_kwargs: Any,
 ) -> torch.LongTensor | GenerationOutput:
     """Constrained (optionally speculative) generation, ``model.generate``-style.
@@ -110,7 +114,11 @@ def generate(
     state (``schema=[...]`` gives one schema per row), draft, acceptance and finish,
     and outputs are right-padded with ``pad_token_id``.  Left-padded ``input_ids``
     with an ``attention_mask`` work as in Hugging Face.  ``max_batch_size``: at most
-    that many rows decode together; the others wait and join as rows finish.  ``num_return_sequences=n`` (sampling) repeats each prompt n times.
+    that many rows decode together; the others wait and join as rows finish.
+    ``past_key_values``: a prompt cache (``DynamicCache``) holding the first tokens
+    of ``input_ids`` (batch 1; the transformers "re-use a prompt cache" recipe):
+    only the rest is prefilled.  It is copied unless ``update_cache=True`` (then it
+    is extended in place and ends holding a prefix of prompt + output).  ``num_return_sequences=n`` (sampling) repeats each prompt n times.
     """
     try:
         return _generate(model, input_ids, tokenizer=tokenizer, schema=schema, tools=tools, grammar=grammar,
@@ -121,7 +129,8 @@ def generate(
                          max_batch_size=max_batch_size,
                          generation_config=generation_config, streamer=streamer, logits_processor=logits_processor,
                          attention_mask=attention_mask, generator=generator,
-                         return_dict_in_generate=return_dict_in_generate, **generation_kwargs)  # fmt: skip
+                         return_dict_in_generate=return_dict_in_generate, past_key_values=past_key_values,
+                         update_cache=update_cache, **generation_kwargs)  # fmt: skip
     finally:
         if streamer is not None:
             streamer.end()  # always: a TextIteratorStreamer consumer would otherwise block forever
@@ -134,7 +143,7 @@ def _generate(
     assistant_model: Any, max_draft_tokens: int, adaptive: bool, max_batch_size: int | None,
     generation_config: GenerationConfig | None,
     streamer: Any, logits_processor: list[Any] | None, attention_mask: Any, generator: Any,
-    return_dict_in_generate: bool | None, **generation_kwargs: Any,
+    return_dict_in_generate: bool | None, past_key_values: Any, update_cache: bool, **generation_kwargs: Any,
 ) -> torch.LongTensor | GenerationOutput:  # fmt: skip
     refuse_arguments(generation_kwargs)
     model_inputs = {k: generation_kwargs.pop(k) for k in ACCEPTED_MODEL_INPUTS if k in generation_kwargs}
@@ -187,6 +196,9 @@ def _generate(
     want_scores, want_logits = bool(want_dict and config.output_scores), bool(want_dict and config.output_logits)
     if streamer is not None and len(rows) > 1:
         raise ValueError("streamers support batch size 1 only, as in Hugging Face generate")
+    if past_key_values is not None and len(rows) > 1:
+        raise ValueError("past_key_values (a prompt cache) supports batch size 1 only: pass one prompt row per call")
+    prompt_cache = past_key_values if update_cache or past_key_values is None else copy.deepcopy(past_key_values)
     decode_config = DecodeConfig(
         max_new_tokens=max_new,
         sampling=SamplingParams(do_sample=bool(config.do_sample)),
@@ -200,6 +212,9 @@ def _generate(
                                   max_length=len(prompt) + max_new, device=_device(model))  # fmt: skip
         proposer = resolve_assistant(assistant, draft_model=assistant_model, sampling=decode_config.sampling,
                                      processing=pipeline, generator=generator, vocab_size=vocab)  # fmt: skip
+        for member in getattr(proposer, "proposers", None) or [proposer]:
+            if isinstance(member, DraftModelProposer):  # one passed in: it drafts with this row's processing
+                member.bind(sampling=decode_config.sampling, processing=pipeline, generator=generator, vocab_size=vocab)
         controller = None
         if proposer is not None:
             controller = AdaptiveController(k_min=_k_min(proposer, max_draft_tokens), k_max=max_draft_tokens, adaptive=adaptive)
@@ -213,7 +228,8 @@ def _generate(
         on_commit = lambda index, toks: streamer.put(torch.tensor(toks, dtype=torch.long))  # noqa: E731
     pad = config.pad_token_id if config.pad_token_id is not None else (eos[0] if eos else 0)
     finished = decode_batch(model, requests, decode_config, tokenizer=tokenizer, generator=generator,
-                            pad_token_id=int(pad), max_batch_size=max_batch_size, on_commit=on_commit)  # fmt: skip
+                            pad_token_id=int(pad), max_batch_size=max_batch_size, prompt_cache=prompt_cache,
+                            on_commit=on_commit)  # fmt: skip
     outputs = [row.generated for row in finished]
     all_stats = [row.stats for row in finished]
     for stats, grammar_, spec, new in zip(all_stats, compiled, specs, outputs):

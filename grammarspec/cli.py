@@ -139,6 +139,18 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     bench.add_argument("--no-progress", action="store_true", help="no progress bar")
     bench.set_defaults(run=_cmd_bench)
+
+    agent = commands.add_parser(  # conv17: the agent-loop benchmark
+        "bench-agent",
+        help="time whole tool-calling conversations: HF re-sending, HF with a prompt cache, grammarspec Conversation",
+        description="Run the agent benchmark's multi-turn tool-calling conversations (greedy) under three arms, "
+        "interleaved, and write agent.md and agent.json to --out.",
+    )
+    agent.add_argument("--model", default=DEFAULT_MODEL, metavar="NAME_OR_DIR")
+    agent.add_argument("--repeat", type=_positive_int, default=1, metavar="N", help="runs per conversation and arm")
+    agent.add_argument("--conversations", metavar="A,B", help="only these conversations (comma-separated)")
+    agent.add_argument("--out", default="bench-out", metavar="DIR", help="output folder (default: bench-out)")
+    agent.set_defaults(run=_cmd_bench_agent)
     return parser
 
 
@@ -401,6 +413,36 @@ def _cmd_batch_bench(args: argparse.Namespace, command: str, tasks: list[Any], o
 
         plot_batch_throughput(runs, out / "batch_throughput.png")
     print(table)
+
+
+def _cmd_bench_agent(args: argparse.Namespace, command: str) -> int:
+    """conv17: ``grammarspec bench-agent`` (see :mod:`grammarspec.bench.agent`)."""
+    from dataclasses import asdict
+
+    from .bench.agent import agent_markdown, run_agent_bench
+    from .bench.agent_tasks import CONVERSATIONS
+
+    chosen = dict(CONVERSATIONS)
+    if args.conversations:
+        wanted = [n.strip() for n in args.conversations.split(",") if n.strip()]
+        unknown = [n for n in wanted if n not in CONVERSATIONS]
+        if unknown:
+            raise CliError(f"--conversations: unknown {', '.join(unknown)}; choose from {', '.join(CONVERSATIONS)}")
+        chosen = {n: CONVERSATIONS[n] for n in wanted}
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise CliError(f"--out {out} exists and is not a folder")
+    _quiet_transformers()
+    model, tokenizer = _load(args.model)
+    _warn_if_busy()
+    progress = (lambda line: print(line, file=sys.stderr)) if not getattr(args, "no_progress", False) else None
+    runs = run_agent_bench(model, tokenizer, conversations=chosen, repeat=args.repeat, progress=progress or (lambda _: None))
+    markdown = agent_markdown(runs, command)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "agent.md").write_text(markdown, encoding="utf-8")
+    (out / "agent.json").write_text(json.dumps([asdict(r) for r in runs], indent=1), encoding="utf-8")
+    print(markdown)
+    print(f"wrote {out / 'agent.md'} and {out / 'agent.json'}", file=sys.stderr)
     return 0
 
 

@@ -75,11 +75,22 @@ class DraftModelProposer:
         self._cached: list[int] = []
         self._base = 0
 
+    def bind(self, *, sampling: SamplingParams, processing: Processing, generator: torch.Generator | None,
+             vocab_size: int) -> None:  # fmt: skip
+        """Draft for a request with these settings (the target row's own processing).  Changes state."""
+        self.sampling, self.processing, self.generator, self.vocab_size = sampling, processing, generator, vocab_size
+
     def start(self, request: Request) -> None:
-        """A new generation: an empty cache.  Changes state."""
-        self._cache = new_cache(self.model)
-        require_croppable(self._cache, "draft model")
-        self._cached = []
+        """A new generation.  Changes state.
+
+        The KV cache is kept across starts (a conversation starts its proposer
+        every turn): :meth:`propose` keeps the longest cached prefix that still
+        matches the new context and feeds the rest.
+        """
+        if self._cache is None:
+            self._cache = new_cache(self.model)
+            require_croppable(self._cache, "draft model")
+            self._cached = []
 
     def propose(self, context: Sequence[int], grammar: GrammarView | None, k: int) -> Draft:
         if k <= 0 or (grammar is not None and grammar.is_terminated()):
