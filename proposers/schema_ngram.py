@@ -788,3 +788,40 @@ def _find_typed(doc: _Document, typed: bytes, cursor: int) -> tuple[int, bytes]:
         if pos >= 0:
             return pos, used
     return -1, b""
+
+
+# ---------------------------------------------------------------------------
+# Tree alternatives (issue 16): the other top candidates, for proposers/tree.py
+# ---------------------------------------------------------------------------
+
+
+def alternative_drafts(
+    proposer: SchemaNgramProposer, context: Sequence[int], grammar: GrammarView, k: int, n: int = 3
+) -> list[list[int]]:
+    """Up to ``n`` legal token lists, one per top-ranked candidate for the text after ``context``.
+
+    Each is one candidate segment (an earlier item's value, a prompt span, an
+    enum value, a key...) split canonically and cut at its first illegal
+    token and at ``k`` tokens; the best-ranked first.  Unlike ``propose`` it
+    plans one round only and remembers nothing: it does not change the
+    proposer's feedback or split memory, nor the grammar state (the document
+    is synced to ``context``, as ``propose`` would).
+    """
+    doc = proposer._doc
+    if doc is None or k <= 0 or len(context) < proposer._prompt_len:
+        return []
+    doc.sync(context[proposer._prompt_len :], proposer._helper.vocab_bytes, proposer._helper.special_ids)
+    if doc.cursor.mode in (DONE, ERROR):
+        return []
+    out: list[list[int]] = []
+    for cand in proposer._ranked(doc.cursor, b"", doc.prompt_cursor):
+        found = proposer._check(context, grammar, k, b"", cand, 0)
+        if found is None:
+            continue
+        tokens = found[1][:k]
+        tokens = tokens[: grammar.validate(tokens)]
+        if tokens and tokens not in out:
+            out.append(tokens)
+        if len(out) >= n:
+            break
+    return out
