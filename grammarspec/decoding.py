@@ -29,11 +29,13 @@ import torch
 
 from grammars.base import Matcher, allocate_bitmask
 from proposers.base import EMPTY_DRAFT, Draft, GrammarView, Proposer
+from proposers.tree import DraftTree  # [tree16]
 
 from .cache import crop_cache, forward_with_cache, new_cache, require_croppable
 from .rejection import greedy_verify, rejection_sample
 from .sampling import LogitsProcessorFn, SamplingParams, probabilities, process_logits, unpack_bitmask
 from .stats import GenerationStats
+from .tree_verify import verify_tree  # [tree16]
 
 if TYPE_CHECKING:
     from .adaptive import AdaptiveController
@@ -139,7 +141,19 @@ def decode(
         t0 = time.perf_counter()
         k = min(controller.k if controller is not None and controller.speculate else 0, budget - 1)
         draft = EMPTY_DRAFT
-        if proposer is not None and k > 0:
+        # --- [tree16] token trees (batch 1): a proposer with ``propose_tree`` may return a DraftTree,
+        # verified in one pass by tree_verify.verify_tree (steps 2-5 for trees); a chain falls through.
+        if proposer is not None and k > 0 and hasattr(proposer, "propose_tree"):
+            drafted = proposer.propose_tree(state.tokens, view, k)
+            if isinstance(drafted, DraftTree):
+                _tree_step(model, state, drafted, config, matcher, eos, processors, generator, proposer, controller,
+                           stats, commit, t0, started)  # fmt: skip
+                if on_step is not None:
+                    on_step(state)
+                continue
+            draft = drafted.truncate(k)
+        # --- [/tree16]
+        elif proposer is not None and k > 0:
             draft = proposer.propose(state.tokens, view, k).truncate(k)
         t_draft = time.perf_counter() - t0
 
@@ -203,6 +217,65 @@ def decode(
     if controller is not None:
         stats.final_k, stats.speculating = controller.k, controller.speculate
     return state.generated, stats
+
+
+# --- [tree16] the tree step; its logic lives in grammarspec/tree_verify.py
+def _tree_step(
+    model: torch.nn.Module,
+    state: DecodeState,
+    tree: DraftTree,
+    config: DecodeConfig,
+    matcher: Matcher | None,
+    eos: frozenset[int],
+    processors: Sequence[LogitsProcessorFn],
+    generator: torch.Generator | None,
+    proposer: Any,
+    controller: AdaptiveController | None,
+    stats: GenerationStats,
+    commit: Callable[[Sequence[int]], None],
+    step_started: float,
+    started: float,
+) -> None:
+    """Verify ``tree`` in one target pass, commit the accepted path and the target's token, adapt.  Changes state."""
+    t0 = time.perf_counter()
+    t_draft = t0 - step_started
+    masks = allocate_bitmask(len(tree) + 1, logits_width(model)) if matcher is not None else None
+    step = verify_tree(
+        model, state.cache, state.tokens, state.cached, tree, config.sampling, matcher=matcher, masks=masks, eos=eos,
+        processors=processors, min_new_left=config.min_new_tokens - len(state.generated), generator=generator,
+    )  # fmt: skip
+    t_verify = time.perf_counter() - t0
+    state.cached = len(state.tokens) + len(step.accepted)
+    committed = list(step.accepted) + ([step.next_token] if step.next_token is not None else [])
+    commit(committed)
+    proposer.commit_tree(step.tree, committed)
+    stats.target_forwards += 1
+    if stats.target_forwards == 1:
+        stats.first_step_seconds, stats.first_step_tokens = time.perf_counter() - started, stats.new_tokens
+    longest = max(step.tree.depths(), default=-1) + 1
+    stats.steps.append((longest, len(step.accepted)))
+    stats.draft_seconds += t_draft
+    stats.verify_seconds += t_verify
+    if len(step.tree):
+        sources = step.tree.sources or ("draft",) * len(step.tree)
+        accepted_nodes = _path_nodes(step.tree, step.accepted)
+        order = accepted_nodes + [i for i in range(len(step.tree)) if i not in accepted_nodes]
+        stats.count(tuple(sources[i] for i in order), len(accepted_nodes))
+    if controller is not None and stats.target_forwards > 1:
+        if longest > 0:
+            controller.record_speculative_step(longest, len(step.accepted), t_draft + t_verify)
+        else:
+            controller.record_plain_step(t_draft + t_verify)
+
+
+def _path_nodes(tree: DraftTree, tokens: Sequence[int]) -> list[int]:
+    """The nodes of ``tree`` that spell ``tokens`` from the root."""
+    out, node = [], -1
+    for token in tokens:
+        node = tree.children(node)[token]
+        out.append(node)
+    return out
+# --- [/tree16]
 
 
 def logits_width(model: torch.nn.Module) -> int:

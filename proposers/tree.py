@@ -284,43 +284,57 @@ class TreeProposer:
 
     # -- trees -------------------------------------------------------------------
 
-    def propose_tree(self, context: Sequence[int], grammar: GrammarView | None, k: int) -> DraftTree:
+    @property
+    def proposers(self) -> list[Proposer]:
+        """The inner proposer's members (so presets and the API see what drafts)."""
+        return list(getattr(self.inner, "proposers", [self.inner]))
+
+    def propose_tree(self, context: Sequence[int], grammar: GrammarView | None, k: int) -> Draft | DraftTree:
         """The inner draft and its alternatives, at most ``k`` deep and ``self.size`` nodes.
 
-        Changes the inner proposer's state (as its ``propose``); not the grammar.
+        Returns a :class:`DraftTree` when there is an alternative, else the
+        inner chain :class:`Draft` itself (sampled drafts always: they stay
+        chains), which the loop verifies as a chain.  Changes the inner
+        proposer's state (as its ``propose``); not the grammar.
         """
         draft = self.inner.propose(context, grammar, k).truncate(k)
-        if draft.probs is not None:  # sampled drafts stay chains (SpecInfer's rule is not implemented)
-            self._primary = draft
-            return EMPTY_TREE
         self._primary = draft
+        if draft.probs is not None or self.width < 2:
+            return draft
         paths: list[list[int]] = [list(draft.tokens)] if draft else []
-        names = [draft.kind or "draft"] if draft else []
-        if self.width > 1:
-            for path, name in self._alternatives(context, grammar, k, draft):
-                if len(paths) >= self.width:
-                    break
-                path = path[:k]
-                if path and path not in paths:
-                    paths.append(path)
-                    names.append(name)
-        if not paths:
-            return EMPTY_TREE
-        sources = [getattr(self.inner, "name", "tree")] * len(paths)
-        tree = DraftTree.from_paths(paths, sources=sources, size=self.size, kind=draft.kind)
-        return tree
+        for path, _ in self._alternatives(context, grammar, k, draft):
+            if len(paths) >= self.width:
+                break
+            path = path[:k]
+            if path and path not in paths:
+                paths.append(path)
+        if len(paths) < 2:
+            return draft
+        name = getattr(self.inner, "name", "tree")
+        tree = DraftTree.from_paths(paths, sources=[name] * len(paths), size=self.size, kind=draft.kind)
+        return tree if not tree.is_chain else draft.truncate(len(tree))
 
     def commit_tree(self, tree: DraftTree, committed: Sequence[int]) -> None:
-        """Tell the inner proposer how much of its draft (the first path) ``committed`` matched."""
+        """Tell the inner proposer how much of its draft ``committed`` matched.  Changes its state.
+
+        ``tree``: the tree the target saw (after grammar pruning); the inner
+        draft counts as shown as far as it survived in it (as a chain cut by the grammar).
+        """
         primary = self._primary
         self._primary = EMPTY_DRAFT
         if not primary:
             return
+        shown, node = 0, -1
+        while shown < len(primary):
+            node = tree.children(node).get(primary.tokens[shown], -2)
+            if node == -2:
+                break
+            shown += 1
         n = 0
-        while n < len(primary) and n < len(committed) and primary.tokens[n] == committed[n]:
+        while n < shown and n < len(committed) and primary.tokens[n] == committed[n]:
             n += 1
-        n = min(n, len(primary))
-        self.inner.feedback(primary, n)
+        if shown:
+            self.inner.feedback(primary.truncate(shown), n)
 
     def _alternatives(
         self, context: Sequence[int], grammar: GrammarView | None, k: int, draft: Draft
