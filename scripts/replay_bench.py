@@ -344,6 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--time-rows", default=None, help="time passes over these row counts, e.g. 1,2,4,8,16,32,64")
     parser.add_argument("--repeats", type=int, default=7, help="repeats per row count for --time-rows (median)")
     parser.add_argument("--context", type=int, default=850, help="context length for --time-rows")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads for --time-rows (0: torch's default)")
     args = parser.parse_args(argv)
     if args.time_rows:
         return _time_rows_main(args)
@@ -401,6 +402,8 @@ def _time_rows_main(args: argparse.Namespace) -> int:  # [tree16]
     from grammarspec.bench.runner import _prompt_ids
     from grammarspec.bench.tasks import default_tasks_path, load_tasks
 
+    if args.threads:
+        torch.set_num_threads(args.threads)
     model, tokenizer = load_model("smollm2-135m")
     tasks = load_tasks(args.tasks or default_tasks_path())
     context = max((_prompt_ids(tokenizer, t) for t in tasks), key=len)
