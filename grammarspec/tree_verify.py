@@ -43,12 +43,12 @@ from .sampling import LogitsProcessorFn, SamplingParams, probabilities, process_
 
 __all__ = [
     "TreeStep",
-    "tree_attention_inputs",
-    "walk_tree",
-    "forward_tree",
     "choose_path",
     "commit_path",
+    "forward_tree",
+    "tree_attention_inputs",
     "verify_tree",
+    "walk_tree",
 ]
 
 
@@ -103,7 +103,7 @@ def walk_tree(
     rollback, never more than the tree's depth back).
     """
     if matcher is None:
-        kept, ends = [], []
+        kept: list[bool] = []
         index: dict[int, bool] = {-1: True}  # node -> kept and not ended
         for i, (parent, token) in enumerate(zip(tree.parents, tree.tokens)):
             ok = index.get(parent, False)

@@ -37,14 +37,15 @@ ordinary sampling, so any tree is exact.  Sampled draft-model drafts stay chains
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import itertools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .base import EMPTY_DRAFT, Draft, GrammarView, Proposer, Request
 from .text import SplitPreferences, continuation_tokens
 
-__all__ = ["DraftTree", "EMPTY_TREE", "split_paths", "TreeProposer"]
+__all__ = ["EMPTY_TREE", "DraftTree", "TreeProposer", "split_paths"]
 
 
 @dataclass(frozen=True)
@@ -106,13 +107,13 @@ class DraftTree:
         parents = set(self.parents)
         return sum(1 for i in range(len(self)) if i not in parents)
 
-    def truncate(self, size: int) -> "DraftTree":
+    def truncate(self, size: int) -> DraftTree:
         """The first ``size`` nodes (a tree again: parents come first)."""
         if size >= len(self):
             return self
         return DraftTree(self.tokens[:size], self.parents[:size], self.sources[:size], self.kind)
 
-    def keep(self, kept: Sequence[bool]) -> "DraftTree":
+    def keep(self, kept: Sequence[bool]) -> DraftTree:
         """The nodes with ``kept[i]`` whose ancestors are all kept, re-indexed."""
         index: dict[int, int] = {-1: -1}
         tokens, parents, sources = [], [], []
@@ -132,7 +133,7 @@ class DraftTree:
         return Draft(tokens=self.tokens, sources=self.sources, kind=self.kind)
 
     @staticmethod
-    def from_draft(draft: Draft) -> "DraftTree":
+    def from_draft(draft: Draft) -> DraftTree:
         """A chain tree from a deterministic :class:`Draft` (``probs`` must be ``None``)."""
         if draft.probs is not None:
             raise ValueError("a sampled draft (probs given) cannot become a DraftTree; verify it as a chain")
@@ -142,7 +143,7 @@ class DraftTree:
     @staticmethod
     def from_paths(
         paths: Sequence[Sequence[int]], sources: Sequence[str] = (), size: int | None = None, kind: str = ""
-    ) -> "DraftTree":
+    ) -> DraftTree:
         """A trie of ``paths`` (common prefixes shared), the first path first; at most ``size`` nodes.
 
         ``sources[j]`` names path ``j``'s proposer.  Depth-first order: each
@@ -241,13 +242,95 @@ def split_paths(
         points += tried
     return out
 
+#: Cost of a target pass over ``rows`` rows, in plain 1-row steps: SmolLM2-135M on this CPU at an 850-token
+#: context (``scripts/replay_bench.py --time-rows``, 1 thread, paired medians of 9 on a shared machine;
+#: docs/bench/trees.md).  Tree and chain passes of the same size cost the same within the noise.
+MEASURED_PASS_COST = {1: 1.0, 2: 1.656, 4: 1.589, 8: 1.847, 16: 2.303, 24: 2.624, 32: 3.179, 48: 4.105, 64: 4.834}
+
+
+def interpolated_cost(table: dict[int, float]) -> Callable[[int], float]:
+    """``rows -> plain steps`` from a measured table: linear between points, flat beyond the last.
+
+    >>> interpolated_cost({1: 1.0, 4: 1.5, 16: 2.1})(10)
+    1.8
+    """
+    points = sorted(table.items())
+
+    def cost(rows: int) -> float:
+        if rows <= points[0][0]:
+            return points[0][1]
+        for (r0, c0), (r1, c1) in itertools.pairwise(points):
+            if rows <= r1:
+                return round(c0 + (c1 - c0) * (rows - r0) / (r1 - r0), 6)
+        return points[-1][1]
+
+    return cost
+
+
+class TreeSizer:
+    """How many alternative nodes a tree may add to a chain draft of ``L`` tokens, per request.  Pure Python.
+
+    Rule, from measured yield and cost::
+
+        extra(L) = argmax over n in {0, 1, 2, 4, 8, ...} (n <= size - L) of
+                   yield * n * token_value - (cost(L + 1 + n) - cost(L + 1))
+
+    ``yield``: tokens committed from alternative nodes per alternative node
+    verified in this request (a prior of ``prior_yield`` worth ``prior_nodes``
+    nodes); ``token_value``: plain steps one committed token is worth here,
+    the request's average pass cost per committed token (starts at 0.5);
+    ``cost``: rows -> plain steps (:data:`MEASURED_PASS_COST`).  ``extra``
+    returns 0 -- a chain -- when no alternative is expected to pay for its
+    rows.  :meth:`update` changes state; :meth:`extra` does not.
+    """
+
+    def __init__(
+        self,
+        size: int = 32,
+        cost: Callable[[int], float] | None = None,
+        *,
+        prior_yield: float = 0.05,
+        prior_nodes: float = 20.0,
+    ) -> None:
+        self.size = size
+        self.cost = cost or interpolated_cost(MEASURED_PASS_COST)
+        self.alt_nodes, self.alt_tokens = prior_nodes, prior_yield * prior_nodes
+        self.spent, self.committed = 1.0, 2.0  # plain steps and tokens so far (prior: 0.5 step per token)
+
+    @property
+    def yield_rate(self) -> float:
+        return self.alt_tokens / self.alt_nodes
+
+    def extra(self, chain: int) -> int:
+        """The alternative nodes worth adding to a chain of ``chain`` tokens.  Does not change state."""
+        value = self.yield_rate * self.spent / self.committed
+        base = self.cost(chain + 1)
+        best, best_gain = 0, 0.0
+        n = 1
+        while chain + n <= self.size:
+            gain = value * n - (self.cost(chain + 1 + n) - base)
+            if gain > best_gain:
+                best, best_gain = n, gain
+            n *= 2
+        return best
+
+    def update(self, alt_nodes: int, alt_tokens: int, rows: int, committed: int) -> None:
+        """One verified step: ``alt_nodes`` off the first path, ``alt_tokens`` committed from them.  Changes state."""
+        self.alt_nodes += alt_nodes
+        self.alt_tokens += alt_tokens
+        self.spent += self.cost(rows)
+        self.committed += committed
+
 
 class TreeProposer:
     """A chain proposer plus alternatives, as a :class:`DraftTree` (batch 1).
 
     ``inner``: the chain proposer (a :class:`proposers.compose.CompositeProposer`
     or any proposer); its draft is the tree's first path.  ``width``: most
-    branches; ``size``: most nodes.  Alternatives: the draft's other learned
+    branches; ``size``: most nodes; ``branch``: most tokens an alternative
+    keeps past the point where it leaves the first path (``None``: all);
+    ``sizer``: a :class:`TreeSizer` that picks the node budget per step from
+    this request's measured yield (``None``: always ``size``).  Alternatives: the draft's other learned
     splits (:func:`split_paths`, with the composite's or schema n-gram's
     :class:`SplitPreferences`), and other schema n-gram candidates for the
     next value (:func:`proposers.schema_ngram.alternative_drafts`).
@@ -258,12 +341,27 @@ class TreeProposer:
     ``propose`` (the chain protocol) returns the inner draft unchanged.
     """
 
-    def __init__(self, inner: Proposer, *, width: int = 2, size: int = 16, name: str | None = None) -> None:
-        if width < 1 or size < 1:
-            raise ValueError(f"TreeProposer needs width >= 1 and size >= 1, got width={width}, size={size}")
+    def __init__(
+        self,
+        inner: Proposer,
+        *,
+        width: int = 2,
+        size: int = 16,
+        branch: int | None = None,
+        sizer: TreeSizer | None = None,
+        name: str | None = None,
+    ) -> None:
+        if width < 1 or size < 1 or (branch is not None and branch < 1):
+            raise ValueError(
+                f"TreeProposer needs width >= 1, size >= 1 and branch >= 1 (or None), got width={width}, "
+                f"size={size}, branch={branch}"
+            )
         self.inner = inner
         self.width = width
         self.size = size
+        self.branch = branch
+        self.sizer = sizer
+        self._sizer_template = sizer
         self.name = name or f"tree({getattr(inner, 'name', 'proposer')})"
         self._primary: Draft = EMPTY_DRAFT
 
@@ -273,14 +371,20 @@ class TreeProposer:
         """Start the inner proposer for a new request."""
         self.inner.start(request)
         self._primary = EMPTY_DRAFT
+        if self._sizer_template is not None:  # a fresh record per request
+            t = self._sizer_template
+            self.sizer = TreeSizer(t.size, t.cost)
 
     def propose(self, context: Sequence[int], grammar: GrammarView | None, k: int) -> Draft:
         """The inner proposer's chain draft (changes its state as its ``propose`` does)."""
         return self.inner.propose(context, grammar, k)
 
     def feedback(self, draft: Draft, num_accepted: int) -> None:
-        """Chain feedback, passed to the inner proposer."""
+        """Chain feedback (a step verified as a chain), passed to the inner proposer.  Changes state."""
         self.inner.feedback(draft, num_accepted)
+        self._primary = EMPTY_DRAFT
+        if self.sizer is not None:
+            self.sizer.update(0, 0, len(draft) + 1, num_accepted + 1)
 
     # -- trees -------------------------------------------------------------------
 
@@ -301,17 +405,27 @@ class TreeProposer:
         self._primary = draft
         if draft.probs is not None or self.width < 2:
             return draft
+        size = self.size
+        if self.sizer is not None:
+            size = min(size, len(draft) + self.sizer.extra(len(draft)))
+            if size <= len(draft):
+                return draft
         paths: list[list[int]] = [list(draft.tokens)] if draft else []
         for path, _ in self._alternatives(context, grammar, k, draft):
             if len(paths) >= self.width:
                 break
             path = path[:k]
+            if self.branch is not None and paths:  # keep `branch` tokens past where it leaves the first path
+                shared = 0
+                while shared < min(len(path), len(paths[0])) and path[shared] == paths[0][shared]:
+                    shared += 1
+                path = path[: shared + self.branch]
             if path and path not in paths:
                 paths.append(path)
         if len(paths) < 2:
             return draft
         name = getattr(self.inner, "name", "tree")
-        tree = DraftTree.from_paths(paths, sources=[name] * len(paths), size=self.size, kind=draft.kind)
+        tree = DraftTree.from_paths(paths, sources=[name] * len(paths), size=size, kind=draft.kind)
         return tree if not tree.is_chain else draft.truncate(len(tree))
 
     def commit_tree(self, tree: DraftTree, committed: Sequence[int]) -> None:
@@ -335,6 +449,14 @@ class TreeProposer:
             n += 1
         if shown:
             self.inner.feedback(primary.truncate(shown), n)
+        if self.sizer is not None:
+            path, node = 0, -1  # draft tokens committed: the path the target took
+            while path < len(committed):
+                node = tree.children(node).get(committed[path], -2)
+                if node == -2:
+                    break
+                path += 1
+            self.sizer.update(len(tree) - shown, max(0, path - n), len(tree) + 1, len(committed))
 
     def _alternatives(
         self, context: Sequence[int], grammar: GrammarView | None, k: int, draft: Draft

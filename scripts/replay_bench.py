@@ -149,13 +149,15 @@ def replay(
 def time_passes(
     model: Any, context: list[int], rows: list[int], repeats: int = 7, tree_width: int = 4
 ) -> dict[int, dict[str, float]]:
-    """Median seconds of one target pass over ``r`` new rows on top of a cached ``context``, per ``r``.
+    """Seconds of one target pass over ``r`` new rows on top of a cached ``context``, and its cost in plain steps.
 
     Two kinds per ``r``: ``chain`` (causal rows, the default mask) and
     ``tree`` (a ``tree_width``-branch tree of ``r - 1`` nodes plus the pending
-    token, under the 4-D tree mask).  ``plain`` is a 1-row step.  Repeats are
-    interleaved over ``r`` (the machine is shared) and the median is kept.
-    The cache is cropped back after every pass.
+    token, under the 4-D tree mask).  Each timed pass is paired with a 1-row
+    step run just before it, and its cost is the median over repeats of
+    the ratio within each pair (``chain_steps`` / ``tree_steps``): the machine
+    is shared, and pairing cancels slow changes in its load.  ``chain`` /
+    ``tree`` / ``plain`` are median seconds.  The cache is cropped back after every pass.
     """
     import time
 
@@ -166,23 +168,29 @@ def time_passes(
     cache = new_cache(model)
     forward_with_cache(model, context[:-1], cache, 1)
     base = len(context) - 1
+
+    def timed(r: int, kind: str) -> float:
+        nodes = r - 1
+        t0 = time.perf_counter()
+        if kind == "chain":
+            forward_with_cache(model, context[-1:] + list(range(1000, 1000 + nodes)), cache, r)
+        else:
+            branch = max(1, -(-nodes // tree_width))  # ceil: branches of about equal length
+            paths = [[1000 + 100 * b + j for j in range(min(branch, nodes - b * branch))] for b in range(tree_width)]
+            forward_tree(model, context[-1:], DraftTree.from_paths([p for p in paths if p]), cache)
+        seconds = time.perf_counter() - t0
+        crop_cache(cache, base)
+        return seconds
+
     samples: dict[tuple[int, str], list[float]] = defaultdict(list)
     for _ in range(repeats):
         for r in rows:
-            nodes = r - 1
-            branch = max(1, -(-nodes // tree_width))  # ceil: branches of about equal length
-            paths = [[1000 + 100 * b + j for j in range(min(branch, nodes - b * branch))] for b in range(tree_width)]
-            tree = DraftTree.from_paths([p for p in paths if p])
             for kind in ("chain", "tree"):
-                if kind == "tree" and r == 1:
-                    continue
-                t0 = time.perf_counter()
-                if kind == "chain":
-                    forward_with_cache(model, context[-1:] + list(range(1000, 1000 + nodes)), cache, r)
-                else:
-                    forward_tree(model, context[-1:], tree, cache)
-                samples[(r, kind)].append(time.perf_counter() - t0)
-                crop_cache(cache, base)
+                plain = timed(1, "chain")
+                seconds = timed(r, kind)
+                samples[(r, kind)].append(seconds)
+                samples[(r, kind + "_steps")].append(seconds / plain)
+                samples[(1, "plain")].append(plain)
     out: dict[int, dict[str, float]] = {}
     for (r, kind), values in samples.items():
         out.setdefault(r, {})[kind] = statistics.median(values)
@@ -193,23 +201,10 @@ def time_passes(
 
 
 def measured_cost(table: dict[int, float]) -> Callable[[int], float]:
-    """A pass-cost model from measured ``rows -> plain steps`` (linear between measured points, flat beyond).
+    """A pass-cost model from measured ``rows -> plain steps`` (:func:`proposers.tree.interpolated_cost`)."""
+    from proposers.tree import interpolated_cost
 
-    >>> cost = measured_cost({1: 1.0, 4: 1.5, 16: 2.1})
-    >>> cost(1), cost(10), cost(40)
-    (1.0, 1.8, 2.1)
-    """
-    points = sorted((int(r), float(c)) for r, c in table.items())
-
-    def cost(rows: int) -> float:
-        if rows <= points[0][0]:
-            return points[0][1]
-        for (r0, c0), (r1, c1) in zip(points, points[1:]):
-            if rows <= r1:
-                return round(c0 + (c1 - c0) * (rows - r0) / (r1 - r0), 6)
-        return points[-1][1]
-
-    return cost
+    return interpolated_cost(table)
 
 
 def replay_tree(
@@ -221,8 +216,10 @@ def replay_tree(
     width: int,
     size: int,
     cost: Callable[[int], float] = pass_cost,
+    branch: int | None = None,
 ) -> dict[str, float] | None:
-    """:func:`replay` with :class:`proposers.tree.TreeProposer` (``width`` branches, ``size`` nodes).
+    """:func:`replay` with :class:`proposers.tree.TreeProposer` (``width`` branches, ``size`` nodes,
+    alternatives cut ``branch`` tokens past their fork).
 
     Each step the tree is pruned by the grammar (:func:`grammarspec.tree_verify.walk_tree`, as the loop
     does), the deepest path the output follows is accepted, and the pass costs ``cost(1 + nodes)``.
@@ -248,7 +245,7 @@ def replay_tree(
     k_max = 16
     matcher = compiled.matcher(max_rollback=k_max + 1)
     view = GrammarView(matcher)
-    proposer = TreeProposer(resolve_assistant(assistant), width=width, size=size)
+    proposer = TreeProposer(resolve_assistant(assistant), width=width, size=size, branch=branch)
     controller = AdaptiveController(k_min=_k_min(proposer, k_max), k_max=k_max)
     proposer.start(Request(prompt_ids=tuple(prompt), tokenizer=tokenizer, schema=spec.schema,
                            extra={"target_vocab_size": vocab}))  # fmt: skip
@@ -297,19 +294,20 @@ def replay_tree(
 def tree_shapes(
     tokenizer: Any,
     jobs: list[tuple[str, str, list[int], dict, list[int]]],
-    shapes: list[tuple[int, int]],
+    shapes: list[tuple[int, ...]],
     cost: Callable[[int], float],
     assistant: str = "auto",
-) -> dict[tuple[int, int], dict[str, dict[str, float]]]:
-    """Medians per category of tokens per pass and modelled speedup for each ``(width, size)`` shape.
+) -> dict[tuple[int, ...], dict[str, dict[str, float]]]:
+    """Medians per category of tokens per pass and modelled speedup for each ``(width, size[, branch])`` shape.
 
     ``jobs``: ``(task id, category, prompt ids, schema, output ids)``; width 1 is the chain.
     """
-    out: dict[tuple[int, int], dict[str, dict[str, float]]] = {}
+    out: dict[tuple[int, ...], dict[str, dict[str, float]]] = {}
     for shape in shapes:
         per_category: dict[str, list[dict[str, float]]] = defaultdict(list)
         for _, category, prompt, schema, output in jobs:
-            counts = replay_tree(tokenizer, prompt, schema, output, assistant, shape[0], shape[1], cost)
+            branch = shape[2] if len(shape) > 2 else None
+            counts = replay_tree(tokenizer, prompt, schema, output, assistant, shape[0], shape[1], cost, branch)
             if counts is not None:
                 per_category[category].append(counts)
         out[shape] = {
@@ -339,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--split-oracle", action="store_true",
                         help="bound: count a rejected draft's text as accepted where the output spells it otherwise")
     # [tree16] tree shapes: width x size, with a measured cost table (see --time-rows)
-    parser.add_argument("--trees", default=None, help="tree shapes to replay, e.g. 1x16,2x16,2x32,4x32,4x64")
+    parser.add_argument("--trees", default=None, help="tree shapes to replay: width x size [x branch], e.g. 1x16,2x16,4x32,4x32x4")
     parser.add_argument("--cost-table", default=None, help="JSON {rows: plain steps} for --trees (from --time-rows)")
     parser.add_argument("--time-rows", default=None, help="time passes over these row counts, e.g. 1,2,4,8,16,32,64")
     parser.add_argument("--repeats", type=int, default=7, help="repeats per row count for --time-rows (median)")
@@ -409,16 +407,18 @@ def _time_rows_main(args: argparse.Namespace) -> int:  # [tree16]
     context = max((_prompt_ids(tokenizer, t) for t in tasks), key=len)
     context = (context * (1 + args.context // len(context)))[: args.context]
     rows = [int(r) for r in args.time_rows.split(",")]
-    timed = time_passes(model, context, sorted(set(rows) | {1}), repeats=args.repeats)
-    plain = timed[1]["chain"]
-    print(f"context {len(context)} tokens, {torch.get_num_threads()} threads, median of {args.repeats} repeats")
+    timed = time_passes(model, context, sorted(set(rows) - {1}), repeats=args.repeats)
+    print(f"context {len(context)} tokens, {torch.get_num_threads()} threads, {args.repeats} repeats; "
+          f"plain 1-row step: median {timed[1]['plain'] * 1e3:.1f} ms")  # fmt: skip
     print("| rows | chain pass (ms) | tree pass (ms) | chain, plain steps | tree, plain steps |")
     print("|---:|---:|---:|---:|---:|")
-    table = {}
+    table = {1: 1.0}
     for r in sorted(timed):
-        chain, tree = timed[r]["chain"], timed[r].get("tree", timed[r]["chain"])
-        table[r] = round(tree / plain, 3)
-        print(f"| {r} | {chain * 1e3:.1f} | {tree * 1e3:.1f} | {chain / plain:.2f} | {tree / plain:.2f} |")
+        if r == 1:
+            continue
+        t = timed[r]
+        table[r] = round(t["tree_steps"], 3)
+        print(f"| {r} | {t['chain'] * 1e3:.1f} | {t['tree'] * 1e3:.1f} | {t['chain_steps']:.2f} | {t['tree_steps']:.2f} |")
     print("cost table (tree passes, plain steps):", json.dumps(table))
     return 0
 
@@ -432,12 +432,12 @@ def _trees_main(args: argparse.Namespace, tokenizer: Any, tasks: dict, outputs: 
     jobs = [(tid, tasks[tid].category, _prompt_ids(tokenizer, tasks[tid]), tasks[tid].schema, out) for tid, out in outputs]
     result = tree_shapes(tokenizer, jobs, shapes, cost, args.assistant)  # type: ignore[arg-type]
     print(f"assistant={args.assistant!r}, cost {'table ' + args.cost_table if args.cost_table else 'model'}; "
-          "width x size (1 = chain): medians per category")  # fmt: skip
+          "width x size [x branch] (width 1 = chain): medians per category")  # fmt: skip
     print("| shape | category | tasks | passes | tokens per pass | rows per pass | tree steps | modelled speedup |")
     print("|---|---|---:|---:|---:|---:|---:|---:|")
-    for (width, size), categories in result.items():
+    for shape, categories in result.items():
         for category, r in categories.items():
-            print(f"| {width}x{size} | {category} | {r['tasks']} | {r['passes']} | {r['per_pass']:.2f} | "
+            print(f"| {'x'.join(map(str, shape))} | {category} | {r['tasks']} | {r['passes']} | {r['per_pass']:.2f} | "
                   f"{r['rows']:.1f} | {r['trees']} | {r['speedup']:.2f}x |")  # fmt: skip
     return 0
 

@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tasks", default=None, help="task file (default: ../shared/tasks/tasks.jsonl)")
     parser.add_argument("--per-category", type=int, default=3, help="first N tasks of each category")
     parser.add_argument("--categories", default=None, help="only these categories (comma-separated)")
-    parser.add_argument("--trees", default="2x16", help="tree shapes, width x size, comma-separated")
+    parser.add_argument("--trees", default="2x16", help="tree shapes, width x size [x branch], comma-separated")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
     parser.add_argument("--top-p", type=float, default=1.0)
@@ -46,7 +46,13 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     import grammarspec
-    from grammarspec.bench.arms import BaselineGrammars, PreparedTask, prepare_grammars, run_arm, GenerationSettings
+    from grammarspec.bench.arms import (
+        BaselineGrammars,
+        GenerationSettings,
+        PreparedTask,
+        prepare_grammars,
+        run_arm,
+    )
     from grammarspec.bench.runner import _prompt_ids
     from grammarspec.bench.tasks import default_tasks_path, load_tasks
     from grammarspec.decoding import logits_width
@@ -68,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     greedy = args.temperature <= 0
     sampling = {"do_sample": False} if greedy else {"do_sample": True, "temperature": args.temperature,
                                                       "top_p": args.top_p, "top_k": 0}  # fmt: skip
-    arms = ([] if args.no_baseline else ["baseline"]) + ["chain"] + [f"tree {w}x{s}" for w, s in shapes]
+    arms = ([] if args.no_baseline else ["baseline"]) + ["chain"] + [f"tree {'x'.join(map(str, s))}" for s in shapes]
     runs: list[dict[str, Any]] = []
     for task in chosen:
         prompt = _prompt_ids(tokenizer, task)
@@ -89,8 +95,9 @@ def main(argv: list[str] | None = None) -> int:
                 if arm == "chain":
                     assistant: Any = "auto"
                 else:
-                    w, s = (int(x) for x in arm.split()[1].split("x"))
-                    assistant = TreeProposer(resolve_assistant("auto"), width=w, size=s)
+                    shape = [int(x) for x in arm.split()[1].split("x")]
+                    assistant = TreeProposer(resolve_assistant("auto"), width=shape[0], size=shape[1],
+                                             branch=shape[2] if len(shape) > 2 else None)  # fmt: skip
                 t0 = time.perf_counter()
                 out = grammarspec.generate(
                     model, torch.tensor([prompt]), tokenizer=tokenizer, schema=task.schema, assistant=assistant,

@@ -115,3 +115,40 @@ def test_tree_proposer_branches_over_schema_candidates_and_passes_chains_through
     assert isinstance(chain.propose_tree(prompt + ids, GrammarView(matcher), 8), Draft)
     with pytest.raises(ValueError, match="width"):
         TreeProposer(resolve_assistant("auto"), width=0)
+
+
+def test_the_sizer_adds_alternatives_only_where_their_measured_yield_pays_for_the_rows():
+    from proposers.tree import MEASURED_PASS_COST, TreeSizer, interpolated_cost
+
+    cost = interpolated_cost(MEASURED_PASS_COST)
+    sizer = TreeSizer(size=32)
+    assert sizer.extra(12) == 0  # the prior yield (0.05 tokens per node) does not pay for 4+ more rows
+    for _ in range(10):  # alternatives that were taken: about one token per node
+        sizer.update(alt_nodes=4, alt_tokens=4, rows=16, committed=8)
+    n = sizer.extra(12)
+    assert 0 < n <= 32 - 12
+    value = sizer.yield_rate * sizer.spent / sizer.committed
+    assert value * n - (cost(13 + n) - cost(13)) > 0  # the rule in the docstring
+    for _ in range(200):  # alternatives never taken: back to chains
+        sizer.update(alt_nodes=8, alt_tokens=0, rows=24, committed=4)
+    assert sizer.extra(12) == 0 and sizer.extra(3) == 0
+    assert TreeSizer(size=16).extra(16) == 0  # no room
+
+
+def test_a_tree_proposer_with_a_sizer_drafts_chains_until_alternatives_pay(smol_tokenizer):
+    from proposers.tree import TreeSizer
+
+    tok = smol_tokenizer
+    prompt = list(tok.encode("Weather in Oslo, please.", add_special_tokens=False))
+    compiled = compile_grammar(grammar_spec(schema=SCHEMA), tok)
+    ids = list(tok.encode('{"unit":', add_special_tokens=False))
+    matcher = compiled.matcher()
+    assert all(matcher.accept(t) for t in ids)
+    proposer = TreeProposer(resolve_assistant("auto"), width=3, size=32, sizer=TreeSizer(size=32))
+    proposer.start(Request(prompt_ids=tuple(prompt), tokenizer=tok, schema=SCHEMA))
+    proposer.sizer.alt_nodes, proposer.sizer.alt_tokens = 1.0, 0.0  # measured: alternatives never pay
+    assert isinstance(proposer.propose_tree(prompt + ids, GrammarView(matcher), 8), Draft)
+    proposer.sizer.alt_tokens = 5.0  # measured: they pay well
+    assert isinstance(proposer.propose_tree(prompt + ids, GrammarView(matcher), 8), DraftTree)
+    proposer.start(Request(prompt_ids=tuple(prompt), tokenizer=tok, schema=SCHEMA))
+    assert proposer.sizer.alt_tokens < 5.0  # a new request starts from the prior

@@ -161,7 +161,7 @@ def test_greedy_tree_decoding_equals_plain_greedy(compiled):
     config = DecodeConfig(max_new_tokens=20, eos_token_ids=(0,))
     plain, _ = decode(TARGET, PROMPT, config, matcher=compiled.matcher())
     for seed in range(5):
-        new, stats = decode(
+        new, _ = decode(
             TARGET, PROMPT, config, matcher=compiled.matcher(max_rollback=8), proposer=BranchyTreeProposer(seed),
             controller=AdaptiveController(k_min=3, k_max=3, adaptive=False),
         )  # fmt: skip
@@ -184,7 +184,7 @@ def test_the_cache_holds_exactly_the_committed_tokens_after_every_tree_step(comp
 
 def test_a_leaky_path_commit_is_detected(compiled, monkeypatch):
     """Sanity of the method: crop without gathering the path (other branches' nodes stay) and the test fails."""
-    import grammarspec.tree_verify as tree_verify
+    from grammarspec import tree_verify
 
     def leaky(cache, start, path, nodes, model_name="model"):
         tree_verify.crop_cache(cache, start + len(path), model_name)

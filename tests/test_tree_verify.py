@@ -11,6 +11,7 @@ from toy_models import tiny_llama
 from grammars import compile_grammar, grammar_spec
 from grammars.base import allocate_bitmask
 from grammarspec.cache import CacheError, cache_length, forward_with_cache, new_cache
+from grammarspec.sampling import SamplingParams
 from grammarspec.tree_verify import (
     choose_path,
     commit_path,
@@ -19,7 +20,6 @@ from grammarspec.tree_verify import (
     verify_tree,
     walk_tree,
 )
-from grammarspec.sampling import SamplingParams
 from proposers.tree import DraftTree
 
 # A tree with three branches of different depths, in depth-first order.
@@ -136,7 +136,7 @@ def toy_grammar():
 
 def test_the_grammar_prunes_illegal_nodes_and_their_subtrees(toy_grammar):
     tok, compiled = toy_grammar
-    ids = lambda text: tok.encode(text, add_special_tokens=False)  # noqa: E731
+    ids = lambda text: tok.encode(text, add_special_tokens=False)
     prefix = ids('{"a":')
     matcher = compiled.matcher(max_rollback=16)
     for t in prefix:
