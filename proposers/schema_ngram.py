@@ -814,7 +814,10 @@ def alternative_drafts(
     if doc.cursor.mode in (DONE, ERROR):
         return []
     out: list[list[int]] = []
-    for cand in proposer._ranked(doc.cursor, b"", doc.prompt_cursor):
+    # Every candidate, best first (no score floor: a tree verifies alternatives a chain would not bet on).
+    candidates = proposer._candidates(doc.cursor, b"", doc.prompt_cursor)
+    ranked = sorted(enumerate(candidates), key=lambda e: (-proposer.score(e[1].source) * e[1].weight, e[0]))
+    for _, cand in ranked:
         found = proposer._check(context, grammar, k, b"", cand, 0)
         if found is None:
             continue

@@ -365,6 +365,23 @@ class TreeProposer:
         self.name = name or f"tree({getattr(inner, 'name', 'proposer')})"
         self._primary: Draft = EMPTY_DRAFT
 
+    @classmethod
+    def from_shape(cls, inner: Proposer, shape: str) -> TreeProposer:
+        """``"WxS"``, ``"WxSxB"``, with a trailing ``s`` for a :class:`TreeSizer`: ``"4x32s"``, ``"4x32x4s"``.
+
+        ``W`` branches, ``S`` nodes, ``B`` tokens per alternative past its fork.
+        Raises ``ValueError`` naming the expected form.
+        """
+        sized = shape.endswith("s")
+        try:
+            parts = [int(x) for x in shape.removesuffix("s").split("x")]
+        except ValueError:
+            parts = []
+        if len(parts) not in (2, 3):
+            raise ValueError(f"tree shape {shape!r}: expected WIDTHxSIZE or WIDTHxSIZExBRANCH, e.g. 4x32 or 4x32x4s")
+        branch = parts[2] if len(parts) == 3 else None
+        return cls(inner, width=parts[0], size=parts[1], branch=branch, sizer=TreeSizer(parts[1]) if sized else None)
+
     # -- chain protocol (delegated) --------------------------------------------
 
     def start(self, request: Request) -> None:

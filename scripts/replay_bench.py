@@ -213,13 +213,11 @@ def replay_tree(
     schema: dict,
     output: list[int],
     assistant: str,
-    width: int,
-    size: int,
+    shape: str,
     cost: Callable[[int], float] = pass_cost,
-    branch: int | None = None,
 ) -> dict[str, float] | None:
-    """:func:`replay` with :class:`proposers.tree.TreeProposer` (``width`` branches, ``size`` nodes,
-    alternatives cut ``branch`` tokens past their fork).
+    """:func:`replay` with :class:`proposers.tree.TreeProposer` of ``shape`` (``"4x32"``, ``"4x32x4s"``:
+    :meth:`~proposers.tree.TreeProposer.from_shape`).
 
     Each step the tree is pruned by the grammar (:func:`grammarspec.tree_verify.walk_tree`, as the loop
     does), the deepest path the output follows is accepted, and the pass costs ``cost(1 + nodes)``.
@@ -245,11 +243,11 @@ def replay_tree(
     k_max = 16
     matcher = compiled.matcher(max_rollback=k_max + 1)
     view = GrammarView(matcher)
-    proposer = TreeProposer(resolve_assistant(assistant), width=width, size=size, branch=branch)
+    proposer = TreeProposer.from_shape(resolve_assistant(assistant), shape)
     controller = AdaptiveController(k_min=_k_min(proposer, k_max), k_max=k_max)
     proposer.start(Request(prompt_ids=tuple(prompt), tokenizer=tokenizer, schema=spec.schema,
                            extra={"target_vocab_size": vocab}))  # fmt: skip
-    masks = allocate_bitmask(max(size, k_max) + 1, vocab)
+    masks = allocate_bitmask(max(proposer.size, k_max) + 1, vocab)
     context, done, passes, spent, forced, trees, nodes = list(prompt), 0, 0, 0.0, 0, 0, 0
     while done < len(output) and not matcher.is_terminated():
         token = _forced_token(matcher, masks, vocab)
@@ -294,20 +292,19 @@ def replay_tree(
 def tree_shapes(
     tokenizer: Any,
     jobs: list[tuple[str, str, list[int], dict, list[int]]],
-    shapes: list[tuple[int, ...]],
+    shapes: list[str],
     cost: Callable[[int], float],
     assistant: str = "auto",
-) -> dict[tuple[int, ...], dict[str, dict[str, float]]]:
-    """Medians per category of tokens per pass and modelled speedup for each ``(width, size[, branch])`` shape.
+) -> dict[str, dict[str, dict[str, float]]]:
+    """Medians per category of tokens per pass and modelled speedup for each tree shape (``"4x32"``...).
 
     ``jobs``: ``(task id, category, prompt ids, schema, output ids)``; width 1 is the chain.
     """
-    out: dict[tuple[int, ...], dict[str, dict[str, float]]] = {}
+    out: dict[str, dict[str, dict[str, float]]] = {}
     for shape in shapes:
         per_category: dict[str, list[dict[str, float]]] = defaultdict(list)
         for _, category, prompt, schema, output in jobs:
-            branch = shape[2] if len(shape) > 2 else None
-            counts = replay_tree(tokenizer, prompt, schema, output, assistant, shape[0], shape[1], cost, branch)
+            counts = replay_tree(tokenizer, prompt, schema, output, assistant, shape, cost)
             if counts is not None:
                 per_category[category].append(counts)
         out[shape] = {
@@ -337,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--split-oracle", action="store_true",
                         help="bound: count a rejected draft's text as accepted where the output spells it otherwise")
     # [tree16] tree shapes: width x size, with a measured cost table (see --time-rows)
-    parser.add_argument("--trees", default=None, help="tree shapes to replay: width x size [x branch], e.g. 1x16,2x16,4x32,4x32x4")
+    parser.add_argument("--trees", default=None, help="tree shapes to replay: WxS[xB][s], e.g. 1x16,2x16,4x32,4x32x4s (s: TreeSizer)")
     parser.add_argument("--cost-table", default=None, help="JSON {rows: plain steps} for --trees (from --time-rows)")
     parser.add_argument("--time-rows", default=None, help="time passes over these row counts, e.g. 1,2,4,8,16,32,64")
     parser.add_argument("--repeats", type=int, default=7, help="repeats per row count for --time-rows (median)")
@@ -428,7 +425,7 @@ def _trees_main(args: argparse.Namespace, tokenizer: Any, tasks: dict, outputs: 
 
     if args.cost_table:
         cost = measured_cost({int(k): v for k, v in json.loads(Path(args.cost_table).read_text()).items()})
-    shapes = [tuple(int(x) for x in s.split("x")) for s in args.trees.split(",")]
+    shapes = [s for s in args.trees.split(",") if s]
     jobs = [(tid, tasks[tid].category, _prompt_ids(tokenizer, tasks[tid]), tasks[tid].schema, out) for tid, out in outputs]
     result = tree_shapes(tokenizer, jobs, shapes, cost, args.assistant)  # type: ignore[arg-type]
     print(f"assistant={args.assistant!r}, cost {'table ' + args.cost_table if args.cost_table else 'model'}; "
@@ -437,7 +434,7 @@ def _trees_main(args: argparse.Namespace, tokenizer: Any, tasks: dict, outputs: 
     print("|---|---|---:|---:|---:|---:|---:|---:|")
     for shape, categories in result.items():
         for category, r in categories.items():
-            print(f"| {'x'.join(map(str, shape))} | {category} | {r['tasks']} | {r['passes']} | {r['per_pass']:.2f} | "
+            print(f"| {shape} | {category} | {r['tasks']} | {r['passes']} | {r['per_pass']:.2f} | "
                   f"{r['rows']:.1f} | {r['trees']} | {r['speedup']:.2f}x |")  # fmt: skip
     return 0
 

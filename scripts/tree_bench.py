@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tasks", default=None, help="task file (default: ../shared/tasks/tasks.jsonl)")
     parser.add_argument("--per-category", type=int, default=3, help="first N tasks of each category")
     parser.add_argument("--categories", default=None, help="only these categories (comma-separated)")
-    parser.add_argument("--trees", default="2x16", help="tree shapes, width x size [x branch], comma-separated")
+    parser.add_argument("--trees", default="2x16", help="tree shapes WxS[xB][s] (s: TreeSizer), comma-separated")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
     parser.add_argument("--top-p", type=float, default=1.0)
@@ -69,12 +69,12 @@ def main(argv: list[str] | None = None) -> int:
         if (wanted is None or task.category in wanted) and per[task.category] < args.per_category:
             chosen.append(task)
             per[task.category] += 1
-    shapes = [tuple(int(x) for x in s.split("x")) for s in args.trees.split(",") if s]
+    shapes = [s for s in args.trees.split(",") if s]
     baseline_grammars = BaselineGrammars(tokenizer, logits_width(model), tokenizer.eos_token_id)
     greedy = args.temperature <= 0
     sampling = {"do_sample": False} if greedy else {"do_sample": True, "temperature": args.temperature,
                                                       "top_p": args.top_p, "top_k": 0}  # fmt: skip
-    arms = ([] if args.no_baseline else ["baseline"]) + ["chain"] + [f"tree {'x'.join(map(str, s))}" for s in shapes]
+    arms = ([] if args.no_baseline else ["baseline"]) + ["chain"] + [f"tree {s}" for s in shapes]
     runs: list[dict[str, Any]] = []
     for task in chosen:
         prompt = _prompt_ids(tokenizer, task)
@@ -95,9 +95,7 @@ def main(argv: list[str] | None = None) -> int:
                 if arm == "chain":
                     assistant: Any = "auto"
                 else:
-                    shape = [int(x) for x in arm.split()[1].split("x")]
-                    assistant = TreeProposer(resolve_assistant("auto"), width=shape[0], size=shape[1],
-                                             branch=shape[2] if len(shape) > 2 else None)  # fmt: skip
+                    assistant = TreeProposer.from_shape(resolve_assistant("auto"), arm.split()[1])
                 t0 = time.perf_counter()
                 out = grammarspec.generate(
                     model, torch.tensor([prompt]), tokenizer=tokenizer, schema=task.schema, assistant=assistant,
