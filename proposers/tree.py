@@ -289,7 +289,7 @@ class TreeSizer:
         size: int = 32,
         cost: Callable[[int], float] | None = None,
         *,
-        prior_yield: float = 0.05,
+        prior_yield: float = 0.15,
         prior_nodes: float = 20.0,
     ) -> None:
         self.size = size

@@ -122,7 +122,8 @@ def test_the_sizer_adds_alternatives_only_where_their_measured_yield_pays_for_th
 
     cost = interpolated_cost(MEASURED_PASS_COST)
     sizer = TreeSizer(size=32)
-    assert sizer.extra(12) == 0  # the prior yield (0.05 tokens per node) does not pay for 4+ more rows
+    assert sizer.extra(12) > 0  # the prior yield (0.15 tokens per node) is worth trying
+    assert TreeSizer(size=32, prior_yield=0.02).extra(12) == 0  # a low one is not worth 4+ more rows
     for _ in range(10):  # alternatives that were taken: about one token per node
         sizer.update(alt_nodes=4, alt_tokens=4, rows=16, committed=8)
     n = sizer.extra(12)
