@@ -195,3 +195,24 @@ def test_a_leaky_path_commit_is_detected(compiled, monkeypatch):
     with pytest.raises(AssertionError):
         counts, _, _ = tree_counts(compiled, params, seed=11, samples=2500)
         assert_matches(counts, exact, samples=2500)
+
+
+def test_user_processors_see_each_node_s_own_prefix(compiled):
+    """A processor that reads its prefix: tree decoding must give it the node's path, as plain decoding does."""
+
+    def favour_by_prefix(input_ids, scores):
+        scores = scores.clone()
+        legal = torch.isfinite(scores[0]).nonzero().flatten()
+        scores[0, legal[int(input_ids[0].sum()) % len(legal)]] += 5.0  # a legal token chosen by the whole prefix
+        return scores
+
+    config = DecodeConfig(max_new_tokens=20, eos_token_ids=(0,))
+    plain, _ = decode(TARGET, PROMPT, config, matcher=compiled.matcher(), processors=[favour_by_prefix])
+    for seed in range(5):
+        proposer = BranchyTreeProposer(seed)
+        new, _ = decode(
+            TARGET, PROMPT, config, matcher=compiled.matcher(max_rollback=8), proposer=proposer,
+            controller=AdaptiveController(k_min=3, k_max=3, adaptive=False), processors=[favour_by_prefix],
+        )  # fmt: skip
+        assert new == plain
+        assert any(not t.is_chain for t in proposer.trees)
