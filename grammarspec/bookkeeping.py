@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["account", "finish", "record_scores"]
+__all__ = ["account", "account_tree", "finish", "record_scores"]
 
 
 def account(row: Any, step: Any, num_accepted: int, verify: float, commit_s: float, started: float,
@@ -69,3 +69,29 @@ def record_scores(rows: Sequence[Any], steps: Sequence[Any], committed: Sequence
         assert seg is not None
         row.logits += list(logits[seg.start : seg.start + used])
         row.scores += list(scores[seg.start : seg.start + used])
+
+
+def account_tree(row: Any, step: Any, result: Any, seconds: float, started: float) -> None:
+    """Statistics and the controller's view of one tree step: the deepest path offered stands for the draft."""
+    stats, tree = row.stats, result.tree
+    stats.target_forwards += 1
+    if stats.target_forwards == 1:
+        stats.first_step_seconds, stats.first_step_tokens = time.perf_counter() - started, stats.new_tokens
+    longest = max(tree.depths(), default=-1) + 1
+    stats.steps.append((longest, len(result.accepted)))
+    stats.draft_seconds += step.draft_seconds
+    stats.verify_seconds += seconds
+    if len(tree):
+        sources = tree.sources or ("draft",) * len(tree)
+        on_path, node = [], -1
+        for token in result.accepted:  # the nodes that spell the accepted tokens, from the root
+            node = tree.children(node)[token]
+            on_path.append(node)
+        order = on_path + [i for i in range(len(tree)) if i not in on_path]
+        stats.count(tuple(sources[i] for i in order), len(on_path))
+    controller = row.controller
+    if controller is not None and stats.target_forwards > 1:
+        if longest > 0:
+            controller.record_speculative_step(longest, len(result.accepted), step.draft_seconds + seconds)
+        else:
+            controller.record_plain_step(step.draft_seconds + seconds)

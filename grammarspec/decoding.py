@@ -35,8 +35,9 @@ import torch
 
 from grammars.base import Matcher, allocate_bitmask
 from proposers.base import EMPTY_DRAFT, Draft, GrammarView, Proposer
+from proposers.tree import DraftTree
 
-from .bookkeeping import account, finish, record_scores
+from .bookkeeping import account, account_tree, finish, record_scores
 from .kv import BatchKV
 from .masking import apply_masks, forced_token, walk_draft
 from .rejection import Segment, verify_greedy, verify_sampled
@@ -44,6 +45,7 @@ from .processing import LogitsPipeline
 from .sampling import LogitsProcessorFn, SamplingParams, probabilities
 from .stats import GenerationStats
 from .stopping import stop_reason
+from .tree_verify import verify_tree
 
 if TYPE_CHECKING:
     from .adaptive import AdaptiveController
@@ -127,6 +129,7 @@ class _Step:
     """One row's part of a step: its draft, its rows in the stacked logits, what it cost."""
 
     draft: Draft = EMPTY_DRAFT
+    tree: DraftTree | None = None  # a token tree instead of a chain (batch 1)
     segment: Segment | None = None
     draft_seconds: float = 0.0
     grammar_seconds: float = 0.0
@@ -258,7 +261,9 @@ def _step(model: torch.nn.Module, active: list[Row], kv: BatchKV, shared: _Share
         return active
 
     # 1. Propose up to k tokens per row (k leaves room for the token the target adds).
-    steps = [_propose(row, config) for row in active]
+    steps = [_propose(row, config, trees=len(active) == 1) for row in active]
+    if steps[0].tree is not None:  # batch 1, a token tree: one pass over the tree (grammarspec/tree_verify.py)
+        return _tree_step(model, active, kv, steps[0], shared)
 
     # 2. Masks for every target row; each draft is cut at its first illegal token.
     start = 0
@@ -396,7 +401,8 @@ def _commit_forced(
             row.proposer.commit(EMPTY_DRAFT, 0, committed)
 
 
-def _propose(row: Row, config: DecodeConfig) -> _Step:
+def _propose(row: Row, config: DecodeConfig, trees: bool) -> _Step:
+    """Ask the row's proposer for up to ``k`` tokens (a proposer with ``propose_tree`` may give a tree if ``trees``)."""
     step = _Step()
     controller = row.controller
     budget = config.max_new_tokens - len(row.generated)
@@ -404,9 +410,43 @@ def _propose(row: Row, config: DecodeConfig) -> _Step:
     if row.proposer is not None and k > 0:
         t0 = time.perf_counter()
         view = GrammarView(row.matcher) if row.matcher is not None else None
-        step.draft = row.proposer.propose(row.tokens, view, k).truncate(k)
+        propose_tree = getattr(row.proposer, "propose_tree", None) if trees else None
+        drafted = propose_tree(row.tokens, view, k) if propose_tree is not None else row.proposer.propose(row.tokens, view, k)
+        if isinstance(drafted, DraftTree):
+            step.tree = drafted
+        else:
+            step.draft = drafted.truncate(k)
         step.draft_seconds = time.perf_counter() - t0
     return step
+
+
+def _tree_step(model: torch.nn.Module, active: list[Row], kv: BatchKV, step: _Step, shared: _Shared) -> list[Row]:
+    """Steps 2-6 for a token tree (batch 1): walk, one pass, the target's draws down the tree, commit, adapt.
+
+    The commit is the chain's (:func:`_commit_row`, the proposer told through
+    ``commit_tree``); the target cache keeps only the accepted path
+    (``tree_verify.commit_path`` gathers it into place).
+    """
+    (row,) = active
+    tree = step.tree
+    assert tree is not None
+    config = shared.config
+    t0 = time.perf_counter()
+    masks = allocate_bitmask(len(tree) + 1, shared.masks.shape[1] * 32) if row.matcher is not None else None
+    before = len(row.tokens)
+    result = verify_tree(model, kv.cache, row.tokens, row.cached, tree, config.sampling, matcher=row.matcher,
+                         masks=masks, eos=shared.eos, processing=row.processing, generator=shared.generator)  # fmt: skip
+    verify_seconds = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    new = list(result.accepted) + ([result.next_token] if result.next_token is not None else [])
+    committed = _commit_row(row, new, shared.eos, config, shared.tokenizer, shared.on_commit)
+    row.proposer.commit_tree(result.tree, committed)  # type: ignore[union-attr]
+    row.cached = min(before + len(result.accepted), len(row.tokens))  # the cache holds the context + the path
+    kv.keep_prefix(row.cached)
+    account_tree(row, step, result, verify_seconds + time.perf_counter() - t0, shared.started)
+    if shared.on_step is not None:
+        shared.on_step(active, kv)
+    return active
 
 
 def _leave(active: list[Row], kv: BatchKV, started: float) -> list[Row]:

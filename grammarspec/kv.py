@@ -144,6 +144,13 @@ class BatchKV:
         if self.columns >= COMPACT_MIN_COLUMNS and self.holes() > COMPACT_HOLE_SHARE * self.columns * self.batch_size:
             self.compact()
 
+    def keep_prefix(self, length: int) -> None:
+        """Batch 1, after a tree step gathered its path into place: the cache holds ``length`` tokens.  Changes it."""
+        assert self.batch_size == 1 and not self._appended, "keep_prefix is for a batch of one, between steps"
+        crop_cache(self.cache, length, "target model")
+        self.lengths = [length]
+        self.valid = torch.ones((1, length), dtype=torch.bool, device=self.device)
+
     def holes(self) -> int:
         """Invalid cells over all rows (holes and left padding)."""
         return self.columns * self.batch_size - sum(self.lengths)

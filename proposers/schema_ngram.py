@@ -47,8 +47,8 @@ from .base import EMPTY_DRAFT, Draft, GrammarView, Request
 from .json_cursor import DONE, ERROR
 from .json_document import Document, Prompt, prompt_start
 from .schema_nav import SchemaIndex
-from .schema_plan import plan
-from .schema_sources import follow_length
+from .schema_plan import check_candidate, plan
+from .schema_sources import candidates, follow_length
 from .text import SplitPreferences, token_text
 
 __all__ = ["SchemaNgramProposer", "SOURCE_PRIORS", "follow_length", "prompt_start"]
@@ -182,3 +182,42 @@ class SchemaNgramProposer:
         proposed, accepted = self.stats.get(source, (0.0, 0.0))
         prior = SOURCE_PRIORS.get(source, 0.3)
         return (prior * _PRIOR_WEIGHT + accepted) / (_PRIOR_WEIGHT + proposed)
+
+    def alternatives(self, context: Sequence[int], grammar: GrammarView, k: int, n: int = 3) -> list[list[int]]:
+        """Up to ``n`` legal token lists, one per top-ranked candidate for the text after ``context``.
+
+        Token trees branch with these (:mod:`proposers.tree`): each is one
+        candidate segment (an earlier item's value, a prompt span, an enum value,
+        a key...) split canonically, cut at its first illegal token and at ``k``
+        tokens; the best-ranked first, every candidate considered (no score floor:
+        a tree verifies alternatives a chain would not bet on).  Does not change
+        state: tokens past the committed ones are fed and undone, nothing is
+        remembered for :meth:`commit`.
+        """
+        doc = self._doc
+        if doc is None or k <= 0 or len(context) < self._prompt_len:
+            return []
+        committed = len(doc.tokens)
+        base = self._prompt_len + committed
+        if list(context[self._prompt_len : base]) != doc.tokens:
+            return []
+        doc.feed(context[base:])
+        try:
+            if doc.cursor.mode in (DONE, ERROR):
+                return []
+            cands = candidates(doc.cursor, doc, b"", doc.prompt_cursor)
+            order = sorted(range(len(cands)), key=lambda i: (-self.score(cands[i].source) * cands[i].weight, i))
+            out: list[list[int]] = []
+            for i in order:
+                found = check_candidate(self._tokenizer, context, grammar, k, b"", cands[i], 0)
+                if found is None:
+                    continue
+                tokens = found[1][:k]
+                tokens = tokens[: grammar.validate(tokens)]
+                if tokens and tokens not in out:
+                    out.append(tokens)
+                if len(out) >= n:
+                    break
+            return out
+        finally:
+            doc.truncate(committed)

@@ -24,7 +24,7 @@ from .json_document import Document
 from .schema_sources import Candidate, candidates
 from .text import SplitPreferences, continuation_tokens, token_sources, token_text
 
-__all__ = ["plan", "ranked", "MAX_ROUNDS"]
+__all__ = ["plan", "ranked", "check_candidate", "MAX_ROUNDS"]
 
 MAX_ROUNDS = 16
 
@@ -56,7 +56,7 @@ def plan(
         chosen: tuple[Candidate, list[int]] | None = None
         partial: tuple[Candidate, list[int]] | None = None
         for cand in ranked(candidates(cursor, doc, text, prompt_cursor), score, max_candidates, min_score):
-            found = _check(tokenizer, context, grammar, k, text, cand, len(tokens))
+            found = check_candidate(tokenizer, context, grammar, k, text, cand, len(tokens))
             if found is None:
                 continue
             cand, cand_tokens, complete = found
@@ -105,7 +105,7 @@ def ranked(
     return kept[:max_candidates]
 
 
-def _check(
+def check_candidate(
     tokenizer: Any,
     context: Sequence[int],
     grammar: GrammarView | None,

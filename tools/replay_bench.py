@@ -121,6 +121,183 @@ def replay(
             "speedup": tokens / spent if spent else 0.0, "forced": stats.forced_tokens}  # fmt: skip
 
 
+def time_passes(
+    model: Any, context: list[int], rows: list[int], repeats: int = 7, tree_width: int = 4
+) -> dict[int, dict[str, float]]:
+    """Seconds of one target pass over ``r`` new rows on top of a cached ``context``, and its cost in plain steps.
+
+    Two kinds per ``r``: ``chain`` (causal rows, the default mask) and
+    ``tree`` (a ``tree_width``-branch tree of ``r - 1`` nodes plus the pending
+    token, under the 4-D tree mask).  Each timed pass is paired with a 1-row
+    step run just before it, and its cost is the median over repeats of
+    the ratio within each pair (``chain_steps`` / ``tree_steps``): the machine
+    is shared, and pairing cancels slow changes in its load.  ``chain`` /
+    ``tree`` / ``plain`` are median seconds.  The cache is cropped back after every pass.
+    """
+    import time
+
+    from grammarspec.cache import crop_cache, forward_with_cache, new_cache
+    from grammarspec.tree_verify import forward_tree
+    from proposers.tree import DraftTree
+
+    cache = new_cache(model)
+    forward_with_cache(model, context[:-1], cache, 1)
+    base = len(context) - 1
+
+    def timed(r: int, kind: str) -> float:
+        nodes = r - 1
+        t0 = time.perf_counter()
+        if kind == "chain":
+            forward_with_cache(model, context[-1:] + list(range(1000, 1000 + nodes)), cache, r)
+        else:
+            branch = max(1, -(-nodes // tree_width))  # ceil: branches of about equal length
+            paths = [[1000 + 100 * b + j for j in range(min(branch, nodes - b * branch))] for b in range(tree_width)]
+            forward_tree(model, context[-1:], DraftTree.from_paths([p for p in paths if p]), cache)
+        seconds = time.perf_counter() - t0
+        crop_cache(cache, base)
+        return seconds
+
+    samples: dict[tuple[int, str], list[float]] = defaultdict(list)
+    for _ in range(repeats):
+        for r in rows:
+            for kind in ("chain", "tree"):
+                plain = timed(1, "chain")
+                seconds = timed(r, kind)
+                samples[(r, kind)].append(seconds)
+                samples[(r, kind + "_steps")].append(seconds / plain)
+                samples[(1, "plain")].append(plain)
+    out: dict[int, dict[str, float]] = {}
+    for (r, kind), values in samples.items():
+        out.setdefault(r, {})[kind] = statistics.median(values)
+    return out
+
+
+# --- [tree16] tree shapes on recorded outputs (issue 16) ----------------------------------------------
+
+
+def measured_cost(table: dict[int, float]) -> Callable[[int], float]:
+    """A pass-cost model from measured ``rows -> plain steps`` (:func:`proposers.tree.interpolated_cost`)."""
+    from proposers.tree import interpolated_cost
+
+    return interpolated_cost(table)
+
+
+def replay_tree(
+    tokenizer: Any,
+    prompt: list[int],
+    schema: dict,
+    output: list[int],
+    assistant: str,
+    shape: str,
+    cost: Callable[[int], float] = pass_cost,
+) -> dict[str, float] | None:
+    """:func:`replay` with :class:`proposers.tree.TreeProposer` of ``shape`` (``"4x32"``, ``"4x32x4s"``:
+    :meth:`~proposers.tree.TreeProposer.from_shape`).
+
+    Each step the tree is pruned by the grammar (:func:`grammarspec.tree_verify.walk_tree`, as the loop
+    does), the deepest path the output follows is accepted, and the pass costs ``cost(1 + nodes)``.
+    ``None`` when the grammar rejects the output.
+    """
+    from grammarspec.adaptive import AdaptiveController
+    from grammarspec.api import _k_min
+    from grammarspec.decoding import _forced_token
+    from grammarspec.tree_verify import walk_tree
+    from grammars import compile_grammar, grammar_spec
+    from grammars.base import allocate_bitmask
+    from proposers.base import GrammarView, Request
+    from proposers.presets import resolve_assistant
+    from proposers.tree import DraftTree, TreeProposer
+
+    eos = tokenizer.eos_token_id
+    vocab = max(len(tokenizer), tokenizer.vocab_size)
+    spec = grammar_spec(schema=schema)
+    compiled = compile_grammar(spec, tokenizer, vocab_size=vocab, stop_token_ids=(eos,))
+    check = compiled.matcher()
+    if any(not check.accept(t) for t in output):
+        return None
+    k_max = 16
+    matcher = compiled.matcher(max_rollback=k_max + 1)
+    view = GrammarView(matcher)
+    proposer = TreeProposer.from_shape(resolve_assistant(assistant), shape)
+    controller = AdaptiveController(k_min=_k_min(proposer, k_max), k_max=k_max)
+    proposer.start(Request(prompt_ids=tuple(prompt), tokenizer=tokenizer, schema=spec.schema,
+                           extra={"target_vocab_size": vocab}))  # fmt: skip
+    masks = allocate_bitmask(max(proposer.size, k_max) + 1, vocab)
+    context, done, passes, spent, forced, trees, nodes = list(prompt), 0, 0, 0.0, 0, 0, 0
+    while done < len(output) and not matcher.is_terminated():
+        token = _forced_token(matcher, masks, vocab)
+        if token is not None:
+            matcher.accept(token)
+            context.append(token)
+            done, forced = done + 1, forced + 1
+            continue
+        k = min(controller.k if controller.speculate else 0, len(output) - done - 1)
+        drafted = proposer.propose_tree(context, view, k) if k > 0 else None
+        if drafted is not None and not isinstance(drafted, DraftTree):
+            drafted = DraftTree.from_draft(drafted.truncate(k))
+        tree = walk_tree(matcher, masks, drafted, frozenset({eos}))[0] if drafted else DraftTree()
+        accepted, node = 0, -1
+        while done + accepted < len(output) - 1:
+            child = tree.children(node).get(output[done + accepted])
+            if child is None:
+                break
+            node, accepted = child, accepted + 1
+        step_cost = cost(len(tree) + 1)
+        passes, spent = passes + 1, spent + step_cost
+        trees += not tree.is_chain
+        nodes += len(tree)
+        new = output[done : done + accepted + 1]
+        for t in new:
+            matcher.accept(t)
+        context += new
+        done += len(new)
+        if drafted is not None:
+            proposer.commit_tree(tree, new)
+        longest = max(tree.depths(), default=-1) + 1
+        if passes > 1:
+            if longest:
+                controller.record_speculative_step(longest, accepted, step_cost)
+            else:
+                controller.record_plain_step(step_cost)
+    return {"tokens": done, "passes": passes, "per_pass": done / max(1, passes),
+            "speedup": done / spent if spent else 0.0, "forced": forced, "trees": trees,
+            "rows": (nodes + passes) / max(1, passes)}  # fmt: skip
+
+
+def tree_shapes(
+    tokenizer: Any,
+    jobs: list[tuple[str, str, list[int], dict, list[int]]],
+    shapes: list[str],
+    cost: Callable[[int], float],
+    assistant: str = "auto",
+) -> dict[str, dict[str, dict[str, float]]]:
+    """Medians per category of tokens per pass and modelled speedup for each tree shape (``"4x32"``...).
+
+    ``jobs``: ``(task id, category, prompt ids, schema, output ids)``; width 1 is the chain.
+    """
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for shape in shapes:
+        per_category: dict[str, list[dict[str, float]]] = defaultdict(list)
+        for _, category, prompt, schema, output in jobs:
+            counts = replay_tree(tokenizer, prompt, schema, output, assistant, shape, cost)
+            if counts is not None:
+                per_category[category].append(counts)
+        out[shape] = {
+            category: {
+                "tasks": len(rows),
+                "tokens": sum(r["tokens"] for r in rows),
+                "passes": sum(r["passes"] for r in rows),
+                "per_pass": statistics.median(r["per_pass"] for r in rows),
+                "speedup": statistics.median(r["speedup"] for r in rows),
+                "rows": statistics.median(r["rows"] for r in rows),
+                "trees": sum(r["trees"] for r in rows),
+            }
+            for category, rows in per_category.items()
+        }
+    return out
+# --- [/tree16]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("results", nargs="?", help="a results.json of grammarspec bench (its baseline outputs)")
@@ -133,7 +310,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="cost of each row of such a pass (4 at least)")
     parser.add_argument("--split-oracle", action="store_true",
                         help="bound: count a rejected draft's text as accepted where the output spells it otherwise")
+    # [tree16] tree shapes: width x size, with a measured cost table (see --time-rows)
+    parser.add_argument("--trees", default=None, help="tree shapes to replay: WxS[xB][s], e.g. 1x16,2x16,4x32,4x32x4s (s: TreeSizer)")
+    parser.add_argument("--cost-table", default=None, help="JSON {rows: plain steps} for --trees (from --time-rows)")
+    parser.add_argument("--time-rows", default=None, help="time passes over these row counts, e.g. 1,2,4,8,16,32,64")
+    parser.add_argument("--repeats", type=int, default=7, help="repeats per row count for --time-rows (median)")
+    parser.add_argument("--context", type=int, default=850, help="context length for --time-rows")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads for --time-rows (0: torch's default)")
     args = parser.parse_args(argv)
+    if args.time_rows:
+        return _time_rows_main(args)
     if not args.results and not args.references:
         parser.error("give a results.json or --references")
 
@@ -155,6 +341,8 @@ def main(argv: list[str] | None = None) -> int:
         outputs = [(task, r["tokens"]) for (task, arm), r in runs.items() if arm == "baseline" and "error" not in r]
     per_category: dict[str, list[dict[str, float]]] = defaultdict(list)
     cost = functools.partial(pass_cost, base=args.pass_base, per_row=args.row_cost)
+    if args.trees:  # [tree16]
+        return _trees_main(args, tokenizer, tasks, outputs, cost)
     for task_id, output in outputs:
         task = tasks[task_id]
         counts = replay(tokenizer, _prompt_ids(tokenizer, task), task.schema, output, args.assistant, cost,
@@ -176,6 +364,55 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {category:12s} {len(rows):3d} tasks  {statistics.median(r['per_pass'] for r in rows):5.2f} tokens "
               f"per pass  modelled {statistics.median(r['speedup'] for r in rows):4.2f}x"
               + (f" (end to end {statistics.median(whole):4.2f}x with the bench's prompt passes)" if whole else ""))  # fmt: skip
+    return 0
+
+
+def _time_rows_main(args: argparse.Namespace) -> int:  # [tree16]
+    import torch
+
+    from grammarspec import load_model
+    from grammarspec.bench.runner import _prompt_ids
+    from grammarspec.bench.tasks import default_tasks_path, load_tasks
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model, tokenizer = load_model("smollm2-135m")
+    tasks = load_tasks(args.tasks or default_tasks_path())
+    context = max((_prompt_ids(tokenizer, t) for t in tasks), key=len)
+    context = (context * (1 + args.context // len(context)))[: args.context]
+    rows = [int(r) for r in args.time_rows.split(",")]
+    timed = time_passes(model, context, sorted(set(rows) - {1}), repeats=args.repeats)
+    print(f"context {len(context)} tokens, {torch.get_num_threads()} threads, {args.repeats} repeats; "
+          f"plain 1-row step: median {timed[1]['plain'] * 1e3:.1f} ms")  # fmt: skip
+    print("| rows | chain pass (ms) | tree pass (ms) | chain, plain steps | tree, plain steps |")
+    print("|---:|---:|---:|---:|---:|")
+    table = {1: 1.0}
+    for r in sorted(timed):
+        if r == 1:
+            continue
+        t = timed[r]
+        table[r] = round(t["tree_steps"], 3)
+        print(f"| {r} | {t['chain'] * 1e3:.1f} | {t['tree'] * 1e3:.1f} | {t['chain_steps']:.2f} | {t['tree_steps']:.2f} |")
+    print("cost table (tree passes, plain steps):", json.dumps(table))
+    return 0
+
+
+def _trees_main(args: argparse.Namespace, tokenizer: Any, tasks: dict, outputs: list, cost: Callable) -> int:  # [tree16]
+    from grammarspec.bench.runner import _prompt_ids
+
+    if args.cost_table:
+        cost = measured_cost({int(k): v for k, v in json.loads(Path(args.cost_table).read_text()).items()})
+    shapes = [s for s in args.trees.split(",") if s]
+    jobs = [(tid, tasks[tid].category, _prompt_ids(tokenizer, tasks[tid]), tasks[tid].schema, out) for tid, out in outputs]
+    result = tree_shapes(tokenizer, jobs, shapes, cost, args.assistant)  # type: ignore[arg-type]
+    print(f"assistant={args.assistant!r}, cost {'table ' + args.cost_table if args.cost_table else 'model'}; "
+          "width x size [x branch] (width 1 = chain): medians per category")  # fmt: skip
+    print("| shape | category | tasks | passes | tokens per pass | rows per pass | tree steps | modelled speedup |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    for shape, categories in result.items():
+        for category, r in categories.items():
+            print(f"| {shape} | {category} | {r['tasks']} | {r['passes']} | {r['per_pass']:.2f} | "
+                  f"{r['rows']:.1f} | {r['trees']} | {r['speedup']:.2f}x |")  # fmt: skip
     return 0
 
 

@@ -1,0 +1,218 @@
+"""Statistical exactness of token-tree verification, and the rollback invariants after every tree step.
+
+Same method as tests/test_exactness.py (toy grammar, every sequence's exact
+probability enumerated, chi-square at p > 1e-4 with fixed seeds), with a
+proposer that drafts deterministic TREES: an improbable branch, a probable
+branch and a random branch that is mostly illegal (the grammar prunes it).
+The toy model here reads a 4-D tree attention mask: each row's logits hash
+the tokens that row can see, so a node of another branch left in the cache
+after a tree step would skew every later distribution
+(test_a_leaky_path_commit_is_detected shows the test notices).
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from types import SimpleNamespace
+
+import pytest
+import torch
+from test_exactness import PROMPT, SCHEMA, assert_matches, exact_distribution
+from toy import toy_tokenizer, toy_vocab_size
+from toy_models import ToyCausalLM
+
+from grammars import compile_grammar, grammar_spec
+from grammarspec.adaptive import AdaptiveController
+from grammarspec.cache import cache_length
+from grammarspec.decoding import DecodeConfig, decode
+from grammarspec.sampling import SamplingParams
+from proposers.base import Draft, GrammarView, Request
+from proposers.tree import DraftTree
+
+V = toy_vocab_size()
+
+
+class TreeToyLM(ToyCausalLM):
+    """:class:`ToyCausalLM` that honours a 4-D attention mask: row ``r`` sees the tokens its mask allows."""
+
+    def forward(self, input_ids, cache=None, use_cache=True, logits_to_keep=0, attention_mask=None, position_ids=None):
+        new = input_ids[0].tolist()
+        past: list[int] = []
+        if cache is not None and cache.get_seq_length() > 0:
+            past = cache.layers[0].keys[0, 0, :, 0].long().tolist()
+        if cache is not None:
+            states = torch.tensor(new, dtype=torch.float32).reshape(1, 1, -1, 1)
+            cache.update(states, states, 0)
+        every = past + new
+        rows = []
+        seen = (attention_mask[0, 0] == 0).tolist() if attention_mask is not None else None  # [q, kv]
+        for r in range(len(new)):
+            if seen is not None:
+                visible = [t for t, s in zip(every, seen[r]) if s]
+                assert position_ids is None or int(position_ids[0, r]) == len(visible) - 1
+            else:
+                visible = every[: len(past) + r + 1]
+            rows.append(self.next_logits(visible))
+        logits = torch.stack(rows)[None]  # [1, n, V]
+        if logits_to_keep:
+            logits = logits[:, -logits_to_keep:]
+        return SimpleNamespace(logits=logits)
+
+
+class BranchyTreeProposer:
+    """Deterministic trees of three branches: improbable (highest legal id), probable-ish (lowest legal
+    id) and random tokens (mostly illegal).  Its own RNG, never the target's."""
+
+    name = "branchy"
+
+    def __init__(self, seed: int = 0) -> None:
+        self.rng = random.Random(seed)
+        self.trees: list[DraftTree] = []
+
+    def start(self, request: Request) -> None:
+        pass
+
+    def _walk(self, grammar: GrammarView, k: int, pick) -> list[int]:
+        matcher, out = grammar.fork(), []
+        for _ in range(k):
+            allowed = [t for t in matcher.allowed_tokens().tolist() if t != 0] or [0]
+            token = pick(allowed)
+            out.append(token)
+            if not matcher.accept(token) or matcher.is_terminated():
+                break
+        return out
+
+    def propose_tree(self, context, grammar: GrammarView | None, k: int) -> DraftTree:
+        paths = [
+            self._walk(grammar, k, lambda a: a[-1]),
+            self._walk(grammar, k, lambda a: a[0]),
+            [self.rng.randrange(V) for _ in range(k)],
+        ]
+        tree = DraftTree.from_paths(paths, sources=[self.name] * 3)
+        self.trees.append(tree)
+        return tree
+
+    def commit_tree(self, tree: DraftTree, committed) -> None:
+        pass
+
+    def propose(self, context, grammar, k) -> Draft:  # pragma: no cover - the loop asks for trees
+        raise AssertionError("the loop must call propose_tree")
+
+    def commit(self, draft: Draft, num_accepted: int, committed) -> None:
+        pass
+
+
+TARGET = TreeToyLM(V, seed=1, scale=1.0)
+SAMPLES = 5000
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    tok = toy_tokenizer()
+    return compile_grammar(grammar_spec(schema=SCHEMA), tok, vocab_size=len(tok), stop_token_ids=(0,))
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def tree_counts(compiled, params, seed, samples, on_step=None):
+    generator = torch.Generator().manual_seed(seed)
+    config = DecodeConfig(max_new_tokens=20, sampling=params, eos_token_ids=(0,))
+    counts: Counter = Counter()
+    branched = accepted = 0
+    for i in range(samples):
+        proposer = BranchyTreeProposer(seed + i)
+        new, stats = decode(
+            TARGET, PROMPT, config, matcher=compiled.matcher(max_rollback=8), proposer=proposer,
+            controller=AdaptiveController(k_min=3, k_max=3, adaptive=False), generator=generator, on_step=on_step,
+        )  # fmt: skip
+        assert stats.finish_reason == "stop"
+        counts[tuple(new)] += 1
+        branched += sum(not t.is_chain for t in proposer.trees)
+        accepted += sum(n for _, n in stats.steps)
+    return counts, branched, accepted
+
+
+CASES = {
+    "T1.0-topp0.9": (SamplingParams(True, 1.0, top_p=0.9), SAMPLES),
+    "T0.7-topk4": (SamplingParams(True, 0.7, top_k=4), 2500),
+    "T1.5": (SamplingParams(True, 1.5), 2500),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_tree_samples_follow_the_constrained_target(compiled, case):
+    params, samples = CASES[case]
+    exact = exact_distribution(TARGET, compiled, params)
+    assert len(exact) > 5
+    counts, branched, accepted = tree_counts(compiled, params, seed=sum(map(ord, case)), samples=samples)
+    assert branched > samples  # trees, not chains, were verified
+    assert accepted > 0  # and some of their tokens were taken
+    assert_matches(counts, exact, samples=samples)
+
+
+def test_greedy_tree_decoding_equals_plain_greedy(compiled):
+    config = DecodeConfig(max_new_tokens=20, eos_token_ids=(0,))
+    plain, _ = decode(TARGET, PROMPT, config, matcher=compiled.matcher())
+    for seed in range(5):
+        new, _ = decode(
+            TARGET, PROMPT, config, matcher=compiled.matcher(max_rollback=8), proposer=BranchyTreeProposer(seed),
+            controller=AdaptiveController(k_min=3, k_max=3, adaptive=False),
+        )  # fmt: skip
+        assert new == plain
+
+
+def test_the_cache_holds_exactly_the_committed_tokens_after_every_tree_step(compiled):
+    """Rollback invariant: after each tree step the toy cache spells the committed tokens (minus the pending one)."""
+    seen = []
+
+    def check(state):
+        keys = state.cache.layers[0].keys[0, 0, :, 0].long().tolist()
+        assert cache_length(state.cache) == state.cached
+        assert keys == state.tokens[: state.cached]
+        seen.append(state.cached)
+
+    tree_counts(compiled, SamplingParams(True, 1.0), seed=3, samples=200, on_step=check)
+    assert len(seen) > 200
+
+
+def test_a_leaky_path_commit_is_detected(compiled, monkeypatch):
+    """Sanity of the method: crop without gathering the path (other branches' nodes stay) and the test fails."""
+    from grammarspec import tree_verify
+
+    def leaky(cache, start, path, nodes, model_name="model"):
+        tree_verify.crop_cache(cache, start + len(path), model_name)
+
+    params = SamplingParams(True, 1.0)
+    exact = exact_distribution(TARGET, compiled, params)
+    monkeypatch.setattr(tree_verify, "commit_path", leaky)
+    with pytest.raises(AssertionError):
+        counts, _, _ = tree_counts(compiled, params, seed=11, samples=2500)
+        assert_matches(counts, exact, samples=2500)
+
+
+def test_user_processors_see_each_node_s_own_prefix(compiled):
+    """A processor that reads its prefix: tree decoding must give it the node's path, as plain decoding does."""
+
+    def favour_by_prefix(input_ids, scores):
+        scores = scores.clone()
+        legal = torch.isfinite(scores[0]).nonzero().flatten()
+        scores[0, legal[int(input_ids[0].sum()) % len(legal)]] += 5.0  # a legal token chosen by the whole prefix
+        return scores
+
+    config = DecodeConfig(max_new_tokens=20, eos_token_ids=(0,))
+    plain, _ = decode(TARGET, PROMPT, config, matcher=compiled.matcher(), processors=[favour_by_prefix])
+    for seed in range(5):
+        proposer = BranchyTreeProposer(seed)
+        new, _ = decode(
+            TARGET, PROMPT, config, matcher=compiled.matcher(max_rollback=8), proposer=proposer,
+            controller=AdaptiveController(k_min=3, k_max=3, adaptive=False), processors=[favour_by_prefix],
+        )  # fmt: skip
+        assert new == plain
+        assert any(not t.is_chain for t in proposer.trees)

@@ -1,0 +1,179 @@
+"""grammarspec/tree_verify.py: tree attention equals chain attention, the cache keeps only the path,
+the grammar prunes node by node."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from toy import toy_tokenizer
+from toy_models import tiny_llama
+
+from grammars import compile_grammar, grammar_spec
+from grammars.base import allocate_bitmask
+from grammarspec.cache import CacheError, cache_length, forward_with_cache, new_cache
+from grammarspec.sampling import SamplingParams
+from grammarspec.tree_verify import (
+    choose_path,
+    commit_path,
+    forward_tree,
+    tree_attention_inputs,
+    verify_tree,
+    walk_tree,
+)
+from proposers.tree import DraftTree
+
+# A tree with three branches of different depths, in depth-first order.
+PATHS = [[5, 6, 7, 8], [5, 9], [10, 11, 12], [5, 6, 13]]
+
+
+def chain_logits(model, tokens):
+    """Next-token logits ``[V]`` after ``tokens``, from a plain causal forward (no cache, no tree)."""
+    with torch.inference_mode():
+        return model(input_ids=torch.tensor([tokens])).logits[0, -1].float()
+
+
+def cache_tensors(cache):
+    return [(layer.keys.clone(), layer.values.clone()) for layer in cache.layers]
+
+
+def check_tree_pass(model, prompt, tree, cached, atol):
+    """Every node's row equals a chain forward over its path; the cache keeps each path like a chain pass."""
+    cache = new_cache(model)
+    if cached:
+        forward_with_cache(model, prompt[:cached], cache, 1)
+    logits = forward_tree(model, prompt[cached:], tree, cache)  # [1 + n, V]
+    assert logits.shape[0] == len(tree) + 1
+    worst = float((logits[0] - chain_logits(model, prompt)).abs().max())
+    for i in range(len(tree)):
+        path = [tree.tokens[j] for j in tree.path(i)]
+        worst = max(worst, float((logits[1 + i] - chain_logits(model, prompt + path)).abs().max()))
+    assert worst < atol, f"largest difference between tree and chain logits: {worst:.2e}"
+    return cache
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return tiny_llama(64, seed=3)
+
+
+def test_the_tree_mask_lets_each_node_see_its_ancestors_only():
+    tree = DraftTree.from_paths([[1, 2], [3]])  # nodes 1, 2 (under 1), 3
+    mask, positions = tree_attention_inputs(tree.parents, pending=2, past=3)
+    allowed = (mask[0, 0] == 0).int()
+    assert allowed.tolist() == [
+        [1, 1, 1, 1, 0, 0, 0, 0],  # pending 0: causal
+        [1, 1, 1, 1, 1, 0, 0, 0],  # pending 1
+        [1, 1, 1, 1, 1, 1, 0, 0],  # node 0
+        [1, 1, 1, 1, 1, 1, 1, 0],  # node 1: sees node 0
+        [1, 1, 1, 1, 1, 0, 0, 1],  # node 2: not nodes 0, 1
+    ]
+    assert positions.tolist() == [[3, 4, 5, 6, 5]]
+    with pytest.raises(ValueError, match="pending token"):
+        tree_attention_inputs(tree.parents, pending=0, past=3)
+
+
+@pytest.mark.parametrize("cached", [0, 4, 7])  # pending = whole prompt, several tokens, the last one
+def test_tree_logits_equal_chain_logits_on_a_tiny_llama(llama, cached):
+    tree = DraftTree.from_paths(PATHS)
+    check_tree_pass(llama, [3, 1, 4, 1, 5, 9, 2, 6], tree, cached, atol=1e-4)
+
+
+def test_tree_logits_equal_chain_logits_on_the_embedded_model(smol):
+    model, tok = smol
+    prompt = tok.encode('Extract: {"name":"Ann","age":31}. Answer: {"name":"', add_special_tokens=False)
+    ann = tok.encode("Ann", add_special_tokens=False)
+    paths = [ann + tok.encode('","', add_special_tokens=False), ann + tok.encode('",', add_special_tokens=False),
+             tok.encode("Bob", add_special_tokens=False)]  # fmt: skip
+    tree = DraftTree.from_paths(paths)
+    assert not tree.is_chain
+    check_tree_pass(model, prompt, tree, len(prompt) - 1, atol=1e-3)  # float32 over 30 layers
+
+
+@pytest.mark.parametrize("branch", range(len(PATHS)))
+def test_commit_leaves_the_cache_a_chain_pass_over_the_path_would_leave(llama, branch):
+    prompt = [3, 1, 4, 1, 5]
+    tree = DraftTree.from_paths(PATHS)
+    leaf = max(i for i in range(len(tree)) if [tree.tokens[j] for j in tree.path(i)] == PATHS[branch])
+    path = tree.path(leaf)
+    cache = check_tree_pass(llama, prompt, tree, cached=4, atol=1e-4)
+    commit_path(cache, len(prompt), path, len(tree))
+    chain = new_cache(llama)
+    forward_with_cache(llama, prompt + PATHS[branch], chain, 1)
+    assert cache_length(cache) == cache_length(chain) == len(prompt) + len(path)
+    for (k, v), (k2, v2) in zip(cache_tensors(cache), cache_tensors(chain)):
+        torch.testing.assert_close(k, k2, atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(v, v2, atol=1e-5, rtol=1e-4)
+    # and the next pass from the committed cache sees only the path
+    after = forward_with_cache(llama, [7], cache, 1)[0]
+    torch.testing.assert_close(after, chain_logits(llama, prompt + PATHS[branch] + [7]), atol=1e-4, rtol=1e-4)
+
+
+def test_commit_path_refuses_a_cache_of_the_wrong_length(llama):
+    cache = new_cache(llama)
+    forward_with_cache(llama, [1, 2, 3], cache, 1)
+    with pytest.raises(CacheError, match="expected"):
+        commit_path(cache, 1, [0], 5)
+
+
+def test_choose_path_descends_while_the_target_picks_a_child():
+    tree = DraftTree.from_paths([[5, 6, 7], [5, 8], [9]])  # nodes 5, 6, 7, 8, 9
+    scores = torch.full((len(tree) + 1, 12), -1e9)
+    scores[0, 5] = scores[1, 8] = scores[4, 3] = 0.0  # root -> 5 -> 8 -> target says 3
+    assert choose_path(scores, tree, [False] * 5, greedy=True) == ([0, 3], 3)
+    assert choose_path(scores, tree, [False, False, False, True, False], greedy=True) == ([0, 3], None)
+    scores[0] = -1e9
+    scores[0, 11] = 0.0  # no child: the root's own token
+    assert choose_path(scores, tree, [False] * 5, greedy=True) == ([], 11)
+
+
+@pytest.fixture(scope="module")
+def toy_grammar():
+    tok = toy_tokenizer()
+    schema = {"type": "object", "properties": {"a": {"enum": ["x", "yy"]}}, "required": ["a"]}
+    compiled = compile_grammar(grammar_spec(schema=schema), tok, vocab_size=len(tok), stop_token_ids=(0,))
+    return tok, compiled
+
+
+def test_the_grammar_prunes_illegal_nodes_and_their_subtrees(toy_grammar):
+    tok, compiled = toy_grammar
+    ids = lambda text: tok.encode(text, add_special_tokens=False)
+    prefix = ids('{"a":')
+    matcher = compiled.matcher(max_rollback=16)
+    for t in prefix:
+        assert matcher.accept(t)
+    good, other, bad = ids('"x"}') + [0], ids('"yy"}'), ids('"z"}')
+    tree = DraftTree.from_paths([good, bad, other])
+    masks = allocate_bitmask(len(tree) + 1, len(tok))
+    before = matcher.allowed_tokens().tolist()
+    pruned, ends = walk_tree(matcher, masks, tree)
+    assert matcher.allowed_tokens().tolist() == before  # the matcher ends as it began
+    paths = {tuple(pruned.tokens[j] for j in pruned.path(i)) for i in range(len(pruned))}
+    assert tuple(good) in paths and tuple(other) in paths
+    assert not any(bad[1] in p for p in paths)  # "z" and everything under it is gone
+    assert ends == [t == 0 for t in pruned.tokens]  # EOS after "}" ends the document
+    # each kept node's mask is the grammar's mask after its path
+    for i in range(len(pruned)):
+        if ends[i]:
+            continue
+        check = compiled.matcher()
+        for t in prefix + [pruned.tokens[j] for j in pruned.path(i)]:
+            assert check.accept(t)
+        expected = allocate_bitmask(1, len(tok))
+        check.fill_mask(expected, 0)
+        assert torch.equal(masks[1 + i], expected[0])
+
+
+def test_verify_tree_greedy_takes_the_branch_the_target_would_write(llama):
+    """With every branch legal and no grammar, the accepted path is the target's own greedy continuation."""
+    prompt = [3, 1, 4, 1, 5]
+    greedy, context = [], list(prompt)
+    for _ in range(3):
+        greedy.append(int(chain_logits(llama, context).argmax()))
+        context.append(greedy[-1])
+    wrong = [(t + 1) % 64 for t in greedy]
+    tree = DraftTree.from_paths([wrong, greedy[:1] + wrong[1:], greedy[:2], [greedy[0], wrong[1]]])
+    cache = new_cache(llama)
+    forward_with_cache(llama, prompt[:-1], cache, 1)
+    step = verify_tree(llama, cache, prompt, len(prompt) - 1, tree, SamplingParams())
+    assert list(step.accepted) + [step.next_token] == greedy
+    assert cache_length(cache) == len(prompt) + 2
