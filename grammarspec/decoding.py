@@ -458,7 +458,7 @@ def _leave(active: list[Row], kv: BatchKV, started: float) -> list[Row]:
             keep.append(slot)
         else:
             finish(row, now - started)
-    if len(keep) < len(active):
+    if keep and len(keep) < len(active):  # the last rows keep their cache (a caller's prompt cache stays whole)
         kv.select(keep)
     return [active[slot] for slot in keep]
 

@@ -1,6 +1,6 @@
 """Schema coverage in JSONSchemaBench's terms, per category and grammar backend.
 
-    python scripts/coverage_report.py --corpus ../shared/schemas --out docs/COVERAGE.md \
+    python tools/coverage_report.py --corpus ../shared/schemas --out docs/COVERAGE.md \
         --generate-per-category 4 --max-new-tokens 96
 
 Two passes over the corpus records (``<category>.jsonl`` files; each has

@@ -83,7 +83,8 @@ class OracleLM(torch.nn.Module):
         best = max((t for t, b in enumerate(table) if b and want.startswith(b)), key=lambda t: len(table[t]))
         return best
 
-    def forward(self, input_ids, cache=None, use_cache=True, logits_to_keep=0, **_: object):
+    def forward(self, input_ids, cache=None, use_cache=True, logits_to_keep=0, attention_mask=None, **_: object):
+        """Causal, or a token tree: with a 4-D additive ``attention_mask`` each row sees the columns marked 0."""
         new = input_ids[0].tolist()
         past: list[int] = []
         if cache is not None and cache.get_seq_length() > 0:
@@ -92,7 +93,14 @@ class OracleLM(torch.nn.Module):
             states = torch.tensor(new, dtype=torch.float32).reshape(1, 1, -1, 1)
             cache.update(states, states, 0)
         rows, context = [], past
+        tree = attention_mask is not None and attention_mask.dim() == 4
+        columns = past + new
         for j, token in enumerate(new):
+            if tree:  # a tree node's context: the committed tokens and its ancestors
+                visible = (attention_mask[0, 0, j] == 0).tolist()
+                context = [t for t, seen in zip(columns, visible) if seen]
+                rows.append(self.next_logits(context))
+                continue
             context = context + [token]
             rows.append(self.next_logits(context, new[j + 1] if j + 1 < len(new) else None))
         logits = torch.stack(rows)[None]  # [1, n, V]

@@ -1,6 +1,6 @@
 """The vLLM arms alone (no Hugging Face arms): inside-vLLM counts and throughput on many tasks.
 
-    python scripts/vllm_bench.py [--tasks FILE] [--limit N] [--max-new-tokens 128] [--out DIR]
+    python tools/vllm_bench.py [--tasks FILE] [--limit N] [--max-new-tokens 128] [--out DIR]
 
 ``grammarspec bench --arms ...,vllm-ngram,vllm-grammarspec`` puts the vLLM arms beside the Hugging Face
 ones in one report, but always runs the HF baseline, which takes minutes per task on a loaded CPU.  This
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     records, throughput = run_vllm_arms(prepared, arms, config, tokenizer, str(_resolve(args.model)))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    command = "python scripts/vllm_bench.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python tools/vllm_bench.py " + " ".join(argv if argv is not None else sys.argv[1:])
     summary = (f"{len(tasks)} tasks, max_new_tokens {args.max_new_tokens}, greedy; wall time "
                f"{(time.perf_counter() - started) / 60:.1f} min; load average {throughput['load_average']}.")  # fmt: skip
     header = [f"Command: `{command}`", "", summary]
