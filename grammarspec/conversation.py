@@ -44,9 +44,9 @@ from typing import Any
 
 import torch
 
-from proposers.presets import resolve_assistant
 
 from .api import DEFAULT_MAX_DRAFT, generate
+from .assistant import resolve_assistant
 from .cache import cache_length, crop_cache, new_cache
 from .stats import GenerationStats
 from .tools import (

@@ -479,8 +479,8 @@ def _cached_prefix(cache: Any, row: Row) -> int:
     length = int(cache.get_seq_length())
     if length >= len(row.tokens):
         raise ValueError(
-            f"the prompt cache holds {length} tokens but the prompt has only {len(row.tokens)}: it must cover a "
-            "strict prefix of the prompt (at least the last prompt token must be fed)"
+            f"the prompt cache holds {length} tokens but the prompt has only {len(row.tokens)}: the model must read "
+            "at least the last prompt token; crop the cache (or pass a longer prompt)"
         )
     return length
 

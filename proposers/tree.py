@@ -453,7 +453,8 @@ class TreeProposer:
         """
         primary = self._primary
         self._primary = EMPTY_DRAFT
-        if not primary:
+        if not primary:  # nothing of the inner proposer's in the tree: it still hears what was committed
+            self.inner.commit(EMPTY_DRAFT, 0, committed)
             return
         shown, node = 0, -1
         while shown < len(primary):
