@@ -46,7 +46,8 @@ class DraftModelProposer:
     def __init__(self, model: torch.nn.Module, *, name: str = "draft_model") -> None:
         self.model = model
         self.name = name
-        self.vocab_size = int(model.config.vocab_size)
+        config: Any = model.config
+        self.vocab_size = int(config.vocab_size)
         self._cache: Any = None
         self._cached: list[int] = []
         self._sampling = SamplingParams()
@@ -80,7 +81,7 @@ class DraftModelProposer:
             fed += feed
             if logits.shape[-1] < width:  # padded target vocabulary: the pad tokens are impossible
                 logits = torch.nn.functional.pad(logits, (0, width - logits.shape[-1]), value=float("-inf"))
-            if matcher is not None:
+            if matcher is not None and mask is not None:
                 matcher.fill_mask(mask, 0)
             scores = process_logits(logits, self._sampling, mask)
             if torch.isneginf(scores).all():
@@ -99,8 +100,8 @@ class DraftModelProposer:
         self._base = len(context)
         if not tokens:
             return EMPTY_DRAFT
-        probs = torch.stack(rows) if rows else None
-        return Draft(tokens=tuple(tokens), probs=probs, sources=(self.name,) * len(tokens))
+        stacked = torch.stack(rows) if rows else None
+        return Draft(tokens=tuple(tokens), probs=stacked, sources=(self.name,) * len(tokens))
 
     def commit(self, draft: Draft, num_accepted: int, committed: Sequence[int]) -> None:
         """Crop the draft cache back to the accepted prefix of the last draft.

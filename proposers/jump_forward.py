@@ -30,7 +30,9 @@ from .text import SplitPreferences, continuation_tokens, token_text
 __all__ = ["JumpForwardProposer", "forced_tokens", "trim_ambiguous", "PROBES"]
 
 
-def forced_tokens(tokenizer, context: Sequence[int], forced: str, grammar: GrammarView | None, k: int) -> list[int]:
+def forced_tokens(
+    tokenizer: Any, context: Sequence[int], forced: str, grammar: GrammarView | None, k: int
+) -> list[int]:
     """Canonical tokens of ``forced`` after ``context``, at most ``k``, cut at the first illegal one.
 
     Worked example (SmolLM2, a schema whose first key is ``name``)::
@@ -53,7 +55,7 @@ PROBES = (",", "}", "]", '"', ":", "a", "1", " ", "{", "[")
 
 
 def trim_ambiguous(
-    tokenizer,
+    tokenizer: Any,
     context: Sequence[int],
     text: str,
     tokens: Sequence[int],
