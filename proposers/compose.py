@@ -257,17 +257,17 @@ class CompositeProposer:
             if joined is not None:
                 draft = joined
         forced = grammar.forced_text() if lead and grammar is not None and not follow_parts else ""
-        if forced and helper.bytes_of(draft.tokens) == forced.encode("utf-8"):  # the whole span, not cut by k
+        if forced and grammar is not None and helper.bytes_of(draft.tokens) == forced.encode("utf-8"):  # whole span
             keep = trim_ambiguous(self._tokenizer, context, forced, draft.tokens, grammar, self.splits)
             if keep < len(draft):
                 draft = draft.truncate(keep)
                 lead = lead.truncate(_tokens_within([len(helper.vocab_bytes[t]) for t in lead.tokens],
                                                     len(helper.bytes_of(draft.tokens))))  # fmt: skip
-                parts = [(leader, lead)] if lead else []
+                parts = [(leader, lead)] if lead and leader is not None else []
         offset = 0
         for proposer, part in parts:
             sizes = [len(helper.vocab_bytes[t]) for t in part.tokens]
-            self._parts.append((proposer, part, offset, sizes))  # type: ignore[arg-type]
+            self._parts.append((proposer, part, offset, sizes))
             offset += sum(sizes)
         self._token_bytes = [len(helper.vocab_bytes[t]) for t in draft.tokens]
         return draft if draft else EMPTY_DRAFT

@@ -70,7 +70,7 @@ class Frame(NamedTuple):
     start: int  # offset of its opening bracket
     key: bytes | None = None  # object: the key being filled (or just filled)
     keys: tuple[bytes, ...] = ()  # object: keys seen so far, in order
-    count: int = 0  # array: elements completed; object: members completed
+    completed: int = 0  # array: elements completed; object: members completed
 
 
 class Cursor(NamedTuple):
@@ -97,7 +97,7 @@ def value_path(cursor: Cursor) -> Path:
     top = cursor.stack[-1]
     if top.kind == 0x7B:  # '{'
         return top.path + (top.key,)
-    return top.path + (top.count,)
+    return top.path + (top.completed,)
 
 
 def value_nodes(cursor: Cursor, schema: SchemaIndex | None) -> Nodes:
@@ -109,10 +109,10 @@ def value_nodes(cursor: Cursor, schema: SchemaIndex | None) -> Nodes:
     top = cursor.stack[-1]
     if top.kind == 0x7B:
         return schema.object_child(top.nodes, top.key) if top.key is not None else ()
-    return schema.array_child(top.nodes, top.count)
+    return schema.array_child(top.nodes, top.completed)
 
 
-def signature(cursor: Cursor) -> tuple | None:
+def signature(cursor: Cursor) -> tuple[Any, ...] | None:
     """What kind of decision the cursor faces, independent of array indices.
 
     ``('V', path)`` a value at ``path``; ``('K', object_path, previous_key)``
@@ -247,7 +247,7 @@ def _end_value(
     if not c.stack:
         return c._replace(mode=DONE, anchor=c.offset)
     top = c.stack[-1]
-    top = top._replace(count=top.count + 1)
+    top = top._replace(completed=top.completed + 1)
     if scalar is not None and schema is not None and top.kind == 0x7B and top.key is not None:
         top = top._replace(nodes=schema.filter_by_value(top.nodes, top.key, scalar))
     c = c._replace(mode=AFTER, stack=c.stack[:-1] + (top,))

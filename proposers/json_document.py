@@ -123,7 +123,7 @@ class Document:
         self.values: dict[Path, list[bytes]] = {}
         self.endings: dict[Path, Counter[tuple[bytes, str]]] = {}
         self.prompt_cursor = prompt.start
-        self._undo: list[tuple[int, Callable[[], None]]] = []  # (index of the token that did it, how to undo)
+        self._undo: list[tuple[int, Callable[[], object]]] = []  # (index of the token that did it, how to undo)
 
     @property
     def cursor(self) -> Cursor:

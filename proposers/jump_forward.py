@@ -30,7 +30,9 @@ from .text import SplitPreferences, continuation_tokens, token_text
 __all__ = ["JumpForwardProposer", "forced_tokens", "trim_ambiguous", "PROBES"]
 
 
-def forced_tokens(tokenizer, context: Sequence[int], forced: str, grammar: GrammarView | None, k: int) -> list[int]:
+def forced_tokens(
+    tokenizer: Any, context: Sequence[int], forced: str, grammar: GrammarView | None, k: int
+) -> list[int]:
     """Canonical tokens of ``forced`` after ``context``, at most ``k``, cut at the first illegal one.
 
     Worked example (SmolLM2, a schema whose first key is ``name``)::
@@ -53,7 +55,7 @@ PROBES = (",", "}", "]", '"', ":", "a", "1", " ", "{", "[")
 
 
 def trim_ambiguous(
-    tokenizer,
+    tokenizer: Any,
     context: Sequence[int],
     text: str,
     tokens: Sequence[int],
@@ -106,9 +108,9 @@ class JumpForwardProposer:
 
     The forced text is split canonically, then re-split where the target was
     seen to split the same text otherwise (:class:`~proposers.text.SplitPreferences`).
-    ``splits``: learned splits owned by someone else (the composite that
-    teaches them; this proposer only reads them); ``None``: its own, learned
-    from its own drafts at :meth:`commit`.
+    ``splits``: learned splits owned by someone else (the composite, which
+    teaches them once per step from every draft remembered in them, this
+    proposer's included); ``None``: its own, taught at its :meth:`commit`.
     """
 
     def __init__(self, *, name: str = "jump_forward", splits: SplitPreferences | None = None) -> None:
@@ -138,7 +140,7 @@ class JumpForwardProposer:
     def propose(self, context: Sequence[int], grammar: GrammarView | None, k: int) -> Draft:
         """The forced span, split as the target splits it, without an ambiguous last token.
 
-        Does not change the grammar state; remembers the draft in its own learned splits.
+        Does not change the grammar state; remembers the draft in the learned splits (taught at commit).
         """
         splits = self.splits
         if k <= 0 or grammar is None or self._tokenizer is None or grammar.is_terminated():
@@ -153,8 +155,7 @@ class JumpForwardProposer:
         tokens = tokens[: grammar.validate(tokens)]
         if whole and tokens and token_text(self._tokenizer).bytes_of(tokens) == forced.encode("utf-8"):
             tokens = tokens[: trim_ambiguous(self._tokenizer, context, forced, tokens, grammar, splits)]
-        if self._owns_splits:
-            splits.remember(context, tokens)
+        splits.remember(context, tokens)
         if not tokens:
             return EMPTY_DRAFT
         return Draft(tokens=tuple(tokens), sources=(self.name,) * len(tokens))

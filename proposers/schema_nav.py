@@ -20,7 +20,7 @@ from typing import Any
 
 __all__ = ["SchemaIndex", "Nodes", "json_text", "escape_key"]
 
-Nodes = tuple[dict, ...]
+Nodes = tuple[dict[str, Any], ...]
 _MAX_DEPTH = 16
 
 
@@ -37,7 +37,7 @@ def escape_key(key: str) -> bytes:
 class SchemaIndex:
     """Read-only lookups over one schema (``None``: no schema, every lookup is empty)."""
 
-    def __init__(self, schema: dict | None) -> None:
+    def __init__(self, schema: dict[str, Any] | None) -> None:
         self.schema = schema if isinstance(schema, dict) else None
         self.root: Nodes = self.resolve(self.schema) if self.schema is not None else ()
         self._props: dict[int, dict[bytes, Any]] = {}
@@ -57,7 +57,7 @@ class SchemaIndex:
             if _has_content(rest):
                 return (rest,) + resolved
             return resolved
-        out: list[dict] = []
+        out: list[dict[str, Any]] = []
         branches = [b for key in ("anyOf", "oneOf") for b in (node.get(key) or ()) if isinstance(b, dict)]
         all_of = [b for b in (node.get("allOf") or ()) if isinstance(b, dict)]
         if _has_content(node) or not (branches or all_of):
@@ -84,7 +84,7 @@ class SchemaIndex:
 
     # -- children -----------------------------------------------------------
 
-    def properties(self, node: dict) -> dict[bytes, Any]:
+    def properties(self, node: dict[str, Any]) -> dict[bytes, Any]:
         """Escaped property name -> property schema, in declaration order."""
         cached = self._props.get(id(node))
         if cached is None:
@@ -112,7 +112,7 @@ class SchemaIndex:
 
     def object_child(self, nodes: Nodes, key: bytes) -> Nodes:
         """Candidate schemas of the value under ``key`` in an object described by ``nodes``."""
-        out: list[dict] = []
+        out: list[dict[str, Any]] = []
         name = _unescape(key)
         for node in nodes:
             props = self.properties(node)
@@ -136,7 +136,7 @@ class SchemaIndex:
 
     def array_child(self, nodes: Nodes, index: int) -> Nodes:
         """Candidate schemas of element ``index`` of an array described by ``nodes``."""
-        out: list[dict] = []
+        out: list[dict[str, Any]] = []
         for node in nodes:
             prefix = node.get("prefixItems")
             items = node.get("items")
@@ -239,11 +239,11 @@ class SchemaIndex:
         lows = [n.get("minItems", 0) for n in nodes]
         highs = [n.get("maxItems") for n in nodes]
         low = min((x for x in lows if isinstance(x, int)), default=0)
-        high = None if any(h is None for h in highs) or not highs else max(highs)
+        high = None if any(h is None for h in highs) or not highs else max(h for h in highs if h is not None)
         return low, high
 
 
-def _has_content(node: dict) -> bool:
+def _has_content(node: dict[str, Any]) -> bool:
     ignored = {"anyOf", "oneOf", "allOf", "$ref", "description", "title", "$schema", "$id", "$comment",
                "definitions", "$defs"}  # fmt: skip
     return any(k not in ignored for k in node)
@@ -251,9 +251,10 @@ def _has_content(node: dict) -> bool:
 
 def _unescape(key: bytes) -> str | None:
     try:
-        return json.loads(b'"' + key + b'"')
+        value = json.loads(b'"' + key + b'"')
     except ValueError:
         return None
+    return value if isinstance(value, str) else None
 
 
 def _json_type(value: Any) -> str:

@@ -81,8 +81,9 @@ class SchemaNgramProposer:
     Deterministic drafts (``probs=None``).  Works without a schema (history
     and prompt only) and without a grammar (no validation); proposes nothing
     once the output is not JSON.  ``splits``: learned splits owned by someone
-    else (the composite; only read here); ``None``: its own, learned from its
-    drafts at :meth:`commit`.
+    else (the composite, which teaches them once per step from every draft
+    remembered in them, this proposer's included); ``None``: its own, taught
+    at its :meth:`commit`.
 
     The document model holds the committed tokens: :meth:`commit` advances
     it.  A context that goes on past them (the composite drafts after a
@@ -152,8 +153,7 @@ class SchemaNgramProposer:
             )  # fmt: skip
         finally:
             doc.truncate(committed)  # the one place a speculative position is undone
-        if self._owns_splits:
-            self.splits.remember(context, tokens)
+        self.splits.remember(context, tokens)
         if not tokens:
             return EMPTY_DRAFT
         self._last = (tuple(tokens), tuple(sources))

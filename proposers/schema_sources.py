@@ -38,9 +38,25 @@ from dataclasses import dataclass
 from typing import Any
 
 from .json_cursor import (
-    AFTER, COLON, DONE, ERROR, KEY, KEY_MODES, OBJ_FIRST, SCALAR, STRING, VALUE, VALUE_MODES,
-    Cursor, Path, advance, end_scalar, normalize, signature, value_nodes, value_path,
-)  # fmt: skip
+    AFTER,
+    COLON,
+    DONE,
+    ERROR,
+    KEY,
+    KEY_MODES,
+    OBJ_FIRST,
+    SCALAR,
+    STRING,
+    VALUE,
+    VALUE_MODES,
+    Cursor,
+    advance,
+    end_scalar,
+    normalize,
+    signature,
+    value_nodes,
+    value_path,
+)
 from .json_document import Document, Prompt
 from .prompt_spans import MAX_SPAN, find_near, label_values, near_cost, skip_separators, span_end
 from .schema_nav import Nodes, SchemaIndex
@@ -209,9 +225,9 @@ def separators(c: Cursor, schema: SchemaIndex, weight: float = 1.0) -> list[Cand
             return [Candidate("schema", b",", weight)]
         return [Candidate("schema_guess", b"}", 0.6 * weight), Candidate("schema_guess", b",", 0.5 * weight)]
     low, high = schema.array_bounds(top.nodes) if top.nodes else (0, None)
-    if high is not None and top.count >= high:
+    if high is not None and top.completed >= high:
         return [Candidate("schema", b"]", weight)]
-    if top.count < low:
+    if top.completed < low:
         return [Candidate("schema", b",", weight)]
     return [Candidate("schema_guess", b",", 0.6 * weight), Candidate("schema_guess", b"]", 0.4 * weight)]
 
@@ -347,7 +363,7 @@ def document_continuation(c: Cursor, doc: Document) -> list[Candidate]:
     """
     needle = b'"' + c.tok
     pos = doc.text.rfind(needle, 0, min(c.vstart, len(doc.text)))
-    while pos > 0 and doc.text[pos - 1 : pos] not in (b":", b"[", b","):  # a value, not a key
+    while pos > 0 and bytes(doc.text[pos - 1 : pos]) not in (b":", b"[", b","):  # a value, not a key
         pos = doc.text.rfind(needle, 0, pos)
     if pos <= 0:
         return []

@@ -231,13 +231,16 @@ class SplitPreferences:
     benchmark outputs: 4.49 against 4.34 tokens per pass on extraction).
 
     One object per request, with one owner that teaches it: the owner calls
-    :meth:`start` with the request, :meth:`remember` with each draft it
-    proposes and :meth:`commit` with the tokens each loop step appended (it
-    compares them with the remembered draft).  Anyone may :meth:`resplit`.
-    The ``auto`` preset builds one and hands it to the composite (the owner)
-    and to the members that split text (which only read it), so the target's
-    splits are learned once, from the draft that reached it.  :meth:`observe`
-    learns from a whole context instead of the tokens of one step.
+    :meth:`start` with the request and :meth:`commit` with the tokens each
+    loop step appended; whoever drafts text :meth:`remember`-s its draft, and
+    each remembered draft is compared with what the target wrote there exactly
+    once (at the first commit that reaches its start).  Anyone may
+    :meth:`resplit`.  The ``auto`` preset builds one and hands it to the
+    composite (the owner) and to the members that split text, so one table
+    learns from every draft of the step, the composite's and the schema
+    drafter's (replayed on 9 SmolLM2 bench outputs: 130 target passes as with
+    one learner per drafter; 131 when only the composite's drafts taught it).
+    :meth:`observe` learns from a whole context instead of one step's tokens.
     """
 
     def __init__(self, tokenizer: Any = None) -> None:
@@ -245,7 +248,8 @@ class SplitPreferences:
         self.by_context: dict[tuple[int, int], int] = {}  # (previous, canonical) -> token written last
         self.by_token: dict[int, int] = {}  # canonical -> token written last, in any context
         self._keys: dict[tuple[int, ...], list[int]] = {}  # resplit output -> canonical key per token
-        self._last: tuple[int, tuple[int, ...], tuple[int, ...], list[int]] | None = None
+        # Drafts remembered since the last lesson: (start, fingerprint, tokens, canonical keys).
+        self._pending: list[tuple[int, tuple[int, ...], tuple[int, ...], list[int]]] = []
         self._context: list[int] = []  # prompt + committed tokens, as told by commit
         if tokenizer is not None:
             self.start(tokenizer)
@@ -257,7 +261,7 @@ class SplitPreferences:
         self.by_context.clear()
         self.by_token.clear()
         self._keys.clear()
-        self._last = None
+        self._pending = []
         self._context = [int(t) for t in prompt_ids]
 
     def commit(self, committed: Sequence[int]) -> None:
@@ -277,16 +281,26 @@ class SplitPreferences:
                 keys = split_keys[: len(tokens)]
                 break
         start = len(context)
-        self._last = (start, tuple(context[max(0, start - 8) : start]), tokens, keys) if tokens else None
+        if tokens:
+            self._pending.append((start, tuple(context[max(0, start - 8) : start]), tokens, keys))
         self._keys.clear()
 
     def observe(self, context: Sequence[int]) -> None:
-        """Learn from what the target committed where the last remembered draft stood."""
-        if self._last is None:
-            return
-        start, fingerprint, draft, keys = self._last
-        self._last = None
-        if len(context) <= start or tuple(context[max(0, start - 8) : start]) != fingerprint:
+        """Learn from what the target committed where the remembered drafts stood (each draft once).
+
+        A draft whose start the context has not reached yet stays remembered.
+        """
+        pending, self._pending = self._pending, []
+        for entry in pending:
+            if len(context) <= entry[0]:
+                self._pending.append(entry)
+            else:
+                self._learn(context, *entry)
+
+    def _learn(
+        self, context: Sequence[int], start: int, fingerprint: tuple[int, ...], draft: tuple[int, ...], keys: list[int]
+    ) -> None:
+        if tuple(context[max(0, start - 8) : start]) != fingerprint:
             return
         n = 0
         while n < len(draft) and start + n < len(context) and context[start + n] == draft[n]:

@@ -293,3 +293,18 @@ def test_text_drafts_are_resplit_but_a_draft_models_tokens_are_kept(toy, monkeyp
     drafted = CompositeProposer([model])
     drafted.start(toy_request(toy))
     assert drafted.propose([2], view, 4).tokens == (quote, a)
+
+
+def test_every_member_is_committed_every_step_with_what_was_appended(toy):
+    """Members that did not draft (or lost) hear of the step too: an empty draft and the committed tokens."""
+    winner, loser = fixed("winner", [4, 5, 6]), fixed("loser", [7])
+    composite = CompositeProposer([JumpForwardProposer(), winner, loser])
+    composite.start(toy_request(toy))
+    view = GrammarView(RuleMatcher(legal=lambda h, t: True))
+    draft = composite.propose([2], view, 3)  # the budget is filled: no continuation
+    assert set(draft.sources) == {"winner"}
+    composite.commit(draft, 2, (4, 5, 9))
+    assert winner.commits == [((4, 5, 6), 2, (4, 5, 9))]
+    assert loser.commits == [((), 0, (4, 5, 9))]
+    composite.commit(EMPTY_DRAFT, 0, (3,))  # a forced step
+    assert winner.commits[-1] == loser.commits[-1] == ((), 0, (3,))

@@ -49,7 +49,8 @@ def test_bad_measurements_and_settings_are_refused():
 
 def test_a_track_is_worth_its_pass_by_the_cost_model():
     cheap, dear = PassCost(), PassCost(base=3.0)
-    assert Track(cost=cheap).worth(8) and not Track(cost=dear).worth(8)  # expects 2 tokens; the dear pass costs 2.24
+    assert Track(cost=cheap).worth(8)  # expects 2 accepted tokens; the pass costs 0.57 beyond a plain step
+    assert not Track(cost=dear).worth(8)  # here it costs 2.27 beyond one
     assert not Track().worth(0)
 
 
@@ -71,7 +72,9 @@ def test_the_composite_holds_back_drafts_when_passes_turn_out_dear():
     assert fixed_bar.propose([2], view, 8)  # an explicit min_expected wins
 
 
-@pytest.mark.parametrize("module", ["proposers.cost", "proposers.track", "proposers.json_document", "proposers.json_cursor"])
+@pytest.mark.parametrize(
+    "module", ["proposers.cost", "proposers.track", "proposers.json_document", "proposers.json_cursor"]
+)
 def test_docstring_examples_hold(module):
     import doctest
     import importlib

@@ -72,7 +72,7 @@ def test_events_report_points_and_values():
 def test_end_scalar_answers_what_if_the_number_ended():
     c = advance(Cursor(), b'{"a":12')
     ended = end_scalar(c)
-    assert ended.mode == AFTER and ended.stack[-1].count == 1
+    assert ended.mode == AFTER and ended.stack[-1].completed == 1
     assert end_scalar(advance(Cursor(), b'{"a":"1')).mode == STRING  # not a scalar: unchanged
 
 

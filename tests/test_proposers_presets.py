@@ -105,7 +105,8 @@ def test_auto_learns_the_targets_splits_once_per_step(smol_tokenizer, monkeypatc
               "required": ["name", "age"], "additionalProperties": False}  # fmt: skip
     tok = smol_tokenizer
     prompt = tok.encode("Ada Lovelace is 36 years old.", add_special_tokens=False)
-    result = replay(auto, tok, schema, prompt, tok.encode('{"name":"Ada Lovelace","age":36}', add_special_tokens=False), 8)
+    reference = tok.encode('{"name":"Ada Lovelace","age":36}', add_special_tokens=False)
+    result = replay(auto, tok, schema, prompt, reference, 8)
     assert result is not None and result.steps > 1
     assert set(learned) == {id(auto.splits)}  # no member keeps a learner of its own
     assert len(learned) == result.steps  # one lesson per step, none twice

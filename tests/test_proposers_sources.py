@@ -13,12 +13,25 @@ from proposers.json_document import BYTE_TOKENS, Document, Prompt
 from proposers.schema_nav import SchemaIndex
 from proposers.schema_plan import ranked
 from proposers.schema_sources import (
-    Candidate, candidates, document_continuation, follow_length, from_history, keys, labels, prompt_continuation,
-    prompt_number, prompt_number_start, prompt_string_start, schema_values, separators, sibling_value, values,
-)  # fmt: skip
+    Candidate,
+    candidates,
+    document_continuation,
+    follow_length,
+    from_history,
+    keys,
+    labels,
+    prompt_continuation,
+    prompt_number,
+    prompt_number_start,
+    prompt_string_start,
+    schema_values,
+    separators,
+    sibling_value,
+    values,
+)
 from proposers.text import token_sources
 
-S, I = {"type": "string"}, {"type": "integer"}
+S, INT = {"type": "string"}, {"type": "integer"}
 
 
 def obj(props, required=()):
@@ -62,7 +75,7 @@ def test_truncate_then_feed_again_leaves_no_trace(cut):
 
 def test_prompt_from_ids_escapes_between_special_tokens():
     table = list(BYTE_TOKENS) + [b"<s>"]
-    ids = list(b"system: quote \"x\"") + [256] + list(b"a user message that is long enough to count")
+    ids = list(b'system: quote "x"') + [256] + list(b"a user message that is long enough to count")
     prompt = Prompt.from_ids(ids, table, frozenset({256}))
     assert prompt.text.startswith(b'system: quote \\"x\\"a user')  # escaped as inside a JSON string
     assert prompt.start == len(b'system: quote \\"x\\"')  # copying starts at the user's message
@@ -112,7 +125,7 @@ def test_values_start_after_a_label_and_open_the_only_type():
 
 
 def test_sibling_value_copies_the_previous_member_of_the_same_type():
-    doc = doc_of(b'{"s":10,"d":', obj({"s": I, "d": I}))
+    doc = doc_of(b'{"s":10,"d":', obj({"s": INT, "d": INT}))
     types = doc.schema.types(value_nodes(doc.cursor, doc.schema))
     assert sibling_value(doc.cursor, doc, types, b"") == [Candidate("sibling", b"10")]
     assert sibling_value(doc.cursor, doc, types, b"1") == [Candidate("sibling", b"0")]
