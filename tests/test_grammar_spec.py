@@ -437,6 +437,9 @@ def test_features_used_sees_the_settings_that_matter():
     # annotations and the values of unknown keywords are not schemas (Snowplow's "self" has a "format")
     snowplow = {"type": "object", "self": {"format": "jsonschema", "vendor": "x"}, "properties": {"a": {"$ref": "#/x", "title": "t"}}}
     assert features_used(snowplow) == ["type"]
+    # a type beside enum is dropped by xgrammar: flagged only when some value does not have that type
+    assert "enum+siblings" not in features_used({"type": "string", "enum": ["a", "b"]})
+    assert "enum+siblings" in features_used({"type": "object", "enum": ["a", {"b": 1}]})
 
 
 def test_unenforced_keyword_warns_with_what_to_do_and_strict_refuses(toy):
