@@ -58,7 +58,7 @@ def load_records(folder: Path, per_category: int | None) -> list[dict[str, Any]]
 # --- grammar pass (worker process) ------------------------------------------------------
 
 
-def _grammar_measure(record: dict[str, Any], backend: str, tokenizer: Any) -> dict[str, Any]:
+def _grammar_measure(record: dict[str, Any], backend: str, tokenizer: Any, timeout: float = 30.0) -> dict[str, Any]:
     import warnings
 
     import torch
@@ -71,7 +71,9 @@ def _grammar_measure(record: dict[str, Any], backend: str, tokenizer: Any) -> di
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             spec = grammar_spec(schema=record["schema"])
-            compiled = compile_grammar(spec, tokenizer, backend=backend)
+            # auto: each backend it tries gets a third of the budget, so a slow one is given up for the next
+            per_backend = timeout / 3 if backend == "auto" else None
+            compiled = compile_grammar(spec, tokenizer, backend=backend, compile_timeout=per_backend)
     except GrammarError as e:
         out.update(declared=False, error=str(e)[:300], compile_s=time.perf_counter() - started)
         return out
@@ -113,9 +115,9 @@ def _worker(conn: Any) -> None:
         job = conn.recv()
         if job is None:
             return
-        record, backend = job
+        record, backend, timeout = job
         try:
-            conn.send(_grammar_measure(record, backend, tokenizer))
+            conn.send(_grammar_measure(record, backend, tokenizer, timeout))
         except Exception as e:  # noqa: BLE001 - reported as a crash row
             conn.send({"id": record["id"], "category": record["category"], "backend": backend, "declared": False,
                        "error": f"crash: {type(e).__name__}: {e}"[:300]})  # fmt: skip
@@ -139,7 +141,7 @@ def grammar_pass(records: list[dict[str, Any]], backends: tuple[str, ...], timeo
         for record in records:
             if worker is None:
                 worker, parent = start()
-            parent.send((record, backend))
+            parent.send((record, backend, timeout))
             if parent.poll(timeout):
                 rows.append(parent.recv())
             else:
