@@ -172,9 +172,35 @@ def features_used(schema: Any) -> list[str]:
             found["$ref+siblings"] = None
         if any(k in node for k in ("anyOf", "oneOf", "allOf")) and any(k not in ("anyOf", "oneOf", "allOf") for k in validation):
             found["anyOf+siblings"] = None
-        if any(k in node for k in ("enum", "const")) and any(k not in ("enum", "const", "type") for k in validation):
+        if any(k in node for k in ("enum", "const")) and (
+            any(k not in ("enum", "const", "type") for k in validation) or not _values_have_type(node)
+        ):
             found["enum+siblings"] = None
     return list(found)
+
+
+_JSON_TYPES = {
+    "string": (str,), "integer": (int,), "number": (int, float), "boolean": (bool,), "null": (type(None),),
+    "array": (list,), "object": (dict,),
+}  # fmt: skip
+
+
+def _values_have_type(node: dict[str, Any]) -> bool:
+    """Whether every ``enum``/``const`` value of ``node`` has the ``type`` beside it (then dropping it loses nothing)."""
+    declared = node.get("type")
+    if declared is None:
+        return True
+    types = declared if isinstance(declared, list) else [declared]
+    values = list(node.get("enum") or []) + ([node["const"]] if "const" in node else [])
+
+    def has(value: Any, name: Any) -> bool:
+        if isinstance(value, bool) and name in ("integer", "number"):
+            return False
+        if name == "integer" and isinstance(value, float):
+            return value.is_integer()
+        return isinstance(value, _JSON_TYPES.get(name, ()))
+
+    return all(any(has(v, t) for t in types) for v in values)
 
 
 def unenforced(schema: Any, backend: str, features: Iterable[str] | None = None) -> list[str]:
@@ -255,6 +281,7 @@ PROBES: tuple[Probe, ...] = (
     Probe("anyOf+siblings", {"type": "object", "properties": {"a": _INT}, "required": ["a"],
                              "anyOf": [{"type": "object"}]}, "{}", '{"a":1}'),
     Probe("enum+siblings", {"type": "string", "enum": ["a", "bbb"], "maxLength": 2}, '"bbb"', '"a"'),
+    Probe("enum+siblings", {"type": "object", "enum": ["a", {"b": 1}]}, '"a"', '{"b":1}'),  # type beside enum
     Probe("uniqueItems", {"type": "array", "items": _INT, "uniqueItems": True}, "[1,1]", "[1,2]"),
     Probe("contains", {"type": "array", "items": _INT, "contains": {"const": 5}}, "[1]", "[5]"),
     Probe("not", {"type": "integer", "not": {"const": 1}}, "1", "2"),

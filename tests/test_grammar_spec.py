@@ -430,11 +430,16 @@ def test_features_used_sees_the_settings_that_matter():
     for feature in ("pattern:lookaround", "maxLength+pattern", "multipleOf:number", "allOf:multi", "format:date"):
         assert feature in used
     assert "description" not in used and "properties" not in used
-    assert unenforced(schema, "xgrammar") == ["allOf:multi", "pattern:lookaround", "maxLength+pattern", "multipleOf:number"]
+    assert unenforced(schema, "xgrammar") == [
+        "allOf:multi", "anyOf+siblings", "pattern:lookaround", "maxLength+pattern", "multipleOf:number"
+    ]  # fmt: skip
     assert unenforced(schema, "llguidance") == ["pattern:lookaround"]  # it refuses lookaround: not enforced either
     # annotations and the values of unknown keywords are not schemas (Snowplow's "self" has a "format")
     snowplow = {"type": "object", "self": {"format": "jsonschema", "vendor": "x"}, "properties": {"a": {"$ref": "#/x", "title": "t"}}}
     assert features_used(snowplow) == ["type"]
+    # a type beside enum is dropped by xgrammar: flagged only when some value does not have that type
+    assert "enum+siblings" not in features_used({"type": "string", "enum": ["a", "b"]})
+    assert "enum+siblings" in features_used({"type": "object", "enum": ["a", {"b": 1}]})
 
 
 def test_unenforced_keyword_warns_with_what_to_do_and_strict_refuses(toy):
@@ -461,12 +466,18 @@ def test_auto_picks_the_backend_that_enforces_everything(toy):
     with warnings.catch_warnings():
         warnings.simplefilter("error", GrammarWarning)
         chosen = compile_grammar(plain, toy, backend="auto")
-        assert chosen.backend == "xgrammar" and "enforces every keyword" in chosen.backend_reason
+        assert chosen.backend == "llguidance" and chosen.backend_reason == "auto: llguidance enforces every keyword this schema uses"
         shaped = compile_grammar(grammar_spec(schema={"type": "string", "pattern": "^a+$", "maxLength": 2}), toy,
                                  backend="auto", strict=True)  # fmt: skip
+        # llguidance refuses propertyNames; xgrammar enforces it
+        named = compile_grammar(grammar_spec(schema={"type": "object", "propertyNames": {"pattern": "^a+$"}}), toy,
+                                backend="auto", strict=True)  # fmt: skip
     assert shaped.backend == "llguidance" and shaped.unenforced == ()
-    assert "xgrammar does not enforce maxLength+pattern" in shaped.backend_reason
+    assert compile_grammar(grammar_spec(schema={"type": "string", "pattern": "^a+$", "maxLength": 2}), toy,
+                           backend="xgrammar").unenforced == ("maxLength+pattern",)  # what auto avoided  # fmt: skip
     assert not _accepts(shaped, toy, '"aaa"') and _accepts(shaped, toy, '"aa"')
+    assert named.backend == "xgrammar" and "llguidance does not enforce propertyNames" in named.backend_reason
+    assert not _accepts(named, toy, '{"b":1}') and _accepts(named, toy, '{"aa":1}')
 
 
 def test_auto_falls_back_to_the_best_with_a_warning(toy):
@@ -474,7 +485,7 @@ def test_auto_falls_back_to_the_best_with_a_warning(toy):
     with pytest.warns(GrammarWarning, match="does not enforce uniqueItems.*no backend enforces all of them"):
         chosen = compile_grammar(spec, toy, backend="auto")
     assert chosen.backend == "xgrammar" and chosen.unenforced == ("uniqueItems",)
-    assert "no backend enforces every keyword" in chosen.backend_reason and "llguidance refuses uniqueItems" in chosen.backend_reason
+    assert "no backend enforces every keyword" in chosen.backend_reason and "llguidance refused it" in chosen.backend_reason
     with pytest.raises(GrammarError, match="uniqueItems"):
         compile_grammar(spec, toy, backend="auto", strict=True)
 

@@ -55,8 +55,9 @@ def test_strict_refuses_what_the_backend_cannot_enforce(model, tok):
 @pytest.mark.parametrize("backend", ["xgrammar", "llguidance", "auto"])
 def test_valid_finished_output_and_backend_in_stats(model, tok, backend):
     stats, text = _run(model, tok, PLAIN, grammar_backend=backend)
-    assert stats.grammar_backend == ("xgrammar" if backend == "auto" else backend)
-    assert stats.backend_reason.startswith("auto: xgrammar enforces every keyword") or backend != "auto"
+    assert stats.grammar_backend == ("llguidance" if backend == "auto" else backend)
+    assert stats.backend_reason == ("auto: llguidance enforces every keyword this schema uses" if backend == "auto"
+                                    else "requested")  # fmt: skip
     assert stats.unenforced_keywords == []
     if stats.finish_reason == "stop":
         assert stats.valid is True and stats.schema_errors == [] and output_errors(PLAIN, text) == []
