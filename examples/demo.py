@@ -1,15 +1,20 @@
 """The main job: a schema-constrained speculative generation on the embedded model.
 
-Runs one extraction twice -- plain constrained decoding and speculative decoding
-with the "auto" proposers -- and prints the JSON and the statistics of each.
-Greedy decoding, so both outputs are identical token for token.
+Extracts a shipping notice into JSON with speculative decoding (the "auto"
+proposers), prints the complete, schema-valid answer and its statistics, then
+decodes the same prompt with plain constrained decoding and reports the
+speedup measured on that answer (greedy: both outputs are identical token for
+token).  ``maxItems`` matches the notice's three items, so the model ends the
+document by itself instead of repeating items until the token limit.
 
-    make demo          # or: .venv/bin/python examples/demo.py
+    make demo          # or: .venv/bin/python examples/demo.py [--help]
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import sys
 
 import grammarspec
 
@@ -52,6 +57,7 @@ SCHEMA = {
                 "additionalProperties": False,
             },
             "minItems": 1,
+            "maxItems": 3,
         },
     },
     "required": ["order_id", "customer_name", "carrier", "tracking_number", "ship_date", "items"],
@@ -61,27 +67,42 @@ SCHEMA = {
 SYSTEM = "You extract data from documents. Copy values exactly as written."
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description="Schema-constrained speculative decoding on the embedded SmolLM2-135M: one extraction, its "
+        "statistics, and the speedup over plain constrained decoding on the same answer."
+    )
+    parser.add_argument("--assistant", default="auto", help="proposer preset (default: auto)")
+    parser.add_argument("--max-new-tokens", type=int, default=256, help="token limit (default: 256)")
+    parser.add_argument("--no-baseline", action="store_true", help="skip the plain constrained run (no speedup)")
+    args = parser.parse_args(argv)
+
     print("loading the embedded SmolLM2-135M-Instruct ...", flush=True)
     model, tokenizer = grammarspec.load_model("smollm2-135m")
-    runs = {}
-    for label, assistant in (("plain constrained", None), ("speculative (auto)", "auto")):
-        result = grammarspec.complete(
-            model, tokenizer, DOCUMENT, system=SYSTEM, schema=SCHEMA, assistant=assistant, max_new_tokens=300
-        )
-        runs[label] = result
-        print(f"\n=== {label}")
-        print(json.dumps(result.value, indent=2) if result.value is not None else result.text)
-        print(f"valid: {result.valid}  |  {result.stats.summary()}")
-    plain, spec = runs["plain constrained"], runs["speculative (auto)"]
+    kwargs = {"system": SYSTEM, "schema": SCHEMA, "max_new_tokens": args.max_new_tokens}
+    spec = grammarspec.complete(model, tokenizer, DOCUMENT, assistant=args.assistant, **kwargs)
+    print(f"\n=== speculative (assistant={args.assistant!r})")
+    print(json.dumps(spec.value, indent=2) if spec.value is not None else spec.text)
+    print(f"complete and valid: {spec.valid} (finish: {spec.finish_reason}{'; ' + '; '.join(spec.errors) if spec.errors else ''})")
+    print(spec.stats.summary())
+    if not spec.valid:
+        print("the answer is not a complete, valid document: raise --max-new-tokens", file=sys.stderr)
+        return 1
+    if args.no_baseline:
+        return 0
+    plain = grammarspec.complete(model, tokenizer, DOCUMENT, assistant=None, **kwargs)
+    print("\n=== plain constrained decoding, same prompt")
+    print(plain.stats.summary())
     same = plain.tokens == spec.tokens
-    speedup = spec.stats.tokens_per_second / max(plain.stats.tokens_per_second, 1e-9)
     print(
-        f"\nidentical output: {same}; speedup {speedup:.2f}x; "
-        f"{spec.stats.accepted_per_forward:.2f} tokens per target forward pass "
-        f"(plain: {plain.stats.accepted_per_forward:.2f})"
+        f"\nidentical output: {same}; on this answer speculative decoding took {spec.stats.target_forwards} target "
+        f"forward passes instead of {plain.stats.target_forwards} ({spec.stats.accepted_per_forward:.2f} vs "
+        f"{plain.stats.accepted_per_forward:.2f} tokens per pass) and {spec.stats.total_seconds:.1f}s instead of "
+        f"{plain.stats.total_seconds:.1f}s: {plain.stats.total_seconds / max(spec.stats.total_seconds, 1e-9):.2f}x faster "
+        "(wall clock; depends on the machine's load)"
     )
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,16 +1,22 @@
-"""A tool-calling agent on the embedded model.
+"""A tool-calling agent on the embedded model, in one conversation that keeps its KV cache.
 
 The model sees OpenAI-style tool definitions (weather, calculator, calendar,
-and ``final_answer``) and, under ``tools=``, writes one call at a time:
-``{"name": ..., "arguments": {...}}`` -- the grammar guarantees a known tool
-and arguments that follow its JSON Schema.  The Python function runs, its
-result goes back into the conversation as a ``tool`` message, and the loop
-continues until the model calls ``final_answer``.  On the last allowed step
-(or after the model repeats a call) only ``final_answer`` is offered, and its
-answer is at most 160 characters, so the loop always ends with an answer.
+and ``final_answer``) and writes one call per turn: ``tool_choice="required"``
+makes every reply a call the grammar checks (a known tool, arguments that
+follow its JSON Schema).  The Python function runs, its result goes back as a
+``tool`` message answering the call's id, and the loop goes on until the model
+calls ``final_answer``.  On the last allowed step (or after the model repeats
+a call) ``tool_choice`` names ``final_answer``, whose answer is at most 160
+characters, so every question ends with an answer.
 
-    .venv/bin/python examples/tool_agent.py "What is 17 * 23? And how warm is it in Oslo?"
-    .venv/bin/python examples/tool_agent.py --quick         # two steps at most (CI smoke test)
+All questions share one :class:`grammarspec.Conversation`: each turn prefills
+only the tokens the chat template adds (the system prompt, the tool
+definitions and the earlier turns stay in the target's KV cache).  Every
+turn prints how many prompt tokens were reused and prefilled, the tokens
+per target pass and the time.
+
+    .venv/bin/python examples/tool_agent.py "What is 17 * 23?" "And how warm is it in Oslo, in celsius?"
+    .venv/bin/python examples/tool_agent.py --quick         # one question, two steps at most (CI smoke test)
 
 SmolLM2-135M is a very small model: expect valid calls, not always wise ones.
 """
@@ -24,8 +30,11 @@ import json
 import operator
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
+
+import jsonschema
 
 import grammarspec
 
@@ -180,7 +189,23 @@ class AgentRun:
     question: str
     steps: list[Step] = field(default_factory=list)
     answer: str | None = None
-    messages: list[dict[str, str]] = field(default_factory=list)
+    messages: list[dict[str, Any]] = field(default_factory=list)  # this question's OpenAI messages
+    replies: list[grammarspec.Reply] = field(default_factory=list)
+
+
+FINAL_ANSWER = {"type": "function", "function": {"name": "final_answer"}}
+
+
+def new_conversation(model: Any, tokenizer: Any, assistant: Any = "auto") -> grammarspec.Conversation:
+    return grammarspec.Conversation(model, tokenizer, tools=TOOLS, system=SYSTEM, assistant=assistant)
+
+
+def turn_line(step: int, reply: grammarspec.Reply) -> str:
+    """Per-turn statistics: prompt tokens reused / prefilled, tokens per target pass, time."""
+    s = reply.stats
+    return (f"[turn {step}] prompt {reply.prompt_tokens} tokens: {reply.reused_tokens} reused, {reply.prefilled_tokens} "
+            f"prefilled; {s.new_tokens} new in {s.target_forwards} target passes "
+            f"({s.new_tokens / max(1, s.target_forwards):.2f} per pass); {reply.seconds:.2f}s")  # fmt: skip
 
 
 def run_agent(
@@ -188,12 +213,14 @@ def run_agent(
     tokenizer: Any,
     question: str,
     *,
+    conversation: grammarspec.Conversation | None = None,
     max_steps: int = 6,
     max_new_tokens: int = 96,
     assistant: Any = "auto",
     show: Callable[[str], None] = lambda text: None,
 ) -> AgentRun:
-    """Ask, call tools until ``final_answer`` (forced on the last step), and return the transcript."""
+    """Ask ``question`` (in ``conversation``, or a new one), call tools until ``final_answer``; the transcript."""
+    conv = conversation if conversation is not None else new_conversation(model, tokenizer, assistant)
     calendar = Calendar()
     functions: dict[str, Callable[..., Any]] = {
         "get_weather": get_weather,
@@ -201,37 +228,39 @@ def run_agent(
         "add_event": calendar.add_event,
         "list_events": calendar.list_events,
     }
-    run = AgentRun(question, messages=[{"role": "user", "content": question}])
+    parameters = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+    conv.add_user(question)
+    first = len(conv.messages) - 1
+    run = AgentRun(question)
     answer_now = False
     for step in range(max_steps):
         answer_now = answer_now or step == max_steps - 1
-        tools = [t for t in TOOLS if t["function"]["name"] == "final_answer"] if answer_now else TOOLS
         # A final answer is at most 160 characters, so its call always fits in the budget below.
         budget = max(max_new_tokens, 192) if answer_now else max_new_tokens
-        result = grammarspec.complete(
-            model, tokenizer, run.messages, system=SYSTEM, tools=tools, assistant=assistant, max_new_tokens=budget
-        )
-        if result.finish_reason != "stop":  # the call did not fit in max_new_tokens: answer next
-            show(f"[step {step + 1}] no complete call within {budget} tokens: {result.text!r}")
+        reply = conv.reply(tool_choice=FINAL_ANSWER if answer_now else "required", max_new_tokens=budget)
+        run.replies.append(reply)
+        show(turn_line(step + 1, reply))
+        if reply.finish_reason != "tool_calls":  # the call did not fit in max_new_tokens: answer next
+            conv.messages.pop()
+            show(f"         no complete call within {budget} tokens: {reply.content!r}")
             answer_now = True
             continue
-        call = result.value
-        run.messages.append({"role": "assistant", "content": result.text})
-        name, arguments = call["name"], call["arguments"]
-        show(f"[step {step + 1}] {name}({json.dumps(arguments, ensure_ascii=False)})"
-             f"   -- {result.stats.new_tokens} tokens in {result.stats.target_forwards} forward passes")  # fmt: skip
+        tool_call = reply.tool_calls[0]
+        name, arguments = tool_call["function"]["name"], json.loads(tool_call["function"]["arguments"])
+        call = {"name": name, "arguments": arguments}
+        show(f"         {name}({json.dumps(arguments, ensure_ascii=False)})")
         if name == "final_answer":
-            run.steps.append(Step(call, None, result.stats))
+            run.steps.append(Step(call, None, reply.stats))
             run.answer = arguments["answer"]
             break
-        if result.errors:  # the grammar cannot check everything (e.g. that a date exists)
-            output: Any = {"error": "invalid arguments: " + "; ".join(result.errors)}
-        else:
-            output = functions[name](**arguments)
+        checker = jsonschema.Draft202012Validator(parameters[name], format_checker=jsonschema.FormatChecker())
+        errors = [e.message for e in checker.iter_errors(arguments)]  # the grammar cannot check everything
+        output: Any = {"error": "invalid arguments: " + "; ".join(errors)} if errors else functions[name](**arguments)
         answer_now = bool(run.steps) and run.steps[-1].call == call  # the same call again: time to answer
-        run.steps.append(Step(call, output, result.stats))
-        show(f"           -> {json.dumps(output, ensure_ascii=False)}")
-        run.messages.append({"role": "tool", "content": json.dumps(output, ensure_ascii=False)})
+        run.steps.append(Step(call, output, reply.stats))
+        show(f"         -> {json.dumps(output, ensure_ascii=False)}")
+        conv.add_tool_result(tool_call["id"], json.dumps(output, ensure_ascii=False))
+    run.messages = conv.messages[first:]
     return run
 
 
@@ -242,23 +271,30 @@ def quick_mode(argv_quick: bool) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("question", nargs="?", default="What is 17 * 23? And how warm is it in Oslo, in celsius?")
-    parser.add_argument("--quick", action="store_true", help="at most two steps, short calls")
+    parser.add_argument("questions", nargs="*",
+                        default=["What is 17 * 23?", "And how warm is it in Oslo, in celsius?"])  # fmt: skip
+    parser.add_argument("--quick", action="store_true", help="one question, at most two steps, short calls")
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--assistant", default="auto", help="proposer preset ('none' for plain decoding)")
     args = parser.parse_args(argv)
     quick = quick_mode(args.quick)
     model, tokenizer = grammarspec.load_model("smollm2-135m")
-    print(f"question: {args.question}")
-    run = run_agent(
-        model, tokenizer, args.question, max_steps=2 if quick else args.steps, max_new_tokens=64 if quick else 96,
-        assistant=None if args.assistant == "none" else args.assistant, show=print,
-    )  # fmt: skip
-    print(f"answer: {run.answer}" if run.answer is not None else "no answer (see above)")
-    tokens = sum(s.stats.new_tokens for s in run.steps)
-    forwards = sum(s.stats.target_forwards for s in run.steps)
-    print(f"{len(run.steps)} steps, {tokens} generated tokens in {forwards} target forward passes")
-    return 0 if run.answer is not None else 1
+    conv = new_conversation(model, tokenizer, None if args.assistant == "none" else args.assistant)
+    answered = 0
+    for question in args.questions[:1] if quick else args.questions:
+        print(f"question: {question}")
+        run = run_agent(
+            model, tokenizer, question, conversation=conv, max_steps=2 if quick else args.steps,
+            max_new_tokens=64 if quick else 96, show=print,
+        )  # fmt: skip
+        print(f"answer: {run.answer}" if run.answer is not None else "no answer (see above)")
+        answered += run.answer is not None
+    replies = conv.replies
+    reused, prefilled = sum(r.reused_tokens for r in replies), sum(r.prefilled_tokens for r in replies)
+    tokens, forwards = sum(r.stats.new_tokens for r in replies), sum(r.stats.target_forwards for r in replies)
+    print(f"{len(replies)} turns: prompt tokens {reused} reused, {prefilled} prefilled; "
+          f"{tokens} generated tokens in {forwards} target passes; {sum(r.seconds for r in replies):.1f}s")  # fmt: skip
+    return 0 if answered == len(args.questions[:1] if quick else args.questions) else 1
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """The grammar layer: a JSON Schema, pydantic model, tool list, EBNF grammar or
-regex becomes a per-request :class:`Matcher` over xgrammar (default) or
-outlines-core.
+regex becomes a per-request :class:`Matcher` over xgrammar (default),
+outlines-core or llguidance, or the one ``backend="auto"`` picks per schema.
 
     >>> spec = grammar_spec(schema={"type": "object"})            # doctest: +SKIP
     >>> compiled = compile_grammar(spec, tokenizer, vocab_size=model.config.vocab_size)  # doctest: +SKIP
@@ -9,12 +9,14 @@ outlines-core.
 Backends are imported lazily: importing this package imports neither.
 """
 
-from .base import CompiledGrammar, GrammarError, Matcher, allocate_bitmask, bitmask_to_ids, bitmask_width
-from .compile import BACKENDS, clear_grammar_cache, compile_grammar
+from .base import CompiledGrammar, GrammarError, GrammarWarning, Matcher, allocate_bitmask, bitmask_to_ids, bitmask_width
+from .compile import BACKEND_CHOICES, BACKENDS, clear_grammar_cache, compile_grammar
 from .spec import GrammarSpec, check_json_schema, grammar_spec, tools_schema
 
 __all__ = [
     "GrammarError",
+    "GrammarWarning",
+    "BACKEND_CHOICES",
     "GrammarSpec",
     "CompiledGrammar",
     "Matcher",

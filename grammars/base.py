@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["GrammarError", "CompiledGrammar", "Matcher", "bitmask_width", "allocate_bitmask"]
+__all__ = ["GrammarError", "GrammarWarning", "CompiledGrammar", "Matcher", "bitmask_width", "allocate_bitmask"]
 
 
 class GrammarError(ValueError):
@@ -33,6 +33,16 @@ class GrammarError(ValueError):
 
     The message names the backend, the offending part when known, and what to
     do about it (for example: try the other backend).
+    """
+
+
+class GrammarWarning(UserWarning):
+    """A grammar compiled but does not hold the output to everything the user asked for.
+
+    Raised at compile time for schema keywords the chosen backend does not
+    enforce and for unknown keywords (typos such as ``propertiez``); the
+    message says what to do.  ``strict=True`` turns the first kind into a
+    :class:`GrammarError`.
     """
 
 
@@ -149,6 +159,10 @@ class CompiledGrammar(ABC):
     vocab_size: int
     #: Tokens that end generation once the grammar is complete (the first is the EOS).
     stop_token_ids: tuple[int, ...]
+    #: Why this backend was used ("requested", or what ``backend="auto"`` found).
+    backend_reason: str = "requested"
+    #: Schema features this backend compiled but does not enforce (see grammars.capabilities).
+    unenforced: tuple[str, ...] = ()
 
     @abstractmethod
     def matcher(self, max_rollback: int = 64) -> Matcher:

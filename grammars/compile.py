@@ -5,30 +5,38 @@ class, ``name_or_path``, size and a hash of its serialised vocabulary), the
 logits width, the stop tokens and the backend:
 
 * per tokenizer: the backend's tokenizer-level state (one xgrammar
-  ``GrammarCompiler``; one outlines-core ``Vocabulary``);
+  ``GrammarCompiler``; one outlines-core ``Vocabulary``; one ``llguidance.LLTokenizer``);
 * per grammar: the :class:`CompiledGrammar` (so a repeated call returns the
   same object and never recompiles).
 
 When several threads ask for the same missing entry, one compiles and the
 others wait for its result.  Errors are not cached.
+
+``backend="auto"`` chooses per grammar (:mod:`grammars.select`); every result
+says which backend compiled it, why, and what it leaves unenforced, and the
+schema features it does not enforce are warned about (or refused with
+``strict=True``) on every call.
 """
 
 from __future__ import annotations
 
 import hashlib
 import threading
+import warnings
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Generic, TypeVar
 
-from .base import CompiledGrammar, GrammarError
+from .base import CompiledGrammar, GrammarError, GrammarWarning, Matcher
 from .spec import GrammarSpec
 
-__all__ = ["compile_grammar", "clear_grammar_cache", "BACKENDS"]
+__all__ = ["compile_grammar", "clear_grammar_cache", "BACKENDS", "BACKEND_CHOICES", "SelectedGrammar"]
 
-#: Backend names accepted by :func:`compile_grammar` (the first is the default).
-BACKENDS = ("xgrammar", "outlines")
+#: The grammar backends (the first is the default).
+BACKENDS = ("xgrammar", "outlines", "llguidance")
+#: What ``backend=`` accepts: a backend, or ``"auto"`` (see :mod:`grammars.select`).
+BACKEND_CHOICES = BACKENDS + ("auto",)
 _ALIASES = {"outlines-core": "outlines", "outlines_core": "outlines"}
 
 #: How many compiled grammars / tokenizer-level states are kept.
@@ -108,6 +116,8 @@ def compile_grammar(
     vocab_size: int | None = None,
     stop_token_ids: int | Sequence[int] | None = None,
     backend: str = "xgrammar",
+    strict: bool = False,
+    compile_timeout: float | None = None,
 ) -> CompiledGrammar:
     """The compiled grammar of ``spec`` for ``tokenizer`` (cached).
 
@@ -117,8 +127,17 @@ def compile_grammar(
     never legal.
     ``stop_token_ids``: tokens that end generation once the grammar is
     complete; default: ``tokenizer.eos_token_id``.
-    ``backend``: ``"xgrammar"`` (default) or ``"outlines"``.
+    ``backend``: ``"xgrammar"`` (default), ``"outlines"``, ``"llguidance"`` or
+    ``"auto"`` (per schema, the backend that enforces every keyword it uses:
+    :mod:`grammars.select`).
+    ``strict``: a schema keyword the backend does not enforce is a
+    :class:`GrammarError` instead of a :class:`GrammarWarning`.
+    ``compile_timeout``: seconds one backend may take to compile; past it,
+    a :class:`GrammarError` (the compile goes on in the background and its
+    result is cached).  Default: no limit.
 
+    The result's ``backend``, ``backend_reason`` and ``unenforced`` say which
+    backend compiled it, why, and which schema features it does not enforce.
     Raises :class:`GrammarError` for an unknown backend, bad arguments or a
     grammar the backend cannot compile -- never falls back to unconstrained
     decoding.  The result is immutable and may be shared between threads.
@@ -129,19 +148,112 @@ def compile_grammar(
             "grammars.grammar_spec(schema=...)"
         )
     name = _ALIASES.get(backend, backend) if isinstance(backend, str) else backend
-    if name not in BACKENDS:
-        raise GrammarError(f"unknown grammar backend {backend!r}; choose one of {', '.join(map(repr, BACKENDS))}")
+    if name not in BACKEND_CHOICES:
+        raise GrammarError(
+            f"unknown grammar backend {backend!r}; choose one of {', '.join(map(repr, BACKEND_CHOICES))}"
+        )
+    if compile_timeout is not None and (
+        isinstance(compile_timeout, bool) or not isinstance(compile_timeout, (int, float)) or compile_timeout <= 0
+    ):
+        raise GrammarError(f"compile_timeout must be a positive number of seconds, got {compile_timeout!r}")
     tok_key, tok_size, eos = _fingerprint(tokenizer)
     vocab_size = _vocab_size(vocab_size, tok_size)
     stops = _stop_ids(stop_token_ids, eos, vocab_size)
+
+    def compile_with(backend_name: str) -> CompiledGrammar:
+        return _deadline(
+            lambda: _compile_one(backend_name, spec, tokenizer, tok_key, vocab_size, stops),
+            compile_timeout, backend_name,
+        )  # fmt: skip
+
+    if name == "auto":
+        from .select import choose
+
+        choice = choose(spec, compile_with)
+        result: CompiledGrammar = SelectedGrammar(choice.compiled, choice.reason, choice.unenforced)
+    else:
+        result = compile_with(name)
+    _report_unenforced(result, strict)
+    return result
+
+
+def _compile_one(
+    name: str, spec: GrammarSpec, tokenizer: Any, tok_key: Hashable, vocab_size: int, stops: tuple[int, ...]
+) -> CompiledGrammar:
     module = _backend_module(name)
     prepared_key = (name, tok_key, vocab_size, stops)
 
     def build() -> CompiledGrammar:
+        from .capabilities import unenforced
+
         prepared = _prepared.get(prepared_key, lambda: module.prepare(tokenizer, vocab_size, stops))
-        return module.compile_spec(prepared, spec, vocab_size, stops)
+        compiled = module.compile_spec(prepared, spec, vocab_size, stops)
+        if spec.kind == "json_schema":
+            compiled.unenforced = tuple(unenforced(spec.schema, name))
+        return compiled
 
     return _grammars.get(prepared_key + (spec,), build)
+
+
+def _deadline(build: Callable[[], CompiledGrammar], timeout: float | None, backend: str) -> CompiledGrammar:
+    """``build()``, or a :class:`GrammarError` when it takes longer than ``timeout`` seconds.
+
+    The build runs in a daemon thread (the backends compile in native code
+    that releases the GIL); past the deadline it is left to finish and fill
+    the cache.
+    """
+    if timeout is None:
+        return build()
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = build()
+        except BaseException as e:  # handed to the caller
+            box["error"] = e
+
+    worker = threading.Thread(target=run, name=f"grammarspec-compile-{backend}", daemon=True)
+    worker.start()
+    worker.join(timeout)
+    if worker.is_alive():
+        raise GrammarError(
+            f"{backend} did not compile the grammar within compile_timeout={timeout:g} s; try another "
+            "backend (grammar_backend='auto' picks one), raise compile_timeout, or simplify the schema"
+        )
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def _report_unenforced(compiled: CompiledGrammar, strict: bool) -> None:
+    """Warn (or with ``strict``, raise) about schema features ``compiled`` does not enforce."""
+    if not compiled.unenforced:
+        return
+    from .select import advice
+
+    features = compiled.unenforced
+    message = (
+        f"the {compiled.backend} grammar does not enforce {', '.join(features)} in this schema, so an output "
+        f"may break {'them' if len(features) > 1 else 'it'}; {advice(features, compiled.backend)}"
+    )
+    if strict:
+        raise GrammarError(message + ". (strict=True refuses such schemas; pass strict=False to generate anyway.)")
+    warnings.warn(message, GrammarWarning, stacklevel=3)
+
+
+class SelectedGrammar(CompiledGrammar):
+    """The grammar ``backend="auto"`` chose, with the reason.  Immutable; delegates to the chosen one."""
+
+    def __init__(self, compiled: CompiledGrammar, reason: str, unenforced: tuple[str, ...]) -> None:
+        self.chosen = compiled
+        self.backend = compiled.backend
+        self.vocab_size = compiled.vocab_size
+        self.stop_token_ids = compiled.stop_token_ids
+        self.backend_reason = "auto: " + reason
+        self.unenforced = unenforced
+
+    def matcher(self, max_rollback: int = 64) -> Matcher:
+        return self.chosen.matcher(max_rollback=max_rollback)
 
 
 def clear_grammar_cache() -> None:
@@ -156,6 +268,10 @@ def _backend_module(name: str) -> Any:
         from . import xgrammar_backend
 
         return xgrammar_backend
+    if name == "llguidance":
+        from . import llguidance_backend
+
+        return llguidance_backend
     from . import outlines_backend
 
     return outlines_backend

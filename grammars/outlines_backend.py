@@ -192,6 +192,14 @@ def compile_spec(
         try:
             regex = build_regex_from_schema(shape_over_length(spec), whitespace_pattern=whitespace)
         except Exception as e:
+            from .keywords import unsatisfiable
+
+            why_not = unsatisfiable(spec.schema)
+            if why_not is not None:  # no backend can help
+                raise GrammarError(
+                    f"outlines-core cannot convert the JSON schema: {_first_line(e)}. The schema accepts no value "
+                    f"({why_not}); fix the schema."
+                ) from None
             raise GrammarError(
                 f"outlines-core cannot convert the JSON schema: {_first_line(e)}. Try backend='xgrammar', "
                 "or simplify or remove that part of the schema."

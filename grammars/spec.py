@@ -132,6 +132,7 @@ def _grammar_spec(
 
 def _json_spec(kind: GrammarKind, schema: dict[str, Any], any_whitespace: bool) -> GrammarSpec:
     check_json_schema(schema)
+    _warn_unknown_keywords(schema)
     try:
         source = json.dumps(schema, ensure_ascii=False)
     except (TypeError, ValueError) as e:
@@ -140,6 +141,30 @@ def _json_spec(kind: GrammarKind, schema: dict[str, Any], any_whitespace: bool) 
             "booleans and None in it"
         ) from None
     return GrammarSpec(kind, source, any_whitespace, schema=json.loads(source))
+
+
+def _warn_unknown_keywords(schema: dict[str, Any]) -> None:
+    """Warn about keywords no JSON Schema draft defines (a typo makes its object accept anything)."""
+    import difflib
+    import warnings
+
+    from .base import GrammarWarning
+    from .keywords import KNOWN_KEYWORDS, unknown_keywords
+
+    unknown = unknown_keywords(schema)
+    if not unknown:
+        return
+    hints = []
+    for key in unknown:
+        close = difflib.get_close_matches(key, sorted(KNOWN_KEYWORDS), n=1, cutoff=0.75)
+        hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+    warnings.warn(
+        f"the schema uses {', '.join(hints)}, which no JSON Schema draft defines: validators and every grammar "
+        "backend ignore unknown keywords, so they constrain nothing. Fix the spelling, or prefix your own "
+        "annotations with 'x-'.",
+        GrammarWarning,
+        stacklevel=4,
+    )
 
 
 def _grammar_text(text: Any, name: str, example: str) -> str:
@@ -219,12 +244,38 @@ def schema_nodes(node: Any) -> Iterator[dict[str, Any]]:
 
 
 def _remote_ref(node: Any) -> str | None:
-    """The first ``$ref`` that points outside the document, if any."""
-    for schema in schema_nodes(node):
-        ref = schema.get("$ref")
-        if isinstance(ref, str) and not ref.startswith("#"):
+    """The first ``$ref`` that points outside the document, if any.
+
+    A reference to a URI the document itself declares with ``$id`` (at the
+    root or on a subschema) is local: it is resolved with ``referencing``
+    over the document alone, so nothing is fetched.
+    """
+    refs = [s["$ref"] for s in schema_nodes(node) if isinstance(s.get("$ref"), str) and not s["$ref"].startswith("#")]
+    if not refs:
+        return None
+    resolver = _local_resolver(node)
+    for ref in refs:
+        if resolver is None:
+            return ref
+        try:
+            resolver.lookup(ref)
+        except Exception:  # referencing.exceptions.Unresolvable and friends: not in this document
             return ref
     return None
+
+
+def _local_resolver(node: Any) -> Any:
+    """A ``referencing`` resolver over ``node`` and the subschemas it names with ``$id`` (nothing remote)."""
+    try:
+        from referencing import Registry, Resource
+        from referencing.jsonschema import DRAFT202012
+
+        resource = Resource.from_contents(node, default_specification=DRAFT202012)  # $schema wins when given
+        base = resource.id() or ""
+        registry = Registry().with_resource(base, resource).crawl()
+        return registry.resolver(base_uri=base)
+    except Exception:
+        return None
 
 
 def check_json_schema(schema: Any, *, where: str = "the schema") -> None:

@@ -105,6 +105,11 @@ def _compile_error_message(spec: GrammarSpec, error: BaseException, compiler: "x
             f"xgrammar cannot compile the EBNF grammar: {reason}. Fix the grammar "
             "(GBNF syntax, start rule 'root')."
         )
+    from .keywords import unsatisfiable
+
+    why_not = unsatisfiable(spec.schema)
+    if why_not is not None:  # no backend can help
+        return f"xgrammar cannot compile the JSON schema: {reason}. The schema accepts no value ({why_not}); fix the schema."
     part = ""
     if "regex" in reason.lower():
         bad = _bad_patterns(spec.schema, compiler)

@@ -10,6 +10,8 @@ from grammars import GrammarError
 from .api import GenerationOutput, enable, generate
 from .cache import CacheError
 from .completion import Completion, complete, build_prompt
+from .conversation import ContextLimitError, Conversation, Reply
+from .tools import ToolCallError
 from .loading import ModelNotFoundError, load_model, load_tokenizer
 from .sampling import SamplingParams
 from .stats import GenerationStats
@@ -18,6 +20,10 @@ __all__ = [
     "generate",
     "enable",
     "complete",
+    "Conversation",
+    "Reply",
+    "ContextLimitError",
+    "ToolCallError",
     "build_prompt",
     "Completion",
     "GenerationOutput",

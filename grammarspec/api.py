@@ -12,42 +12,63 @@ from __future__ import annotations
 
 import copy
 import types
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from transformers import GenerationConfig
+from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-from grammars import compile_grammar, grammar_spec
+from grammars import GrammarError, compile_grammar, grammar_spec
 from proposers.base import Request
-from proposers.presets import resolve_assistant
 
 from .adaptive import AdaptiveController
-from .decoding import DecodeConfig, decode, logits_width
+from .assistant import resolve_assistant
+from .draft_model import DraftModelProposer
+from .decoding import DecodeConfig, RowRequest, decode_batch, logits_width
+from .inputs import (
+    check_assistant,
+    check_model_inputs,
+    check_prompt,
+    eos_ids,
+    needs_tokenizer,
+    prompt_rows,
+    refuse_arguments,
+)
+from .processing import build_pipeline, check_stateless
 from .sampling import SamplingParams
+from .settings import ACCEPTED_MODEL_INPUTS, max_new_tokens, resolve_config
 from .stats import GenerationStats
 
-__all__ = ["generate", "enable", "GenerationOutput", "DEFAULT_MAX_DRAFT"]
+__all__ = ["DEFAULT_MAX_DRAFT", "GenerationOutput", "enable", "generate"]
 
 #: Longest proposal by default: verifying 16 tokens costs ~1.7x one step on CPU.
 DEFAULT_MAX_DRAFT = 16
 
+#: grammarspec's own keywords: after ``enable``, a call with any of them (whatever its value) is ours.
 _OUR_KWARGS = (
-    "schema", "tools", "grammar", "regex", "json_object", "parallel_tool_calls",
-    "assistant", "assistant_model", "grammar_backend",
+    "schema", "tools", "grammar", "regex", "json_object", "parallel_tool_calls", "any_whitespace",
+    "assistant", "grammar_backend", "max_draft_tokens", "adaptive", "generator", "strict", "compile_timeout", "max_batch_size", "update_cache",
 )  # fmt: skip
 
 
-@dataclass
-class GenerationOutput:
-    """``return_dict_in_generate=True``: the sequences and what it took to make them."""
 
-    sequences: torch.LongTensor  # [batch, prompt + new]
-    stats: list[GenerationStats]  # one per row
+@dataclass
+class GenerationOutput(GenerateDecoderOnlyOutput):
+    """``return_dict_in_generate=True``: Hugging Face's ``GenerateDecoderOnlyOutput`` plus ``stats``.
+
+    Attribute and key access both work (``out.sequences``, ``out["sequences"]``).
+    ``scores`` / ``logits`` (``output_scores`` / ``output_logits``): one
+    ``[batch, V]`` float32 tensor per generated position, processed / raw, as
+    Hugging Face returns them; positions past a row's end are ``-inf``.
+    """
+
+    stats: list[GenerationStats] | None = None  # one per row (ModelOutput fields must default to None)
 
     @property
     def finish_reasons(self) -> list[str]:
-        return [s.finish_reason for s in self.stats]
+        return [s.finish_reason for s in self.stats or ()]
 
 
 def generate(
@@ -63,16 +84,21 @@ def generate(
     parallel_tool_calls: bool = False,
     any_whitespace: bool = False,
     grammar_backend: str = "xgrammar",
+    strict: bool = False,
+    compile_timeout: float | None = None,
     assistant: Any = None,
     assistant_model: torch.nn.Module | None = None,
     max_draft_tokens: int = DEFAULT_MAX_DRAFT,
     adaptive: bool = True,
+    max_batch_size: int | None = None,
     generation_config: GenerationConfig | None = None,
     streamer: Any = None,
     logits_processor: list[Any] | None = None,
     attention_mask: torch.Tensor | None = None,
     generator: torch.Generator | None = None,
     return_dict_in_generate: bool | None = None,
+    past_key_values: Any = None,
+    update_cache: bool = False,
     **generation_kwargs: Any,
 ) -> torch.LongTensor | GenerationOutput:
     """Constrained (optionally speculative) generation, ``model.generate``-style.
@@ -80,87 +106,156 @@ def generate(
     ``assistant``: a draft model, a proposer, a list of proposers, or a preset
     name (``"auto"``, ``"prompt_lookup"``, ``"schema_ngram"``, ``"jump_forward"``,
     ``"draft_model"``, ``"none"``).  Without a constraint this is plain exact
-    speculative decoding.  Batches are decoded row by row, each with its own
-    grammar state and acceptance; outputs are right-padded with ``pad_token_id``.
+    speculative decoding.  Generation settings are resolved as Hugging Face
+    resolves them (the model's ``generation_config`` included) and applied with
+    transformers' own processors to target and draft rows alike; settings that
+    speculation cannot honour raise ``ValueError``.  A batch is decoded together,
+    one target pass per step for every unfinished row; each row has its own grammar
+    state (``schema=[...]`` gives one schema per row), draft, acceptance and finish,
+    and outputs are right-padded with ``pad_token_id``.  Left-padded ``input_ids``
+    with an ``attention_mask`` work as in Hugging Face.  ``max_batch_size``: at most
+    that many rows decode together; the others wait and join as rows finish.
+    ``past_key_values``: a prompt cache (``DynamicCache``) holding the first tokens
+    of ``input_ids`` (batch 1; the transformers "re-use a prompt cache" recipe):
+    only the rest is prefilled.  It is copied unless ``update_cache=True`` (then it
+    is extended in place and ends holding a prefix of prompt + output).  ``num_return_sequences=n`` (sampling) repeats each prompt n times.
     """
-    config = _generation_config(model, generation_config, generation_kwargs)
-    rows = _prompt_rows(input_ids, attention_mask)
-    sampling = _sampling_params(config)
-    eos = _eos_ids(config, tokenizer)
-    max_new = _max_new_tokens(config, max(len(r) for r in rows))
-    spec = grammar_spec(
-        schema=schema, tools=tools, grammar=grammar, regex=regex, json_object=json_object,
-        parallel_tool_calls=parallel_tool_calls, any_whitespace=any_whitespace,
-    )  # fmt: skip
+    try:
+        return _generate(model, input_ids, tokenizer=tokenizer, schema=schema, tools=tools, grammar=grammar,
+                         regex=regex, json_object=json_object, parallel_tool_calls=parallel_tool_calls,
+                         any_whitespace=any_whitespace, grammar_backend=grammar_backend, strict=strict,
+                         compile_timeout=compile_timeout, assistant=assistant,
+                         assistant_model=assistant_model, max_draft_tokens=max_draft_tokens, adaptive=adaptive,
+                         max_batch_size=max_batch_size,
+                         generation_config=generation_config, streamer=streamer, logits_processor=logits_processor,
+                         attention_mask=attention_mask, generator=generator,
+                         return_dict_in_generate=return_dict_in_generate, past_key_values=past_key_values,
+                         update_cache=update_cache, **generation_kwargs)  # fmt: skip
+    finally:
+        if streamer is not None:
+            streamer.end()  # always: a TextIteratorStreamer consumer would otherwise block forever
+
+
+def _generate(
+    model: torch.nn.Module, input_ids: Any, *, tokenizer: Any, schema: Any, tools: Any, grammar: Any, regex: Any,
+    json_object: bool, parallel_tool_calls: bool, any_whitespace: bool, grammar_backend: str, strict: bool,
+    compile_timeout: float | None, assistant: Any,
+    assistant_model: Any, max_draft_tokens: int, adaptive: bool, max_batch_size: int | None,
+    generation_config: GenerationConfig | None,
+    streamer: Any, logits_processor: list[Any] | None, attention_mask: Any, generator: Any,
+    return_dict_in_generate: bool | None, past_key_values: Any, update_cache: bool, **generation_kwargs: Any,
+) -> torch.LongTensor | GenerationOutput:  # fmt: skip
+    refuse_arguments(generation_kwargs)
+    model_inputs = {k: generation_kwargs.pop(k) for k in ACCEPTED_MODEL_INPUTS if k in generation_kwargs}
+    config, unknown, default_length = resolve_config(model, generation_config, generation_kwargs)
+    unknown = {k: v for k, v in unknown.items() if k not in ("output_scores", "output_logits")}
+    if unknown:
+        raise TypeError(
+            f"generate() got unknown arguments: {', '.join(sorted(unknown))}. Pass GenerationConfig fields "
+            "(max_new_tokens, do_sample, temperature, top_k, top_p, stop_strings, ...) or grammarspec's own "
+            "(schema, tools, grammar, regex, json_object, assistant, ...)."
+        )
+    check_model_inputs(model, model_inputs)
+    processors = list(logits_processor or ())
+    check_stateless(processors)
+    rows, width = prompt_rows(input_ids, attention_mask)
     vocab = logits_width(model)
-    compiled = None
-    if spec is not None:
-        if tokenizer is None:
-            raise ValueError("a constrained generate needs the tokenizer: pass tokenizer=...")
-        compiled = compile_grammar(spec, tokenizer, vocab_size=vocab, stop_token_ids=eos, backend=grammar_backend)
+    check_prompt(model, rows, vocab)
+    eos = eos_ids(config, tokenizer)
+    context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    max_new = max_new_tokens(config, width, context, default_length)
+    if context is not None and width + max_new > context:
+        warnings.warn(
+            f"the prompt ({width} tokens) plus max_new_tokens ({max_new}) exceeds the model's context "
+            f"(max_position_embeddings={context}); output past the context is unreliable",
+            UserWarning,
+            stacklevel=3,
+        )
+    repeat = int(config.num_return_sequences or 1)
+    schemas = [row_schema for row_schema in _row_schemas(schema, len(rows)) for _ in range(repeat)]
+    rows = [row for row in rows for _ in range(repeat)]  # HF: input_ids.repeat_interleave(n)
+    specs = [
+        grammar_spec(
+            schema=row_schema, tools=tools, grammar=grammar, regex=regex, json_object=json_object,
+            parallel_tool_calls=parallel_tool_calls, any_whitespace=any_whitespace,
+        )  # fmt: skip
+        for row_schema in schemas
+    ]
+    compiled = _compile_rows(specs, tokenizer, vocab, eos, grammar_backend, strict, compile_timeout)
     probe = resolve_assistant(assistant, draft_model=assistant_model)
     for member in getattr(probe, "proposers", None) or [probe]:
-        _check_assistant(model, getattr(member, "model", None), tokenizer)
+        check_assistant(model, getattr(member, "model", None), tokenizer)
+    if probe is not None and tokenizer is None and needs_tokenizer(probe):
+        raise ValueError(
+            f"assistant={assistant!r} drafts text and needs the tokenizer: pass tokenizer=... "
+            "(or use assistant='none' / a draft model)"
+        )
     if max_draft_tokens < 1:
         raise ValueError(f"max_draft_tokens must be >= 1, got {max_draft_tokens}")
-    decode_config = DecodeConfig(
-        max_new_tokens=max_new,
-        sampling=sampling,
-        eos_token_ids=eos,
-        min_new_tokens=int(config.min_new_tokens or 0),
-        stop_strings=_stop_strings(config),
-    )
+    want_dict = return_dict_in_generate if return_dict_in_generate is not None else config.return_dict_in_generate
+    want_scores, want_logits = bool(want_dict and config.output_scores), bool(want_dict and config.output_logits)
     if streamer is not None and len(rows) > 1:
         raise ValueError("streamers support batch size 1 only, as in Hugging Face generate")
-    outputs: list[list[int]] = []
-    all_stats: list[GenerationStats] = []
-    for prompt in rows:
-        proposer = resolve_assistant(assistant, draft_model=assistant_model)
+    if past_key_values is not None and len(rows) > 1:
+        raise ValueError("past_key_values (a prompt cache) supports batch size 1 only: pass one prompt row per call")
+    prompt_cache = past_key_values if update_cache or past_key_values is None else copy.deepcopy(past_key_values)
+    decode_config = DecodeConfig(
+        max_new_tokens=max_new,
+        sampling=SamplingParams(do_sample=bool(config.do_sample)),
+        eos_token_ids=eos,
+        stop_strings=_stop_strings(config),
+        record_scores=want_scores or want_logits,  # forced tokens then take a target pass: HF has a row for each
+    )
+    requests = []
+    for prompt, spec, grammar_ in zip(rows, specs, compiled):
+        pipeline = build_pipeline(config, prompt_length=len(prompt), eos_token_ids=eos, processors=processors,
+                                  max_length=len(prompt) + max_new, device=_device(model))  # fmt: skip
+        proposer = resolve_assistant(assistant, draft_model=assistant_model, sampling=decode_config.sampling,
+                                     processing=pipeline, generator=generator, vocab_size=vocab)  # fmt: skip
+        for member in getattr(proposer, "proposers", None) or [proposer]:
+            if isinstance(member, DraftModelProposer):  # one passed in: it drafts with this row's processing
+                member.bind(sampling=decode_config.sampling, processing=pipeline, generator=generator, vocab_size=vocab)
         controller = None
         if proposer is not None:
             controller = AdaptiveController(k_min=_k_min(proposer, max_draft_tokens), k_max=max_draft_tokens, adaptive=adaptive)
-            proposer.start(
-                Request(
-                    prompt_ids=tuple(prompt),
-                    tokenizer=tokenizer,
-                    schema=spec.schema if spec is not None else None,
-                    sampling=sampling,
-                    generator=generator,
-                    extra={"target_vocab_size": vocab},
-                )
-            )
-        on_commit = None
-        if streamer is not None:
-            streamer.put(torch.tensor([prompt], dtype=torch.long))
-            on_commit = lambda toks: streamer.put(torch.tensor(toks, dtype=torch.long))  # noqa: E731
-        new, stats = decode(
-            model,
-            prompt,
-            decode_config,
-            matcher=compiled.matcher(max_rollback=max_draft_tokens + 1) if compiled is not None else None,
-            proposer=proposer,
-            controller=controller,
-            tokenizer=tokenizer,
-            generator=generator,
-            processors=list(logits_processor or ()),
-            on_commit=on_commit,
-        )
-        if streamer is not None:
-            streamer.end()
-        outputs.append(new)
-        all_stats.append(stats)
-    sequences = _assemble(input_ids, rows, outputs, config, eos)
-    if return_dict_in_generate if return_dict_in_generate is not None else config.return_dict_in_generate:
-        return GenerationOutput(sequences=sequences, stats=all_stats)
-    return sequences
+            proposer.start(Request(prompt_ids=tuple(prompt), tokenizer=tokenizer,
+                                   schema=spec.schema if spec is not None else None))  # fmt: skip
+        matcher = grammar_.matcher(max_rollback=max_draft_tokens + 1) if grammar_ is not None else None
+        requests.append(RowRequest(prompt, matcher, proposer, controller, pipeline))
+    on_commit = None
+    if streamer is not None:
+        streamer.put(torch.tensor([rows[0]], dtype=torch.long))
+        on_commit = lambda index, toks: streamer.put(torch.tensor(toks, dtype=torch.long))  # noqa: E731
+    pad = config.pad_token_id if config.pad_token_id is not None else (eos[0] if eos else 0)
+    finished = decode_batch(model, requests, decode_config, tokenizer=tokenizer, generator=generator,
+                            pad_token_id=int(pad), max_batch_size=max_batch_size, prompt_cache=prompt_cache,
+                            on_commit=on_commit)  # fmt: skip
+    outputs = [row.generated for row in finished]
+    all_stats = [row.stats for row in finished]
+    for stats, grammar_, spec, new in zip(all_stats, compiled, specs, outputs):
+        if grammar_ is not None:
+            grammar_stats(stats, grammar_, spec, tokenizer.decode(new, skip_special_tokens=True))
+    scores = [row.scores for row in finished]
+    raw = [row.logits for row in finished]
+    sequences = _assemble(input_ids, rows, outputs, config, eos, repeat)
+    if not want_dict:
+        return sequences
+    return GenerationOutput(
+        sequences=sequences,
+        scores=_per_step(scores, vocab) if want_scores else None,
+        logits=_per_step(raw, vocab) if want_logits else None,
+        stats=all_stats,
+    )
 
 
 def enable(model: torch.nn.Module) -> torch.nn.Module:
     """Route ``model.generate(...)`` through grammarspec when asked to.
 
-    After ``enable(model)``, a call with ``schema=``, ``tools=``, ``grammar=``,
-    ``regex=``, ``json_object=``, ``assistant=`` or ``assistant_model=`` runs
-    :func:`generate`; any other call goes to the original ``generate``.
+    After ``enable(model)``, a call with any of grammarspec's own keywords
+    (``schema=``, ``tools=``, ``grammar=``, ``regex=``, ``json_object=``,
+    ``any_whitespace=``, ``assistant=``, ``max_draft_tokens=``, ... -- whatever
+    their value, so none ever reaches Hugging Face) or with ``assistant_model=``
+    runs :func:`generate`; any other call goes to the original ``generate``.
     Returns ``model`` (changed in place; idempotent).
     """
     if getattr(model, "_grammarspec_original_generate", None) is not None:
@@ -168,7 +263,7 @@ def enable(model: torch.nn.Module) -> torch.nn.Module:
     original = model.generate
 
     def patched(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
-        if any(kwargs.get(name) not in (None, False) for name in _OUR_KWARGS):
+        if any(name in kwargs for name in _OUR_KWARGS) or kwargs.get("assistant_model") is not None:
             if args:
                 if "input_ids" in kwargs or "inputs" in kwargs:
                     raise TypeError("generate() got input_ids both positionally and by keyword")
@@ -185,74 +280,71 @@ def enable(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-# --- input handling -----------------------------------------------------------------
+# --- outputs and helpers -----------------------------------------------------------
 
 
-def _generation_config(
-    model: torch.nn.Module, base: GenerationConfig | None, overrides: dict[str, Any]
-) -> GenerationConfig:
-    config = copy.deepcopy(base if base is not None else getattr(model, "generation_config", None) or GenerationConfig())
-    overrides = dict(overrides)
-    max_new = overrides.pop("max_new_tokens", config.max_new_tokens)  # 0 is valid here: return the prompt
+def grammar_stats(stats: GenerationStats, compiled: Any, spec: Any, text: str) -> None:
+    """Record the backend, its reason and what it leaves unenforced, and whether ``text`` is valid.  Changes ``stats``."""
+    from grammars.validation import output_errors
+
+    stats.grammar_backend = compiled.backend
+    stats.backend_reason = compiled.backend_reason
+    stats.unenforced_keywords = list(compiled.unenforced)
+    if stats.finish_reason == "stop":
+        stats.schema_errors = output_errors(spec, text)
+        stats.valid = not stats.schema_errors
+    else:
+        stats.valid = False
+        stats.schema_errors = [f"the output ended with finish_reason {stats.finish_reason!r} before the grammar completed"]
+
+
+def _row_schemas(schema: Any, batch: int) -> list[Any]:
+    """``schema=[s0, s1, ...]`` gives one schema per row; anything else applies to every row."""
+    if isinstance(schema, list):
+        if len(schema) != batch:
+            raise GrammarError(
+                f"schema= got list of {len(schema)} schemas for a batch of {batch} rows: pass one schema per "
+                "row, or a single schema (dict, JSON string or pydantic model) for every row"
+            )
+        return list(schema)
+    return [schema] * batch
+
+
+def _compile_rows(specs: list[Any], tokenizer: Any, vocab: int, eos: tuple[int, ...], backend: str, strict: bool,
+                  compile_timeout: float | None) -> list[Any]:  # fmt: skip
+    """One compiled grammar per row (rows with the same constraint share it); ``None`` for unconstrained rows."""
+    if all(spec is None for spec in specs):
+        return [None] * len(specs)
+    if tokenizer is None:
+        raise ValueError("a constrained generate needs the tokenizer: pass tokenizer=...")
+    compiled: list[Any] = []
+    for i, spec in enumerate(specs):
+        same = next(j for j in range(i + 1) if specs[j] == spec)
+        compiled.append(compiled[same] if same < i else
+                        compile_grammar(spec, tokenizer, vocab_size=vocab, stop_token_ids=eos, backend=backend,
+                                        strict=strict, compile_timeout=compile_timeout)
+                        if spec is not None else None)  # fmt: skip
+    return compiled
+
+
+def _device(model: torch.nn.Module) -> torch.device:
     try:
-        unknown = config.update(**overrides)
-    except ValueError as exc:
-        raise ValueError(f"invalid generation settings: {exc}") from None
-    config.max_new_tokens = max_new
-    unknown = {k: v for k, v in unknown.items() if k not in ("use_cache", "output_scores")}
-    if unknown:
-        raise TypeError(
-            f"generate() got unknown arguments: {', '.join(sorted(unknown))}. Pass GenerationConfig fields "
-            "(max_new_tokens, do_sample, temperature, top_k, top_p, stop_strings, ...) or grammarspec's own "
-            "(schema, tools, grammar, regex, json_object, assistant, ...)."
-        )
-    return config
+        return next(model.parameters()).device
+    except (StopIteration, AttributeError, TypeError):
+        return torch.device("cpu")
 
 
-def _prompt_rows(input_ids: Any, attention_mask: torch.Tensor | None) -> list[list[int]]:
-    if input_ids is None:
-        raise ValueError("generate() needs input_ids (the tokenized prompt)")
-    ids = torch.as_tensor(input_ids, dtype=torch.long)
-    if ids.dim() == 1:
-        ids = ids.unsqueeze(0)
-    if ids.dim() != 2 or ids.shape[1] == 0:
-        raise ValueError(
-            f"input_ids must be a non-empty [batch, length] tensor, got shape {tuple(ids.shape)}; an empty "
-            "prompt gives the model nothing to condition on (use at least a BOS token or a chat template)"
-        )
-    mask = torch.ones_like(ids) if attention_mask is None else torch.as_tensor(attention_mask).reshape(ids.shape)
-    rows = [row[m.bool()].tolist() for row, m in zip(ids, mask)]
-    if any(not r for r in rows):
-        raise ValueError("a batch row has no unmasked token: every prompt needs at least one token")
-    return rows
-
-
-def _sampling_params(config: GenerationConfig) -> SamplingParams:
-    if not config.do_sample:
-        return SamplingParams(do_sample=False)
-    return SamplingParams(
-        do_sample=True,
-        temperature=float(config.temperature if config.temperature is not None else 1.0),
-        top_k=int(config.top_k or 0),
-        top_p=float(config.top_p if config.top_p is not None else 1.0),
-    )
-
-
-def _eos_ids(config: GenerationConfig, tokenizer: Any) -> tuple[int, ...]:
-    eos = config.eos_token_id
-    if eos is None and tokenizer is not None:
-        eos = tokenizer.eos_token_id
-    if eos is None:
-        return ()
-    return tuple(int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos]))
-
-
-def _max_new_tokens(config: GenerationConfig, prompt_length: int) -> int:
-    if config.max_new_tokens is not None:
-        if config.max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be >= 0, got {config.max_new_tokens}")
-        return int(config.max_new_tokens)
-    return max(0, int(config.max_length or 20) - prompt_length)
+def _per_step(rows: list[list[torch.Tensor]], vocab: int) -> tuple[torch.Tensor, ...]:
+    """Per-row lists of ``[V]`` rows -> one ``[batch, V]`` tensor per generated position (``-inf`` past a row's end)."""
+    steps = max((len(r) for r in rows), default=0)
+    out = []
+    for j in range(steps):
+        step = torch.full((len(rows), vocab), float("-inf"))
+        for i, r in enumerate(rows):
+            if j < len(r):
+                step[i, : r[j].shape[-1]] = r[j].cpu()
+        out.append(step)
+    return tuple(out)
 
 
 def _stop_strings(config: GenerationConfig) -> tuple[str, ...]:
@@ -282,38 +374,17 @@ def _k_min(proposer: Any, k_max: int) -> int:
     return k_max
 
 
-def _check_assistant(model: torch.nn.Module, assistant: Any, tokenizer: Any) -> None:
-    """Refuse a draft model whose tokenizer cannot be the target's."""
-    if not isinstance(assistant, torch.nn.Module):
-        return
-    target_cfg, draft_cfg = model.config, assistant.config
-    problems = []
-    n_tokens = len(tokenizer) if tokenizer is not None else None
-    if n_tokens is not None and draft_cfg.vocab_size < n_tokens:
-        problems.append(f"its vocabulary has {draft_cfg.vocab_size} entries but the tokenizer has {n_tokens}")
-    for attr in ("bos_token_id", "eos_token_id"):
-        a, b = getattr(target_cfg, attr, None), getattr(draft_cfg, attr, None)
-        if a is not None and b is not None and a != b:
-            problems.append(f"{attr} is {b} for the draft but {a} for the target")
-    if problems:
-        raise ValueError(
-            "the assistant model does not share the target's tokenizer ("
-            + "; ".join(problems)
-            + "). grammarspec verifies draft tokens by id, so the draft must use the same tokenizer "
-            "(a padded vocabulary is fine). Use a draft model from the same family, or a cheap proposer "
-            "such as assistant='auto'."
-        )
-
-
 def _assemble(
-    input_ids: Any, rows: list[list[int]], outputs: list[list[int]], config: GenerationConfig, eos: tuple[int, ...]
-) -> torch.LongTensor:
+    input_ids: Any, rows: list[list[int]], outputs: list[list[int]], config: GenerationConfig, eos: tuple[int, ...],
+    repeat: int = 1,
+) -> torch.LongTensor:  # fmt: skip
     ids = torch.as_tensor(input_ids, dtype=torch.long)
     if ids.dim() == 1:
         ids = ids.unsqueeze(0)
+    ids = ids.repeat_interleave(repeat, dim=0)
     pad = config.pad_token_id if config.pad_token_id is not None else (eos[0] if eos else 0)
     width = max(len(o) for o in outputs)
     new = torch.full((ids.shape[0], width), int(pad), dtype=torch.long)
     for i, out in enumerate(outputs):
         new[i, : len(out)] = torch.tensor(out, dtype=torch.long)
-    return torch.cat([ids, new], dim=1)
+    return torch.cat([ids, new.to(ids.device)], dim=1)  # on the caller's device, as they passed input_ids

@@ -14,7 +14,9 @@ import inspect
 import torch
 from transformers import DynamicCache
 
-__all__ = ["CacheError", "new_cache", "crop_cache", "cache_length", "require_croppable", "forward_with_cache"]
+__all__ = [
+    "CacheError", "new_cache", "crop_cache", "cache_length", "require_croppable", "forward_with_cache", "cache_argument",
+]  # fmt: skip
 
 
 class CacheError(RuntimeError):
@@ -27,21 +29,30 @@ _CROP_REMOVES = "tokens_to_remove" in inspect.signature(DynamicCache.crop).param
 _CACHE_ARG: dict[type, str] = {}
 
 
-def forward_with_cache(model: torch.nn.Module, input_ids: list[int], cache: DynamicCache, logits_to_keep: int) -> torch.Tensor:
-    """Run ``input_ids`` on top of ``cache`` (extended in place); float32 logits ``[logits_to_keep, V]`` on CPU.
+def cache_argument(model: torch.nn.Module) -> str:
+    """The name of ``model.forward``'s cache argument.
 
-    Transformers renamed the cache argument (``past_key_values`` -> ``cache``);
-    the name is read once per model class from its ``forward`` signature.
+    Transformers renamed it (``past_key_values`` -> ``cache``); the name is read
+    once per model class from its ``forward`` signature.
     """
     kind = type(model)
     if kind not in _CACHE_ARG:
         params = inspect.signature(model.forward).parameters
         _CACHE_ARG[kind] = "cache" if "cache" in params else "past_key_values"
-    ids = torch.tensor([input_ids], dtype=torch.long, device=model.device)
-    kwargs = {_CACHE_ARG[kind]: cache, "use_cache": True, "logits_to_keep": logits_to_keep}
+    return _CACHE_ARG[kind]
+
+
+def forward_with_cache(model: torch.nn.Module, input_ids: list[int], cache: DynamicCache, logits_to_keep: int) -> torch.Tensor:
+    """Run ``input_ids`` on top of ``cache`` (extended in place); float32 logits ``[logits_to_keep, V]``.
+
+    The logits stay on the model's device.
+    """
+    device = next(iter(model.parameters()), torch.empty(0)).device if not hasattr(model, "device") else model.device
+    ids = torch.tensor([input_ids], dtype=torch.long, device=device)
+    kwargs = {cache_argument(model): cache, "use_cache": True, "logits_to_keep": logits_to_keep}
     with torch.inference_mode():
         out = model(input_ids=ids, **kwargs)
-    return out.logits[0, -logits_to_keep:].float().cpu()
+    return out.logits[0, -logits_to_keep:].float()
 
 
 def new_cache(model: torch.nn.Module) -> DynamicCache:

@@ -3,7 +3,7 @@
     grammarspec generate --schema person.json --prompt "Ada Lovelace, born 1815"
     grammarspec generate --tools tools.json --prompt "Weather in Oslo?" --assistant auto
     grammarspec bench --quick
-    grammarspec bench --schemas ../shared/schemas --limit 21 --out bench-corpus
+    grammarspec bench --schemas /path/to/schemas --limit 21 --out bench-corpus
 
 Errors in the arguments or inputs exit with status 2 and say what to fix;
 errors while generating exit with status 1.
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shlex
 import sys
 from collections.abc import Sequence
@@ -94,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=_int, default=0, metavar="S", help="random seed (default: 0)")
     gen.add_argument("--model", default=DEFAULT_MODEL, metavar="NAME_OR_DIR",
                      help=f"embedded model name or local model directory (default: {DEFAULT_MODEL})")  # fmt: skip
-    gen.add_argument("--grammar-backend", choices=("xgrammar", "outlines"), default="xgrammar")
+    gen.add_argument("--grammar-backend", choices=("xgrammar", "outlines", "llguidance", "auto"), default="xgrammar")
     gen.add_argument("--json", action="store_true", help="print one JSON object with the answer and statistics")
     gen.set_defaults(run=_cmd_generate)
 
@@ -108,8 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     bench.add_argument("--tasks", action="append", metavar="FILE",
-                       help="task file in the tasks.jsonl format (repeatable; default: ../shared/tasks/tasks.jsonl "
-                            "next to the checkout, unless --schemas is given)")  # fmt: skip
+                       help="task file in the tasks.jsonl format (repeatable; default: $GRAMMARSPEC_TASKS, else "
+                            "the repository's data/tasks/tasks.jsonl, unless --schemas is given)")  # fmt: skip
     bench.add_argument("--schemas", action="append", metavar="DIR_OR_FILE",
                        help="schema corpus: a <category>.jsonl file or a folder of them (repeatable)")  # fmt: skip
     bench.add_argument("--limit", type=_positive_int, metavar="N",
@@ -118,8 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--model", default=DEFAULT_MODEL, metavar="NAME_OR_DIR")
     bench.add_argument("--arms", metavar="A,B",
                        help="arms to run (comma-separated; the baseline always runs). Known: baseline, none, "
-                            "jump_forward, prompt_lookup, schema_ngram, auto, draft_model, auto+draft. Default: "
-                            "all but the draft arms, which are added with --draft-model")  # fmt: skip
+                            "jump_forward, prompt_lookup, schema_ngram, auto, draft_model, auto+draft, vllm, vllm-ngram, "
+                            "vllm-grammarspec (in .venv-vllm: make vllm-env). Default: "
+                            "all but the vLLM arms and the draft arms, which are added with --draft-model")  # fmt: skip
     bench.add_argument("--draft-model", metavar="DIR", help="a draft model sharing the tokenizer")
     bench.add_argument("--temperature", type=_non_negative_float, default=0.0, metavar="T",
                        help="0 (default): greedy, and agreement with the baseline is checked")  # fmt: skip
@@ -131,9 +133,24 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--quick", action="store_true",
                        help=f"a smoke run: {QUICK['limit']} tasks, arms {QUICK['arms']}, "
                             f"max_new_tokens {QUICK['max_new_tokens']} (explicit options win)")  # fmt: skip
+    bench.add_argument("--batch-size", metavar="B,B",
+                       help="throughput mode: cut the tasks into batches of B requests and run HF generate + "
+                            "xgrammar's processor and grammarspec 'auto' on each batch (e.g. 1,4,8,16); greedy")  # fmt: skip
     bench.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     bench.add_argument("--no-progress", action="store_true", help="no progress bar")
     bench.set_defaults(run=_cmd_bench)
+
+    agent = commands.add_parser(  # conv17: the agent-loop benchmark
+        "bench-agent",
+        help="time whole tool-calling conversations: HF re-sending, HF with a prompt cache, grammarspec Conversation",
+        description="Run the agent benchmark's multi-turn tool-calling conversations (greedy) under three arms, "
+        "interleaved, and write agent.md and agent.json to --out.",
+    )
+    agent.add_argument("--model", default=DEFAULT_MODEL, metavar="NAME_OR_DIR")
+    agent.add_argument("--repeat", type=_positive_int, default=1, metavar="N", help="runs per conversation and arm")
+    agent.add_argument("--conversations", metavar="A,B", help="only these conversations (comma-separated)")
+    agent.add_argument("--out", default="bench-out", metavar="DIR", help="output folder (default: bench-out)")
+    agent.set_defaults(run=_cmd_bench_agent)
     return parser
 
 
@@ -196,6 +213,11 @@ def _load(name: str, what: str = "--model") -> tuple[Any, Any]:
         raise CliError(f"{what}: {e}") from None
 
 
+def _cli_words(message: str) -> str:
+    """The library's advice in the CLI's own terms (``grammar_backend='outlines'`` -> ``--grammar-backend outlines``)."""
+    return re.sub(r"(?:grammar_)?backend='(\w+)'", r"--grammar-backend \1", message)
+
+
 def _cmd_generate(args: argparse.Namespace, command: str) -> int:
     import torch
 
@@ -217,7 +239,7 @@ def _cmd_generate(args: argparse.Namespace, command: str) -> int:
     try:  # check the schema or tools before spending time on the model
         grammar_spec(schema=schema, tools=tools, parallel_tool_calls=args.parallel_tool_calls)
     except GrammarError as e:
-        raise CliError(f"{'--schema ' + args.schema if schema is not None else '--tools ' + args.tools}: {e}") from None
+        raise CliError(f"{'--schema ' + args.schema if schema is not None else '--tools ' + args.tools}: {_cli_words(str(e))}") from None
     _quiet_transformers()
     model, tokenizer = _load(args.model)
     assistant: Any = None if args.assistant == "none" else args.assistant
@@ -235,7 +257,8 @@ def _cmd_generate(args: argparse.Namespace, command: str) -> int:
             max_new_tokens=args.max_new_tokens, grammar_backend=args.grammar_backend, **sampling,
         )  # fmt: skip
     except GrammarError as e:
-        raise CliError(f"{'--schema' if schema is not None else '--tools'}: {e}") from None
+        source = f"--schema {args.schema}" if schema is not None else f"--tools {args.tools}"
+        raise CliError(f"{source}: {_cli_words(str(e))}") from None
     except (ValueError, TypeError) as e:
         print(f"grammarspec generate: error: {e}", file=sys.stderr)
         return 1
@@ -286,7 +309,8 @@ def _bench_tasks(args: argparse.Namespace, limit: int | None) -> list[Any]:
     if not task_files and not args.schemas:
         default = default_tasks_path()
         if not default.is_file():
-            raise CliError(f"the default task file {default} does not exist; pass --tasks FILE or --schemas DIR")
+            raise CliError(f"the default task file {default} does not exist; pass --tasks FILE or --schemas DIR "
+                           "(or set GRAMMARSPEC_TASKS)")  # fmt: skip
         task_files = [str(default)]
     tasks = []
     try:
@@ -324,6 +348,8 @@ def _cmd_bench(args: argparse.Namespace, command: str) -> int:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise CliError(f"--out {out} exists and is not a folder")
+    if args.batch_size:
+        return _cmd_batch_bench(args, command, tasks, out, max_new)
     if not args.no_plots:
         import importlib.util
 
@@ -352,6 +378,71 @@ def _cmd_bench(args: argparse.Namespace, command: str) -> int:
     failures = sum("error" in r for r in result.runs)
     if failures:
         print(f"grammarspec bench: {failures} run(s) failed; see {paths['markdown']}", file=sys.stderr)
+    return 0
+
+
+def _batch_sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise CliError(f"--batch-size: expected whole numbers separated by commas (e.g. 1,4,8), got {text!r}") from None
+    if not sizes or min(sizes) < 1:
+        raise CliError(f"--batch-size: every batch size must be >= 1, got {text!r}")
+    return sizes
+
+
+def _cmd_batch_bench(args: argparse.Namespace, command: str, tasks: list[Any], out: Path, max_new: int) -> int:
+    from .bench.batch import batch_table, run_batch_bench
+
+    sizes = _batch_sizes(args.batch_size)
+    if args.temperature:
+        raise CliError("--batch-size runs greedily (outputs are compared row by row): drop --temperature")
+    _quiet_transformers()
+    model, tokenizer = _load(args.model)
+    print(f"grammarspec bench --batch-size {args.batch_size}: {len(tasks)} tasks, max_new_tokens {max_new}",
+          file=sys.stderr)  # fmt: skip
+    _warn_if_busy()
+    progress = None if args.no_progress else (lambda line: print(line, file=sys.stderr))
+    runs = run_batch_bench(model, tokenizer, tasks, sizes, max_new, progress=progress)
+    out.mkdir(parents=True, exist_ok=True)
+    table = batch_table(runs)
+    (out / "batch.json").write_text(json.dumps({"command": command, "runs": [r.as_dict() for r in runs]}, indent=1))
+    (out / "batch.md").write_text(f"`{command}`\n\n{table}\n", encoding="utf-8")
+    if not args.no_plots:
+        from .bench.plots import plot_batch_throughput
+
+        plot_batch_throughput(runs, out / "batch_throughput.png")
+    print(table)
+
+
+def _cmd_bench_agent(args: argparse.Namespace, command: str) -> int:
+    """conv17: ``grammarspec bench-agent`` (see :mod:`grammarspec.bench.agent`)."""
+    from dataclasses import asdict
+
+    from .bench.agent import agent_markdown, run_agent_bench
+    from .bench.agent_tasks import CONVERSATIONS
+
+    chosen = dict(CONVERSATIONS)
+    if args.conversations:
+        wanted = [n.strip() for n in args.conversations.split(",") if n.strip()]
+        unknown = [n for n in wanted if n not in CONVERSATIONS]
+        if unknown:
+            raise CliError(f"--conversations: unknown {', '.join(unknown)}; choose from {', '.join(CONVERSATIONS)}")
+        chosen = {n: CONVERSATIONS[n] for n in wanted}
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise CliError(f"--out {out} exists and is not a folder")
+    _quiet_transformers()
+    model, tokenizer = _load(args.model)
+    _warn_if_busy()
+    progress = (lambda line: print(line, file=sys.stderr)) if not getattr(args, "no_progress", False) else None
+    runs = run_agent_bench(model, tokenizer, conversations=chosen, repeat=args.repeat, progress=progress or (lambda _: None))
+    markdown = agent_markdown(runs, command)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "agent.md").write_text(markdown, encoding="utf-8")
+    (out / "agent.json").write_text(json.dumps([asdict(r) for r in runs], indent=1), encoding="utf-8")
+    print(markdown)
+    print(f"wrote {out / 'agent.md'} and {out / 'agent.json'}", file=sys.stderr)
     return 0
 
 

@@ -2,8 +2,10 @@
 
 ``complete`` builds a chat prompt (system + user, optionally describing the
 schema or tools), runs :func:`grammarspec.generate`, and returns the text, the
-parsed value and whether it is a complete, schema-valid document.  An output
-cut by the token limit is never reported as valid.
+parsed value and whether it is a complete, valid answer: the grammar finished,
+and -- for JSON constraints (``schema=``, ``tools=``, ``json_object=True``) --
+the text parses as JSON, and validates against the schema when there is one.
+An output cut by the token limit is never reported as valid.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ __all__ = ["Completion", "complete", "build_prompt", "describe_schema"]
 @dataclass
 class Completion:
     text: str
-    value: Any  # the parsed JSON, or None when the text is not complete JSON
+    value: Any  # the parsed JSON (JSON constraints) or the text (grammar=/regex=); None when incomplete
     finish_reason: str
     stats: GenerationStats
     tokens: list[int] = field(default_factory=list)
@@ -33,7 +35,7 @@ class Completion:
 
     @property
     def valid(self) -> bool:
-        """Complete (the grammar finished) and valid against the schema."""
+        """Complete (the grammar finished), parsed when JSON, and valid against the schema if any."""
         return self.finish_reason == "stop" and self.value is not None and not self.errors
 
 
@@ -89,13 +91,18 @@ def complete(
     schema: Any = None,
     tools: list[dict[str, Any]] | None = None,
     parallel_tool_calls: bool = False,
+    grammar: str | None = None,
+    regex: str | None = None,
+    json_object: bool = False,
+    any_whitespace: bool = False,
     assistant: Any = "auto",
     max_new_tokens: int = 512,
     describe: bool = True,
     **generate_kwargs: Any,
 ) -> Completion:
-    """Generate one constrained answer to a chat prompt and parse it."""
-    spec = grammar_spec(schema=schema, tools=tools, parallel_tool_calls=parallel_tool_calls)
+    """Generate one constrained answer to a chat prompt and parse it (see :class:`Completion`)."""
+    spec = grammar_spec(schema=schema, tools=tools, grammar=grammar, regex=regex, json_object=json_object,
+                        parallel_tool_calls=parallel_tool_calls, any_whitespace=any_whitespace)  # fmt: skip
     json_schema = spec.schema if spec is not None else None
     ids = build_prompt(tokenizer, prompt, system=system, schema=json_schema if not tools else None,
                        tools=tools, describe=describe)  # fmt: skip
@@ -106,6 +113,10 @@ def complete(
         schema=schema,
         tools=tools,
         parallel_tool_calls=parallel_tool_calls,
+        grammar=grammar,
+        regex=regex,
+        json_object=json_object,
+        any_whitespace=any_whitespace,
         assistant=assistant,
         max_new_tokens=max_new_tokens,
         return_dict_in_generate=True,
@@ -116,19 +127,20 @@ def complete(
     new = new[: stats.new_tokens]
     text = tokenizer.decode(new, skip_special_tokens=True)
     value, errors = None, []
-    if stats.finish_reason == "stop" and json_schema is not None:
-        try:
-            value = json.loads(text)
-        except json.JSONDecodeError as exc:
-            errors.append(f"not JSON: {exc}")
-        else:
-            errors = _schema_errors(json_schema, value)
+    if stats.finish_reason == "stop":
+        if spec is not None and spec.kind in ("json_schema", "any_json"):
+            try:
+                value = json.loads(text)
+            except json.JSONDecodeError as exc:
+                errors.append(f"not JSON: {exc}")
+            else:
+                errors = _schema_errors(json_schema, value) if json_schema is not None else []
+        else:  # grammar=, regex= (the grammar finished) or no constraint (EOS)
+            value = text
     return Completion(text=text, value=value, finish_reason=stats.finish_reason, stats=stats, tokens=new, errors=errors)
 
 
 def _schema_errors(schema: dict[str, Any], value: Any) -> list[str]:
-    import jsonschema
+    from grammars.validation import schema_errors  # the one jsonschema validator (formats checked)
 
-    validator_cls = jsonschema.validators.validator_for(schema)
-    validator = validator_cls(schema, format_checker=validator_cls.FORMAT_CHECKER)
-    return [e.message for e in validator.iter_errors(value)][:10]
+    return schema_errors(schema, value)

@@ -1,26 +1,32 @@
-"""The speculative decoding loop.
+"""The speculative decoding loop, for a batch of requests.
 
-One step (numbers match the comments in :func:`decode`)::
+One step for the whole batch (numbers match the comments in :func:`decode_batch`)::
 
-    1. propose   -- the proposer offers up to k tokens (+ their draft distributions)
-    2. mask      -- the matcher walks the draft: one bitmask per position, the draft
-                    is cut at its first grammar-illegal token, the matcher is restored
-    3. verify    -- ONE target forward over the pending tokens plus the draft
-    4. accept    -- same processing for every row (mask, processors, temperature,
-                    top-k, top-p), then exact rejection sampling (or greedy match)
-    5. commit    -- advance the matcher by the committed tokens, crop the target KV
-                    cache to the committed length; rejected positions leave no trace
-    6. adapt     -- proposers and the controller learn how much was accepted
-    (+) forced   -- while the grammar allows exactly one token, commit it without
-                    sampling; it reaches the target in the next forward pass
+    (+) forced  -- while a row's grammar allows exactly one token, commit it without
+                   sampling; it reaches the target in the next forward pass
+    1. propose  -- each row's proposer offers up to k tokens (+ their draft distributions)
+    2. mask     -- each row's matcher walks its draft: one bitmask per target row, the
+                   draft is cut at its first grammar-illegal token, the matcher is restored
+    3. verify   -- ONE target forward over every row's pending tokens plus its draft
+    4. accept   -- the row's own processing for each of its rows (mask, processors,
+                   temperature, top-k, top-p, ...), then exact rejection sampling (or
+                   greedy match), every row of the batch at once
+    5. commit   -- :func:`commit`, the one place state moves: each matcher advances by
+                   its committed tokens, every proposer is told what was accepted (a
+                   draft model crops its own cache there), the target cache keeps each
+                   row's accepted prefix; rejected positions leave no trace
+    6. adapt    -- each row's controller learns what the step cost and brought
 
-With no proposer (or speculation switched off) every step is a plain constrained
-decoding step, and the output distribution is the same either way.
+Rows finish independently (grammar end, EOS, stop string, token limit) and leave
+the batch, so the batch never waits for its longest row.  With no proposer every
+step is a plain constrained decoding step; the output distribution of every row is
+the same either way, and the same as at batch 1.
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -29,44 +35,104 @@ import torch
 
 from grammars.base import Matcher, allocate_bitmask
 from proposers.base import EMPTY_DRAFT, Draft, GrammarView, Proposer
-from proposers.tree import DraftTree  # [tree16]
+from proposers.tree import DraftTree
 
-from .cache import crop_cache, forward_with_cache, new_cache, require_croppable
-from .rejection import greedy_verify, rejection_sample
-from .sampling import LogitsProcessorFn, SamplingParams, probabilities, process_logits, unpack_bitmask
+from .bookkeeping import account, account_tree, finish, record_scores
+from .kv import BatchKV
+from .masking import apply_masks, forced_token, walk_draft
+from .rejection import Segment, verify_greedy, verify_sampled
+from .processing import LogitsPipeline
+from .sampling import LogitsProcessorFn, SamplingParams, probabilities
 from .stats import GenerationStats
-from .tree_verify import verify_tree  # [tree16]
+from .stopping import stop_reason
+from .tree_verify import verify_tree
 
 if TYPE_CHECKING:
     from .adaptive import AdaptiveController
 
-__all__ = ["DecodeConfig", "DecodeState", "decode", "logits_width"]
+__all__ = [
+    "DecodeConfig", "DecodeState", "RowRequest", "Row", "decode", "decode_batch", "commit", "logits_width",
+    "sampling_processing",
+]  # fmt: skip
+
+#: Row processing: (logits [n, V] float32 already masked, prefixes) -> scores [n, V].
+Processing = Callable[[torch.Tensor, Sequence[Sequence[int]]], torch.Tensor]
 
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    """Plain values that steer one generation."""
+    """Plain values that steer one generation (every row of a batch alike)."""
 
     max_new_tokens: int
     sampling: SamplingParams = field(default_factory=SamplingParams)
     eos_token_ids: tuple[int, ...] = ()
     min_new_tokens: int = 0
     stop_strings: tuple[str, ...] = ()
+    #: keep the processed scores / raw logits of every committed token (forced tokens then take a target pass)
+    record_scores: bool = False
 
 
 @dataclass
-class DecodeState:
-    """What the loop holds between steps (handed to ``on_step`` hooks)."""
+class RowRequest:
+    """One request of a batch: its prompt, grammar state, drafter and controller."""
 
+    prompt_ids: Sequence[int]
+    matcher: Matcher | None = None
+    proposer: Proposer | None = None
+    controller: AdaptiveController | None = None
+    processing: Processing | None = None  # default: the config's sampling settings
+
+
+@dataclass
+class Row:
+    """What the loop holds for one request between steps (also what ``on_step`` hooks see)."""
+
+    index: int  # position in the caller's batch
     tokens: list[int]  # prompt + committed tokens
     prompt_length: int
-    cache: Any  # the target's KV cache
-    cached: int = 0  # leading tokens whose keys/values are in the cache
+    matcher: Matcher | None
+    proposer: Proposer | None
+    controller: AdaptiveController | None
+    processing: Processing
+    stats: GenerationStats = field(default_factory=GenerationStats)
+    cached: int = 0  # leading tokens whose keys/values are in the target cache
     finish_reason: str | None = None
+    scores: list[torch.Tensor] = field(default_factory=list)  # processed scores of committed tokens (record_scores)
+    logits: list[torch.Tensor] = field(default_factory=list)  # raw logits of committed tokens (record_scores)
 
     @property
     def generated(self) -> list[int]:
         return self.tokens[self.prompt_length :]
+
+    @property
+    def pending(self) -> list[int]:
+        """Committed tokens the target has not seen yet (the last token, forced tokens)."""
+        return self.tokens[self.cached :]
+
+
+@dataclass
+class DecodeState:
+    """What a batch-1 ``on_step`` hook of :func:`decode` sees after every step."""
+
+    tokens: list[int]  # prompt + committed tokens
+    prompt_length: int
+    cache: Any  # the target's KV cache
+    cached: int  # leading tokens whose keys/values are in the cache
+
+    @property
+    def generated(self) -> list[int]:
+        return self.tokens[self.prompt_length :]
+
+
+@dataclass
+class _Step:
+    """One row's part of a step: its draft, its rows in the stacked logits, what it cost."""
+
+    draft: Draft = EMPTY_DRAFT
+    tree: DraftTree | None = None  # a token tree instead of a chain (batch 1)
+    segment: Segment | None = None
+    draft_seconds: float = 0.0
+    grammar_seconds: float = 0.0
 
 
 def decode(
@@ -82,200 +148,347 @@ def decode(
     processors: Sequence[LogitsProcessorFn] = (),
     on_commit: Callable[[list[int]], None] | None = None,
     on_step: Callable[[DecodeState], None] | None = None,
+    prompt_cache: Any = None,
+    step_cost: Callable[[int], float] | None = None,
 ) -> tuple[list[int], GenerationStats]:
-    """Generate after ``prompt_ids``; returns ``(new_tokens, stats)``.
+    """Generate after ``prompt_ids`` (one request); returns ``(new_tokens, stats)``.
 
-    ``matcher`` constrains the output (``None``: unconstrained); it must be
-    fresh and is advanced in lockstep with the target's KV cache.
-    ``proposer`` drafts (``None``: plain decoding).  ``on_commit`` receives
-    each run of committed tokens (streamers); ``on_step`` sees the state after
-    every step (tests use it to check rollback).
+    ``matcher`` constrains the output (``None``: unconstrained); it must be fresh.
+    ``proposer`` drafts (``None``: plain decoding).  ``on_commit`` receives each run
+    of committed tokens (streamers); ``on_step`` sees the row after every step.
+    ``prompt_cache``: a KV cache already holding the first tokens of the prompt
+    (it is extended and cropped in place).  ``step_cost(rows)``: what the
+    controller is told a target pass of ``rows`` rows costs, instead of the
+    measured time (replays against an oracle target model the cost).
     """
-    if not prompt_ids:
-        raise ValueError("the prompt is empty: pass at least one token (e.g. the BOS token or a chat template)")
+    request = RowRequest(prompt_ids, matcher, proposer, controller, sampling_processing(config, processors, len(prompt_ids)))
+    (row,) = decode_batch(
+        model, [request], config, tokenizer=tokenizer, generator=generator, prompt_cache=prompt_cache,
+        step_cost=step_cost, on_commit=(lambda index, tokens: on_commit(tokens)) if on_commit is not None else None,
+        on_step=(lambda rows, kv: on_step(DecodeState(rows[0].tokens, rows[0].prompt_length, kv.cache, rows[0].cached)))
+        if on_step is not None
+        else None,
+    )  # fmt: skip
+    return row.generated, row.stats
+
+
+@dataclass
+class _Shared:
+    """What every step of one :func:`decode_batch` call shares (plain holder)."""
+
+    config: DecodeConfig
+    tokenizer: Any
+    generator: torch.Generator | None
+    eos: frozenset[int]
+    masks: torch.Tensor  # [rows of the widest step, ceil(V/32)] int32, on the host
+    scratch: torch.Tensor  # [1, ceil(V/32)]: the forced-token check
+    started: float
+    step_cost: Callable[[int], float] | None
+    on_commit: Callable[[int, list[int]], None] | None
+    on_step: Callable[[list[Row], BatchKV], None] | None
+
+
+@torch.inference_mode()
+def decode_batch(
+    model: torch.nn.Module,
+    requests: Sequence[RowRequest],
+    config: DecodeConfig,
+    *,
+    tokenizer: Any = None,
+    generator: torch.Generator | None = None,
+    pad_token_id: int = 0,
+    prompt_cache: Any = None,
+    max_batch_size: int | None = None,
+    step_cost: Callable[[int], float] | None = None,
+    on_commit: Callable[[int, list[int]], None] | None = None,
+    on_step: Callable[[list[Row], BatchKV], None] | None = None,
+) -> list[Row]:
+    """Generate for every request; returns the finished rows in request order.
+
+    One target forward per step serves every unfinished row.  With
+    ``max_batch_size`` at most that many rows decode together and the others
+    wait; a waiting request joins as soon as a row finishes (its prompt pass
+    runs as a batch of its own, then its cache rows join the batch's).
+    ``on_commit(index, tokens)`` receives each run of committed tokens of request
+    ``index``; ``on_step(rows, kv)`` sees the batch after every step (tests check rollback).
+    """
+    rows = [_new_row(i, request, config) for i, request in enumerate(requests)]
     if config.stop_strings and tokenizer is None:
         raise ValueError("stop_strings need the tokenizer: pass tokenizer=...")
-    params = config.sampling
-    state = DecodeState(tokens=list(prompt_ids), prompt_length=len(prompt_ids), cache=new_cache(model))
-    if proposer is not None:
-        require_croppable(state.cache, "target model")
-    stats = GenerationStats()
+    if max_batch_size is not None and max_batch_size < 1:
+        raise ValueError(f"max_batch_size must be >= 1 (or None for the whole batch), got {max_batch_size}")
+    if prompt_cache is not None and len(rows) != 1:
+        raise ValueError("a prompt cache (past_key_values) serves one request; pass batch size 1")
     vocab = logits_width(model)
-    view = GrammarView(matcher) if matcher is not None else None
-    k_max = controller.k_max if controller is not None else 0
-    masks = allocate_bitmask(k_max + 1, vocab) if matcher is not None else None
-    eos = frozenset(config.eos_token_ids)
-    started = time.perf_counter()
-    if config.max_new_tokens <= 0:
-        state.finish_reason = "length"
-
-    def commit(new: Sequence[int], forced: bool = False) -> None:
-        """Append tokens one by one until a stop condition; advance the matcher."""
-        emitted: list[int] = []
-        for token in new:
-            if matcher is not None and not matcher.accept(token):
-                raise RuntimeError(f"internal error: committed token {token} is illegal for the grammar")
-            state.tokens.append(token)
-            emitted.append(token)
-            state.finish_reason = _stop_reason(state, token, matcher, eos, config, tokenizer)
-            if state.finish_reason:
-                break
-        stats.new_tokens += len(emitted)
-        if forced:
-            stats.forced_tokens += len(emitted)
-        if on_commit is not None and emitted:
-            on_commit(emitted)
-
-    while state.finish_reason is None:
-        budget = config.max_new_tokens - len(state.generated)
-
-        # (+) Forced: a grammar that allows exactly one token needs no sampling.
-        t0 = time.perf_counter()
-        forced = _forced_token(matcher, masks, vocab) if matcher is not None else None
-        stats.grammar_seconds += time.perf_counter() - t0
-        if forced is not None:
-            commit([forced], forced=True)
-            continue
-
-        # 1. Propose up to k tokens (k leaves room for the token the target adds).
-        t0 = time.perf_counter()
-        k = min(controller.k if controller is not None and controller.speculate else 0, budget - 1)
-        draft = EMPTY_DRAFT
-        # --- [tree16] token trees (batch 1): a proposer with ``propose_tree`` may return a DraftTree,
-        # verified in one pass by tree_verify.verify_tree (steps 2-5 for trees); a chain falls through.
-        if proposer is not None and k > 0 and hasattr(proposer, "propose_tree"):
-            drafted = proposer.propose_tree(state.tokens, view, k)
-            if isinstance(drafted, DraftTree):
-                _tree_step(model, state, drafted, config, matcher, eos, processors, generator, proposer, controller,
-                           stats, commit, t0, started)  # fmt: skip
-                if on_step is not None:
-                    on_step(state)
-                continue
-            draft = drafted.truncate(k)
-        # --- [/tree16]
-        elif proposer is not None and k > 0:
-            draft = proposer.propose(state.tokens, view, k).truncate(k)
-        t_draft = time.perf_counter() - t0
-
-        # 2. Masks for every draft position; cut the draft at its first illegal token.
-        t0 = time.perf_counter()
-        draft, rows = _walk_draft(matcher, masks, draft, eos)
-        t_grammar = time.perf_counter() - t0
-
-        # 3. One target forward over pending + draft tokens.
-        t0 = time.perf_counter()
-        pending = state.tokens[state.cached :]
-        logits = forward_with_cache(model, pending + list(draft.tokens), state.cache, len(draft) + 1)[:rows]  # [rows, V]
-
-        # 4. Same processing for every row, then exact verification.
-        scores = process_logits(
-            logits,
-            params,
-            masks[:rows] if masks is not None else None,
-            processors,
-            [_prefix(state.tokens, draft, i) for i in range(rows)] if processors else (),
-        )
-        _suppress_eos(scores, eos, len(state.generated), config.min_new_tokens)
-        draft_tokens = torch.tensor(draft.tokens, dtype=torch.long)
-        if params.greedy:
-            num_accepted, next_token = greedy_verify(scores, draft_tokens)
-        else:
-            num_accepted, next_token = rejection_sample(
-                probabilities(scores), draft_tokens, draft.probs, generator
-            )
-        t_verify = time.perf_counter() - t0
-
-        # 5. Commit: the cache keeps the context plus the accepted draft tokens.
-        t0 = time.perf_counter()
-        state.cached = len(state.tokens) + num_accepted
-        crop_cache(state.cache, state.cached)
-        accepted = list(draft.tokens[:num_accepted])
-        commit(accepted + ([next_token] if next_token is not None else []))
-        t_grammar += time.perf_counter() - t0
-
-        # 6. Adapt: proposers and the controller learn what was accepted.
-        stats.target_forwards += 1
-        if stats.target_forwards == 1:
-            stats.first_step_seconds, stats.first_step_tokens = time.perf_counter() - started, stats.new_tokens
-        stats.steps.append((len(draft), num_accepted))
-        stats.draft_seconds += t_draft
-        stats.verify_seconds += t_verify
-        stats.grammar_seconds += t_grammar
-        if len(draft):
-            stats.count(draft.sources or ("draft",) * len(draft), num_accepted)
-            proposer.feedback(draft, num_accepted)  # type: ignore[union-attr]
-        if controller is not None and stats.target_forwards > 1:  # the prefill pass is no decoding step
-            if len(draft):
-                controller.record_speculative_step(len(draft), num_accepted, t_draft + t_verify + t_grammar)
+    shared = _Shared(config, tokenizer, generator, frozenset(config.eos_token_ids),
+                     allocate_bitmask(sum(_max_rows(row) for row in rows), vocab), allocate_bitmask(1, vocab),
+                     time.perf_counter(), step_cost, on_commit, on_step)  # fmt: skip
+    for row in rows:
+        if config.max_new_tokens <= 0:
+            row.finish_reason = "length"
+    waiting = deque(row for row in rows if row.finish_reason is None)
+    limit = max_batch_size or max(1, len(waiting))
+    speculating = any(row.proposer is not None for row in rows)
+    active: list[Row] = []
+    kv: BatchKV | None = None
+    while active or waiting:
+        # (0) Join: waiting requests take the free places; their prompt pass runs as a batch of its own.
+        free = limit - sum(row.finish_reason is None for row in active)
+        if waiting and free > 0:
+            joining = [waiting.popleft() for _ in range(min(free, len(waiting)))]
+            side = _new_kv(model, joining, prompt_cache, pad_token_id, speculating)
+            joined = _step(model, joining, side, shared)
+            if kv is None or not active:
+                kv, active = side, joined
             else:
-                controller.record_plain_step(t_draft + t_verify + t_grammar)
-        if on_step is not None:
-            on_step(state)
-
-    stats.total_seconds = time.perf_counter() - started
-    stats.finish_reason = state.finish_reason or "length"
-    if controller is not None:
-        stats.final_k, stats.speculating = controller.k, controller.speculate
-    return state.generated, stats
+                kv.extend(side)
+                active = active + joined
+            continue
+        assert kv is not None
+        active = _step(model, active, kv, shared)
+    return rows
 
 
-# --- [tree16] the tree step; its logic lives in grammarspec/tree_verify.py
-def _tree_step(
-    model: torch.nn.Module,
-    state: DecodeState,
-    tree: DraftTree,
-    config: DecodeConfig,
-    matcher: Matcher | None,
-    eos: frozenset[int],
-    processors: Sequence[LogitsProcessorFn],
-    generator: torch.Generator | None,
-    proposer: Any,
-    controller: AdaptiveController | None,
-    stats: GenerationStats,
-    commit: Callable[[Sequence[int]], None],
-    step_started: float,
-    started: float,
-) -> None:
-    """Verify ``tree`` in one target pass, commit the accepted path and the target's token, adapt.  Changes state."""
+def _step(model: torch.nn.Module, active: list[Row], kv: BatchKV, shared: _Shared) -> list[Row]:
+    """One decoding step for the rows of ``kv``; returns the rows still in the batch."""
+    config, eos, masks = shared.config, shared.eos, shared.masks
+    # (+) Forced: a grammar that allows exactly one token needs no sampling.
+    if not config.record_scores:
+        for row in active:
+            _commit_forced(row, shared.scratch, eos, config, shared.tokenizer, shared.on_commit)
+    active = _leave(active, kv, shared.started)
+    if not active:
+        return active
+
+    # 1. Propose up to k tokens per row (k leaves room for the token the target adds).
+    steps = [_propose(row, config, trees=len(active) == 1) for row in active]
+    if steps[0].tree is not None:  # batch 1, a token tree: one pass over the tree (grammarspec/tree_verify.py)
+        return _tree_step(model, active, kv, steps[0], shared)
+
+    # 2. Masks for every target row; each draft is cut at its first illegal token.
+    start = 0
+    for row, step in zip(active, steps):
+        t0 = time.perf_counter()
+        step.draft, n_rows = walk_draft(row.matcher, masks, start, step.draft, eos)
+        step.segment = Segment(start, step.draft.tokens, n_rows == len(step.draft) + 1, step.draft.probs)
+        step.grammar_seconds += time.perf_counter() - t0
+        start += n_rows
+    segments = [step.segment for step in steps if step.segment is not None]
+
+    # 3. One target forward over every row's pending + draft tokens.
     t0 = time.perf_counter()
-    t_draft = t0 - step_started
-    masks = allocate_bitmask(len(tree) + 1, logits_width(model)) if matcher is not None else None
-    step = verify_tree(
-        model, state.cache, state.tokens, state.cached, tree, config.sampling, matcher=matcher, masks=masks, eos=eos,
-        processors=processors, min_new_left=config.min_new_tokens - len(state.generated), generator=generator,
-    )  # fmt: skip
-    t_verify = time.perf_counter() - t0
-    state.cached = len(state.tokens) + len(step.accepted)
-    committed = list(step.accepted) + ([step.next_token] if step.next_token is not None else [])
-    commit(committed)
-    proposer.commit_tree(step.tree, committed)
-    stats.target_forwards += 1
-    if stats.target_forwards == 1:
-        stats.first_step_seconds, stats.first_step_tokens = time.perf_counter() - started, stats.new_tokens
-    longest = max(step.tree.depths(), default=-1) + 1
-    stats.steps.append((longest, len(step.accepted)))
-    stats.draft_seconds += t_draft
-    stats.verify_seconds += t_verify
-    if len(step.tree):
-        sources = step.tree.sources or ("draft",) * len(step.tree)
-        accepted_nodes = _path_nodes(step.tree, step.accepted)
-        order = accepted_nodes + [i for i in range(len(step.tree)) if i not in accepted_nodes]
-        stats.count(tuple(sources[i] for i in order), len(accepted_nodes))
-    if controller is not None and stats.target_forwards > 1:
-        if longest > 0:
-            controller.record_speculative_step(longest, len(step.accepted), t_draft + t_verify)
+    chunks = [row.pending + list(step.draft.tokens) for row, step in zip(active, steps)]
+    wanted = [range(len(row.pending) - 1, len(row.pending) - 1 + seg.rows) for row, seg in zip(active, segments)]
+    logits = kv.forward(chunks, wanted)  # [N, V]
+
+    # 4. Each row's processing for its rows, then exact verification of the whole batch.
+    scores = logits.clone() if config.record_scores else logits
+    apply_masks(scores, masks[:start])
+    for row, step, seg in zip(active, steps, segments):
+        prefixes = [row.tokens + list(step.draft.tokens[:i]) for i in range(seg.rows)]
+        scores[seg.start : seg.start + seg.rows] = row.processing(scores[seg.start : seg.start + seg.rows], prefixes)
+    if config.sampling.greedy:
+        results = verify_greedy(scores, segments)
+    else:
+        results = verify_sampled(probabilities(scores), segments, shared.generator)
+    verify_seconds = time.perf_counter() - t0
+
+    # 5. Commit: matchers, proposers and every KV cache move to the committed tokens together.
+    t0 = time.perf_counter()
+    committed = commit(active, steps, results, kv, eos, config, shared.tokenizer, shared.on_commit)
+    if config.record_scores:
+        record_scores(active, steps, committed, logits, scores)
+    commit_seconds = time.perf_counter() - t0
+
+    # 6. Adapt: statistics and the controllers learn what the step cost and brought.
+    for row, step, (num_accepted, _) in zip(active, steps, results):
+        account(row, step, num_accepted, verify_seconds, commit_seconds, shared.started, shared.step_cost,
+                len(active) == 1)  # fmt: skip
+    if shared.on_step is not None:
+        shared.on_step(active, kv)
+    return active
+
+
+def _new_kv(model: torch.nn.Module, rows: list[Row], prompt_cache: Any, pad: int, speculating: bool) -> BatchKV:
+    """The cache for rows starting their prompt pass (a user's prompt cache for a single request)."""
+    if prompt_cache is not None:
+        kv = BatchKV.from_cache(model, prompt_cache, _cached_prefix(prompt_cache, rows[0]))
+        rows[0].cached = kv.lengths[0]
+    else:
+        kv = BatchKV(model, len(rows), pad_token_id=pad)
+    if speculating:
+        kv.require_croppable()
+    return kv
+
+
+def commit(
+    rows: Sequence[Row],
+    steps: Sequence[_Step],
+    results: Sequence[tuple[int, int | None]],
+    kv: BatchKV,
+    eos: frozenset[int],
+    config: DecodeConfig,
+    tokenizer: Any,
+    on_commit: Callable[[int, list[int]], None] | None,
+) -> list[int]:
+    """The one commit path after verification.  Changes every stateful part.
+
+    Row ``r`` commits its first ``num_accepted`` draft tokens and the target's own
+    next token: its matcher accepts them, its proposer is told (``commit``), and
+    the target cache keeps the row's pending tokens plus the accepted drafts --
+    the next token is fed in the next pass.  A stop condition met inside the run
+    ends the row there.  Returns how many tokens each row committed.
+    """
+    kept, counts = [], []
+    for row, step, (num_accepted, next_token) in zip(rows, steps, results):
+        pending = len(row.pending)
+        new = list(step.draft.tokens[:num_accepted]) + ([next_token] if next_token is not None else [])
+        committed = _commit_row(row, new, eos, config, tokenizer, on_commit)
+        if row.proposer is not None:
+            row.proposer.commit(step.draft, num_accepted, committed)
+        keep = min(pending + num_accepted, len(row.tokens) - row.cached)
+        row.cached += keep
+        kept.append(keep)
+        counts.append(len(committed))
+    kv.keep(kept)
+    return counts
+
+
+def _commit_row(
+    row: Row,
+    new: Sequence[int],
+    eos: frozenset[int],
+    config: DecodeConfig,
+    tokenizer: Any,
+    on_commit: Callable[[int, list[int]], None] | None,
+) -> list[int]:
+    """Append ``new`` token by token until a stop condition; advance the matcher.  Returns what was appended."""
+    emitted: list[int] = []
+    for token in new:
+        if row.matcher is not None and not row.matcher.accept(token):
+            raise RuntimeError(f"internal error: committed token {token} is illegal for the grammar")
+        row.tokens.append(token)
+        emitted.append(token)
+        row.finish_reason = stop_reason(
+            row.generated, row.matcher, eos, config.max_new_tokens, config.stop_strings, tokenizer
+        )
+        if row.finish_reason:
+            break
+    row.stats.new_tokens += len(emitted)
+    if on_commit is not None and emitted:
+        on_commit(row.index, emitted)
+    return emitted
+
+
+def _commit_forced(
+    row: Row,
+    scratch: torch.Tensor,
+    eos: frozenset[int],
+    config: DecodeConfig,
+    tokenizer: Any,
+    on_commit: Callable[[int, list[int]], None] | None,
+) -> None:
+    """Commit every token the grammar forces (no target pass; the proposer is told)."""
+    while row.matcher is not None and row.finish_reason is None:
+        t0 = time.perf_counter()
+        token = forced_token(row.matcher, scratch)
+        row.stats.grammar_seconds += time.perf_counter() - t0
+        if token is None:
+            return
+        committed = _commit_row(row, [token], eos, config, tokenizer, on_commit)
+        row.stats.forced_tokens += len(committed)
+        if row.proposer is not None:
+            row.proposer.commit(EMPTY_DRAFT, 0, committed)
+
+
+def _propose(row: Row, config: DecodeConfig, trees: bool) -> _Step:
+    """Ask the row's proposer for up to ``k`` tokens (a proposer with ``propose_tree`` may give a tree if ``trees``)."""
+    step = _Step()
+    controller = row.controller
+    budget = config.max_new_tokens - len(row.generated)
+    k = min(controller.k if controller is not None and controller.speculate else 0, budget - 1)
+    if row.proposer is not None and k > 0:
+        t0 = time.perf_counter()
+        view = GrammarView(row.matcher) if row.matcher is not None else None
+        propose_tree = getattr(row.proposer, "propose_tree", None) if trees else None
+        drafted = propose_tree(row.tokens, view, k) if propose_tree is not None else row.proposer.propose(row.tokens, view, k)
+        if isinstance(drafted, DraftTree):
+            step.tree = drafted
         else:
-            controller.record_plain_step(t_draft + t_verify)
+            step.draft = drafted.truncate(k)
+        step.draft_seconds = time.perf_counter() - t0
+    return step
 
 
-def _path_nodes(tree: DraftTree, tokens: Sequence[int]) -> list[int]:
-    """The nodes of ``tree`` that spell ``tokens`` from the root."""
-    out, node = [], -1
-    for token in tokens:
-        node = tree.children(node)[token]
-        out.append(node)
-    return out
-# --- [/tree16]
+def _tree_step(model: torch.nn.Module, active: list[Row], kv: BatchKV, step: _Step, shared: _Shared) -> list[Row]:
+    """Steps 2-6 for a token tree (batch 1): walk, one pass, the target's draws down the tree, commit, adapt.
+
+    The commit is the chain's (:func:`_commit_row`, the proposer told through
+    ``commit_tree``); the target cache keeps only the accepted path
+    (``tree_verify.commit_path`` gathers it into place).
+    """
+    (row,) = active
+    tree = step.tree
+    assert tree is not None
+    config = shared.config
+    t0 = time.perf_counter()
+    masks = allocate_bitmask(len(tree) + 1, shared.masks.shape[1] * 32) if row.matcher is not None else None
+    before = len(row.tokens)
+    result = verify_tree(model, kv.cache, row.tokens, row.cached, tree, config.sampling, matcher=row.matcher,
+                         masks=masks, eos=shared.eos, processing=row.processing, generator=shared.generator)  # fmt: skip
+    verify_seconds = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    new = list(result.accepted) + ([result.next_token] if result.next_token is not None else [])
+    committed = _commit_row(row, new, shared.eos, config, shared.tokenizer, shared.on_commit)
+    row.proposer.commit_tree(result.tree, committed)  # type: ignore[union-attr]
+    row.cached = min(before + len(result.accepted), len(row.tokens))  # the cache holds the context + the path
+    kv.keep_prefix(row.cached)
+    account_tree(row, step, result, verify_seconds + time.perf_counter() - t0, shared.started)
+    if shared.on_step is not None:
+        shared.on_step(active, kv)
+    return active
+
+
+def _leave(active: list[Row], kv: BatchKV, started: float) -> list[Row]:
+    """Finished rows leave the batch (their cache rows are dropped)."""
+    now = time.perf_counter()
+    keep = []
+    for slot, row in enumerate(active):
+        if row.finish_reason is None:
+            keep.append(slot)
+        else:
+            finish(row, now - started)
+    if len(keep) < len(active):
+        kv.select(keep)
+    return [active[slot] for slot in keep]
+
+
+def _new_row(index: int, request: RowRequest, config: DecodeConfig) -> Row:
+    if not request.prompt_ids:
+        raise ValueError("the prompt is empty: pass at least one token (e.g. the BOS token or a chat template)")
+    processing = request.processing or sampling_processing(config, (), len(request.prompt_ids))
+    return Row(index, list(request.prompt_ids), len(request.prompt_ids), request.matcher, request.proposer,
+               request.controller, processing)  # fmt: skip
+
+
+def _max_rows(row: Row) -> int:
+    return (row.controller.k_max if row.controller is not None else 0) + 1
+
+
+def _cached_prefix(cache: Any, row: Row) -> int:
+    length = int(cache.get_seq_length())
+    if length >= len(row.tokens):
+        raise ValueError(
+            f"the prompt cache holds {length} tokens but the prompt has only {len(row.tokens)}: it must cover a "
+            "strict prefix of the prompt (at least the last prompt token must be fed)"
+        )
+    return length
+
+
+def sampling_processing(config: DecodeConfig, processors: Sequence[LogitsProcessorFn], prompt_length: int) -> Processing:
+    """The row processing for ``config``'s sampling settings (and min_new_tokens) plus user ``processors``."""
+    return LogitsPipeline.from_sampling(config.sampling, processors, min_new_tokens=config.min_new_tokens,
+                                        eos_token_ids=config.eos_token_ids, prompt_length=prompt_length)  # fmt: skip
 
 
 def logits_width(model: torch.nn.Module) -> int:
@@ -284,91 +497,3 @@ def logits_width(model: torch.nn.Module) -> int:
     if head is not None and getattr(head, "out_features", None):
         return int(head.out_features)
     return int(model.config.vocab_size)
-
-
-def _walk_draft(
-    matcher: Matcher | None, masks: torch.Tensor | None, draft: Draft, eos: frozenset[int]
-) -> tuple[Draft, int]:
-    """Fill one mask per draft position and cut the draft where it stops being legal.
-
-    Returns the (possibly shorter) draft and the number of target rows needed:
-    ``len(draft) + 1``, or ``len(draft)`` when the draft's last token ends
-    generation (then no bonus token may follow).  The matcher ends as it began.
-    """
-    if matcher is None:  # unconstrained: only cut after an EOS token
-        for i, token in enumerate(draft.tokens):
-            if token in eos:
-                return draft.truncate(i + 1), i + 1
-        return draft, len(draft) + 1
-    assert masks is not None
-    walked = 0
-    rows = len(draft) + 1
-    for i in range(len(draft) + 1):
-        matcher.fill_mask(masks, i)
-        if i == len(draft):
-            break
-        if not matcher.accept(draft.tokens[i]):
-            draft, rows = draft.truncate(i), i + 1
-            break
-        walked += 1
-        if matcher.is_terminated():  # the draft ends the document: no bonus row
-            draft, rows = draft.truncate(i + 1), i + 1
-            break
-    if walked:
-        matcher.rollback(walked)
-    return draft, rows
-
-
-def _forced_token(matcher: Matcher, masks: torch.Tensor | None, vocab: int) -> int | None:
-    """The only legal next token, if the grammar allows exactly one."""
-    assert masks is not None
-    matcher.fill_mask(masks, 0)
-    allowed = unpack_bitmask(masks[:1], vocab)[0]
-    if int(allowed.sum()) != 1:
-        return None
-    return int(allowed.nonzero()[0])
-
-
-def _prefix(tokens: list[int], draft: Draft, i: int) -> torch.LongTensor:
-    return torch.tensor([tokens + list(draft.tokens[:i])], dtype=torch.long)
-
-
-def _suppress_eos(scores: torch.Tensor, eos: frozenset[int], generated: int, min_new: int) -> None:
-    """min_new_tokens: forbid EOS at rows before the minimum, unless EOS is all the row allows."""
-    if not eos or generated >= min_new:
-        return
-    ids = torch.tensor(sorted(eos), dtype=torch.long)
-    ids = ids[ids < scores.shape[-1]]
-    for row in range(min(scores.shape[0], min_new - generated)):
-        blocked = scores[row].clone()
-        blocked[ids] = float("-inf")
-        if not bool(torch.isneginf(blocked).all()):
-            scores[row] = blocked
-
-
-def _stop_reason(
-    state: DecodeState,
-    token: int,
-    matcher: Matcher | None,
-    eos: frozenset[int],
-    config: DecodeConfig,
-    tokenizer: Any,
-) -> str | None:
-    if matcher is not None and matcher.is_terminated():
-        return "stop"
-    if token in eos:
-        return "eos" if matcher is None else "stop"
-    if config.stop_strings and _ends_with_stop_string(state.generated, config.stop_strings, tokenizer):
-        return "stop_string"
-    if len(state.generated) >= config.max_new_tokens:
-        return "length"
-    return None
-
-
-def _ends_with_stop_string(generated: list[int], stop_strings: tuple[str, ...], tokenizer: Any) -> bool:
-    """Whether a stop string is completed by the last generated token."""
-    window = max(len(s) for s in stop_strings) + 1  # every token holds at least one character
-    tail = generated[-window:]
-    text = tokenizer.decode(tail, skip_special_tokens=False)
-    before = tokenizer.decode(tail[:-1], skip_special_tokens=False)
-    return any(s in text and s not in before for s in stop_strings)

@@ -61,11 +61,19 @@ def _gguf_location(name: str) -> tuple[Path, str]:
     return directory, filename
 
 
+def _cached(name: str) -> Path:
+    """Where the dequantized copy of the embedded model ``name`` is (or will be) kept."""
+    return cache_dir() / f"{name}-v{_CACHE_FORMAT}"
+
+
 def _resolve(name_or_path: str | os.PathLike[str]) -> Path:
-    """A directory holding a loadable Hugging Face model for ``name_or_path``."""
+    """A directory holding a loadable Hugging Face model for ``name_or_path``.
+
+    For an embedded model this writes the dequantized copy on first use (slow).
+    """
     name = str(name_or_path)
     if name in EMBEDDED_MODELS:
-        target = cache_dir() / f"{name}-v{_CACHE_FORMAT}"
+        target = _cached(name)
         with _lock:
             if not (target / "model.safetensors").is_file():
                 _dequantize(name, target)
@@ -110,9 +118,21 @@ def _dequantize(name: str, target: Path) -> None:
 
 
 def load_tokenizer(name_or_path: str | os.PathLike[str] = "smollm2-135m") -> "PreTrainedTokenizerBase":
-    """The tokenizer of an embedded model or a local model directory."""
+    """The tokenizer of an embedded model or a local model directory.
+
+    An embedded model's tokenizer comes from its dequantized copy when that
+    exists, else from the GGUF file's metadata alone: the weights are neither
+    read nor dequantized (no cache is written).
+    """
     from transformers import AutoTokenizer
 
+    name = str(name_or_path)
+    if name in EMBEDDED_MODELS:
+        cached = _cached(name)
+        if (cached / "model.safetensors").is_file():  # a complete copy (it is renamed into place when done)
+            return AutoTokenizer.from_pretrained(cached)
+        directory, filename = _gguf_location(name)
+        return AutoTokenizer.from_pretrained(directory, gguf_file=filename)
     return AutoTokenizer.from_pretrained(_resolve(name_or_path))
 
 

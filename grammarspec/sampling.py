@@ -1,18 +1,12 @@
-"""Logits processing shared by the target, every draft model and the plain path.
+"""Sampling primitives: the grammar mask, probabilities and draws.
 
-One order, used everywhere (speculative and non-speculative alike), so that
-draft and target distributions are transformed identically before rejection
-sampling -- the condition for exactness:
-
-    1. grammar mask          (illegal tokens -> -inf)
-    2. user logits processors (stateless Hugging Face ``LogitsProcessor``s)
-    3. temperature
-    4. top-k
-    5. top-p
-
-This is the order Hugging Face ``generate`` applies a grammar logits processor
-followed by its warpers, and top-k/top-p follow its ``TopKLogitsWarper`` /
-``TopPLogitsWarper`` semantics (keep at least one token).
+The generation settings themselves (temperature, top-k, top-p, repetition
+penalty, ...) are applied by :mod:`grammarspec.processing` with transformers'
+own processors, identically to the target and every draft model -- the
+condition for exactness.  ``process_logits`` is the older mask -> processors
+-> temperature -> top-k -> top-p function for :class:`SamplingParams`; it
+gives the same result as the pipeline for those settings (tests enumerate
+exact distributions with it).
 """
 
 from __future__ import annotations
@@ -22,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["SamplingParams", "unpack_bitmask", "process_logits", "sample", "NoLegalTokenError"]
+__all__ = ["SamplingParams", "unpack_bitmask", "apply_bitmask", "process_logits", "sample", "NoLegalTokenError"]
 
 #: A stateless Hugging Face logits processor: (input_ids [1, L], scores [1, V]) -> scores.
 LogitsProcessorFn = Callable[[torch.LongTensor, torch.FloatTensor], torch.FloatTensor]
@@ -65,6 +59,19 @@ def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """int32 ``[n, ceil(V/32)]`` bitmask -> bool ``[n, V]`` (True = legal)."""
     bits = (bitmask.unsqueeze(-1) >> _BITS) & 1  # [n, W, 32]
     return bits.reshape(bitmask.shape[0], -1)[:, :vocab_size].bool()
+
+
+def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor | None) -> torch.Tensor:
+    """Grammar mask: float32 copy of ``logits`` ``[n, V]`` with illegal tokens at ``-inf``.
+
+    ``bitmask``: int32 ``[n, ceil(V/32)]`` or ``None`` (unconstrained).  Does not modify ``logits``.
+    """
+    assert logits.dim() == 2, f"logits must be [n, V], got {tuple(logits.shape)}"
+    scores = logits.float().clone()
+    if bitmask is not None:
+        assert bitmask.shape[0] == scores.shape[0], "one bitmask row per logits row"
+        scores.masked_fill_(~unpack_bitmask(bitmask, scores.shape[-1]), float("-inf"))
+    return scores
 
 
 def process_logits(

@@ -41,6 +41,17 @@ class GenerationStats:
     #: the final proposal length and whether speculation was still on
     final_k: int = 0
     speculating: bool = True
+    #: the grammar backend that constrained this call, why it was chosen, and the
+    #: schema features it does not enforce (grammars.capabilities)
+    grammar_backend: str = ""
+    backend_reason: str = ""
+    unenforced_keywords: list[str] = field(default_factory=list)
+    #: constrained calls: whether the output validates against the full request
+    #: (grammars.validation.output_errors; False when cut by the token limit),
+    #: and jsonschema's errors.  A finished-but-invalid output has finish_reason
+    #: "stop", valid False and the errors.  None without a constraint.
+    valid: bool | None = None
+    schema_errors: list[str] = field(default_factory=list)
 
     @property
     def accepted_per_forward(self) -> float:

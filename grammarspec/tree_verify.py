@@ -39,7 +39,9 @@ from grammars.base import Matcher
 from proposers.tree import DraftTree
 
 from .cache import CacheError, cache_length, crop_cache, require_croppable
-from .sampling import LogitsProcessorFn, SamplingParams, probabilities, process_logits
+from .masking import apply_masks
+from .processing import LogitsPipeline
+from .sampling import SamplingParams, probabilities
 
 __all__ = [
     "TreeStep",
@@ -271,8 +273,7 @@ def verify_tree(
     matcher: Matcher | None = None,
     masks: torch.Tensor | None = None,
     eos: frozenset[int] = frozenset(),
-    processors: Sequence[LogitsProcessorFn] = (),
-    min_new_left: int = 0,
+    processing: Any = None,
     generator: torch.Generator | None = None,
 ) -> TreeStep:
     """One tree step: walk, one target pass, accept, commit the cache (steps 1-4 above).
@@ -281,8 +282,9 @@ def verify_tree(
     cache holds (the rest are pending and go into this pass).  Leaves the
     cache holding ``tokens`` plus the accepted draft tokens; the matcher is
     unchanged (the caller commits the returned tokens to it, as for a chain).
-    ``min_new_left``: EOS stays blocked on rows fewer than this many tokens
-    into the step (``min_new_tokens``), unless EOS is all a row allows.
+    ``processing``: the row's processing ``(masked scores [n, V], prefixes) ->
+    scores`` (default: ``params``' temperature / top-k / top-p), applied to every
+    node with its own prefix -- the same processing a chain step applies.
     """
     if matcher is not None and masks is None:
         raise ValueError("verify_tree needs mask rows when a matcher is given")
@@ -293,36 +295,18 @@ def verify_tree(
     pending = list(tokens[cached:])
     logits = forward_tree(model, pending, tree, cache)  # [1 + n, V]
     # 3. Same processing for every row, then the target's own draws down the tree.
-    depths = [0] + [d + 1 for d in tree.depths()]
-    prefixes = (
-        [torch.tensor([list(tokens) + [tree.tokens[j] for j in tree.path(r - 1)]], dtype=torch.long) for r in range(rows)]
-        if processors
-        else ()
-    )
+    prefixes = [list(tokens) + [tree.tokens[j] for j in tree.path(r - 1)] for r in range(rows)]
     row_masks = masks[:rows] if masks is not None else None
     if matcher is not None and any(ends):  # rows of ended nodes are never read; give them a full mask
         row_masks = row_masks.clone()  # type: ignore[union-attr]
         for i, end in enumerate(ends):
             if end:
                 row_masks[1 + i] = -1
-    scores = process_logits(logits, params, row_masks, processors, prefixes)
-    _block_eos(scores, eos, depths, min_new_left)
+    scores = logits.float().clone()
+    if row_masks is not None:
+        apply_masks(scores, row_masks)
+    scores = (processing or LogitsPipeline.from_sampling(params))(scores, prefixes)
     path, next_token = choose_path(scores, tree, ends, params.greedy, generator)
     # 4. Commit: the cache keeps the context plus the accepted path.
     commit_path(cache, len(tokens), path, len(tree), "target model")
     return TreeStep(tree=tree, accepted=tuple(tree.tokens[i] for i in path), next_token=next_token, rows=len(pending) + len(tree))
-
-
-def _block_eos(scores: torch.Tensor, eos: frozenset[int], depths: list[int], min_new_left: int) -> None:
-    """min_new_tokens on a tree: forbid EOS on rows at depth < ``min_new_left``, unless it is all they allow."""
-    if not eos or min_new_left <= 0:
-        return
-    ids = torch.tensor(sorted(eos), dtype=torch.long)
-    ids = ids[ids < scores.shape[-1]]
-    for row, depth in enumerate(depths):
-        if depth >= min_new_left:
-            continue
-        blocked = scores[row].clone()
-        blocked[ids] = float("-inf")
-        if not bool(torch.isneginf(blocked).all()):
-            scores[row] = blocked

@@ -2,8 +2,9 @@
 
 A proposer looks at the committed context and a read-only view of the grammar
 and returns a :class:`Draft`: up to ``k`` tokens, plus -- only for sampled
-drafts -- the distributions they were sampled from.  After verification it is
-told how many of its tokens the target accepted.
+drafts -- the distributions they were sampled from.  After every loop step it is
+told what happened (:meth:`Proposer.commit`): how many of its tokens the target
+accepted and which tokens were appended to the context.
 
 Proposers never change the output distribution: every draft is truncated at
 its first grammar-illegal token and then verified by exact rejection sampling
@@ -13,7 +14,7 @@ against the target.  A deterministic draft (``probs is None``) is a point mass.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
@@ -79,17 +80,14 @@ class Request:
     """What a proposer may know about the generation it drafts for.
 
     Plain values only.  ``schema`` is the JSON Schema when the grammar came
-    from one (tools are turned into a schema too), else ``None``.
-    ``sampling`` is a :class:`grammarspec.sampling.SamplingParams` (kept as
-    ``Any`` here to avoid an import cycle); draft models sample with it.
+    from one (tools are turned into a schema too), else ``None``.  (How a
+    draft model samples is the runtime's business: it builds that drafter
+    with the row's processing, see :mod:`grammarspec.draft_model`.)
     """
 
     prompt_ids: tuple[int, ...]
-    tokenizer: "PreTrainedTokenizerBase"
+    tokenizer: "PreTrainedTokenizerBase | None"
     schema: dict[str, Any] | None = None
-    sampling: Any = None
-    generator: torch.Generator | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class GrammarView:
@@ -148,5 +146,14 @@ class Proposer(Protocol):
         worth proposing.
         """
 
-    def feedback(self, draft: Draft, num_accepted: int) -> None:
-        """The target accepted the first ``num_accepted`` tokens of ``draft``."""
+    def commit(self, draft: Draft, num_accepted: int, committed: Sequence[int]) -> None:
+        """The step is over: learn what was accepted.  Changes the proposer's state.
+
+        Called exactly once per loop step, also when this proposer did not
+        draft.  ``draft``: what it proposed this step, possibly cut by the
+        grammar or the budget (:data:`EMPTY_DRAFT` if none).  ``num_accepted``:
+        how many of those tokens the target accepted.  ``committed``: the
+        tokens appended to the context this step -- the accepted draft prefix
+        plus the target's own token, or forced tokens with an empty draft.
+        The next context is the previous one plus ``committed``.
+        """

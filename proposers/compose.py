@@ -26,7 +26,7 @@ token may merge with the text after it (``"}}`` + ``,{"`` is split ``"}``
 ``},`` ``{"``).  A draft of text (anything but a draft model's tokens) is
 therefore split again as one text (:func:`proposers.text.continuation_tokens`),
 then the way the target was seen to split such text in this request
-(:class:`proposers.text.SplitPreferences`); feedback is shared out by bytes.
+(:class:`proposers.text.SplitPreferences`); what was accepted is shared out by bytes.
 Without a continuation, jump-forward's own rule drops an ambiguous last
 token.
 """
@@ -34,24 +34,26 @@ token.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
 from .base import EMPTY_DRAFT, Draft, GrammarView, Proposer, Request
+from .cost import PassCost
 from .jump_forward import JumpForwardProposer, trim_ambiguous
-from .text import SplitPreferences, TokenText, continuation_tokens, token_text
+from .text import SplitPreferences, TokenText, continuation_tokens, token_sources, token_text
 from .track import Track
 
 __all__ = ["CompositeProposer", "concat_drafts", "is_model_proposer"]
 
 
 def is_model_proposer(proposer: Proposer) -> bool:
-    """Whether ``proposer`` runs a draft model (expensive: asked only as a fallback)."""
-    try:
-        from .draft_model import DraftModelProposer
-    except ImportError:  # pragma: no cover - the module ships with the package
-        return False
-    return isinstance(proposer, DraftModelProposer)
+    """Whether ``proposer`` runs a draft model (expensive: asked only as a fallback).
+
+    A drafter says so with a true ``runs_model`` attribute (the draft-model
+    drafter lives with the model runtime; this package never imports it).
+    """
+    return bool(getattr(proposer, "runs_model", False))
 
 
 def concat_drafts(first: Draft, second: Draft) -> Draft:
@@ -90,24 +92,47 @@ class CompositeProposer:
     fallback, the rest are the cheap followers, tried in the given order.
     ``short``: the draft model is asked only when the best cheap draft is
     shorter than this.  ``min_expected``: the fewest expected accepted tokens
-    for which a cheap draft alone is verified (a 2-16 row pass costs about
-    1.6 plain steps on CPU, so less than about 0.6 loses time).
+    for which a cheap draft alone is verified, or continues another; ``None``
+    (the default): what a pass of ``typical_rows`` rows costs beyond a plain
+    step (``cost_model.break_even(typical_rows)``: 0.6 with the prior, the
+    value tuned on replayed benchmark outputs; it rises as measured passes
+    turn out dearer).  A per-length bar (``Track.worth`` without a floor)
+    replayed slightly worse: 3.873 against 3.878 modelled speedup.
+    ``cost_model``: the :class:`proposers.cost.PassCost` of the target (a
+    fresh prior if ``None``), exposed as :attr:`cost_model`: the loop may
+    ``cost_model.update(rows, seconds)`` after each measured target pass and
+    read ``cost_model.cost(rows)`` (plain steps) for its own decisions; the
+    composite only reads it.
+    ``splits``: the learned splits of this request; the composite owns them
+    (starts them and teaches them, from its own drafts, once per
+    :meth:`commit`), and members built with the same object only read them.
+    ``None``: a fresh one, not shared.
     """
 
     def __init__(
-        self, proposers: Sequence[Proposer], *, name: str = "composite", short: int = 2, min_expected: float = 0.6
+        self,
+        proposers: Sequence[Proposer],
+        *,
+        name: str = "composite",
+        short: int = 2,
+        min_expected: float | None = None,
+        splits: SplitPreferences | None = None,
+        cost_model: PassCost | None = None,
+        typical_rows: int = 10,
     ) -> None:
         if not proposers:
             raise ValueError("CompositeProposer needs at least one proposer")
         self.name = name
         self.short = short
         self.min_expected = min_expected
+        self.cost_model = cost_model if cost_model is not None else PassCost()
+        self.typical_rows = typical_rows
         self.proposers = list(proposers)
         self.leaders = [p for p in self.proposers if isinstance(p, JumpForwardProposer)]
         self.fallbacks = [p for p in self.proposers if is_model_proposer(p)]
         self.followers = [p for p in self.proposers if p not in self.leaders and p not in self.fallbacks]
-        self._tokenizer = None
-        self._splits: SplitPreferences | None = None
+        self._tokenizer: Any = None
+        self.splits = splits if splits is not None else SplitPreferences()
         self._tracks: dict[tuple[int, str], Track] = {}  # per (follower id, draft kind), for this request
         # The last draft's parts: (proposer, its draft, first byte, bytes per token).
         self._parts: list[tuple[Proposer, Draft, int, list[int]]] = []
@@ -116,7 +141,7 @@ class CompositeProposer:
     def start(self, request: Request) -> None:
         """Start every member for the new request."""
         self._tokenizer = request.tokenizer
-        self._splits = SplitPreferences(request.tokenizer)
+        self.splits.start(request.tokenizer, request.prompt_ids)
         for proposer in self.proposers:
             proposer.start(request)
         self._tracks = {}
@@ -125,8 +150,6 @@ class CompositeProposer:
     def propose(self, context: Sequence[int], grammar: GrammarView | None, k: int) -> Draft:
         """Forced span, then the chosen follower's draft after it.  Does not change the grammar state."""
         self._parts, self._token_bytes = [], []
-        if self._splits is not None:
-            self._splits.observe(context)
         if k <= 0:
             return EMPTY_DRAFT
         # 1. The forced span.
@@ -162,8 +185,7 @@ class CompositeProposer:
             follows += self._continuation(ctx, view, follower, follow, rest - len(follow))
         # 3. Join them, re-splitting the seams when every part is deterministic.
         draft = self._join(context, grammar, k, (leader, lead), follows)
-        if self._splits is not None:
-            self._splits.remember(context, draft.tokens)
+        self.splits.remember(context, draft.tokens)
         return draft
 
     def _continuation(
@@ -179,30 +201,40 @@ class CompositeProposer:
         ctx = list(context) + list(draft.tokens)
         drafts = [p.propose(ctx, view, rest).truncate(rest) for p in others]
         drafts = [d if d.probs is None else EMPTY_DRAFT for d in drafts]  # only deterministic parts are joined
-        best = self._best(drafts, others, floor=self.min_expected)
+        best = self._best(drafts, others, gated=True)
         return [(others[best], drafts[best])] if best >= 0 else []
 
     def _track(self, proposer: Proposer, draft: Draft) -> Track:
         """The record of ``proposer``'s drafts of the same kind as ``draft``."""
-        return self._tracks.setdefault((id(proposer), draft.kind), Track())
+        key = (id(proposer), draft.kind)
+        track = self._tracks.get(key)
+        if track is None:
+            track = self._tracks[key] = Track(cost=self.cost_model)
+        return track
 
-    def _best(self, drafts: Sequence[Draft], proposers: Sequence[Proposer], floor: float = 0.0) -> int:
+    def _best(self, drafts: Sequence[Draft], proposers: Sequence[Proposer], gated: bool = False) -> int:
         """Index of the draft with the most expected accepted tokens (the longest on ties), -1 if none.
 
-        ``drafts[i]`` comes from ``proposers[i]``; a draft expected to get fewer than ``floor`` accepted is passed over.
+        ``drafts[i]`` comes from ``proposers[i]``; ``gated``: a draft not worth its pass
+        (:meth:`Track.worth`) is passed over.
         """
         best, key = -1, (0.0, 0)
         for i, draft in enumerate(drafts):
             if not draft:
                 continue
-            candidate = (self._track(proposers[i], draft).expected(len(draft)), len(draft))
-            if candidate > key and candidate[0] >= floor:
+            track = self._track(proposers[i], draft)
+            candidate = (track.expected(len(draft)), len(draft))
+            if candidate > key and (not gated or track.worth(len(draft), self._floor())):
                 best, key = i, candidate
         return best
 
     def _worth_verifying(self, proposer: Proposer, draft: Draft) -> bool:
         track = self._track(proposer, draft)
-        return track.expected(len(draft)) >= self.min_expected or track.admit()
+        return track.worth(len(draft), self._floor()) or track.admit()
+
+    def _floor(self) -> float:
+        """The fewest expected accepted tokens worth a pass (see ``min_expected``)."""
+        return self.min_expected if self.min_expected is not None else self.cost_model.break_even(self.typical_rows)
 
     def _join(
         self,
@@ -226,7 +258,7 @@ class CompositeProposer:
                 draft = joined
         forced = grammar.forced_text() if lead and grammar is not None and not follow_parts else ""
         if forced and helper.bytes_of(draft.tokens) == forced.encode("utf-8"):  # the whole span, not cut by k
-            keep = trim_ambiguous(self._tokenizer, context, forced, draft.tokens, grammar, self._splits)
+            keep = trim_ambiguous(self._tokenizer, context, forced, draft.tokens, grammar, self.splits)
             if keep < len(draft):
                 draft = draft.truncate(keep)
                 lead = lead.truncate(_tokens_within([len(helper.vocab_bytes[t]) for t in lead.tokens],
@@ -252,9 +284,7 @@ class CompositeProposer:
             tokens = continuation_tokens(self._tokenizer, context, data.decode("utf-8"))
         except UnicodeDecodeError:
             return None
-        if self._splits is not None:
-            tokens = self._splits.resplit(context, tokens)
-        tokens = tokens[:k]
+        tokens = self.splits.resplit(context, tokens)[:k]
         if not tokens or tuple(tokens) == draft.tokens:
             return None
         if grammar is not None:
@@ -262,29 +292,35 @@ class CompositeProposer:
         if not tokens:
             return None
         # Each token's source: the part holding its first byte.
-        boundaries, offset = [], 0
+        segments, offset = [], 0
         for token, source in zip(draft.tokens, draft.sources):
-            boundaries.append((offset, source))
             offset += len(helper.vocab_bytes[token])
-        sources, offset, j = [], 0, 0
-        for token in tokens:
-            while j + 1 < len(boundaries) and boundaries[j + 1][0] <= offset:
-                j += 1
-            sources.append(boundaries[j][1])
-            offset += len(helper.vocab_bytes[token])
-        return Draft(tokens=tuple(tokens), sources=tuple(sources))
+            segments.append((source, offset))
+        return Draft(tokens=tuple(tokens), sources=tuple(token_sources(tokens, helper.vocab_bytes, segments)))
 
-    def feedback(self, draft: Draft, num_accepted: int) -> None:
-        """Share out ``num_accepted`` by bytes over the parts of the last draft (``draft`` may be a prefix)."""
+    def commit(self, draft: Draft, num_accepted: int, committed: Sequence[int]) -> None:
+        """Share out ``num_accepted`` by bytes over the parts of the last draft and commit every member.
+
+        ``draft`` may be a prefix of the last draft (the loop cuts drafts).
+        A member whose part reached the target gets that part and its share
+        of the accepted tokens; every other member gets ``EMPTY_DRAFT, 0``.
+        All of them get ``committed``; the learned splits learn from it once.
+        Changes state.
+        """
+        self.splits.commit(committed)
         shown = sum(self._token_bytes[: len(draft)])
         accepted = sum(self._token_bytes[: min(num_accepted, len(draft))])
+        reports: dict[int, tuple[Draft, int]] = {}
         for proposer, part, start, sizes in self._parts:
             n_shown = _tokens_within(sizes, shown - start)
             if n_shown:
                 n_accepted = _tokens_within(sizes, accepted - start)
-                proposer.feedback(part.truncate(n_shown), n_accepted)
+                reports[id(proposer)] = (part.truncate(n_shown), n_accepted)
                 if proposer in self.followers:
                     self._track(proposer, part).update(n_shown, n_accepted)
+        for proposer in self.proposers:
+            part, n_accepted = reports.get(id(proposer), (EMPTY_DRAFT, 0))
+            proposer.commit(part, n_accepted, committed)
         self._parts, self._token_bytes = [], []
 
 

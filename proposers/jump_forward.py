@@ -20,6 +20,7 @@ text together with the continuation it drafts after it.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from grammars.base import allocate_bitmask
 
@@ -105,17 +106,22 @@ class JumpForwardProposer:
 
     The forced text is split canonically, then re-split where the target was
     seen to split the same text otherwise (:class:`~proposers.text.SplitPreferences`).
+    ``splits``: learned splits owned by someone else (the composite that
+    teaches them; this proposer only reads them); ``None``: its own, learned
+    from its own drafts at :meth:`commit`.
     """
 
-    def __init__(self, *, name: str = "jump_forward") -> None:
+    def __init__(self, *, name: str = "jump_forward", splits: SplitPreferences | None = None) -> None:
         self.name = name
-        self._tokenizer = None
-        self._splits: SplitPreferences | None = None
+        self._tokenizer: Any = None
+        self._owns_splits = splits is None
+        self.splits = splits if splits is not None else SplitPreferences()
 
     def start(self, request: Request) -> None:
-        """Remember the tokenizer; forget learned splits."""
+        """Remember the tokenizer; forget learned splits (its own ones).  Changes state."""
         self._tokenizer = request.tokenizer
-        self._splits = SplitPreferences(request.tokenizer)
+        if self._owns_splits:
+            self.splits.start(request.tokenizer, request.prompt_ids)
 
     def forced(self, context: Sequence[int], grammar: GrammarView | None, k: int) -> Draft:
         """The whole forced span in canonical tokens (at most ``k``), last token included.
@@ -132,29 +138,28 @@ class JumpForwardProposer:
     def propose(self, context: Sequence[int], grammar: GrammarView | None, k: int) -> Draft:
         """The forced span, split as the target splits it, without an ambiguous last token.
 
-        Does not change the grammar state; updates the learned splits.
+        Does not change the grammar state; remembers the draft in its own learned splits.
         """
-        splits = self._splits
-        if splits is not None:
-            splits.observe(context)
+        splits = self.splits
         if k <= 0 or grammar is None or self._tokenizer is None or grammar.is_terminated():
             return EMPTY_DRAFT
         forced = grammar.forced_text()
         if not forced:
             return EMPTY_DRAFT
         tokens = continuation_tokens(self._tokenizer, context, forced)
-        if splits is not None:
-            tokens = splits.resplit(context, tokens)
+        tokens = splits.resplit(context, tokens)
         whole = len(tokens) <= k
         tokens = tokens[:k]
         tokens = tokens[: grammar.validate(tokens)]
         if whole and tokens and token_text(self._tokenizer).bytes_of(tokens) == forced.encode("utf-8"):
             tokens = tokens[: trim_ambiguous(self._tokenizer, context, forced, tokens, grammar, splits)]
-        if splits is not None:
+        if self._owns_splits:
             splits.remember(context, tokens)
         if not tokens:
             return EMPTY_DRAFT
         return Draft(tokens=tuple(tokens), sources=(self.name,) * len(tokens))
 
-    def feedback(self, draft: Draft, num_accepted: int) -> None:
-        """Nothing to learn here: the next context shows what the target wrote instead."""
+    def commit(self, draft: Draft, num_accepted: int, committed: Sequence[int]) -> None:
+        """Learn from ``committed`` how the target split its draft (own splits only).  Changes state."""
+        if self._owns_splits:
+            self.splits.commit(committed)

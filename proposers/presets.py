@@ -4,7 +4,9 @@
 
 * ``None`` or ``"none"``: no speculation (unless a draft model is given);
 * a preset name: ``"auto"`` (jump-forward + schema n-gram + prompt lookup,
-  plus the draft model when one is given), ``"prompt_lookup"``,
+  plus the draft model when one is given; one
+  :class:`~proposers.text.SplitPreferences` shared by all, taught by the
+  composite), ``"prompt_lookup"``,
   ``"schema_ngram"``, ``"jump_forward"``, ``"draft_model"``;
 * a :class:`~proposers.base.Proposer` (returned as is);
 * a Hugging Face model (a draft model sharing the tokenizer);
@@ -24,6 +26,7 @@ from .compose import CompositeProposer
 from .jump_forward import JumpForwardProposer
 from .prompt_lookup import PromptLookupProposer
 from .schema_ngram import SchemaNgramProposer
+from .text import SplitPreferences
 
 __all__ = ["PRESETS", "resolve_assistant"]
 
@@ -37,36 +40,42 @@ _SINGLE: dict[str, Callable[[], Proposer]] = {
 }
 
 
-def resolve_assistant(assistant: Any, draft_model: Any = None) -> Proposer | None:
+#: Turns a Hugging Face draft model into its proposer (the runtime's ``DraftModelProposer``).
+MakeDraft = Callable[[Any], Proposer]
+
+
+def resolve_assistant(assistant: Any, draft_model: Any = None, *, make_draft: MakeDraft | None = None) -> Proposer | None:
     """The proposer for ``assistant`` (``None``: decode without speculation).
 
     ``draft_model``: a Hugging Face model used by ``"auto"`` and
-    ``"draft_model"`` (and on its own when ``assistant`` is ``None``).
+    ``"draft_model"`` (and on its own when ``assistant`` is ``None``);
+    ``make_draft`` turns a model into a proposer (models run in the runtime
+    package, :func:`grammarspec.assistant.resolve_assistant` passes it).
     Raises ``ValueError`` for an unknown preset name and ``TypeError`` for
     anything that is not an accepted kind, saying what is accepted.
     """
     if assistant is None:
-        return _draft_model(draft_model) if draft_model is not None else None
+        return _draft_model(draft_model, make_draft) if draft_model is not None else None
     if isinstance(assistant, str):
-        return _preset(assistant, draft_model)
+        return _preset(assistant, draft_model, make_draft)
     if isinstance(assistant, (list, tuple)):
-        members = [p for item in assistant for p in _members(resolve_assistant(item, draft_model))]
+        members = [p for item in assistant for p in _members(resolve_assistant(item, draft_model, make_draft=make_draft))]
         if not members:
             return None
         if len(members) == 1:
             return members[0]
         return CompositeProposer(members, name="+".join(p.name for p in members))
     if _is_model(assistant):
-        return _draft_model(assistant)
+        return _draft_model(assistant, make_draft)
     if isinstance(assistant, Proposer):
         return assistant
     raise TypeError(
         f"assistant= got a {type(assistant).__name__}; pass a preset name ({', '.join(map(repr, PRESETS))}), "
-        "a proposer (with name, start, propose and feedback), a Hugging Face draft model, or a list of these"
+        "a proposer (with name, start, propose and commit), a Hugging Face draft model, or a list of these"
     )
 
 
-def _preset(name: str, draft_model: Any) -> Proposer | None:
+def _preset(name: str, draft_model: Any, make_draft: MakeDraft | None) -> Proposer | None:
     key = name.strip().lower()
     if key == "none":
         return None
@@ -78,12 +87,17 @@ def _preset(name: str, draft_model: Any) -> Proposer | None:
                 "assistant='draft_model' needs a draft model: pass the model itself as assistant=..., "
                 "or give it as assistant_model=..."
             )
-        return _draft_model(draft_model)
+        return _draft_model(draft_model, make_draft)
     if key == "auto":
-        members: list[Proposer] = [JumpForwardProposer(), SchemaNgramProposer(), PromptLookupProposer()]
+        splits = SplitPreferences()  # one per request: the composite learns it, the members read it
+        members: list[Proposer] = [
+            JumpForwardProposer(splits=splits),
+            SchemaNgramProposer(splits=splits),
+            PromptLookupProposer(),
+        ]
         if draft_model is not None:
-            members.append(_draft_model(draft_model))
-        return CompositeProposer(members, name="auto")
+            members.append(_draft_model(draft_model, make_draft))
+        return CompositeProposer(members, name="auto", splits=splits)
     raise ValueError(f"unknown assistant preset {name!r}; choose one of {', '.join(map(repr, PRESETS))}")
 
 
@@ -104,9 +118,12 @@ def _is_model(value: Any) -> bool:
     return isinstance(value, torch.nn.Module) and hasattr(value, "config")
 
 
-def _draft_model(model: Any) -> Proposer:
+def _draft_model(model: Any, make_draft: MakeDraft | None) -> Proposer:
     if not _is_model(model):
         raise TypeError(f"the draft model must be a Hugging Face model, got a {type(model).__name__}")
-    from .draft_model import DraftModelProposer
-
-    return DraftModelProposer(model)
+    if make_draft is None:
+        raise TypeError(
+            "a draft model runs in the runtime package: resolve it with grammarspec.assistant.resolve_assistant "
+            "(grammarspec.generate does), not proposers.resolve_assistant"
+        )
+    return make_draft(model)

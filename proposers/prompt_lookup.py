@@ -107,5 +107,5 @@ class PromptLookupProposer:
             return EMPTY_DRAFT
         return Draft(tokens=tuple(tokens), sources=(self.name,) * len(tokens), kind=f"n{min(n, 4)}")
 
-    def feedback(self, draft: Draft, num_accepted: int) -> None:
+    def commit(self, draft: Draft, num_accepted: int, committed: Sequence[int]) -> None:
         """Stateless: nothing to learn."""

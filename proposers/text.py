@@ -23,7 +23,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["TokenText", "token_text", "continuation_tokens"]
+__all__ = ["TokenText", "token_text", "continuation_tokens", "token_sources", "SplitPreferences"]
 
 _ENCODE_CACHE_SIZE = 4096
 
@@ -189,6 +189,32 @@ def continuation_tokens(
     return []
 
 
+def token_sources(
+    tokens: Sequence[int], token_bytes: Sequence[bytes], segments: Sequence[tuple[str, int]], default: str = ""
+) -> list[str]:
+    """Which source produced each token: the segment that holds the token's first byte.
+
+    ``segments``: ``(source, end byte)`` in order, covering the text the
+    tokens spell (a token past the last end belongs to the last segment);
+    ``default`` names every token when there are no segments.  Pure.
+
+    Worked example (one byte per token)::
+
+        token_sources([ord("a"), ord("b"), ord("c")], BYTES, [("key", 1), ("value", 3)])
+        -> ["key", "value", "value"]
+
+    A token that straddles a boundary belongs to the segment it starts in:
+    ``ab`` then ``c`` over segments ``("x", 1), ("y", 3)`` is ``["x", "y"]``.
+    """
+    out, pos, seg = [], 0, 0
+    for token in tokens:
+        while seg < len(segments) - 1 and pos >= segments[seg][1]:
+            seg += 1
+        out.append(segments[seg][0] if segments else default)
+        pos += len(token_bytes[token]) if 0 <= token < len(token_bytes) else 0
+    return out
+
+
 class SplitPreferences:
     """How the target splits text where it disagrees with the canonical split (learned per request).
 
@@ -204,18 +230,43 @@ class SplitPreferences:
     sighting predicts it better than a majority does (replayed on SmolLM2's
     benchmark outputs: 4.49 against 4.34 tokens per pass on extraction).
 
-    Usage, per proposer and request: :meth:`observe` the new context at the
-    start of ``propose`` (it compares it with the last :meth:`remember`-ed
-    draft), :meth:`resplit` the canonical tokens, :meth:`remember` the draft.
+    One object per request, with one owner that teaches it: the owner calls
+    :meth:`start` with the request, :meth:`remember` with each draft it
+    proposes and :meth:`commit` with the tokens each loop step appended (it
+    compares them with the remembered draft).  Anyone may :meth:`resplit`.
+    The ``auto`` preset builds one and hands it to the composite (the owner)
+    and to the members that split text (which only read it), so the target's
+    splits are learned once, from the draft that reached it.  :meth:`observe`
+    learns from a whole context instead of the tokens of one step.
     """
 
-    def __init__(self, tokenizer: Any) -> None:
-        self.tokenizer = tokenizer
-        self.helper = token_text(tokenizer)
+    def __init__(self, tokenizer: Any = None) -> None:
+        self.tokenizer: Any = None
         self.by_context: dict[tuple[int, int], int] = {}  # (previous, canonical) -> token written last
         self.by_token: dict[int, int] = {}  # canonical -> token written last, in any context
         self._keys: dict[tuple[int, ...], list[int]] = {}  # resplit output -> canonical key per token
         self._last: tuple[int, tuple[int, ...], tuple[int, ...], list[int]] | None = None
+        self._context: list[int] = []  # prompt + committed tokens, as told by commit
+        if tokenizer is not None:
+            self.start(tokenizer)
+
+    def start(self, tokenizer: Any, prompt_ids: Sequence[int] = ()) -> None:
+        """Forget everything learned; a new request with this tokenizer and prompt.  Changes state."""
+        self.tokenizer = tokenizer
+        self.helper = token_text(tokenizer)
+        self.by_context.clear()
+        self.by_token.clear()
+        self._keys.clear()
+        self._last = None
+        self._context = [int(t) for t in prompt_ids]
+
+    def commit(self, committed: Sequence[int]) -> None:
+        """A loop step appended ``committed`` to the context: learn from the remembered draft.  Changes state.
+
+        Called once per step by the owner (the one that :meth:`remember`-s).
+        """
+        self._context.extend(int(t) for t in committed)
+        self.observe(self._context)
 
     def remember(self, context: Sequence[int], tokens: Sequence[int]) -> None:
         """The draft ``tokens`` proposed after ``context`` (compared with the next context)."""

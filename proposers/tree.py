@@ -333,7 +333,7 @@ class TreeProposer:
     this request's measured yield (``None``: always ``size``).  Alternatives: the draft's other learned
     splits (:func:`split_paths`, with the composite's or schema n-gram's
     :class:`SplitPreferences`), and other schema n-gram candidates for the
-    next value (:func:`proposers.schema_ngram.alternative_drafts`).
+    next value (:meth:`proposers.schema_ngram.SchemaNgramProposer.alternatives`).
 
     ``propose_tree`` changes the inner proposer's state as ``propose`` does;
     :meth:`commit_tree` reports what was committed: the inner proposer is
@@ -396,11 +396,11 @@ class TreeProposer:
         """The inner proposer's chain draft (changes its state as its ``propose`` does)."""
         return self.inner.propose(context, grammar, k)
 
-    def feedback(self, draft: Draft, num_accepted: int) -> None:
-        """Chain feedback (a step verified as a chain), passed to the inner proposer.  Changes state."""
-        self.inner.feedback(draft, num_accepted)
+    def commit(self, draft: Draft, num_accepted: int, committed: Sequence[int]) -> None:
+        """A step verified as a chain (or a forced step), passed to the inner proposer.  Changes state."""
+        self.inner.commit(draft, num_accepted, committed)
         self._primary = EMPTY_DRAFT
-        if self.sizer is not None:
+        if self.sizer is not None and draft.tokens:
             self.sizer.update(0, 0, len(draft) + 1, num_accepted + 1)
 
     # -- trees -------------------------------------------------------------------
@@ -464,8 +464,7 @@ class TreeProposer:
         n = 0
         while n < shown and n < len(committed) and primary.tokens[n] == committed[n]:
             n += 1
-        if shown:
-            self.inner.feedback(primary.truncate(shown), n)
+        self.inner.commit(primary.truncate(shown) if shown else EMPTY_DRAFT, n, committed)
         if self.sizer is not None:
             path, node = 0, -1  # draft tokens committed: the path the target took
             while path < len(committed):
@@ -496,8 +495,6 @@ class TreeProposer:
         # Schema n-gram: its other top candidates after the draft's forced lead.
         ngram = _schema_ngram(self.inner)
         if ngram is not None:
-            from .schema_ngram import alternative_drafts
-
             lead = 0
             while lead < len(draft) and draft.sources and draft.sources[lead] == "jump_forward":
                 lead += 1
@@ -508,14 +505,14 @@ class TreeProposer:
                     return out
                 view = GrammarView(matcher)
             prefix = list(draft.tokens[:lead])
-            for path in alternative_drafts(ngram, list(context) + prefix, view, k - lead, self.width):
+            for path in ngram.alternatives(list(context) + prefix, view, k - lead, self.width):
                 out.append((prefix + path, "candidate"))
         return out
 
 
 def _split_memory(proposer: Any) -> SplitPreferences | None:
     """The :class:`SplitPreferences` a proposer (or its composite members) learned this request."""
-    splits = getattr(proposer, "_splits", None)
+    splits = getattr(proposer, "splits", None)
     return splits if isinstance(splits, SplitPreferences) else None
 
 

@@ -1,20 +1,32 @@
-"""Shared fixtures: the embedded real model (loaded once) and tiny random models."""
+"""Shared fixtures: the embedded real model (loaded once), tiny random models, and the data sample.
+
+The benchmark tasks and the schema corpus come from the repository's ``data/``
+folder (``$GRAMMARSPEC_TASKS`` / ``$GRAMMARSPEC_SCHEMAS`` name others), read by
+the one loader, :mod:`grammarspec.bench.tasks`.  A test that uses the ``tasks``
+fixture reads the fixed benchmark task file, so it is marked ``bench``
+(``make test`` runs it; ``make test-fast`` leaves it out).
+"""
 
 from __future__ import annotations
 
-import json
 import os
-from pathlib import Path
 
 import pytest
 import torch
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+from grammarspec.bench.tasks import read_schema_records, read_task_records
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # One process per core under pytest-xdist: two OpenMP threads per worker on a
     # 2-core machine would fight each other and slow every forward pass down.
     torch.set_num_threads(1)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test that reads the benchmark task file (the ``tasks`` fixture) ``bench``."""
+    for item in items:
+        if "tasks" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.bench)
 
 
 @pytest.fixture(scope="session")
@@ -35,18 +47,10 @@ def smol_tokenizer():
 
 @pytest.fixture(scope="session")
 def tasks() -> list[dict]:
-    """The benchmark tasks of ../shared/tasks/tasks.jsonl."""
-    path = SHARED / "tasks" / "tasks.jsonl"
-    if not path.is_file():
-        pytest.fail(f"benchmark tasks not found at {path}: the shared/ folder must sit beside the checkout")
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """The records of the benchmark task file (``data/tasks/tasks.jsonl`` or ``$GRAMMARSPEC_TASKS``)."""
+    return read_task_records()
 
 
-def shared_schemas(category: str | None = None) -> list[dict]:
-    """Records of ../shared/schemas/*.jsonl (one category or all)."""
-    folder = SHARED / "schemas"
-    files = [folder / f"{category}.jsonl"] if category else sorted(folder.glob("*.jsonl"))
-    records = []
-    for f in files:
-        records += [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
-    return records
+def corpus_records(category: str | None = None) -> list[dict]:
+    """Records of the schema corpus (``data/schemas`` or ``$GRAMMARSPEC_SCHEMAS``): one category or all."""
+    return read_schema_records(categories=[category] if category else None)

@@ -66,13 +66,17 @@ class RuleMatcher(Matcher):
 
 
 class ScriptedProposer:
-    """Proposes ``script(context, grammar, k)`` and records every call and every feedback."""
+    """Proposes ``script(context, grammar, k)`` and records every call and every commit.
+
+    ``commits``: every ``(draft tokens, num_accepted, committed)`` it was told;
+    ``feedbacks``: the ``(draft tokens, num_accepted)`` of the steps it drafted.
+    """
 
     def __init__(self, name: str, script: Callable[[Sequence[int], GrammarView | None, int], Draft]) -> None:
         self.name = name
         self.script = script
         self.calls: list[tuple[list[int], int]] = []
-        self.feedbacks: list[tuple[tuple[int, ...], int]] = []
+        self.commits: list[tuple[tuple[int, ...], int, tuple[int, ...]]] = []
         self.started = 0
 
     def start(self, request: Request) -> None:
@@ -83,8 +87,18 @@ class ScriptedProposer:
         draft = self.script(context, grammar, k)
         return draft.truncate(k) if draft else EMPTY_DRAFT
 
-    def feedback(self, draft: Draft, num_accepted: int) -> None:
-        self.feedbacks.append((draft.tokens, num_accepted))
+    def commit(self, draft: Draft, num_accepted: int, committed: Sequence[int]) -> None:
+        self.commits.append((draft.tokens, num_accepted, tuple(committed)))
+
+    @property
+    def feedbacks(self) -> list[tuple[tuple[int, ...], int]]:
+        return [(tokens, n) for tokens, n, _ in self.commits if tokens]
+
+
+def commit_step(proposer, draft: Draft, num_accepted: int, next_token: int | None = None) -> None:
+    """``proposer.commit`` as the loop calls it: the accepted prefix of ``draft`` plus the target's ``next_token``."""
+    committed = draft.tokens[:num_accepted] + ((next_token,) if next_token is not None else ())
+    proposer.commit(draft, num_accepted, committed)
 
 
 def fixed(name: str, tokens: Sequence[int], probs: torch.Tensor | None = None) -> ScriptedProposer:

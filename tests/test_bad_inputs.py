@@ -17,7 +17,7 @@ from toy_models import ToyCausalLM, tiny_llama
 import grammarspec
 from grammars import GrammarError, compile_grammar, grammar_spec
 from grammarspec import ModelNotFoundError
-from proposers.draft_model import DraftModelProposer
+from grammarspec.draft_model import DraftModelProposer
 
 SCHEMA = {
     "type": "object",
@@ -59,7 +59,7 @@ def run(model, tok, prompt, **kwargs):
         ({"type": "strng"}, "at type"),
         ({"type": "object", "properties": {"a": {"minLength": -1}}}, "at properties/a/minLength"),
         ('{"type": "object",', "not valid JSON"),
-        ([{"type": "object"}], "got list"),
+        ([{"type": "object"}, {"type": "object"}], "got list"),  # a list is one schema per row: two for one row
         ({"required": "a"}, "at required"),
     ],
 )
@@ -429,3 +429,12 @@ def test_two_threads_with_the_same_new_schema_get_their_own_grammar_state(model,
     assert not errors, errors
     alone = [one(s) for s in settings]  # afterwards, one by one, from the cached grammar
     assert [results[i] for i in range(len(settings))] == alone
+
+
+@pytest.mark.parametrize("schema", [{"type": "integer", "minimum": 5, "maximum": 2}, {"enum": []},
+                                    {"type": "object", "properties": {"a": False}, "required": ["a"]}])  # fmt: skip
+def test_unsatisfiable_schemas_do_not_suggest_another_backend(tok, schema):
+    with pytest.raises(GrammarError) as info:
+        compile_grammar(grammar_spec(schema=schema), tok, vocab_size=len(tok), stop_token_ids=(0,))
+    message = str(info.value)
+    assert "accepts no value" in message and "outlines" not in message

@@ -93,6 +93,7 @@ def test_validity_uses_the_format_checker_and_needs_a_complete_output():
 # --- inputs -----------------------------------------------------------------------------
 
 
+@pytest.mark.bench
 def test_default_task_file_loads_with_its_categories():
     tasks = load_tasks(default_tasks_path())
     assert len(tasks) == 36
@@ -128,10 +129,17 @@ def test_malformed_task_files_name_the_problem(tmp_path):
 
 
 def test_schema_corpus_records_become_tasks(tmp_path):
-    fc = {"id": "function_calling/x/f", "category": "function_calling", "schema": {"type": "object",
-          "properties": {"q": {"type": "string"}}}, "tool": {"name": "f", "description": "find"},
-          "prompts": [{"messages": [{"role": "user", "content": "find cats"}], "ground_truth": [{"q": "cats"}]},
-                      {"messages": [{"role": "user", "content": "find a, b"}], "ground_truth": [{"q": "a"}, {"q": "b"}]}]}  # fmt: skip
+    prompts = [
+        {"messages": [{"role": "user", "content": "find cats"}], "ground_truth": [{"q": "cats"}]},
+        {"messages": [{"role": "user", "content": "find a, b"}], "ground_truth": [{"q": "a"}, {"q": "b"}]},
+    ]
+    fc = {
+        "id": "function_calling/x/f",
+        "category": "function_calling",
+        "schema": {"type": "object", "properties": {"q": {"type": "string"}}},
+        "tool": {"name": "f", "description": "find"},
+        "prompts": prompts,
+    }
     plain = {"id": "snowplow/y", "category": "snowplow", "schema": {"title": "Click", "type": "object"}}
     (tmp_path / "function_calling.jsonl").write_text(json.dumps(fc) + "\n")
     (tmp_path / "snowplow.jsonl").write_text(json.dumps(plain) + "\n")
@@ -290,3 +298,23 @@ def test_real_bench_run_on_two_tasks(smol, tmp_path):
     summary = json.loads(paths["json"].read_text())["summary"]
     assert summary["categories"]["tool_call"]["auto"]["speedup"] > 0
     assert Path(paths["speedup_png"]).stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_the_batch_bench_serves_every_task_in_both_arms_with_identical_greedy_outputs(smol):
+    from grammarspec.bench.batch import batch_table, run_batch_bench
+
+    model, tokenizer = smol
+    tasks = select_tasks(load_tasks(default_tasks_path()), categories=["tool_call"], limit=3)
+    runs = run_batch_bench(model, tokenizer, tasks, [1, 2], max_new_tokens=10)
+    by = {(r.arm, r.batch_size): r for r in runs}
+    assert set(by) == {("baseline", 1), ("auto", 1), ("baseline", 2), ("auto", 2)}
+    for size in (1, 2):
+        base, auto = by[("baseline", size)], by[("auto", size)]
+        assert set(auto.outputs) == {t.id for t in tasks} == set(base.outputs)
+        assert auto.outputs == base.outputs  # greedy: the same tokens, row by row
+        assert auto.tokens == base.tokens == sum(len(o) for o in auto.outputs.values())
+        assert auto.row_passes <= base.row_passes  # speculation never needs more passes than tokens
+        assert len(auto.latencies) == len(tasks) and auto.categories["tool_call"][0] == auto.tokens
+    table = batch_table(runs)
+    assert table.count("\n") == 3 and "3/3" in table

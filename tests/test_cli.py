@@ -165,3 +165,31 @@ def test_bench_quick_style_run_writes_every_output(smol_cli, tmp_path, capsys):
     assert "### Details per category and arm" in (out / "results.md").read_text()
     for png in ("speedup.png", "accepted_per_step.png", "acceptance_vs_length.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
+
+
+# --- compile errors: the CLI's own flag and the file it read ------------------------------------------
+
+
+@pytest.fixture
+def toy_cli(monkeypatch):
+    from toy import toy_tokenizer, toy_vocab_size
+    from toy_models import tiny_llama
+
+    tok = toy_tokenizer()
+    monkeypatch.setattr(cli, "_load", lambda name, what="--model": (tiny_llama(toy_vocab_size(), seed=0), tok))
+
+
+def test_compile_error_names_the_file_and_the_cli_flag(tmp_path, capsys, toy_cli):
+    path = tmp_path / "backref.json"
+    path.write_text(json.dumps({"type": "string", "pattern": "(a)\\1"}))  # outlines-core cannot build it
+    status, err = _exit(["generate", "--schema", str(path), "--prompt", "hi", "--grammar-backend", "outlines"], capsys)
+    assert status == 2 and f"--schema {path}" in err
+    assert "--grammar-backend xgrammar" in err and "backend='" not in err
+
+
+def test_unsatisfiable_schema_suggests_no_other_backend(tmp_path, capsys, toy_cli):
+    path = tmp_path / "empty.json"
+    path.write_text(json.dumps({"type": "integer", "minimum": 5, "maximum": 2}))
+    status, err = _exit(["generate", "--schema", str(path), "--prompt", "hi"], capsys)
+    assert status == 2 and f"--schema {path}" in err and "accepts no value" in err
+    assert "outlines" not in err and "--grammar-backend" not in err

@@ -17,7 +17,7 @@ from grammarspec.cache import CacheError
 from grammarspec.decoding import DecodeConfig, decode
 from grammarspec.sampling import SamplingParams
 from proposers.base import Draft, Request
-from proposers.draft_model import DraftModelProposer
+from grammarspec.draft_model import DraftModelProposer
 
 SCHEMA = {
     "type": "object",
@@ -57,7 +57,7 @@ class ScriptedProposer:
             tokens[-1] = 40  # some letter: usually illegal or rejected
         return Draft(tuple(tokens), sources=(self.name,) * len(tokens))
 
-    def feedback(self, draft, num_accepted):
+    def commit(self, draft, num_accepted, committed):
         pass
 
 
@@ -65,7 +65,7 @@ def run(model, prompt, *, matcher=None, proposer=None, k=4, params=None, config=
     params = params or SamplingParams()
     config = config or DecodeConfig(max_new_tokens=40, sampling=params, eos_token_ids=(0,))
     if proposer is not None:
-        proposer.start(Request(prompt_ids=tuple(prompt), tokenizer=None, sampling=params, generator=kw.get("generator")))
+        proposer.start(Request(prompt_ids=tuple(prompt), tokenizer=None))
     controller = AdaptiveController(k_min=k, k_max=k, adaptive=False) if proposer is not None else None
     return decode(model, prompt, config, matcher=matcher, proposer=proposer, controller=controller, **kw)
 
@@ -79,15 +79,23 @@ def masks_equal(a, b, vocab):
     return torch.equal(ma, mb)
 
 
+class RecordingLM(ToyCausalLM):
+    """A toy model that remembers the cache it last ran on (a draft model's own cache, seen from outside)."""
+
+    def forward(self, input_ids, cache=None, **kwargs):
+        self.last_cache = cache
+        return super().forward(input_ids, cache=cache, **kwargs)
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_rollback_leaves_no_trace(compiled, seed):
     """After every step: the matcher equals a fresh one fed the committed tokens, the
     target cache holds exactly the committed-and-verified prefix, and the draft
     model's cache holds only committed tokens."""
-    model, draft_model = ToyCausalLM(V, seed=seed), ToyCausalLM(V, seed=seed + 100)
+    model, draft_model = ToyCausalLM(V, seed=seed), RecordingLM(V, seed=seed + 100)
     matcher = compiled.matcher(max_rollback=8)
-    proposer = DraftModelProposer(draft_model)
     generator = torch.Generator().manual_seed(seed)
+    proposer = DraftModelProposer(draft_model, sampling=SamplingParams(True, 1.0), generator=generator)
     checked = []
 
     def on_step(state):
@@ -98,7 +106,7 @@ def test_rollback_leaves_no_trace(compiled, seed):
         assert state.cache.get_seq_length() == state.cached <= len(state.tokens)
         stored = state.cache.layers[0].keys[0, 0, :, 0].long().tolist()
         assert stored == state.tokens[: state.cached]  # no rejected position in the target cache
-        draft_cache = proposer._cache
+        draft_cache = draft_model.last_cache
         draft_len = draft_cache.get_seq_length()
         assert draft_cache.layers[0].keys[0, 0, :, 0].long().tolist() == state.tokens[:draft_len]
         checked.append(len(state.generated))
@@ -203,6 +211,43 @@ def test_forced_tokens_skip_the_target():
     assert stats.first_step_tokens == 9 and 0 < stats.first_step_seconds <= stats.total_seconds
 
 
+class RecordingProposer(ScriptedProposer):
+    """A scripted proposer that records every ``commit``."""
+
+    def __init__(self, script: list[int], noise_every: int = 0) -> None:
+        super().__init__(script, noise_every)
+        self.commits: list[tuple[tuple[int, ...], int, tuple[int, ...]]] = []
+        self.proposed: list[tuple[int, ...]] = []
+
+    def propose(self, context, grammar, k):
+        draft = super().propose(context, grammar, k)
+        self.proposed.append(draft.tokens)
+        return draft
+
+    def commit(self, draft, num_accepted, committed):
+        self.commits.append((draft.tokens, num_accepted, tuple(committed)))
+
+
+@pytest.mark.parametrize("noise", [0, 2])
+def test_every_step_commits_every_proposer_with_what_was_appended(noise):
+    """One commit per step, forced steps included (empty draft); the commits spell the output."""
+    tok = toy_tokenizer()
+    compiled = compile_grammar(grammar_spec(regex="abc(x|yy)de(f|g)h"), tok, vocab_size=len(tok), stop_token_ids=(0,))
+    model = ToyCausalLM(V, seed=4)
+    plain, _ = run(model, PROMPT, matcher=compiled.matcher())
+    proposer = RecordingProposer(plain, noise)
+    new, stats = run(model, PROMPT, matcher=compiled.matcher(), proposer=proposer, k=3)
+    assert new == plain
+    assert len(proposer.commits) == stats.target_forwards + stats.forced_tokens
+    assert [t for _, _, committed in proposer.commits for t in committed] == new
+    forced_steps = [c for c in proposer.commits if not c[0]]
+    assert len(forced_steps) >= stats.forced_tokens > 0
+    for draft, accepted, committed in proposer.commits:
+        assert accepted <= len(draft) and committed[:accepted] == draft[:accepted]
+        assert len(committed) in (accepted, accepted + 1)  # + the target's own token unless the draft ended it
+        assert not draft or any(p[: len(draft)] == draft for p in proposer.proposed)
+
+
 class NoCropCache:
     def __init__(self, inner):
         self.inner = inner
@@ -213,10 +258,10 @@ class NoCropCache:
 
 
 def test_uncroppable_cache_is_refused(compiled, monkeypatch):
-    import grammarspec.decoding as decoding
+    import grammarspec.kv as kv
 
-    real = decoding.new_cache
-    monkeypatch.setattr(decoding, "new_cache", lambda model: NoCropCache(real(model)))
+    real = kv.new_cache
+    monkeypatch.setattr(kv, "new_cache", lambda model: NoCropCache(real(model)))
     model = ToyCausalLM(V, seed=3)
     script = [6] * 5  # rejected: forces a rollback
     with pytest.raises(CacheError, match="cannot be rolled back"):
@@ -224,8 +269,8 @@ def test_uncroppable_cache_is_refused(compiled, monkeypatch):
 
 
 def test_draft_row_without_legal_token_emits_nothing(compiled, monkeypatch):
-    proposer = DraftModelProposer(ToyCausalLM(V, seed=1))
-    proposer.start(Request(prompt_ids=tuple(PROMPT), tokenizer=None, sampling=SamplingParams(True, 1.0)))
+    proposer = DraftModelProposer(ToyCausalLM(V, seed=1), sampling=SamplingParams(True, 1.0))
+    proposer.start(Request(prompt_ids=tuple(PROMPT), tokenizer=None))
     monkeypatch.setattr(proposer, "_forward", lambda ids: torch.full((1, V), float("-inf")))
     from proposers.base import GrammarView
 

@@ -30,7 +30,7 @@ from grammarspec.adaptive import AdaptiveController
 from grammarspec.decoding import DecodeConfig, decode
 from grammarspec.sampling import SamplingParams, process_logits
 from proposers.base import Draft, GrammarView, Request
-from proposers.draft_model import DraftModelProposer
+from grammarspec.draft_model import DraftModelProposer
 
 SCHEMA = {"type": "array", "items": {"enum": ["a", "b"]}, "minItems": 1, "maxItems": 2}
 PROMPT = [2, 3]  # "{" "}" -- any prefix will do for a random model
@@ -87,7 +87,7 @@ class ImprobableProposer:
                 break
         return Draft(tokens=tuple(tokens), sources=(self.name,) * len(tokens))
 
-    def feedback(self, draft: Draft, num_accepted: int) -> None:
+    def commit(self, draft: Draft, num_accepted: int, committed) -> None:
         pass
 
 
@@ -97,8 +97,8 @@ def speculative_counts(model, compiled, params, make_proposer, seed, samples=SAM
     counts: Counter = Counter()
     accepted = proposed = 0
     for _ in range(samples):
-        proposer = make_proposer()
-        proposer.start(Request(prompt_ids=tuple(PROMPT), tokenizer=None, sampling=params, generator=generator))
+        proposer = make_proposer(params, generator)
+        proposer.start(Request(prompt_ids=tuple(PROMPT), tokenizer=None))
         new, stats = decode(
             model, PROMPT, config, matcher=compiled.matcher(), proposer=proposer,
             controller=AdaptiveController(k_min=k, k_max=k, adaptive=False), generator=generator,
@@ -127,12 +127,12 @@ OTHER = ToyCausalLM(V, seed=7, scale=1.0)
 # every draft kind, temperature 0.7 / 1.0 / 1.5, top-k and top-p; the cross terms
 # run 3,000 each (still far more than the chi-square needs for ~30 sequences).
 CASES = {
-    "matched-draft-T1.0-topp": (SamplingParams(True, 1.0, top_p=0.9), lambda: DraftModelProposer(TARGET), SAMPLES),
-    "random-draft-T0.7-topk": (SamplingParams(True, 0.7, top_k=4), lambda: DraftModelProposer(OTHER), SAMPLES),
-    "improbable-T1.5": (SamplingParams(True, 1.5), ImprobableProposer, SAMPLES),
-    "random-draft-T1.5-topk-topp": (SamplingParams(True, 1.5, top_k=5, top_p=0.95), lambda: DraftModelProposer(OTHER), 3000),
-    "improbable-T0.7-topp": (SamplingParams(True, 0.7, top_p=0.95), ImprobableProposer, 3000),
-    "matched-draft-T1.5-topk": (SamplingParams(True, 1.5, top_k=3), lambda: DraftModelProposer(TARGET), 3000),
+    "matched-draft-T1.0-topp": (SamplingParams(True, 1.0, top_p=0.9), lambda p, g: DraftModelProposer(TARGET, sampling=p, generator=g), SAMPLES),
+    "random-draft-T0.7-topk": (SamplingParams(True, 0.7, top_k=4), lambda p, g: DraftModelProposer(OTHER, sampling=p, generator=g), SAMPLES),
+    "improbable-T1.5": (SamplingParams(True, 1.5), lambda p, g: ImprobableProposer(), SAMPLES),
+    "random-draft-T1.5-topk-topp": (SamplingParams(True, 1.5, top_k=5, top_p=0.95), lambda p, g: DraftModelProposer(OTHER, sampling=p, generator=g), 3000),
+    "improbable-T0.7-topp": (SamplingParams(True, 0.7, top_p=0.95), lambda p, g: ImprobableProposer(), 3000),
+    "matched-draft-T1.5-topk": (SamplingParams(True, 1.5, top_k=3), lambda p, g: DraftModelProposer(TARGET, sampling=p, generator=g), 3000),
 }
 
 
@@ -160,12 +160,25 @@ def test_speculative_samples_follow_the_constrained_target(setup, case):
 
 def test_leaky_cache_is_detected(setup, monkeypatch):
     """Sanity of the method: skip the KV rollback and the test must fail."""
-    import grammarspec.decoding as decoding
+    import grammarspec.kv as kv
 
     _, compiled = setup
     params = SamplingParams(True, 1.0)
     exact = exact_distribution(TARGET, compiled, params)
-    monkeypatch.setattr(decoding, "crop_cache", lambda cache, length, *a: None)
+    monkeypatch.setattr(kv, "crop_cache", lambda cache, length, *a: None)
     with pytest.raises(AssertionError):
-        counts, _ = speculative_counts(TARGET, compiled, params, ImprobableProposer, seed=5, samples=4000)
+        counts, _ = speculative_counts(TARGET, compiled, params, lambda p, g: ImprobableProposer(), seed=5, samples=4000)
         assert_matches(counts, exact, samples=4000)
+
+
+@pytest.mark.parametrize("case", ["improbable-T1.5", "random-draft-T0.7-topk"])
+def test_llguidance_backend_samples_follow_the_constrained_target(case):
+    """The same check with the llguidance matcher driving the loop (3,000 samples per case)."""
+    tok = toy_tokenizer()
+    compiled = compile_grammar(grammar_spec(schema=SCHEMA), tok, vocab_size=len(tok), stop_token_ids=(0,),
+                               backend="llguidance")  # fmt: skip
+    params, make_proposer, _ = CASES[case]
+    exact = exact_distribution(TARGET, compiled, params)
+    assert len(exact) > 5
+    counts, _ = speculative_counts(TARGET, compiled, params, make_proposer, seed=sum(map(ord, case)), samples=3000)
+    assert_matches(counts, exact, samples=3000)

@@ -102,3 +102,24 @@ def test_side_by_side_outputs_are_identical(quick_examples, capsys):
     assert [row[2] for row in rows] == ["plain", "auto"]
     assert all(row[-2] == "yes" for row in rows), out  # speculation changed nothing
     assert "diverged" not in out
+
+
+# --- the demo (make demo) ----------------------------------------------------------------------
+
+
+def test_demo_help_works(capsys):
+    demo = load_example("demo")
+    with pytest.raises(SystemExit) as exit_:
+        demo.main(["--help"])
+    assert exit_.value.code == 0 and "speedup" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_demo_shows_a_complete_valid_answer_and_the_speedup(quick_examples, capsys):
+    demo = load_example("demo")
+    assert demo.main([]) == 0
+    out = capsys.readouterr().out
+    assert "complete and valid: True (finish: stop)" in out
+    answer = json.loads(out.split("\n=== speculative (assistant='auto')\n", 1)[1].split("\ncomplete and valid")[0])
+    jsonschema.validate(answer, demo.SCHEMA)
+    assert "identical output: True" in out and "x faster" in out

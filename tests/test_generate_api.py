@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import threading
 
+import jsonschema
 import pytest
 import torch
 from toy import toy_tokenizer, toy_vocab_size
@@ -14,6 +15,7 @@ from toy_models import tiny_llama
 from transformers import TextIteratorStreamer
 
 import grammarspec
+from grammars import compile_grammar, grammar_spec
 from grammarspec import GenerationOutput
 
 SCHEMA = {
@@ -51,8 +53,33 @@ def test_constrained_output_is_valid_json(model, tok, prompt):
     if stats.finish_reason == "stop":
         value = json.loads(text)
         assert set(value) == {"a", "b"}
+        jsonschema.validate(value, SCHEMA)
     else:
         assert stats.finish_reason == "length" and stats.new_tokens == 60
+
+
+@pytest.mark.parametrize("assistant", [None, "auto"])
+def test_finished_outputs_validate_and_cut_ones_are_legal_prefixes(model, tok, prompt, assistant):
+    """Greedy and sampled, long enough to finish: a finished output validates against the schema; an
+    output cut by the token limit is a prefix the grammar accepts (it never leaves the schema)."""
+    compiled = compile_grammar(grammar_spec(schema=SCHEMA), tok, vocab_size=V, stop_token_ids=(tok.eos_token_id,))
+    finished = 0
+    for seed in range(6):
+        sampling = {"do_sample": False} if seed == 0 else {"do_sample": True, "temperature": 1.0}
+        out = grammarspec.generate(model, prompt, tokenizer=tok, schema=SCHEMA, max_new_tokens=60, assistant=assistant,
+                                   generator=torch.Generator().manual_seed(seed), return_dict_in_generate=True,
+                                   **sampling)  # fmt: skip
+        stats = out.stats[0]
+        tokens = new_tokens(out.sequences, prompt)[: stats.new_tokens]
+        matcher = compiled.matcher(max_rollback=1)
+        assert all(matcher.accept(t) for t in tokens), (seed, tok.decode(tokens))
+        if stats.finish_reason == "stop":
+            finished += 1
+            assert matcher.is_terminated()
+            jsonschema.validate(json.loads(tok.decode(tokens, skip_special_tokens=True)), SCHEMA)
+        else:
+            assert stats.finish_reason == "length" and stats.new_tokens == 60
+    assert finished >= 3  # most runs finish within 60 tokens: the validity check above is exercised
 
 
 @pytest.mark.parametrize("assistant", ["auto", "prompt_lookup", "schema_ngram", "jump_forward"])
@@ -79,21 +106,17 @@ def test_draft_model_with_another_tokenizer_is_refused(model, tok, prompt):
 
 
 def test_enable_routes_only_grammarspec_calls(model, tok, prompt):
-    grammarspec.enable(model)
-    try:
-        ours = model.generate(prompt, tokenizer=tok, schema=SCHEMA, assistant="auto", max_new_tokens=30)
-        direct = grammarspec.generate(model, prompt, tokenizer=tok, schema=SCHEMA, max_new_tokens=30)
-        assert torch.equal(ours, direct)
-        # no grammarspec argument: Hugging Face's own generate
-        hf = model.generate(prompt, max_new_tokens=6, do_sample=False)
-        plain = grammarspec.generate(model, prompt, max_new_tokens=6)
-        assert torch.equal(hf, plain)  # and unconstrained greedy agrees with it
-        # unconstrained speculative decoding through assistant= alone
-        spec = model.generate(prompt, assistant="prompt_lookup", max_new_tokens=6)
-        assert torch.equal(spec, hf)
-    finally:
-        model.generate = model._grammarspec_original_generate
-        del model._grammarspec_original_generate
+    enabled = grammarspec.enable(tiny_llama(V, seed=0))  # a copy of `model`: the shared one stays as it is
+    ours = enabled.generate(prompt, tokenizer=tok, schema=SCHEMA, assistant="auto", max_new_tokens=30)
+    direct = grammarspec.generate(model, prompt, tokenizer=tok, schema=SCHEMA, max_new_tokens=30)
+    assert torch.equal(ours, direct)
+    # no grammarspec argument: Hugging Face's own generate
+    hf = enabled.generate(prompt, max_new_tokens=6, do_sample=False)
+    plain = grammarspec.generate(model, prompt, max_new_tokens=6)
+    assert torch.equal(hf, plain)  # and unconstrained greedy agrees with it
+    # unconstrained speculative decoding through assistant= alone
+    spec = enabled.generate(prompt, assistant="prompt_lookup", max_new_tokens=6)
+    assert torch.equal(spec, hf)
 
 
 def test_streamer_receives_committed_tokens(model, tok, prompt):
@@ -136,6 +159,41 @@ def test_sampling_settings_are_honoured(model, tok, prompt):
     assert torch.equal(a, b)  # same seed, same sample
 
 
+@pytest.mark.parametrize("constrained", [True, False], ids=["schema", "free"])
+@pytest.mark.parametrize("assistant", [None, "auto"])
+def test_top_k_1_sampling_is_greedy(model, tok, prompt, assistant, constrained):
+    """top-k comes after the grammar mask: the one token left is the greedy one, whatever the temperature."""
+    kw = dict(tokenizer=tok, schema=SCHEMA if constrained else None, max_new_tokens=30, assistant=assistant)
+    greedy = grammarspec.generate(model, prompt, do_sample=False, **kw)
+
+    def sample(seed, top_k):
+        return grammarspec.generate(model, prompt, do_sample=True, temperature=1.7, top_k=top_k,
+                                    generator=torch.Generator().manual_seed(seed), **kw)  # fmt: skip
+
+    assert all(torch.equal(sample(seed, 1), greedy) for seed in range(3))
+    assert not all(torch.equal(sample(seed, 0), greedy) for seed in range(3))  # without top-k these seeds differ
+
+
+@pytest.mark.parametrize("assistant", [None, "prompt_lookup"])
+def test_top_k_samples_only_the_k_most_probable_tokens(model, tok, assistant):
+    """Unconstrained, top_k=3 at a high temperature: every new token is one of the 3 best of its step."""
+    k = 3
+    prompt = torch.tensor([tok("[1,2,1,2,1,2", add_special_tokens=False)["input_ids"]])
+    ranks = []
+    for seed in range(4):
+        out = grammarspec.generate(model, prompt, max_new_tokens=24, do_sample=True, temperature=3.0, top_k=k,
+                                   assistant=assistant, generator=torch.Generator().manual_seed(seed),
+                                   return_dict_in_generate=True)  # fmt: skip
+        n = out.stats[0].new_tokens
+        sequence = out.sequences[:, : prompt.shape[1] + n]
+        with torch.no_grad():
+            logits = model(sequence).logits[0, prompt.shape[1] - 1 : -1]  # the step that chose each new token
+        new = sequence[0, prompt.shape[1] :]
+        ranks += (logits > logits.gather(1, new[:, None])).sum(1).tolist()  # tokens more probable than the one chosen
+    assert max(ranks) < k, ranks
+    assert len(set(ranks)) > 1  # a high temperature: not always the most probable token (it samples)
+
+
 def test_min_new_tokens_and_stop_strings(model, tok, prompt):
     out = grammarspec.generate(model, prompt, max_new_tokens=12, min_new_tokens=12, eos_token_id=0,
                                return_dict_in_generate=True)  # fmt: skip
@@ -166,3 +224,56 @@ def test_empty_prompt_is_explained(model, tok):
 def test_max_new_tokens_zero_returns_the_prompt(model, tok, prompt):
     out = grammarspec.generate(model, prompt, tokenizer=tok, schema=SCHEMA, max_new_tokens=0, return_dict_in_generate=True)
     assert torch.equal(out.sequences, prompt) and out.stats[0].finish_reason == "length"
+
+
+# --- complete() with every constraint kind; up-front checks; streamers always ended -------------------
+
+
+@pytest.mark.parametrize("kind", ["grammar", "regex", "json_object"])
+def test_complete_marks_finished_answers_of_every_kind_valid(tok, kind):
+    model = tiny_llama(V, seed=0)
+    kwargs = {"grammar": {"grammar": 'root ::= "yes" | "no"'}, "regex": {"regex": "[a-c]{2,4}"},
+              "json_object": {"json_object": True}}[kind]  # fmt: skip
+    result = grammarspec.complete(model, tok, "answer", max_new_tokens=60, **kwargs)
+    assert result.finish_reason == "stop", result.text
+    assert result.valid, (result.text, result.errors)
+    if kind == "json_object":
+        assert isinstance(result.value, dict) and result.value == json.loads(result.text)
+    else:
+        assert result.value == result.text and result.text in ("yes", "no") or len(result.text) in (2, 3, 4)
+
+
+def test_prompt_longer_than_the_context_is_refused_up_front(model, tok):
+    too_long = torch.full((1, model.config.max_position_embeddings + 1), 5, dtype=torch.long)
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        grammarspec.generate(model, too_long, tokenizer=tok, schema=SCHEMA, max_new_tokens=5)
+
+
+def test_prompt_id_outside_the_vocabulary_is_refused(model, tok):
+    for bad in (V + 3, -1):
+        with pytest.raises(ValueError, match="outside the model's vocabulary"):
+            grammarspec.generate(model, torch.tensor([[2, bad]]), tokenizer=tok, schema=SCHEMA, max_new_tokens=5)
+
+
+@pytest.mark.parametrize("assistant", ["auto", "schema_ngram", ["jump_forward", "prompt_lookup"]])
+def test_text_drafters_without_tokenizer_are_explained(model, prompt, assistant):
+    with pytest.raises(ValueError, match="tokenizer="):
+        grammarspec.generate(model, prompt, max_new_tokens=5, assistant=assistant)
+
+
+def test_streamer_is_ended_when_generation_raises(model, tok, prompt):
+    streamer = TextIteratorStreamer(tok, skip_prompt=True, timeout=10)
+    failed = {}
+
+    def work():
+        try:
+            grammarspec.generate(model, prompt, tokenizer=tok, schema=SCHEMA, max_new_tokens=5, streamer=streamer,
+                                 num_beams=2)  # fmt: skip
+        except ValueError as exc:
+            failed["error"] = exc
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    assert "".join(streamer) == ""  # ends instead of blocking (the timeout would raise queue.Empty)
+    thread.join()
+    assert "num_beams" in str(failed["error"])

@@ -341,18 +341,28 @@ UNSUPPORTED = [
     ("outlines", dict(schema={"not": {"type": "string"}}), "Unsupported JSON Schema structure"),
     ("outlines", dict(schema={"type": "string", "format": "ipv4"}), "ipv4"),
     ("outlines", dict(regex="(?=a)a"), "regex"),
+    ("llguidance", dict(grammar="root ::= undefined_rule"), "undefined_rule"),
+    ("llguidance", dict(regex="(a)\\1"), "backreferences are not supported"),
+    ("llguidance", dict(schema={"not": {"type": "string"}}), "Unimplemented keys"),
+    ("llguidance", dict(schema={"type": "array", "uniqueItems": True}), "uniqueItems"),
+    ("llguidance", dict(schema={"type": "integer", "minimum": 5, "maximum": 2}), "Unsatisfiable"),
+    ("llguidance", dict(schema={"enum": []}), "Unsatisfiable"),
 ]
+#: What each error suggests: the backend that can help, or nothing (the schema admits no value).
+SUGGESTS = {"xgrammar": "outlines", "outlines": "xgrammar", "llguidance": "xgrammar"}
+UNSATISFIABLE = ("minimum greater than maximum", "Unsatisfiable")
 
 
 @pytest.mark.parametrize("backend,kwargs,reason", UNSUPPORTED, ids=lambda x: str(x)[:40])
 def test_unsupported_features_raise_grammar_error(toy, backend, kwargs, reason):
-    other = "outlines" if backend == "xgrammar" else "xgrammar"
     with pytest.raises(GrammarError) as info:
         compile_grammar(grammar_spec(**kwargs), toy, backend=backend)
     message = str(info.value)
     assert backend in message and reason in message
-    if "schema" in kwargs or "regex" in kwargs:
-        assert f"backend='{other}'" in message  # says what to do
+    if reason in UNSATISFIABLE:  # no backend can help: none is suggested
+        assert "backend=" not in message and "fix the schema" in message.lower()
+    elif "schema" in kwargs or "regex" in kwargs:
+        assert f"backend='{SUGGESTS[backend]}'" in message  # says what to do
     assert "/project/cpp" not in message  # no C++ log noise
 
 

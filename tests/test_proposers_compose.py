@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from proposer_fakes import RuleMatcher, ScriptedProposer, fixed
+from proposer_fakes import RuleMatcher, ScriptedProposer, commit_step, fixed
 from toy import toy_tokenizer
 
 import proposers.compose as compose
@@ -87,16 +87,16 @@ def test_mixed_draft_has_one_hot_rows_for_forced_tokens(toy, monkeypatch):
     assert draft.probs[0].sum() == 1 and draft.probs[0, draft.tokens[0]] == 1
 
 
-def test_feedback_is_shared_out_over_the_parts(toy):
+def test_commit_is_shared_out_over_the_parts(toy):
     follower = fixed("follower", [10, 3, 10])
     composite = CompositeProposer([JumpForwardProposer(), follower])
     composite.start(toy_request(toy))
     draft = composite.propose([2], GrammarView(forced_at_start('{"')), 8)
     forced = len(continuation_tokens(toy, [2], '{"'))
-    composite.feedback(draft, forced + 2)
+    commit_step(composite, draft, forced + 2)
     assert follower.feedbacks == [((10, 3, 10), 2)]
     composite.propose([2], GrammarView(forced_at_start('{"')), 8)
-    composite.feedback(draft.truncate(forced + 1), 0)  # the loop may cut the draft
+    commit_step(composite, draft.truncate(forced + 1), 0)  # the loop may cut the draft
     assert follower.feedbacks[-1] == ((10,), 0)
 
 
@@ -108,11 +108,11 @@ def test_a_follower_with_a_better_record_beats_a_longer_one(toy):
     k = 5  # chatty fills the budget: no other follower continues after it
     draft = composite.propose([2], view, k)
     assert set(draft.sources) == {"chatty"}  # equal records: the longest
-    composite.feedback(draft, 0)
-    composite.feedback(composite.propose([2], view, k), 0)  # two misses outweigh the extra length
+    commit_step(composite, draft, 0)
+    commit_step(composite, composite.propose([2], view, k), 0)  # two misses outweigh the extra length
     draft = composite.propose([2], view, k)
     assert draft.sources[:2] == ("reliable", "reliable")  # leads now (chatty may still continue after it)
-    composite.feedback(draft, 2)  # reliable's part accepted
+    commit_step(composite, draft, 2)  # reliable's part accepted
     assert composite.propose([2], view, k).sources[0] == "reliable"
 
 
@@ -128,7 +128,7 @@ def test_another_follower_goes_on_where_the_chosen_draft_stops(toy):
     assert draft.sources[0] == "keys" and draft.sources[-1] == "value"
     assert value.calls[-1] == ([2, 6, 7, 8], 5)  # it drafted after the first part, in the budget left
     accepted = len(draft) - 1  # everything but the last ']'
-    composite.feedback(draft, accepted)
+    commit_step(composite, draft, accepted)
     assert keys.feedbacks[-1] == ((6, 7, 8), 3) and value.feedbacks[-1] == ((4, 5), 1)
     assert set(composite.propose([2], view, 3).sources) == {"keys"}  # no budget left: no continuation
 
@@ -144,7 +144,7 @@ def test_a_failing_follower_is_held_back_then_probed(toy):
         draft = composite.propose([2], view, 8)
         verified.append(bool(draft))
         if draft:
-            composite.feedback(draft, 0)
+            commit_step(composite, draft, 0)
     first_gap = verified.index(False)
     assert first_gap >= 3  # the prior lets it try a few times
     probes = [i for i, v in enumerate(verified) if v and i > first_gap]
@@ -155,7 +155,7 @@ def test_a_failing_follower_is_held_back_then_probed(toy):
     composite.propose([2], view, 8)
     while not (draft := composite.propose([2], view, 8)):
         pass
-    composite.feedback(draft, 4)
+    commit_step(composite, draft, 4)
     assert composite.propose([2], view, 8)
 
 
@@ -173,7 +173,7 @@ def test_each_kind_of_guess_keeps_its_own_record(toy):
         draft = composite.propose(context, view, 8)
         if draft:
             verified[draft.kind] += 1
-            composite.feedback(draft, len(draft) if draft.kind == "copy" else 0)
+            commit_step(composite, draft, len(draft) if draft.kind == "copy" else 0)
     assert verified["copy"] == 15  # never held back by the guesses' misses
     assert verified["guess"] < 10
     assert Draft(tokens=(1, 2), kind="copy").truncate(1).kind == "copy"
@@ -276,7 +276,7 @@ def test_composite_resplits_the_seam_and_credits_by_bytes(at_seam):
     assert draft.sources[0] == "jump_forward" and draft.sources[-1] == "follower"
     # Accept '"}' '},' '{"': the forced '"}}' and the follower's ',{"'.
     assert helper.bytes_of(draft.tokens[:3]) == b'"}},{"'
-    composite.feedback(draft, 3)
+    commit_step(composite, draft, 3)
     ((tokens, n),) = follower.feedbacks
     assert helper.bytes_of(tokens[:n]) == b',{"'
 

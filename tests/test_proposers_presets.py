@@ -6,10 +6,11 @@ import pytest
 from proposer_fakes import fixed
 from toy_models import ToyCausalLM
 
-from proposers import PRESETS, resolve_assistant
+from grammarspec.assistant import resolve_assistant
+from proposers import PRESETS
 from proposers.base import Proposer
 from proposers.compose import CompositeProposer
-from proposers.draft_model import DraftModelProposer
+from grammarspec.draft_model import DraftModelProposer
 from proposers.jump_forward import JumpForwardProposer
 from proposers.prompt_lookup import PromptLookupProposer
 from proposers.schema_ngram import SchemaNgramProposer
@@ -82,3 +83,43 @@ def test_bad_values_say_what_is_accepted():
         resolve_assistant(42)
     with pytest.raises(TypeError, match="preset name"):
         resolve_assistant(["auto", 3.5])
+
+
+def test_auto_learns_the_targets_splits_once_per_step(smol_tokenizer, monkeypatch):
+    """The three drafters of "auto" share one SplitPreferences, taught by the composite alone, once a step."""
+    from proposer_replay import replay
+
+    from proposers.text import SplitPreferences
+
+    learned: list[int] = []
+    observe = SplitPreferences.observe
+
+    def counting(self, context):
+        learned.append(id(self))
+        return observe(self, context)
+
+    monkeypatch.setattr(SplitPreferences, "observe", counting)
+    auto = resolve_assistant("auto")
+    assert all(p.splits is auto.splits for p in auto.proposers if hasattr(p, "splits"))
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+              "required": ["name", "age"], "additionalProperties": False}  # fmt: skip
+    tok = smol_tokenizer
+    prompt = tok.encode("Ada Lovelace is 36 years old.", add_special_tokens=False)
+    result = replay(auto, tok, schema, prompt, tok.encode('{"name":"Ada Lovelace","age":36}', add_special_tokens=False), 8)
+    assert result is not None and result.steps > 1
+    assert set(learned) == {id(auto.splits)}  # no member keeps a learner of its own
+    assert len(learned) == result.steps  # one lesson per step, none twice
+
+
+def test_building_the_cheap_presets_never_imports_the_runtime():
+    """Layering: proposers/ sits below grammarspec/ (only the draft-model drafter needs it)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from proposers import resolve_assistant; "
+        "[resolve_assistant(p) for p in ('auto', 'schema_ngram', 'jump_forward', 'prompt_lookup', ['auto'])]; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'grammarspec'))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -7,11 +7,12 @@ import re
 import statistics
 
 import pytest
+from proposer_fakes import commit_step
 from proposer_replay import reference_ids, replay
 
 from grammars import compile_grammar, grammar_spec
 from grammarspec.completion import build_prompt
-from proposers.base import Draft, GrammarView, Request
+from proposers.base import EMPTY_DRAFT, Draft, GrammarView, Request
 from proposers.presets import resolve_assistant
 from proposers.schema_ngram import SOURCE_PRIORS, SchemaNgramProposer, follow_length, prompt_start
 from proposers.json_cursor import Cursor, advance
@@ -138,16 +139,31 @@ def test_rollback_gives_the_same_draft_as_a_fresh_proposer(smol_tokenizer):
     assert rolled == fresh
 
 
-def test_feedback_moves_source_scores(setup):
+def test_the_document_advances_by_commits_and_speculative_tokens_leave_no_trace(smol_tokenizer):
+    s, fresh = Setup(smol_tokenizer), Setup(smol_tokenizer)
+    tok = smol_tokenizer
+    head = '{"customer":"Priya Raman","email":"'
+    ids = list(tok.encode(head, add_special_tokens=False))
+    for i in range(0, len(ids), 3):  # the loop's steps: a few tokens each
+        s.proposer.commit(EMPTY_DRAFT, 0, ids[i : i + 3])
+    expected, _ = fresh.draft(head)
+    assert s.draft(head)[0] == expected
+    s.draft(head + 'priya.raman@brightlane.io","unit":"')  # tokens past the committed ones: fed, then undone
+    assert s.draft(head)[0] == expected
+    with pytest.raises(ValueError, match="commit"):
+        s.draft('{"customer":"Someone else"')  # does not extend what was committed
+
+
+def test_commit_moves_source_scores(setup):
     text, draft = setup.draft('{"customer":"Pri')
     assert setup.proposer.score("prompt") == pytest.approx(SOURCE_PRIORS["prompt"])
-    setup.proposer.feedback(draft, 0)
+    commit_step(setup.proposer, draft, 0)
     assert setup.proposer.score("prompt") < SOURCE_PRIORS["prompt"]
     _, draft = setup.draft('{"customer":"Pri')
     before = setup.proposer.score("prompt")
-    setup.proposer.feedback(draft, len(draft))
+    commit_step(setup.proposer, draft, len(draft))
     assert setup.proposer.score("prompt") > before
-    setup.proposer.feedback(Draft(tokens=(1, 2, 3)), 3)  # not its draft: ignored
+    commit_step(setup.proposer, Draft(tokens=(1, 2, 3)), 3)  # not its draft: ignored
     assert setup.proposer.score("prompt") > before
 
 

@@ -1,4 +1,4 @@
-"""scripts/replay_bench.py: the offline replay that counts target passes for a recorded greedy output."""
+"""tools/replay_bench.py: the offline replay that counts target passes for a recorded greedy output."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "replay_bench.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "tools" / "replay_bench.py"
 SCHEMA = {
     "type": "object",
     "properties": {

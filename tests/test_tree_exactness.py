@@ -99,7 +99,7 @@ class BranchyTreeProposer:
     def propose(self, context, grammar, k) -> Draft:  # pragma: no cover - the loop asks for trees
         raise AssertionError("the loop must call propose_tree")
 
-    def feedback(self, draft: Draft, num_accepted: int) -> None:
+    def commit(self, draft: Draft, num_accepted: int, committed) -> None:
         pass
 
 

@@ -40,21 +40,35 @@ class ToyCausalLM(torch.nn.Module):
         last = context[-1]
         return self.bigram[last] + self.position[len(context) % 8] + self.history[sum(context) % self.buckets]
 
-    def forward(self, input_ids, cache=None, use_cache=True, logits_to_keep=0):
-        new = input_ids[0].tolist()
-        past: list[int] = []
-        if cache is not None and cache.get_seq_length() > 0:
-            past = cache.layers[0].keys[0, 0, :, 0].long().tolist()
+    def forward(self, input_ids, cache=None, use_cache=True, logits_to_keep=0, attention_mask=None, position_ids=None):
+        """Batched: row ``b``'s context is its cached columns where ``attention_mask`` is 1, then its new tokens.
+
+        A masked column (a hole or a pad) is no part of the context, so a rejected
+        token that stayed visible would change every later distribution.
+        ``position_ids`` are ignored: the position is the length of the visible context.
+        """
+        batch, n = input_ids.shape
+        past_len = cache.get_seq_length() if cache is not None else 0
+        past = cache.layers[0].keys[:, 0, :, 0].long().tolist() if past_len else [[] for _ in range(batch)]
+        mask = attention_mask.tolist() if attention_mask is not None else [[1] * (past_len + n)] * batch
         if cache is not None:
-            states = torch.tensor(new, dtype=torch.float32).reshape(1, 1, -1, 1)
+            states = input_ids.to(torch.float32).reshape(batch, 1, n, 1)
             cache.update(states, states, 0)
-        context = past
         rows = []
-        for token in new:
-            context = context + [token]
-            rows.append(self.next_logits(context))
-        logits = torch.stack(rows)[None]  # [1, n, V]
-        if logits_to_keep:
+        for b in range(batch):
+            context = [t for t, m in zip(past[b], mask[b][:past_len]) if m]
+            logits = []
+            for j, token in enumerate(input_ids[b].tolist()):
+                if mask[b][past_len + j]:
+                    context = context + [token]
+                logits.append(self.next_logits(context or [token]))
+            rows.append(torch.stack(logits))
+        logits = torch.stack(rows)  # [B, n, V]
+        if isinstance(logits_to_keep, torch.Tensor):
+            if logits_to_keep.dtype == torch.bool:
+                return SimpleNamespace(logits=logits[logits_to_keep])  # [num_true, V]
+            logits = logits[:, logits_to_keep]
+        elif logits_to_keep:
             logits = logits[:, -logits_to_keep:]
         return SimpleNamespace(logits=logits)
 
@@ -64,7 +78,7 @@ def tiny_llama(vocab_size: int, seed: int = 0) -> LlamaForCausalLM:
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
         bos_token_id=None, eos_token_id=0, pad_token_id=1, tie_word_embeddings=False,
     )  # fmt: skip
     model = LlamaForCausalLM(config)

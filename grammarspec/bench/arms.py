@@ -9,6 +9,8 @@
 * ``auto`` -- the ``"auto"`` preset.
 * ``draft_model``, ``auto+draft`` -- a draft model alone, and ``"auto"`` plus
   the draft model (both need ``--draft-model``).
+* ``vllm``, ``vllm-ngram``, ``vllm-grammarspec`` -- vLLM as the peer, run in
+  its own environment after the other arms (:mod:`.vllm_arms`).
 
 Every arm gets the same prompt ids, the same grammar, the same generation
 settings and the same seed.  Timing is wall-clock around the generate call;
@@ -30,6 +32,7 @@ from grammarspec.stats import GenerationStats
 
 __all__ = [
     "ARMS",
+    "VLLM_ARMS",
     "DEFAULT_ARMS",
     "QUICK_ARMS",
     "DRAFT_ARMS",
@@ -42,8 +45,11 @@ __all__ = [
     "BaselineGrammars",
 ]
 
+#: Arms run by vLLM in its own environment (:mod:`.vllm_arms`; opt-in with ``--arms``).
+VLLM_ARMS = ("vllm", "vllm-ngram", "vllm-grammarspec")
 #: Every arm the bench knows, in report order.
-ARMS = ("baseline", "none", "jump_forward", "prompt_lookup", "schema_ngram", "auto", "draft_model", "auto+draft")
+ARMS = ("baseline", "none", "jump_forward", "prompt_lookup", "schema_ngram", "auto", "draft_model", "auto+draft",
+        *VLLM_ARMS)  # fmt: skip
 #: Arms that need a draft model (``--draft-model``).
 DRAFT_ARMS = ("draft_model", "auto+draft")
 #: Arms of a full run (the draft arms are added when a draft model is given).
@@ -64,6 +70,10 @@ def check_arms(names: list[str], draft_model_given: bool) -> list[str]:
     needs_draft = [n for n in names if n in DRAFT_ARMS]
     if needs_draft and not draft_model_given:
         raise ValueError(f"arm {needs_draft[0]} needs a draft model: pass --draft-model DIR")
+    if any(n in VLLM_ARMS for n in names):
+        from .vllm_arms import vllm_python
+
+        vllm_python()  # raises ValueError saying how to build the vLLM environment
     wanted = set(names) | {"baseline"}
     return [n for n in ARMS if n in wanted]
 

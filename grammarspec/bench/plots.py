@@ -122,3 +122,25 @@ def write_plots(result: BenchResult, summary: dict[str, Any], out: Path) -> dict
     fig.savefig(paths["acceptance_png"], dpi=90)
     plt.close(fig)
     return paths
+
+
+def plot_batch_throughput(runs: Sequence[Any], path: Path) -> Path:
+    """Throughput (committed tokens/s) against batch size, one line per arm (``bench --batch-size``)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.5))
+    for arm in sorted({r.arm for r in runs}):
+        points = sorted((r.batch_size, r.throughput) for r in runs if r.arm == arm)
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=arm)
+    ax.set_xlabel("batch size")
+    ax.set_ylabel("committed tokens / s")
+    ax.set_xscale("log", base=2)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

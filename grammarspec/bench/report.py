@@ -27,6 +27,7 @@ from typing import Any
 
 from .runner import BenchResult
 from .scoring import median, pairwise_speedups
+from .vllm_arms import vllm_markdown
 
 __all__ = ["summarize", "to_markdown", "write_results", "ended_tasks", "ALL"]
 
@@ -265,6 +266,7 @@ def to_markdown(result: BenchResult, summary: dict[str, Any], command: str = "")
         base_new = per_arm["baseline"]["new_tokens"] // max(1, per_arm["baseline"]["runs"])
         base_rate = _fmt(per_arm["baseline"]["tokens_per_second"], ".1f")
         lines.append(f"| {task['task']} | {task['prompt_tokens']} | {base_new} | {base_rate} | " + " | ".join(cells) + " |")
+    lines += vllm_markdown(result.runs, result.throughput)
     if result.skipped:
         lines += ["", "### Skipped", ""] + [f"- {s['task']}: {s['reason']}" for s in result.skipped]
     errors = [r for r in result.runs if "error" in r]
@@ -289,6 +291,7 @@ def write_results(
         "skipped": result.skipped,
         "tasks": result.tasks,
         "runs": result.runs,
+        "throughput": result.throughput,
     }
     paths = {"json": out / "results.json", "markdown": out / "results.md"}
     paths["json"].write_text(json.dumps(data, indent=1, ensure_ascii=False, default=str) + "\n", encoding="utf-8")

@@ -22,7 +22,7 @@ import torch
 import grammarspec
 from grammarspec.decoding import logits_width
 
-from .arms import BaselineGrammars, GenerationSettings, PreparedTask, prepare_grammars, run_arm
+from .arms import VLLM_ARMS, BaselineGrammars, GenerationSettings, PreparedTask, prepare_grammars, run_arm
 from .scoring import agreement, calls_field_accuracy, field_accuracy, parse_and_validate
 from .tasks import BenchTask
 
@@ -59,6 +59,7 @@ class BenchResult:
     tasks: list[dict[str, Any]] = field(default_factory=list)  # id, category, prompt tokens
     wall_seconds: float = 0.0
     machine: dict[str, Any] = field(default_factory=dict)
+    throughput: dict[str, Any] = field(default_factory=dict)  # vLLM arms, all requests at once (.vllm_arms)
 
 
 def machine_info() -> dict[str, Any]:
@@ -131,22 +132,24 @@ def run_bench(
     context = int(getattr(model.config, "max_position_embeddings", 0) or 0)
     baseline = BaselineGrammars(tokenizer, vocab, tokenizer.eos_token_id)
     settings = config.settings
-    bar = progress(len(tasks) * config.repeat * len(config.arms)) if progress else None
-    warmed = False
+    hf_arms = [arm for arm in config.arms if arm not in VLLM_ARMS]  # vLLM runs after, in its own process
+    bar = progress(len(tasks) * config.repeat * len(hf_arms)) if progress else None
+    warmed, prepared_tasks = False, []
     for index, task in enumerate(tasks):
         prepared, reason = _prepare(model, tokenizer, baseline, task, config.max_new_tokens, context)
         if prepared is None:
             result.skipped.append({"task": task.id, "category": task.category, "reason": reason})
             if bar is not None:
-                bar.update(config.repeat * len(config.arms))
+                bar.update(config.repeat * len(hf_arms))
             continue
+        prepared_tasks.append((task, prepared))
         result.tasks.append({"task": task.id, "category": task.category, "prompt_tokens": len(prepared.prompt_ids)})
         if not warmed:  # first calls pay one-off costs (kernels, vocabulary tables): not timed
-            for arm in config.arms:
+            for arm in hf_arms:
                 _safe_run(arm, model, tokenizer, prepared, settings, config.seed, draft_model, WARMUP_TOKENS)
             warmed = True
-        shift = index % len(config.arms)
-        order = list(config.arms[shift:]) + list(config.arms[:shift])
+        shift = index % len(hf_arms)
+        order = hf_arms[shift:] + hf_arms[:shift]
         for repeat in range(config.repeat):
             records: dict[str, dict[str, Any]] = {}
             for arm in order:
@@ -159,12 +162,30 @@ def run_bench(
                 if bar is not None:
                     bar.update(1)
             _add_agreement(records, settings.greedy)
-            result.runs += [records[arm] for arm in config.arms]
+            result.runs += [records[arm] for arm in hf_arms]
+    if len(hf_arms) < len(config.arms):
+        _run_vllm(result, prepared_tasks, tokenizer, config)
     result.wall_seconds = time.perf_counter() - started
     result.machine["load_average_at_end"] = _load_average()
     if bar is not None:
         bar.close()
     return result
+
+
+def _run_vllm(result: BenchResult, prepared: list[tuple[BenchTask, PreparedTask]], tokenizer: Any,
+              config: BenchConfig) -> None:  # fmt: skip
+    """The vLLM arms on the prepared tasks (batch-1 records, agreement with the baseline, throughput)."""
+    from grammarspec.loading import _resolve
+
+    from .vllm_arms import run_vllm_arms
+
+    arms = [arm for arm in config.arms if arm in VLLM_ARMS]
+    records, result.throughput = run_vllm_arms(prepared, arms, config, tokenizer, str(_resolve(config.model)))
+    base = {r["task"]: r for r in result.runs if r["arm"] == "baseline" and r["repeat"] == 0}
+    for record in records:
+        if record["task"] in base:
+            _add_agreement({"baseline": base[record["task"]], record["arm"]: record}, config.settings.greedy)
+    result.runs += records
 
 
 def _prepare(

@@ -31,7 +31,8 @@ def parse_and_validate(text: str, schema: dict[str, Any], complete: bool) -> tup
 
     ``valid``: the output is complete (the grammar finished, not cut by the
     token limit), parses as JSON and validates against ``schema`` with
-    jsonschema's validator for the schema's draft and its FormatChecker.
+    jsonschema's validator for the schema's draft and its FormatChecker
+    (:func:`grammars.validation.schema_errors`, the one validator the runtime uses).
 
     >>> parse_and_validate('{"a":1}', {"type": "object", "required": ["a"]}, True)
     ({'a': 1}, True, [])
@@ -44,11 +45,9 @@ def parse_and_validate(text: str, schema: dict[str, Any], complete: bool) -> tup
         value = json.loads(text)
     except json.JSONDecodeError as e:
         return None, False, [f"not JSON: {e.msg} at column {e.colno}"]
-    import jsonschema
+    from grammars.validation import schema_errors  # the one jsonschema validator (formats checked)
 
-    cls = jsonschema.validators.validator_for(schema)
-    validator = cls(schema, format_checker=cls.FORMAT_CHECKER)
-    errors = [f"{'/'.join(map(str, e.absolute_path)) or '(root)'}: {e.message}" for e in validator.iter_errors(value)]
+    errors = schema_errors(schema, value)
     return value, not errors, errors[:5]
 
 

@@ -1,6 +1,6 @@
 """Benchmark inputs: task files and schema corpora, as one list of :class:`BenchTask`.
 
-Two input formats (see ``../shared/tasks/README.md`` and ``../shared/schemas/README.md``):
+Two input formats (see ``data/tasks/README.md`` and ``data/schemas/README.md``):
 
 * **task files** (``tasks.jsonl``): one task per line with ``id``, ``kind``
   (the category), optional ``system``, ``prompt``, ``schema`` and/or ``tools``
@@ -14,11 +14,21 @@ Two input formats (see ``../shared/tasks/README.md`` and ``../shared/schemas/REA
 The grammar of a task is its ``schema`` when it has one (a tool-call task's
 schema already encodes the tool choice), else the call schema grammarspec
 builds from its ``tools``.  The prompt text is the same for every arm.
+
+This module is the one loader of both formats: the bench, the tests and the
+developer tools (``tools/``) read task files and schema corpora through
+:func:`read_task_records` / :func:`read_schema_records` (the records as
+stored) or :func:`load_tasks` / :func:`load_schema_corpus` (as
+:class:`BenchTask`).  Defaults: the sample shipped in the repository's
+``data/`` folder (the whole task file, 41 of the 420 production schemas),
+unless ``$GRAMMARSPEC_TASKS`` / ``$GRAMMARSPEC_SCHEMAS`` name other ones
+(the full corpus, say).
 """
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +40,9 @@ __all__ = [
     "BenchTask",
     "TaskFileError",
     "default_tasks_path",
+    "default_schemas_path",
+    "read_task_records",
+    "read_schema_records",
     "load_tasks",
     "load_schema_corpus",
     "schema_prompt",
@@ -74,9 +87,21 @@ class BenchTask:
     meta: dict[str, Any] = field(default_factory=dict, compare=False)
 
 
+#: The repository's data folder: a small curated sample (see data/README.md).
+DATA_DIR = Path(__file__).resolve().parents[2] / "data"
+#: Environment variables naming other inputs (the full corpus, say) than the in-repository sample.
+TASKS_ENV = "GRAMMARSPEC_TASKS"
+SCHEMAS_ENV = "GRAMMARSPEC_SCHEMAS"
+
+
 def default_tasks_path() -> Path:
-    """``../shared/tasks/tasks.jsonl`` relative to the checkout (the repository root)."""
-    return Path(__file__).resolve().parents[2].parent / "shared" / "tasks" / "tasks.jsonl"
+    """``$GRAMMARSPEC_TASKS`` if set, else the repository's ``data/tasks/tasks.jsonl``."""
+    return Path(os.environ[TASKS_ENV]) if os.environ.get(TASKS_ENV) else DATA_DIR / "tasks" / "tasks.jsonl"
+
+
+def default_schemas_path() -> Path:
+    """``$GRAMMARSPEC_SCHEMAS`` if set, else the repository's ``data/schemas`` (a sample of the corpus)."""
+    return Path(os.environ[SCHEMAS_ENV]) if os.environ.get(SCHEMAS_ENV) else DATA_DIR / "schemas"
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -96,14 +121,71 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     return records
 
 
-def load_tasks(path: str | Path) -> list[BenchTask]:
-    """Tasks of a task file in the ``tasks.jsonl`` format.
+def read_task_records(path: str | Path | None = None) -> list[dict[str, Any]]:
+    """The records of a task file as stored (default: :func:`default_tasks_path`).
+
+    Raises :class:`TaskFileError` naming the file (and line) when it is missing or malformed.
+    """
+    path = Path(path) if path is not None else default_tasks_path()
+    if not path.is_file():
+        raise TaskFileError(
+            f"no such file: {path} (a task file is given by --tasks FILE or ${TASKS_ENV}; "
+            "the repository's own is data/tasks/tasks.jsonl)"
+        )
+    return _read_jsonl(path)
+
+
+def _corpus_files(path: Path) -> list[Path]:
+    files = sorted(path.glob("*.jsonl")) if path.is_dir() else [path] if path.is_file() else []
+    if not files:
+        raise TaskFileError(f"no schema corpus (*.jsonl) at {path}: pass --schemas DIR or set ${SCHEMAS_ENV}")
+    return files
+
+
+def _corpus_file_records(file: Path) -> list[dict[str, Any]]:
+    records = _read_jsonl(file)
+    for number, record in enumerate(records, start=1):
+        if not isinstance(record.get("schema"), dict):
+            raise TaskFileError(f"{file}:{number}: a schema corpus record needs a 'schema' object")
+        record.setdefault("id", f"{file.stem}/{number}")
+        record.setdefault("category", file.stem)
+    return records
+
+
+def read_schema_records(
+    path: str | Path | None = None, categories: Iterable[str] | None = None
+) -> list[dict[str, Any]]:
+    """The records of a schema corpus as stored: one ``.jsonl`` file or a folder of them (sorted).
+
+    ``path`` defaults to :func:`default_schemas_path`.  A record without an
+    ``id`` or ``category`` gets ``<file stem>/<line>`` and the file stem.
+    ``categories`` keeps only those (each must have records).  Raises
+    :class:`TaskFileError` for a missing or malformed corpus.
+    """
+    path = Path(path) if path is not None else default_schemas_path()
+    wanted = list(dict.fromkeys(categories)) if categories is not None else None
+    records = [
+        record
+        for file in _corpus_files(path)
+        for record in _corpus_file_records(file)
+        if wanted is None or record["category"] in wanted
+    ]
+    if wanted is not None:
+        missing = [c for c in wanted if c not in {r["category"] for r in records}]
+        if missing:
+            raise TaskFileError(f"no records of the categor{'y' if len(missing) == 1 else 'ies'} "
+                                f"{', '.join(missing)} in {path}")  # fmt: skip
+    return records
+
+
+def load_tasks(path: str | Path | None = None) -> list[BenchTask]:
+    """Tasks of a task file in the ``tasks.jsonl`` format (default: :func:`default_tasks_path`).
 
     Raises :class:`TaskFileError` naming the file, line and missing field.
     """
-    path = Path(path)
+    path = Path(path) if path is not None else default_tasks_path()
     tasks = []
-    for number, record in enumerate(_read_jsonl(path), start=1):
+    for number, record in enumerate(read_task_records(path), start=1):
         where = f"{path} (task {record.get('id', number)!r})"
         if not isinstance(record.get("prompt"), (str, list)):
             raise TaskFileError(f"{where}: needs a 'prompt' (the user message)")
@@ -184,27 +266,16 @@ def _function_tasks(record: dict[str, Any], where: str) -> list[BenchTask]:
     return tasks
 
 
-def load_schema_corpus(path: str | Path) -> list[BenchTask]:
-    """Tasks from a schema corpus: one ``.jsonl`` file or a folder of them (sorted).
+def load_schema_corpus(path: str | Path | None = None) -> list[BenchTask]:
+    """Tasks from a schema corpus: one ``.jsonl`` file or a folder of them (see :func:`read_schema_records`).
 
     A ``function_calling`` record gives one task per stored prompt; any other
     record gives one task with a prompt generated by :func:`schema_prompt`
     and no reference.
     """
-    path = Path(path)
-    if path.is_dir():
-        files = sorted(path.glob("*.jsonl"))
-        if not files:
-            raise TaskFileError(f"{path} holds no .jsonl schema corpus files")
-    else:
-        files = [path]
     tasks: list[BenchTask] = []
-    for file in files:
-        for number, record in enumerate(_read_jsonl(file), start=1):
-            if not isinstance(record.get("schema"), dict):
-                raise TaskFileError(f"{file}:{number}: a schema corpus record needs a 'schema' object")
-            record.setdefault("id", f"{file.stem}/{number}")
-            record.setdefault("category", file.stem)
+    for file in _corpus_files(Path(path) if path is not None else default_schemas_path()):
+        for record in _corpus_file_records(file):
             if record.get("prompts"):
                 tasks += _function_tasks(record, str(file))
                 continue

@@ -1,16 +1,15 @@
 """Replay greedy outputs through a proposer preset, offline: target passes without the target.
 
-    .venv/bin/python scripts/replay_bench.py bench-out/results.json            # the baseline's outputs, "auto"
-    .venv/bin/python scripts/replay_bench.py bench-out/results.json --assistant schema_ngram
-    .venv/bin/python scripts/replay_bench.py --references                      # the task file's reference answers
+    .venv/bin/python tools/replay_bench.py bench-out/results.json            # the baseline's outputs, "auto"
+    .venv/bin/python tools/replay_bench.py bench-out/results.json --assistant schema_ngram
+    .venv/bin/python tools/replay_bench.py --references                      # the task file's reference answers
 
 Under greedy decoding the output does not depend on the proposer, so a recorded
-output shows exactly what each draft would have got. The replay follows
-:func:`grammarspec.decoding.decode` step by step. Tokens the grammar forces are
-committed without a pass. Otherwise the preset drafts up to ``k`` tokens (the
-same :class:`~grammarspec.adaptive.AdaptiveController`), the grammar cuts the
-draft, the longest prefix that matches the output is accepted, and one more
-token comes from the target. It prints the target passes per task and category,
+output shows exactly what each draft would have got. The replay runs the real
+loop, :func:`grammarspec.decoding.decode`, against an oracle target whose greedy
+choice is the recorded output (:class:`tools.oracle.OracleLM`), with the same
+:class:`~grammarspec.adaptive.AdaptiveController` fed the modelled pass costs
+instead of wall time. It prints the target passes per task and category,
 and a modelled speedup in which a pass of ``r`` rows costs ``--pass-base +
 --row-cost * max(r, 4)`` plain steps (measured with 2 threads on this CPU at an
 850-token context: 85 ms for 1 row, about 125 ms for 4-8 rows, 146 ms for 16,
@@ -45,10 +44,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from proposers.cost import PRIOR_BASE, PRIOR_PER_ROW, PassCost  # noqa: E402  (after the path is set)
 
-def pass_cost(rows: int, base: float = 1.3, per_row: float = 0.03) -> float:
-    """Cost of a target pass over ``rows`` rows, in plain (1-row) steps."""
-    return 1.0 if rows <= 1 else base + per_row * max(rows, 4)
+
+def pass_cost(rows: int, base: float = PRIOR_BASE, per_row: float = PRIOR_PER_ROW) -> float:
+    """Cost of a target pass over ``rows`` rows, in plain (1-row) steps: the model of :mod:`proposers.cost`."""
+    return PassCost(base, per_row).cost(rows)
 
 
 def same_text_tokens(drafted: bytes, output: list[bytes]) -> int:
@@ -81,19 +82,20 @@ def replay(
     cost: Callable[[int], float] = pass_cost,
     split_oracle: bool = False,
 ) -> dict[str, float] | None:
-    """Counts for one output; ``None`` when the grammar rejects the output.
+    """Counts for one output, from the real decoding loop against an oracle target; ``None`` when the
+    grammar rejects the output.
 
-    ``split_oracle``: a rejected draft token whose text the output spells
-    with other tokens counts as accepted (a bound; see the module doc).
+    ``split_oracle``: the oracle takes a drafted token wherever it spells the
+    output's text with other tokens (a bound; see the module doc).
     """
+    from grammars import compile_grammar, grammar_spec
     from grammarspec.adaptive import AdaptiveController
     from grammarspec.api import _k_min
-    from grammarspec.decoding import _forced_token
-    from grammars import compile_grammar, grammar_spec
-    from grammars.base import allocate_bitmask
-    from proposers.base import GrammarView, Request
-    from proposers.presets import resolve_assistant
+    from grammarspec.assistant import resolve_assistant
+    from grammarspec.decoding import DecodeConfig, decode
+    from proposers.base import Request
     from proposers.text import token_text
+    from tools.oracle import OracleLM
 
     eos = tokenizer.eos_token_id
     vocab = max(len(tokenizer), tokenizer.vocab_size)
@@ -103,47 +105,20 @@ def replay(
     if any(not check.accept(t) for t in output):
         return None
     k_max = 16
-    matcher = compiled.matcher(max_rollback=k_max + 1)
-    view = GrammarView(matcher)
+    table = token_text(tokenizer).vocab_bytes if split_oracle else None
+    oracle = OracleLM(prompt, output, vocab, eos_token_id=eos, split_bytes=table)
     proposer = resolve_assistant(assistant)
     controller = AdaptiveController(k_min=_k_min(proposer, k_max), k_max=k_max)
-    proposer.start(Request(prompt_ids=tuple(prompt), tokenizer=tokenizer, schema=spec.schema,
-                           extra={"target_vocab_size": vocab}))  # fmt: skip
-    masks = allocate_bitmask(k_max + 1, vocab)
-    context, done, passes, spent, forced = list(prompt), 0, 0, 0.0, 0
-    while done < len(output) and not matcher.is_terminated():
-        token = _forced_token(matcher, masks, vocab)
-        if token is not None:
-            matcher.accept(token)
-            context.append(token)
-            done, forced = done + 1, forced + 1
-            continue
-        k = min(controller.k if controller.speculate else 0, len(output) - done - 1)
-        draft = proposer.propose(context, view, k).truncate(k) if k > 0 else None
-        length = matcher.validate(draft.tokens) if draft else 0
-        accepted = 0
-        while accepted < length and draft.tokens[accepted] == output[done + accepted]:  # type: ignore[union-attr]
-            accepted += 1
-        learned = accepted
-        if split_oracle and accepted < length:
-            table = token_text(tokenizer).vocab_bytes
-            rest = b"".join(table[t] for t in draft.tokens[accepted:length])  # type: ignore[union-attr]
-            accepted += same_text_tokens(rest, [table[t] for t in output[done + accepted : len(output) - 1]])
-        step_cost = cost(length + 1)
-        passes, spent = passes + 1, spent + step_cost
-        new = output[done : done + accepted + 1]
-        for t in new:
-            matcher.accept(t)
-        context += new
-        done += len(new)
-        if length:
-            proposer.feedback(draft.truncate(length), learned)  # type: ignore[union-attr]
-            if passes > 1:
-                controller.record_speculative_step(length, min(accepted, length), step_cost)
-        elif passes > 1:
-            controller.record_plain_step(step_cost)
-    return {"tokens": done, "passes": passes, "per_pass": done / max(1, passes),
-            "speedup": done / spent if spent else 0.0, "forced": forced}  # fmt: skip
+    proposer.start(Request(prompt_ids=tuple(prompt), tokenizer=tokenizer, schema=spec.schema))
+    # the output's own length bounds the drafts as it bounds the real run (a split bound may take more tokens)
+    config = DecodeConfig(max_new_tokens=len(output) * (2 if split_oracle else 1), eos_token_ids=(eos,))
+    new, stats = decode(oracle, prompt, config, matcher=compiled.matcher(max_rollback=k_max + 1),
+                        proposer=proposer, controller=controller, tokenizer=tokenizer, step_cost=cost)  # fmt: skip
+    passes = stats.target_forwards
+    spent = sum(cost(proposed + 1) for proposed, _ in stats.steps)
+    tokens = oracle.spelled_tokens(new)
+    return {"tokens": tokens, "passes": passes, "per_pass": tokens / max(1, passes),
+            "speedup": tokens / spent if spent else 0.0, "forced": stats.forced_tokens}  # fmt: skip
 
 
 def time_passes(
@@ -327,10 +302,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("results", nargs="?", help="a results.json of grammarspec bench (its baseline outputs)")
     parser.add_argument("--references", action="store_true", help="replay the task file's reference answers")
-    parser.add_argument("--tasks", default=None, help="task file (default: ../shared/tasks/tasks.jsonl)")
+    parser.add_argument("--tasks", default=None, help="default: $GRAMMARSPEC_TASKS or data/tasks/tasks.jsonl")
     parser.add_argument("--assistant", default="auto")
-    parser.add_argument("--pass-base", type=float, default=1.3, help="fixed cost of a pass with drafts, in plain steps")
-    parser.add_argument("--row-cost", type=float, default=0.03, help="cost of each row of such a pass (4 at least)")
+    parser.add_argument("--pass-base", type=float, default=PRIOR_BASE,
+                        help="fixed cost of a pass with drafts, in plain steps")
+    parser.add_argument("--row-cost", type=float, default=PRIOR_PER_ROW,
+                        help="cost of each row of such a pass (4 at least)")
     parser.add_argument("--split-oracle", action="store_true",
                         help="bound: count a rejected draft's text as accepted where the output spells it otherwise")
     # [tree16] tree shapes: width x size, with a measured cost table (see --time-rows)

@@ -1,13 +1,14 @@
 """Resident memory over many consecutive generations: it must not grow.
 
-    .venv/bin/python scripts/memory_check.py               # 300 with one schema, then 300 with different ones
-    .venv/bin/python scripts/memory_check.py --n 50        # a shorter run
+    .venv/bin/python tools/memory_check.py               # 300 with one schema, then 300 with different ones
+    .venv/bin/python tools/memory_check.py --n 50        # a shorter run
 
 Loads the embedded model, warms up (one schema a few times, then enough
 different schemas to fill grammarspec's bounded grammar cache), then runs
 ``--n`` generations with the same schema and ``--n`` with different schemas
-(production schemas from ``../shared/schemas`` when present, else generated
-ones), ``max_new_tokens`` small, the ``auto`` proposers on.  Prints resident
+(production schemas from the corpus: ``--schemas DIR``, else
+``$GRAMMARSPEC_SCHEMAS``, else the repository's ``data/schemas`` sample; topped
+up with generated ones when the corpus has fewer), ``max_new_tokens`` small, the ``auto`` proposers on.  Prints resident
 memory (psutil RSS) after loading, after the warm-up, after each phase and at
 the end.  Exits 1 if memory grew by ``--limit-mb`` (50) or more after the
 warm-up.  A script, not a timed test: run it when the decoding path changes.
@@ -17,10 +18,8 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import psutil
@@ -55,13 +54,15 @@ def generated_schemas(n: int) -> list[dict[str, Any]]:
     return schemas
 
 
-def corpus_schemas(folder: Path, n: int) -> list[dict[str, Any]]:
+def corpus_schemas(folder: str | None, n: int) -> list[dict[str, Any]]:
     """Up to ``n`` production schemas, interleaved across categories (deterministic)."""
-    by_file = [
-        [json.loads(line)["schema"] for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-        for path in sorted(folder.glob("*.jsonl"))
-    ]
-    interleaved = [s for group in zip(*by_file) for s in group]
+    from grammarspec.bench.tasks import read_schema_records
+
+    by_category: dict[str, list[dict[str, Any]]] = {}
+    for record in read_schema_records(folder):
+        by_category.setdefault(record["category"], []).append(record["schema"])
+    groups = list(by_category.values())
+    interleaved = [group[i] for i in range(max(map(len, groups), default=0)) for group in groups if i < len(group)]
     return interleaved[:n]
 
 
@@ -70,8 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n", type=int, default=300, help="generations per phase (default 300)")
     parser.add_argument("--max-new-tokens", type=int, default=8)
     parser.add_argument("--limit-mb", type=float, default=50.0)
-    parser.add_argument("--schemas", default=str(Path(__file__).resolve().parents[2] / "shared" / "schemas"),
-                        help="corpus folder for the different-schema phase (generated schemas if missing)")  # fmt: skip
+    parser.add_argument("--schemas", default=None,
+                        help="corpus folder for the different-schema phase (default: $GRAMMARSPEC_SCHEMAS, else "
+                             "data/schemas; topped up with generated schemas)")  # fmt: skip
     parser.add_argument("--assistant", default="auto")
     args = parser.parse_args(argv)
 
@@ -84,14 +86,13 @@ def main(argv: list[str] | None = None) -> int:
     start = rss_mb()
     model, tokenizer = grammarspec.load_model("smollm2-135m")
     loaded = rss_mb()
-    folder = Path(args.schemas)
     warm_count = GRAMMAR_CACHE_SIZE + 8  # fills the bounded grammar cache
-    if folder.is_dir():
-        pool = corpus_schemas(folder, warm_count + args.n)
-        source = f"production schemas from {folder}"
-    else:
-        pool = generated_schemas(warm_count + args.n)
-        source = "generated schemas"
+    pool = corpus_schemas(args.schemas, warm_count + args.n)
+    source = f"{len(pool)} production schemas"
+    if len(pool) < warm_count + args.n:
+        extra = warm_count + args.n - len(pool)
+        pool += generated_schemas(extra)
+        source += f" and {extra} generated ones"
     warm_up, different = pool[:warm_count], pool[warm_count:]
     prompt = torch.tensor([grammarspec.build_prompt(tokenizer, "Write one example JSON document.", describe=False)])
     refused = 0

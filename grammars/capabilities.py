@@ -1,0 +1,320 @@
+"""Which JSON-Schema keywords each backend enforces: one table per backend, checked by probes.
+
+For every backend and every *feature* (a keyword, or a keyword in a setting
+that changes how a backend treats it, such as ``maxLength`` beside a
+``pattern``) the table says one of:
+
+* ``"enforced"``: the grammar rejects every instance that violates it;
+* ``"ignored"``: the schema compiles but the grammar lets violations through
+  (the output must be post-validated: see :mod:`grammars.validation`);
+* ``"refused"``: the backend does not compile a schema that uses it
+  (a :class:`~grammars.base.GrammarError` that names it).
+
+The entries come from the fuzz tool's findings on the production corpus
+(xgrammar 0.2.9, outlines-core 0.2.14, llguidance 1.9) and every one is
+checked by :data:`PROBES`: tests/test_grammar_spec.py compiles each probe's
+schema on a toy vocabulary and checks that an invalid instance is (or is not)
+rejected, so a backend upgrade that changes an entry fails a test.
+
+A ``format`` is the feature ``"format:<name>"``: ``"enforced"`` when the
+backend turns it into a grammar (:data:`FORMATS`; only approximately: the
+regex of a date accepts ``2023-02-30``, so a finished output is always
+validated with format checking), else what the backend does with an unknown
+format (xgrammar ignores it; outlines-core and llguidance refuse it).
+
+    >>> unenforced({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, "xgrammar")
+    ['uniqueItems']
+    >>> refused({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, "llguidance")
+    ['uniqueItems']
+    >>> unenforced({"type": "string", "pattern": "^a+$", "maxLength": 3}, "llguidance")
+    []
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+
+__all__ = [
+    "Support", "FEATURES", "TABLES", "PROBES", "Probe", "features_used", "unenforced", "refused",
+    "support", "LOOKAROUND", "FORMATS", "run_probe", "enforced_keywords",
+]  # fmt: skip
+
+Support = Literal["enforced", "ignored", "refused"]
+
+#: A regex with look-ahead or look-behind.
+LOOKAROUND = re.compile(r"\(\?<?[=!]")
+
+#: Features with a setting of their own (the plain keyword names cover the rest).
+FEATURES = (
+    "pattern:lookaround",  # a pattern with (?=...), (?!...), (?<=...), (?<!...)
+    "maxLength+pattern", "minLength+pattern",  # length bounds on a string that has a pattern
+    "multipleOf:number",  # multipleOf on a "number" (not "integer")
+    "allOf:multi",  # allOf with two or more parts
+    "oneOf:overlap",  # oneOf whose branches both match one value ("exactly one" is not checked)
+    "$ref+siblings",  # keywords beside a $ref
+    "anyOf+siblings",  # keywords beside anyOf / oneOf / allOf (xgrammar drops them)
+    "enum+siblings",  # keywords beside enum / const (xgrammar drops them)
+)  # fmt: skip
+
+_E, _I, _R = "enforced", "ignored", "refused"
+
+_COMMON = {
+    "type": _E, "enum": _E, "const": _E, "required": _E, "additionalProperties": _E, "items": _E,
+    "prefixItems": _E, "minItems": _E, "maxItems": _E, "minLength": _E, "maxLength": _E, "pattern": _E,
+    "anyOf": _E, "oneOf": _E, "$ref": _E,
+}  # fmt: skip
+
+#: ``TABLES[backend][feature]``; a feature not listed is ``"ignored"``.
+TABLES: dict[str, dict[str, Support]] = {
+    "xgrammar": {
+        **_COMMON,
+        "minimum": _E, "maximum": _E, "exclusiveMinimum": _E, "exclusiveMaximum": _E, "multipleOf": _E,
+        "minProperties": _E, "maxProperties": _E, "propertyNames": _E,
+        "multipleOf:number": _I, "pattern:lookaround": _I, "maxLength+pattern": _I, "minLength+pattern": _I,
+        "allOf": _E, "allOf:multi": _I, "oneOf:overlap": _I, "$ref+siblings": _I,
+        "anyOf+siblings": _I, "enum+siblings": _I,
+        "uniqueItems": _I, "contains": _I, "not": _I, "if": _I, "then": _I, "else": _I,
+        # patternProperties: {"ab": "x"} is rejected, and so is the valid {"ab": 1} (stricter than the schema);
+        # unevaluatedProperties: false is what strict mode does anyway
+        "dependentRequired": _I, "dependentSchemas": _I, "dependencies": _I, "patternProperties": _E,
+        "unevaluatedProperties": _E,
+    },
+    "outlines": {
+        **_COMMON,
+        "minimum": _I, "maximum": _I, "exclusiveMinimum": _I, "exclusiveMaximum": _I, "multipleOf": _I,
+        "minProperties": _I, "maxProperties": _I, "propertyNames": _I,
+        # multipleOf on a number: 0.3 and 1.5 are both rejected for multipleOf 0.5 (stricter than the schema)
+        "multipleOf:number": _E, "pattern:lookaround": _R, "maxLength+pattern": _I, "minLength+pattern": _I,
+        "allOf": _E, "allOf:multi": _R, "oneOf:overlap": _I, "$ref+siblings": _I,
+        "anyOf+siblings": _E, "enum+siblings": _I,
+        "uniqueItems": _I, "contains": _I, "not": _I, "if": _I, "then": _I, "else": _I,
+        "dependentRequired": _I, "dependentSchemas": _I, "dependencies": _I, "patternProperties": _I,
+        "unevaluatedProperties": _E,
+    },
+    "llguidance": {
+        **_COMMON,
+        "minimum": _E, "maximum": _E, "exclusiveMinimum": _E, "exclusiveMaximum": _E, "multipleOf": _E,
+        "minProperties": _E, "maxProperties": _E, "propertyNames": _R,
+        "multipleOf:number": _E, "pattern:lookaround": _R, "maxLength+pattern": _E, "minLength+pattern": _E,
+        "allOf": _E, "allOf:multi": _E, "oneOf:overlap": _R, "$ref+siblings": _E,
+        "anyOf+siblings": _E, "enum+siblings": _E,
+        "uniqueItems": _R, "contains": _R, "not": _R, "if": _R, "then": _R, "else": _R,
+        "dependentRequired": _R, "dependentSchemas": _R, "dependencies": _R, "patternProperties": _E,
+        "unevaluatedProperties": _R,
+    },
+}  # fmt: skip
+
+#: Keywords that only annotate or lead to subschemas; never reported as unenforced.
+#: ``format`` values each backend turns into a grammar (from the fuzz tool and llguidance's refusals).
+FORMATS: dict[str, frozenset[str]] = {
+    "xgrammar": frozenset(
+        {"date", "time", "date-time", "duration", "email", "hostname", "ipv4", "ipv6", "uri", "uri-reference",
+         "uri-template", "uuid", "json-pointer"}
+    ),
+    "outlines": frozenset({"date", "time", "date-time", "email", "uri", "uuid"}),
+    "llguidance": frozenset(
+        {"date", "time", "date-time", "duration", "email", "hostname", "ipv4", "ipv6", "uri", "uuid"}
+    ),
+}  # fmt: skip
+#: What a backend does with a format it has no grammar for.
+_OTHER_FORMATS: dict[str, Support] = {"xgrammar": "ignored", "outlines": "refused", "llguidance": "refused"}
+
+_NEUTRAL = frozenset(
+    {
+        "$schema", "$id", "id", "$anchor", "$comment", "$defs", "definitions", "title", "description", "default",
+        "examples", "deprecated", "readOnly", "writeOnly", "properties", "format", "nullable", "discriminator",
+        "example", "contentEncoding", "contentMediaType", "$dynamicAnchor", "$vocabulary",
+    }
+)  # fmt: skip
+
+
+def support(backend: str, feature: str) -> Support:
+    """The table entry for ``feature`` on ``backend`` (``"ignored"`` when not listed).  Pure."""
+    if feature.startswith("format:"):
+        return "enforced" if feature[7:] in FORMATS[backend] else _OTHER_FORMATS[backend]
+    return TABLES[backend].get(feature, _I)
+
+
+def features_used(schema: Any) -> list[str]:
+    """The features (:data:`TABLES` keys) ``schema`` uses, in order of first use.  Pure.
+
+    >>> features_used({"type": "string", "pattern": "^(?!x)a+$", "maxLength": 3})
+    ['type', 'pattern', 'maxLength', 'pattern:lookaround', 'maxLength+pattern']
+    """
+    from .keywords import ANNOTATIONS, KNOWN_KEYWORDS, schema_objects
+
+    found: dict[str, None] = {}
+    for node in schema_objects(schema):
+        for key in node:
+            if isinstance(key, str) and key in KNOWN_KEYWORDS and key not in ANNOTATIONS and key not in _NEUTRAL:
+                found[key] = None
+        if isinstance(node.get("format"), str) and node.get("type", "string") == "string":
+            found[f"format:{node['format']}"] = None
+        pattern = node.get("pattern")
+        if isinstance(pattern, str) and LOOKAROUND.search(pattern):
+            found["pattern:lookaround"] = None
+        if isinstance(pattern, str) or "format" in node:
+            for bound in ("maxLength", "minLength"):
+                if bound in node:
+                    found[f"{bound}+pattern"] = None
+        if "multipleOf" in node and node.get("type") != "integer":
+            found["multipleOf:number"] = None
+        if isinstance(node.get("allOf"), list) and len(node["allOf"]) > 1:
+            found["allOf:multi"] = None
+        if isinstance(node.get("oneOf"), list) and len(node["oneOf"]) > 1:
+            found["oneOf:overlap"] = None  # overlap is not decidable here: assume it may
+        validation = [k for k in node if k in KNOWN_KEYWORDS and k not in ANNOTATIONS and k not in _NEUTRAL]
+        if "$ref" in node and validation:
+            found["$ref+siblings"] = None
+        if any(k in node for k in ("anyOf", "oneOf", "allOf")) and any(k not in ("anyOf", "oneOf", "allOf") for k in validation):
+            found["anyOf+siblings"] = None
+        if any(k in node for k in ("enum", "const")) and any(k not in ("enum", "const", "type") for k in validation):
+            found["enum+siblings"] = None
+    return list(found)
+
+
+def unenforced(schema: Any, backend: str, features: Iterable[str] | None = None) -> list[str]:
+    """The features of ``schema`` that ``backend`` does not enforce, were the schema to compile.  Pure.
+
+    A feature the table marks ``"refused"`` counts as unenforced too: when
+    a schema that uses it compiles all the same (the probe's form was
+    refused, this one was not), nothing says it is enforced.
+    ``oneOf:overlap`` is left out where ``oneOf`` is enforced: a ``oneOf``
+    over disjoint branches (the common case) is, and overlap is not
+    decidable from the schema alone.
+    """
+    used = features_used(schema) if features is None else list(features)
+    return [f for f in used if f != "oneOf:overlap" and support(backend, f) != _E]
+
+
+def refused(schema: Any, backend: str) -> list[str]:
+    """The features of ``schema`` that ``backend`` refuses to compile.  Pure."""
+    return [f for f in features_used(schema) if support(backend, f) == _R]
+
+
+@dataclass(frozen=True)
+class Probe:
+    """A schema, an instance that violates ``feature`` only, and (optionally) one that is valid.
+
+    Instances are compact JSON over the toy vocabulary of tests/toy.py
+    (lower-case letters, digits, ``{}[]":,-._`` and space).
+    """
+
+    feature: str
+    schema: dict[str, Any]
+    invalid: str
+    valid: str | None = None
+
+
+_INT = {"type": "integer"}
+_AB = {"a": _INT, "b": _INT}
+
+#: One probe per feature of :data:`TABLES`.
+PROBES: tuple[Probe, ...] = (
+    Probe("type", {"type": "integer"}, '"a"', "1"),
+    Probe("enum", {"enum": ["a", "b"]}, '"c"', '"a"'),
+    Probe("const", {"const": "a"}, '"b"', '"a"'),
+    Probe("required", {"type": "object", "properties": {"a": _INT}, "required": ["a"]}, "{}", '{"a":1}'),
+    Probe("additionalProperties", {"type": "object", "properties": {"a": _INT}, "additionalProperties": False},
+          '{"b":1}', '{"a":1}'),
+    Probe("items", {"type": "array", "items": _INT}, '["a"]', "[1]"),
+    Probe("prefixItems", {"type": "array", "prefixItems": [_INT]}, '["a"]', "[1]"),
+    Probe("minItems", {"type": "array", "items": _INT, "minItems": 2}, "[1]", "[1,2]"),
+    Probe("maxItems", {"type": "array", "items": _INT, "maxItems": 1}, "[1,2]", "[1]"),
+    Probe("minLength", {"type": "string", "minLength": 3}, '"ab"', '"abc"'),
+    Probe("maxLength", {"type": "string", "maxLength": 2}, '"abc"', '"ab"'),
+    Probe("pattern", {"type": "string", "pattern": "^a+$"}, '"b"', '"aa"'),
+    Probe("format:date", {"type": "string", "format": "date"}, '"abc"', '"2024-01-02"'),
+    Probe("format:uuid", {"type": "string", "format": "uuid"}, '"abc"', '"12345678-1234-1234-1234-123456789abc"'),
+    Probe("format:ipv4", {"type": "string", "format": "ipv4"}, '"abc"', '"1.2.3.4"'),
+    Probe("format:uri-reference", {"type": "string", "format": "uri-reference"}, '"a b"', '"a"'),
+    Probe("anyOf", {"anyOf": [_INT, {"type": "boolean"}]}, '"a"', "1"),
+    Probe("oneOf", {"oneOf": [_INT, {"type": "boolean"}]}, '"a"', "true"),
+    Probe("$ref", {"$defs": {"i": _INT}, "$ref": "#/$defs/i"}, '"a"', "1"),
+    Probe("minimum", {"type": "integer", "minimum": 5}, "3", "7"),
+    Probe("maximum", {"type": "integer", "maximum": 5}, "7", "3"),
+    Probe("exclusiveMinimum", {"type": "integer", "exclusiveMinimum": 5}, "5", "6"),
+    Probe("exclusiveMaximum", {"type": "integer", "exclusiveMaximum": 5}, "5", "4"),
+    Probe("multipleOf", {"type": "integer", "multipleOf": 3}, "4", "6"),
+    Probe("multipleOf:number", {"type": "number", "multipleOf": 0.5}, "0.3", "1.5"),
+    Probe("minProperties", {"type": "object", "properties": _AB, "minProperties": 1}, "{}", '{"a":1}'),
+    Probe("maxProperties", {"type": "object", "properties": _AB, "maxProperties": 1}, '{"a":1,"b":2}', '{"a":1}'),
+    Probe("propertyNames", {"type": "object", "propertyNames": {"pattern": "^a+$"}}, '{"b":1}', '{"aa":1}'),
+    Probe("pattern:lookaround", {"type": "string", "pattern": "^(?!b)[a-z]+$"}, '"bc"', '"ab"'),
+    Probe("maxLength+pattern", {"type": "string", "pattern": "^a+$", "maxLength": 2}, '"aaa"', '"aa"'),
+    Probe("minLength+pattern", {"type": "string", "pattern": "^a+$", "minLength": 2}, '"a"', '"aa"'),
+    Probe("allOf", {"allOf": [_INT]}, '"a"', "1"),
+    Probe("allOf:multi", {"allOf": [{"type": "object", "properties": {"a": _INT}}, {"required": ["a"]}]},
+          "{}", '{"a":1}'),
+    Probe("oneOf:overlap", {"oneOf": [_INT, {"type": "integer", "minimum": 0}]}, "1", "-1"),
+    Probe("$ref+siblings", {"$defs": {"i": _INT}, "$ref": "#/$defs/i", "minimum": 5}, "3", "7"),
+    Probe("anyOf+siblings", {"type": "object", "properties": {"a": _INT}, "required": ["a"],
+                             "anyOf": [{"type": "object"}]}, "{}", '{"a":1}'),
+    Probe("enum+siblings", {"type": "string", "enum": ["a", "bbb"], "maxLength": 2}, '"bbb"', '"a"'),
+    Probe("uniqueItems", {"type": "array", "items": _INT, "uniqueItems": True}, "[1,1]", "[1,2]"),
+    Probe("contains", {"type": "array", "items": _INT, "contains": {"const": 5}}, "[1]", "[5]"),
+    Probe("not", {"type": "integer", "not": {"const": 1}}, "1", "2"),
+    Probe("if", {"type": "object", "properties": _AB, "if": {"required": ["a"]}, "then": {"required": ["b"]}},
+          '{"a":1}', '{"a":1,"b":2}'),
+    Probe("then", {"type": "object", "properties": _AB, "if": {"required": ["a"]}, "then": {"required": ["b"]}},
+          '{"a":1}', '{"b":2}'),
+    Probe("else", {"type": "object", "properties": _AB, "if": {"required": ["a"]}, "then": {},
+                   "else": {"required": ["b"]}}, "{}", '{"b":2}'),
+    Probe("dependentRequired", {"type": "object", "properties": _AB, "dependentRequired": {"a": ["b"]}},
+          '{"a":1}', '{"b":2}'),
+    Probe("dependentSchemas", {"type": "object", "properties": _AB, "dependentSchemas": {"a": {"required": ["b"]}}},
+          '{"a":1}', '{"b":2}'),
+    Probe("dependencies", {"type": "object", "properties": _AB, "dependencies": {"a": ["b"]}}, '{"a":1}', '{"b":2}'),
+    Probe("patternProperties", {"type": "object", "patternProperties": {"^a": _INT}, "additionalProperties": True},
+          '{"ab":"x"}', '{"ab":1}'),
+    Probe("unevaluatedProperties", {"type": "object", "allOf": [{"properties": {"a": _INT}}],
+                                    "unevaluatedProperties": False}, '{"b":1}', '{"a":1}'),
+)  # fmt: skip
+
+
+def run_probe(probe: Probe, backend: str, tokenizer: Any) -> tuple[Support, str]:
+    """What ``backend`` does with ``probe``: ``(support, detail)``.  Compiles; changes no state.
+
+    ``"refused"`` when the schema does not compile; ``"enforced"`` when the
+    invalid instance is rejected token by token (and the valid one, if
+    given, accepted to the end); ``"ignored"`` when the invalid instance is
+    accepted.  A valid instance the grammar rejects makes the detail say so
+    (the grammar is then stricter than the schema, not laxer).
+    """
+    from .base import GrammarError
+    from .compile import compile_grammar
+    from .spec import grammar_spec
+
+    import warnings
+
+    try:
+        with warnings.catch_warnings():  # the probe measures what the warning would predict
+            warnings.simplefilter("ignore")
+            compiled = compile_grammar(grammar_spec(schema=probe.schema), tokenizer, backend=backend)
+    except GrammarError as e:
+        return "refused", str(e)[:200]
+    eos = compiled.stop_token_ids[0]
+
+    def accepted(text: str) -> bool:
+        tokens = list(tokenizer.encode(text, add_special_tokens=False))
+        if tokenizer.decode(tokens) != text:
+            raise ValueError(f"probe text {text!r} is not expressible in this vocabulary")
+        return compiled.matcher().validate(tokens + [eos]) == len(tokens) + 1
+
+    detail = ""
+    if probe.valid is not None and not accepted(probe.valid):
+        detail = f"the valid instance {probe.valid} is rejected too"
+    return ("ignored" if accepted(probe.invalid) else "enforced"), detail
+
+
+def enforced_keywords(backend: str) -> frozenset[str]:
+    """The plain keywords (no setting) the table marks enforced for ``backend`` -- the fuzz tool's ``ENFORCED`` view.
+
+    >>> "uniqueItems" in enforced_keywords("xgrammar"), "maxLength" in enforced_keywords("xgrammar")
+    (False, True)
+    """
+    return frozenset(k for k, v in TABLES[backend].items() if v == _E and ":" not in k and "+" not in k)

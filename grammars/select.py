@@ -1,0 +1,116 @@
+"""``backend="auto"``: per grammar, the backend that enforces everything it uses.
+
+The rule (from the capability tables of :mod:`grammars.capabilities`):
+
+1. a JSON schema no value satisfies (``minimum > maximum``, an empty
+   ``enum``, ``false``) is refused with a :class:`GrammarError` that says so
+   (no backend can help);
+2. the first backend of :data:`PREFERENCE` whose table enforces every
+   feature the schema uses and that compiles it wins;
+3. if none does, the compiling backend that leaves the fewest features
+   unenforced wins (ties: :data:`PREFERENCE` order) and the result names
+   what is not enforced.
+
+Regexes and EBNF grammars are enforced fully by every backend that compiles
+them; the first of :data:`PREFERENCE` that compiles wins.
+
+The preference order is xgrammar (fastest mask on CPU here, the parity
+reference), then llguidance (enforces the most; refuses what it does not
+implement), then outlines-core (enforces least; slow to compile).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .base import CompiledGrammar, GrammarError
+from .capabilities import refused, support, unenforced
+from .keywords import unsatisfiable
+from .spec import GrammarSpec
+
+__all__ = ["PREFERENCE", "Choice", "choose", "advice"]
+
+PREFERENCE = ("xgrammar", "llguidance", "outlines")
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The compiled grammar auto chose, why, and what it leaves unenforced."""
+
+    compiled: CompiledGrammar
+    backend: str
+    reason: str
+    unenforced: tuple[str, ...]
+
+
+def choose(spec: GrammarSpec, compile_with: Callable[[str], CompiledGrammar]) -> Choice:
+    """Pick a backend for ``spec``; ``compile_with(name)`` compiles on one backend (may raise GrammarError)."""
+    errors: dict[str, str] = {}
+
+    def attempt(name: str) -> CompiledGrammar | None:
+        try:
+            return compile_with(name)
+        except GrammarError as e:
+            errors[name] = str(e)
+            return None
+
+    if not spec.is_json:
+        for name in PREFERENCE:
+            if name == "outlines" and spec.kind == "ebnf":
+                continue
+            compiled = attempt(name)
+            if compiled is not None:
+                return Choice(compiled, name, f"{name}: the first backend that compiles this {spec.kind}", ())
+        raise GrammarError(_none_compiled(errors))
+    why_not = unsatisfiable(spec.schema)
+    if why_not is not None:
+        raise GrammarError(f"no JSON value satisfies the schema ({why_not}); fix the schema (no backend can help)")
+    gaps = {name: tuple(unenforced(spec.schema, name)) for name in PREFERENCE}
+    for name in PREFERENCE:
+        if gaps[name] or refused(spec.schema, name):
+            continue
+        compiled = attempt(name)
+        if compiled is not None:
+            skipped = [f"{n} does not enforce {', '.join(gaps[n])}" for n in PREFERENCE[: PREFERENCE.index(name)] if gaps[n]]
+            detail = f" ({'; '.join(skipped)})" if skipped else ""
+            return Choice(compiled, name, f"{name} enforces every keyword this schema uses{detail}", ())
+    best: tuple[int, str, CompiledGrammar] | None = None
+    for name in sorted(PREFERENCE, key=lambda n: (len(gaps[n]), PREFERENCE.index(n))):
+        if name in errors or (best is not None and len(gaps[name]) >= best[0]):
+            continue
+        compiled = attempt(name)
+        if compiled is not None:
+            best = (len(gaps[name]), name, compiled)
+    if best is None:
+        raise GrammarError(_none_compiled(errors))
+    _, name, compiled = best
+    failed = "; ".join(
+        f"{n} refused it" if n in errors else f"{n} refuses {', '.join(refused(spec.schema, n))}"
+        for n in PREFERENCE
+        if n != name and (n in errors or refused(spec.schema, n))
+    )
+    reason = (
+        f"no backend enforces every keyword this schema uses; {name} compiles it and leaves the fewest "
+        f"unenforced ({', '.join(gaps[name])})" + (f"; {failed}" if failed else "")
+    )
+    return Choice(compiled, name, reason, gaps[name])
+
+
+def advice(features: tuple[str, ...], backend: str) -> str:
+    """What to do about ``features`` that ``backend`` does not enforce: a backend that does, or post-validation."""
+    better = [
+        name for name in PREFERENCE
+        if name != backend and all(support(name, f) == "enforced" for f in features)
+    ]  # fmt: skip
+    post = (
+        "or rely on post-validation: every finished result carries stats.valid and stats.schema_errors "
+        "(grammars.validation.output_errors)"
+    )
+    if better:
+        return f"use grammar_backend='{better[0]}' (it enforces them), {post}"
+    return f"no backend enforces all of them; simplify the schema, {post}"
+
+
+def _none_compiled(errors: dict[str, str]) -> str:
+    return "no grammar backend compiles this grammar: " + " | ".join(errors.values())

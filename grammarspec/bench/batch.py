@@ -1,0 +1,202 @@
+"""Throughput at batch size B: grammarspec's batched loop against batched plain constrained decoding.
+
+For each batch size ``B`` both arms serve the whole task list, back to back
+(the arm order alternates from size to size, so machine noise hits both alike):
+
+* ``baseline`` -- what transformers users run today: the list cut, in order, into
+  batches of ``B``, each run by Hugging Face ``model.generate`` on the
+  left-padded batch with xgrammar's HF logits processor holding one compiled
+  grammar per row (a batch runs until its longest row ends);
+* ``auto`` -- one :func:`grammarspec.generate` call over the whole list with
+  ``max_batch_size=B`` and ``assistant="auto"``: at most ``B`` rows decode
+  together, a row leaves the batch when it finishes and a waiting request joins.
+
+Throughput is committed tokens (each row's tokens up to and including its
+stop token) over the arm's wall time; a request's latency is the time from
+the start of the arm to its own end (its batch's end for the baseline).
+Greedy outputs of the two arms are compared row by row.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+import grammarspec
+from grammarspec.decoding import logits_width
+
+from .arms import BaselineGrammars, prepare_grammars
+from .tasks import BenchTask
+
+__all__ = ["BatchRun", "run_batch_bench", "batch_table"]
+
+ARMS = ("baseline", "auto")
+
+
+@dataclass
+class BatchRun:
+    """One arm over the whole task list at one batch size."""
+
+    arm: str
+    batch_size: int
+    seconds: float = 0.0
+    tokens: int = 0
+    target_passes: int = 0  # forward passes of the batch (grammarspec: its steps; baseline: decoding steps)
+    row_passes: int = 0  # target passes summed over requests (a request's tokens per pass = tokens / its passes)
+    latencies: list[float] = field(default_factory=list)
+    outputs: dict[str, list[int]] = field(default_factory=dict)
+    categories: dict[str, list[float]] = field(default_factory=dict)  # category -> [tokens, seconds]
+
+    @property
+    def throughput(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+    @property
+    def tokens_per_pass(self) -> float:
+        """Committed tokens per target pass of a request (1 for plain decoding)."""
+        return self.tokens / self.row_passes if self.row_passes else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"arm": self.arm, "batch_size": self.batch_size, "seconds": round(self.seconds, 3),
+                "tokens": self.tokens, "throughput": round(self.throughput, 2), "target_passes": self.target_passes,
+                "tokens_per_pass": round(self.tokens_per_pass, 3),
+                "latency_p50": round(statistics.median(self.latencies), 3) if self.latencies else 0.0,
+                "latency_max": round(max(self.latencies), 3) if self.latencies else 0.0,
+                "categories": {c: round(v[0] / v[1], 2) if v[1] else 0.0 for c, v in self.categories.items()}}  # fmt: skip
+
+
+def _prompt(tokenizer: Any, task: BenchTask) -> list[int]:
+    return grammarspec.build_prompt(tokenizer, task.prompt, system=task.system,
+                                    schema=task.schema if not task.tools else None, tools=task.tools)  # fmt: skip
+
+
+def _left_pad(prompts: Sequence[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(map(len, prompts))
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    return ids, mask
+
+
+def _cut(tokens: list[int], eos: int) -> list[int]:
+    return tokens[: tokens.index(eos) + 1] if eos in tokens else tokens
+
+
+def _run_baseline(model: Any, ids: torch.Tensor, mask: torch.Tensor, grammars: list[Any], eos: int,
+                  max_new: int) -> tuple[list[list[int]], float, int]:  # fmt: skip
+    from transformers import LogitsProcessorList
+    from xgrammar.contrib.hf import LogitsProcessor
+
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        out = model.generate(ids, attention_mask=mask, logits_processor=LogitsProcessorList([LogitsProcessor(grammars)]),
+                             eos_token_id=eos, pad_token_id=eos, max_new_tokens=max_new, do_sample=False)  # fmt: skip
+    seconds = time.perf_counter() - t0
+    new = out[:, ids.shape[1] :]
+    return [_cut(row.tolist(), eos) for row in new], seconds, int(new.shape[1])
+
+
+def run_batch_bench(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    tasks: Sequence[BenchTask],
+    batch_sizes: Sequence[int],
+    max_new_tokens: int,
+    progress: Callable[[str], None] | None = None,
+) -> list[BatchRun]:
+    """Both arms at every batch size over ``tasks`` (greedy); one :class:`BatchRun` per arm and size."""
+    eos = tokenizer.eos_token_id
+    baseline = BaselineGrammars(tokenizer, logits_width(model), eos)
+    prepared = []
+    for task in tasks:
+        try:
+            prepared.append((task, _prompt(tokenizer, task), prepare_grammars(model, tokenizer, baseline, task.schema)))
+        except grammarspec.GrammarError:
+            continue
+    by_category: dict[str, list[Any]] = {}
+    for item in prepared:
+        by_category.setdefault(item[0].category, []).append(item)
+    runs = []
+    for n, size in enumerate(batch_sizes):
+        order = ARMS if n % 2 == 0 else ARMS[::-1]
+        for arm in order:
+            run = BatchRun(arm, size)
+            for category, items in by_category.items():  # each category is served on its own: its throughput
+                seconds = (_serve_baseline if arm == "baseline" else _serve_auto)(model, tokenizer, items, size, eos,
+                                                                                 max_new_tokens, run)  # fmt: skip
+                run.seconds += seconds
+                run.categories.setdefault(category, [0.0, 0.0])[1] += seconds
+            if progress is not None:
+                progress(f"B={size} {arm}: {run.tokens} tokens in {run.seconds:.1f}s ({run.throughput:.1f} tokens/s)")
+            runs.append(run)
+    return runs
+
+
+def _serve_baseline(model: Any, tokenizer: Any, items: list[Any], size: int, eos: int, max_new: int,
+                    run: BatchRun) -> float:  # fmt: skip
+    """HF generate over ``items`` cut into batches of ``size``; returns the seconds."""
+    elapsed = run.seconds
+    start = elapsed
+    for first in range(0, len(items), size):
+        chunk = items[first : first + size]
+        ids, mask = _left_pad([p for _, p, _ in chunk], eos)
+        outputs, seconds, steps = _run_baseline(model, ids, mask, [g for _, _, g in chunk], eos, max_new)
+        elapsed += seconds
+        _add(run, [t for t, _, _ in chunk], outputs, [elapsed - start] * len(chunk), steps, sum(map(len, outputs)))
+    return elapsed - start
+
+
+def _serve_auto(model: Any, tokenizer: Any, items: list[Any], size: int, eos: int, max_new: int,
+                run: BatchRun) -> float:  # fmt: skip
+    """One grammarspec call over ``items`` with ``max_batch_size=size``; returns the seconds."""
+    ids, mask = _left_pad([p for _, p, _ in items], eos)
+    t0 = time.perf_counter()
+    out = grammarspec.generate(model, ids, attention_mask=mask, tokenizer=tokenizer, schema=[t.schema for t, _, _ in items],
+                               assistant="auto", max_batch_size=size, max_new_tokens=max_new, do_sample=False,
+                               return_dict_in_generate=True)  # fmt: skip
+    seconds = time.perf_counter() - t0
+    setup = seconds - max(s.total_seconds for s in out.stats)
+    outputs = [out.sequences[i, ids.shape[1] :].tolist()[: s.new_tokens] for i, s in enumerate(out.stats)]
+    _add(run, [t for t, _, _ in items], outputs, [setup + s.total_seconds for s in out.stats],
+         max(s.target_forwards for s in out.stats), sum(s.target_forwards for s in out.stats))  # fmt: skip
+    return seconds
+
+
+def _add(run: BatchRun, tasks: Sequence[BenchTask], outputs: list[list[int]], latencies: list[float], steps: int,
+         row_passes: int) -> None:  # fmt: skip
+    """Record one call's outputs in ``run``: tokens per category, latencies, passes."""
+    run.target_passes += steps
+    run.row_passes += row_passes
+    run.latencies += latencies
+    for task, out in zip(tasks, outputs):
+        run.outputs[task.id] = out
+        run.tokens += len(out)
+        run.categories.setdefault(task.category, [0.0, 0.0])[0] += len(out)
+
+
+def batch_table(runs: Sequence[BatchRun]) -> str:
+    """Markdown: throughput, latency, tokens per pass and ratios per batch size."""
+    by = {(r.arm, r.batch_size): r for r in runs}
+    sizes = sorted({r.batch_size for r in runs})
+    auto1 = by.get(("auto", 1))
+    lines = ["| B | baseline tok/s | auto tok/s | auto / baseline | auto / auto at B=1 | auto tokens per pass "
+             "| latency p50 baseline / auto (s) | lowest category (auto / baseline) | identical outputs |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for size in sizes:
+        base, auto = by[("baseline", size)], by[("auto", size)]
+        same = sum(base.outputs.get(k) == v for k, v in auto.outputs.items())
+        ratios = {c: (auto.categories[c][0] / auto.categories[c][1]) / (base.categories[c][0] / base.categories[c][1])
+                  for c in auto.categories if base.categories.get(c, [0, 0])[1] and auto.categories[c][1]}  # fmt: skip
+        low = min(ratios.items(), key=lambda kv: kv[1]) if ratios else ("-", 0.0)
+        vs1 = f"{auto.throughput / auto1.throughput:.2f}x" if auto1 and auto1.throughput else "-"
+        lines.append(
+            f"| {size} | {base.throughput:.1f} | {auto.throughput:.1f} | {auto.throughput / base.throughput:.2f}x | "
+            f"{vs1} | {auto.tokens_per_pass:.2f} | "
+            f"{statistics.median(base.latencies):.2f} / {statistics.median(auto.latencies):.2f} | "
+            f"{low[0]} {low[1]:.2f}x | {same}/{len(auto.outputs)} |"
+        )
+    return "\n".join(lines)

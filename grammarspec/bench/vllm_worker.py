@@ -1,0 +1,123 @@
+"""The vLLM side of ``grammarspec bench``: run in the vLLM environment, JSON in, JSON out.
+
+    .venv-vllm/bin/python -m grammarspec.bench.vllm_worker JOB.json OUT.json
+
+``JOB.json`` (written by :mod:`grammarspec.bench.vllm_arms`): ``model`` (a local directory), ``arms``,
+``num_speculative_tokens``, ``max_tokens``, ``temperature``, ``seed``, ``max_model_len``, ``modes``
+(``"batch1"``: one request at a time, per-request latency; ``"all"``: every request submitted at once,
+throughput) and ``tasks`` (``task``, ``prompt_ids``, ``schema``).  The prompt ids come from the main
+environment, so both sides decode from identical prompts.
+
+``OUT.json`` is rewritten after every arm: ``{"arms": {arm: {"batch1": [...], "all": {...}}}, "machine": ...}``.
+Per request: ``tokens`` (the stop token included), ``seconds``, ``first_token_seconds``, ``finish_reason``
+and, at batch 1, the spec-decode counter deltas (``drafts``, ``draft_tokens``, ``accepted_tokens``).
+One engine per arm, started before any timing and warmed up with one short request.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["main"]
+
+#: Tokens of the untimed warm-up request of each arm.
+WARMUP_TOKENS = 8
+
+
+def _params(sampling_params: Any, structured: Any, schema: Any, max_tokens: int, temperature: float, seed: int) -> Any:
+    return sampling_params(temperature=temperature, max_tokens=max_tokens, seed=seed if temperature > 0 else None,
+                           structured_outputs=structured(json=schema))  # fmt: skip
+
+
+def _drive(engine: Any, requests: list[tuple[str, list[int], Any]]) -> dict[str, dict[str, Any]]:
+    """Submit ``requests`` (id, prompt ids, params) at once and step the engine until all finish."""
+    out: dict[str, dict[str, Any]] = {}
+    started = time.perf_counter()
+    for request_id, prompt_ids, params in requests:
+        engine.add_request(request_id, {"prompt_token_ids": prompt_ids}, params)
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            now = time.perf_counter() - started
+            record = out.setdefault(output.request_id, {"first_token_seconds": None})
+            completion = output.outputs[0]
+            if record["first_token_seconds"] is None and completion.token_ids:
+                record["first_token_seconds"] = now
+            if output.finished:
+                record.update(tokens=list(completion.token_ids), seconds=now,
+                              finish_reason=completion.finish_reason or "length")  # fmt: skip
+    return out
+
+
+def run_arm(job: dict[str, Any], arm: str) -> dict[str, Any]:
+    """Start one engine for ``arm``, warm it up, run the job's modes; returns that arm's results."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import StructuredOutputsParams
+
+    from grammarspec.vllm.engine import make_llm, spec_decode_counts, speculation
+
+    t0 = time.perf_counter()
+    llm = make_llm(job["model"], speculation(arm, job["num_speculative_tokens"]),
+                   max_model_len=job["max_model_len"], seed=job["seed"])  # fmt: skip
+    engine = llm.llm_engine
+    result: dict[str, Any] = {"startup_seconds": time.perf_counter() - t0}
+    tasks = job["tasks"]
+
+    def params(task: dict[str, Any], max_tokens: int | None = None) -> Any:
+        return _params(SamplingParams, StructuredOutputsParams, task["schema"], max_tokens or job["max_tokens"],
+                       job["temperature"], job["seed"])  # fmt: skip
+
+    _drive(engine, [("warmup", tasks[0]["prompt_ids"], params(tasks[0], WARMUP_TOKENS))])
+    if "batch1" in job["modes"]:
+        runs = []
+        for i, task in enumerate(tasks):
+            before = spec_decode_counts(llm)
+            record = _drive(engine, [(f"b1-{i}", task["prompt_ids"], params(task))])[f"b1-{i}"]
+            after = spec_decode_counts(llm)
+            runs.append({"task": task["task"], **record, **{k: after[k] - before[k] for k in after}})
+        result["batch1"] = runs
+    if "all" in job["modes"]:
+        before = spec_decode_counts(llm)
+        t1 = time.perf_counter()
+        records = _drive(engine, [(f"all-{i}", task["prompt_ids"], params(task)) for i, task in enumerate(tasks)])
+        wall = time.perf_counter() - t1
+        after = spec_decode_counts(llm)
+        result["all"] = {
+            "seconds": wall,
+            "requests": [{"task": task["task"], **records[f"all-{i}"]} for i, task in enumerate(tasks)],
+            **{k: after[k] - before[k] for k in after},
+        }
+    llm.llm_engine.engine_core.shutdown()
+    del llm, engine
+    gc.collect()
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2:
+        print("usage: python -m grammarspec.bench.vllm_worker JOB.json OUT.json", file=sys.stderr)
+        return 2
+    job = json.loads(Path(args[0]).read_text(encoding="utf-8"))
+    out_path = Path(args[1])
+    import vllm
+
+    results: dict[str, Any] = {"vllm": vllm.__version__, "ld_preload": os.environ.get("LD_PRELOAD", ""),
+                               "load_average_at_start": os.getloadavg()[0], "arms": {}}  # fmt: skip
+    for arm in job["arms"]:
+        try:
+            results["arms"][arm] = run_arm(job, arm)
+        except Exception as e:  # noqa: BLE001 - one arm failing is reported, the others still run
+            results["arms"][arm] = {"error": f"{type(e).__name__}: {e}"}
+        results["load_average_at_end"] = os.getloadavg()[0]
+        out_path.write_text(json.dumps(results) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,249 @@
+"""A chat that keeps the target's KV cache between turns.
+
+An agent re-sends its whole conversation every turn: system prompt, tool
+definitions, every earlier turn.  :class:`Conversation` keeps the target's
+``DynamicCache`` and the token ids it holds; each :meth:`Conversation.reply`
+
+1. renders the whole conversation with the chat template and tokenizes it
+   (exactly the prompt a fresh call would see),
+2. keeps the longest common prefix of those ids and the cached ids, crops the
+   cache to it (an edited earlier message, or a template that renders earlier
+   turns differently once later ones exist, invalidates exactly the suffix
+   that changed), and
+3. generates with :func:`grammarspec.generate` on that cache, so only the
+   tokens the template added are prefilled.
+
+The prompt is the same as a fresh call's, so greedy output is the same as a
+fresh ``generate`` on the full conversation (up to floating-point ties: keys
+computed in chunks may differ from one prompt pass in the last bits), and
+sampling keeps its exact distribution.
+
+Proposers: one proposer object per conversation (``assistant=`` is resolved
+once) and ``start`` once per turn, with that turn's prompt: every turn is a
+new generation with its own prompt and grammar.  What the drafters learn
+from earlier turns reaches them through the context, which holds every
+earlier turn (prompt lookup and the schema n-gram read it); a draft model
+keeps its KV cache across ``start`` and re-syncs by common prefix
+(``proposers/draft_model.py``).  Per-conversation acceptance records (the
+composite's tracks) are reset by ``start`` today -- TODO hook for the
+proposer protocol.
+
+Memory is bounded by ``max_context`` tokens (default: the model's
+``max_position_embeddings``): a turn whose prompt plus ``max_new_tokens``
+would not fit raises :class:`ContextLimitError` before any work; drop or
+shorten messages in :attr:`Conversation.messages` and call again (the cache
+is cropped to what still matches).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from proposers.presets import resolve_assistant
+
+from .api import DEFAULT_MAX_DRAFT, generate
+from .cache import cache_length, crop_cache, new_cache
+from .stats import GenerationStats
+from .tools import (
+    ToolCallError,
+    chat_messages,
+    check_tools,
+    parse_tool_reply,
+    tool_constraint,
+    tool_format_for,
+)
+
+__all__ = ["ContextLimitError", "Conversation", "Reply", "common_prefix_length"]
+
+
+class ContextLimitError(ValueError):
+    """The conversation (plus the tokens asked for) does not fit in ``max_context``."""
+
+
+def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix.  ``common_prefix_length([1, 2, 3], [1, 2, 4]) == 2``."""
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+@dataclass
+class Reply:
+    """One assistant turn: the OpenAI message and what it took."""
+
+    message: dict[str, Any]  # {"role": "assistant", "content": str | None, "tool_calls": [...]?}
+    finish_reason: str  # OpenAI's: "tool_calls", "stop" or "length"
+    stats: GenerationStats
+    tokens: list[int]  # generated token ids (the stop token included)
+    prompt_tokens: int  # the templated conversation
+    reused_tokens: int  # prompt tokens whose keys/values came from the cache
+    seconds: float  # wall clock of the turn (template, tokenize, generate, parse)
+
+    @property
+    def prefilled_tokens(self) -> int:
+        """Prompt tokens the target read this turn."""
+        return self.prompt_tokens - self.reused_tokens
+
+    @property
+    def content(self) -> str | None:
+        return self.message.get("content")
+
+    @property
+    def tool_calls(self) -> list[dict[str, Any]]:
+        return list(self.message.get("tool_calls") or [])
+
+
+class Conversation:
+    """Messages in the OpenAI chat format plus the target's KV cache over them.
+
+    ``tools``: OpenAI-style definitions offered in every turn (``tool_choice``
+    per turn picks among them).  ``system``: a system message to start with.
+    ``tool_format``: ``"auto"`` (the template's native format, else
+    ``"json"``), ``"json"`` or an xgrammar model format (see
+    :mod:`grammarspec.tools`).  ``assistant``/``max_draft_tokens``/
+    ``grammar_backend``: as for :func:`grammarspec.generate`.
+    ``generation_kwargs``: defaults for every turn (``do_sample``, ...).
+
+    Not thread-safe; one conversation per thread.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: Any,
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        system: str | None = None,
+        assistant: Any = "auto",
+        max_context: int | None = None,
+        tool_format: str = "auto",
+        max_draft_tokens: int = DEFAULT_MAX_DRAFT,
+        grammar_backend: str = "xgrammar",
+        **generation_kwargs: Any,
+    ) -> None:
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError("Conversation needs a tokenizer with a chat template (tokenizer.chat_template is empty)")
+        check_tools(tools)
+        self.model, self.tokenizer = model, tokenizer
+        self.tools = [dict(t) for t in tools] if tools else None
+        self.tool_format = tool_format_for(tokenizer, tool_format)
+        limit = max_context if max_context is not None else getattr(model.config, "max_position_embeddings", None)
+        if limit is not None and (not isinstance(limit, int) or limit < 2):
+            raise ValueError(f"max_context must be an int >= 2 (tokens), got {max_context!r}")
+        self.max_context: int | None = limit
+        self.messages: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
+        self.replies: list[Reply] = []
+        self._assistant = assistant
+        self._proposer = resolve_assistant(assistant)  # one per conversation; started every turn
+        self._options = dict(max_draft_tokens=max_draft_tokens, grammar_backend=grammar_backend, **generation_kwargs)
+        self._cache = new_cache(model)
+        self._cached: list[int] = []  # the token ids whose keys/values the cache holds
+        self._calls = 0
+
+    # --- messages (these change the conversation, never the cache) ---------------------------
+
+    def add_user(self, content: str) -> None:
+        """Append a user message."""
+        self.messages.append({"role": "user", "content": content})
+
+    def add_tool_result(self, tool_call_id: str, content: Any) -> None:
+        """Append a ``tool`` message answering the call ``tool_call_id`` (content: a string or JSON value)."""
+        known = {c["id"] for m in self.messages for c in m.get("tool_calls") or []}
+        if tool_call_id not in known:
+            raise ToolCallError(f"no tool call has id {tool_call_id!r}; answer one of {sorted(known)}")
+        self.messages.append({"role": "tool", "tool_call_id": tool_call_id, "content": content})
+
+    # --- the prompt --------------------------------------------------------------------------
+
+    def prompt_ids(self, messages: Sequence[Mapping[str, Any]] | None = None) -> list[int]:
+        """Token ids of the templated conversation with the assistant turn opened.  Does not change state."""
+        rendered = chat_messages(self.messages if messages is None else messages, self.tools, self.tool_format)
+        extra = {"tools": self.tools} if self.tools and self.tool_format != "json" else {}
+        text = self.tokenizer.apply_chat_template(rendered, tokenize=False, add_generation_prompt=True, **extra)
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    @property
+    def cached_tokens(self) -> int:
+        """How many leading tokens of the last prompt + reply the target's cache holds."""
+        return len(self._cached)
+
+    def reset_cache(self) -> None:
+        """Forget the KV cache (the messages stay).  Changes state."""
+        self._cache, self._cached = new_cache(self.model), []
+
+    # --- a turn ------------------------------------------------------------------------------
+
+    def reply(
+        self,
+        *,
+        tool_choice: Any = "auto",
+        parallel_tool_calls: bool = False,
+        max_new_tokens: int = 256,
+        append: bool = True,
+        **generation_kwargs: Any,
+    ) -> Reply:
+        """Generate the next assistant message (and append it to :attr:`messages` unless ``append=False``).
+
+        ``tool_choice``: ``"auto"`` (text or a call), ``"required"``,
+        ``"none"`` or ``{"type": "function", "function": {"name": ...}}``.
+        Changes state: the cache and (with ``append``) the messages.
+        """
+        t0 = time.perf_counter()
+        constraint = tool_constraint(self.tools, tool_choice, parallel_tool_calls, self.tool_format)
+        ids = self.prompt_ids()
+        if self.max_context is not None and len(ids) + max_new_tokens > self.max_context:
+            raise ContextLimitError(
+                f"the conversation is {len(ids)} tokens and the turn may add {max_new_tokens}, more than "
+                f"max_context={self.max_context}; drop or shorten earlier messages (conversation.messages), "
+                "lower max_new_tokens, or start a new Conversation"
+            )
+        # Keep the cached prefix that the new prompt repeats; the model must read at least one token.
+        keep = min(common_prefix_length(self._cached, ids), len(ids) - 1)
+        crop_cache(self._cache, keep, "target model")
+        self._cached = self._cached[:keep]
+        options = {**self._options, **generation_kwargs}
+        out: Any = generate(
+            self.model,
+            ids,
+            tokenizer=self.tokenizer,
+            assistant=self._proposer if self._proposer is not None else None,
+            max_new_tokens=max_new_tokens,
+            return_dict_in_generate=True,
+            past_key_values=self._cache,
+            update_cache=True,
+            **constraint,
+            **options,
+        )
+        stats = out.stats[0]
+        new = out.sequences[0, len(ids) : len(ids) + stats.new_tokens].tolist()
+        self._sync_cache(ids + new)
+        text = self.tokenizer.decode(new, skip_special_tokens=True)
+        call_ids = [f"call_{self._calls + i}" for i in range(64)]
+        if stats.finish_reason in ("stop", "eos"):
+            message = parse_tool_reply(text, constraint.get("tools") or self.tools if constraint else None,
+                                       self.tool_format, call_ids)  # fmt: skip
+        else:  # cut by max_new_tokens: never claimed to be a call
+            message = {"role": "assistant", "content": text}
+        self._calls += len(message.get("tool_calls") or [])
+        finish = "length" if stats.finish_reason == "length" else ("tool_calls" if "tool_calls" in message else "stop")
+        result = Reply(message=message, finish_reason=finish, stats=stats, tokens=new, prompt_tokens=len(ids),
+                       reused_tokens=keep, seconds=time.perf_counter() - t0)  # fmt: skip
+        if append:
+            self.messages.append(message)
+        self.replies.append(result)
+        return result
+
+    def _sync_cache(self, tokens: list[int]) -> None:
+        """Record which ids the cache holds after a turn (a stop inside a draft may leave extra keys)."""
+        held = cache_length(self._cache)
+        if held > len(tokens):
+            crop_cache(self._cache, len(tokens), "target model")
+            held = len(tokens)
+        self._cached = tokens[:held]

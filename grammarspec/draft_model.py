@@ -1,0 +1,157 @@
+"""A small draft model (``assistant=``) that shares the target's tokenizer.
+
+The draft samples from its own distribution after the SAME processing as the
+target row it drafts for (grammar mask, processors, temperature, top-k, top-p):
+a forked matcher walks its samples, so every drafted token is grammar-legal.  It
+returns the distributions it sampled from; the verifier's rejection sampling
+makes the output exact whatever those are.  Under greedy decoding the drafts are
+the draft model's masked argmax (deterministic, ``probs=None``).
+
+Its KV cache holds committed tokens plus its own last draft; :meth:`commit`
+(called by the loop's commit path) crops it back to the accepted prefix, so a
+rejected position leaves no trace.  Before drafting it keeps the longest cached
+prefix that still matches the context (a caller may hand it any context).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from grammars.base import allocate_bitmask
+from proposers.base import EMPTY_DRAFT, Draft, GrammarView, Request
+
+from .cache import crop_cache, forward_with_cache, new_cache, require_croppable
+from .masking import apply_masks
+from .sampling import SamplingParams, process_logits
+
+__all__ = ["DraftModelProposer", "common_prefix_length"]
+
+#: (logits [n, V] float32 already masked, prefixes) -> processed scores [n, V]
+Processing = Callable[[torch.Tensor, Sequence[Sequence[int]]], torch.Tensor]
+
+
+def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix.  ``common_prefix_length([1,2,3], [1,2,4]) == 2``."""
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+class DraftModelProposer:
+    """Drafts with a small causal LM sharing the target's tokenizer.
+
+    ``sampling``: how the target samples (greedy drafts are deterministic).
+    ``processing``: the target row's processing (default: ``sampling``'s
+    temperature / top-k / top-p); the runtime passes the row's own pipeline so
+    draft and target distributions are processed identically.
+    ``vocab_size``: the target's logits width (a padded target vocabulary).
+    """
+
+    #: runs a model: the composite asks it only when the cheap drafters have little
+    runs_model = True
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        sampling: SamplingParams | None = None,
+        processing: Processing | None = None,
+        generator: torch.Generator | None = None,
+        vocab_size: int | None = None,
+        name: str = "draft_model",
+    ) -> None:
+        self.model = model
+        self.name = name
+        self.sampling = sampling or SamplingParams()
+        self.processing = processing or (lambda scores, prefixes: process_logits(scores, self.sampling))
+        self.generator = generator
+        self.vocab_size = int(vocab_size or model.config.vocab_size)
+        self._cache: Any = None
+        self._cached: list[int] = []
+        self._base = 0
+
+    def bind(self, *, sampling: SamplingParams, processing: Processing, generator: torch.Generator | None,
+             vocab_size: int) -> None:  # fmt: skip
+        """Draft for a request with these settings (the target row's own processing).  Changes state."""
+        self.sampling, self.processing, self.generator, self.vocab_size = sampling, processing, generator, vocab_size
+
+    def start(self, request: Request) -> None:
+        """A new generation.  Changes state.
+
+        The KV cache is kept across starts (a conversation starts its proposer
+        every turn): :meth:`propose` keeps the longest cached prefix that still
+        matches the new context and feeds the rest.
+        """
+        if self._cache is None:
+            self._cache = new_cache(self.model)
+            require_croppable(self._cache, "draft model")
+            self._cached = []
+
+    def propose(self, context: Sequence[int], grammar: GrammarView | None, k: int) -> Draft:
+        if k <= 0 or (grammar is not None and grammar.is_terminated()):
+            return EMPTY_DRAFT
+        # Keep the cached prefix that still matches; at least one token must be fed.
+        keep = min(common_prefix_length(self._cached, context), len(context) - 1)
+        crop_cache(self._cache, keep, "draft model")
+        feed = list(context[keep:])
+        matcher = grammar.fork() if grammar is not None else None
+        width = self.vocab_size
+        mask = allocate_bitmask(1, width) if matcher is not None else None
+        tokens: list[int] = []
+        rows: list[torch.Tensor] = []
+        fed = list(context[:keep])  # what the draft cache holds
+        for _ in range(k):
+            logits = self._forward(feed)[:, :width]  # [1, V_target]
+            fed += feed
+            if logits.shape[-1] < width:  # padded target vocabulary: the pad tokens are impossible
+                logits = torch.nn.functional.pad(logits, (0, width - logits.shape[-1]), value=float("-inf"))
+            if matcher is not None:
+                assert mask is not None
+                matcher.fill_mask(mask, 0)
+                apply_masks(logits, mask)
+            scores = self.processing(logits, [list(context) + tokens])
+            if torch.isneginf(scores).all():
+                break  # nothing legal: never emit a token
+            if self.sampling.greedy:
+                token = int(scores.argmax(-1))
+            else:
+                probs = scores.softmax(-1)
+                token = int(_draw(probs[0], self.generator))
+                rows.append(probs[0])
+            tokens.append(token)
+            feed = [token]
+            if matcher is not None and (not matcher.accept(token) or matcher.is_terminated()):
+                break
+        self._cached = fed
+        self._base = len(context)
+        if not tokens:
+            return EMPTY_DRAFT
+        probs = torch.stack(rows) if rows else None
+        return Draft(tokens=tuple(tokens), probs=probs, sources=(self.name,) * len(tokens))
+
+    def commit(self, draft: Draft, num_accepted: int, committed: Sequence[int]) -> None:
+        """Crop the draft cache back to the accepted prefix of the last draft.  Changes state.
+
+        The cache then holds committed tokens only (the prefix check in
+        :meth:`propose` re-syncs should a caller's context ever differ).
+        """
+        keep = min(self._base + num_accepted, len(self._cached)) if draft.tokens else len(self._cached)
+        if self._cache is not None and keep < len(self._cached):
+            crop_cache(self._cache, keep, "draft model")
+            self._cached = self._cached[:keep]
+        self._base = 0
+
+    def _forward(self, input_ids: list[int]) -> torch.Tensor:
+        return forward_with_cache(self.model, input_ids, self._cache, 1)  # [1, V]
+
+
+def _draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One token from ``probs`` ``[V]`` (the generator may live on another device)."""
+    if generator is not None and generator.device != probs.device:
+        return torch.multinomial(probs.to(generator.device), 1, generator=generator).to(probs.device)
+    return torch.multinomial(probs, 1, generator=generator)

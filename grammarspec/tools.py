@@ -1,0 +1,359 @@
+"""OpenAI-style tool calls: the constraint for one assistant turn, and the calls out of its text.
+
+Three pure steps, used by :class:`grammarspec.Conversation` and usable alone:
+
+* :func:`tool_constraint` -- ``tools`` + ``tool_choice`` + ``parallel_tool_calls``
+  -> the keyword arguments for :func:`grammarspec.generate` (``tools=``,
+  ``grammar=`` or nothing).  ``tool_choice`` is read by xgrammar's
+  ``normalize_tool_choice`` (``"auto"``, ``"required"``, ``"none"``, or
+  ``{"type": "function", "function": {"name": ...}}``).
+* :func:`parse_tool_reply` -- the generated text -> an OpenAI assistant message
+  ``{"role": "assistant", "content": ..., "tool_calls": [{"id", "type":
+  "function", "function": {"name", "arguments": <JSON string>}}]}``.
+* :func:`chat_messages` -- OpenAI-format messages -> what the chat template
+  renders.
+
+Two call formats (``tool_format``):
+
+* ``"json"`` -- for chat templates without a tool-call format (SmolLM2's): the
+  call grammarspec has always written, ``{"name": ..., "arguments": {...}}``
+  in compact JSON (a JSON array of them with ``parallel_tool_calls``).  Under
+  ``"auto"`` the reply is either exactly that or plain text that does not
+  start with ``{`` or ``[``: an xgrammar structural tag (``OrFormat``) over the
+  compact call grammar and free text.  The tools are described in the system
+  message (:func:`describe_tools`); an assistant message with ``tool_calls``
+  is rendered back as the call's JSON, so the next turn's prompt repeats the
+  tokens the model wrote.
+* any model format xgrammar knows (``"qwen_3"``, ``"llama"``, ``"harmony"``,
+  ... -- ``xgrammar.builtin_structural_tag``): xgrammar's
+  ``get_model_structural_tag`` builds the grammar (text or call, reasoning
+  off), the chat template renders the tools and the calls itself, and calls
+  are read back by the tags of that structural tag (formats whose arguments
+  are JSON).  ``"auto"`` picks the format from the chat template: ``"json"``
+  when the template does not use ``tools``.
+
+Worked example (``"json"``, pure functions)::
+
+    >>> tools = [{"type": "function", "function": {"name": "get_weather",
+    ...           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+    >>> tool_constraint(tools, "required")
+    {'tools': [...], 'parallel_tool_calls': False}                       # doctest: +SKIP
+    >>> parse_tool_reply('{"name":"get_weather","arguments":{"city":"Oslo"}}', tools, "json", ["call_0"])
+    {'role': 'assistant', 'content': None, 'tool_calls': [{'id': 'call_0', 'type': 'function',
+     'function': {'name': 'get_weather', 'arguments': '{"city": "Oslo"}'}}]}    # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from grammars import GrammarError, tools_schema
+
+__all__ = [
+    "ToolCallError",
+    "call_json",
+    "chat_messages",
+    "describe_tools",
+    "parse_tool_reply",
+    "tool_constraint",
+    "tool_format_for",
+]
+
+#: Chat-template markers of the model formats xgrammar builds structural tags for.
+_TEMPLATE_MARKERS = (("<|python_tag|>", "llama"), ("<tool_call>", "qwen_3"), ("<|tool_calls_section_begin|>", "kimi"))
+
+
+class ToolCallError(ValueError):
+    """Tools, ``tool_choice`` or a tool message that cannot be honoured."""
+
+
+def tool_format_for(tokenizer: Any, tool_format: str = "auto") -> str:
+    """The call format to use with ``tokenizer``'s chat template.  Pure.
+
+    ``"auto"``: ``"json"`` when the template does not use ``tools`` (it has no
+    native format), else the xgrammar format its markers name; a
+    tool-aware template with markers we do not know is refused (pass the
+    format, or ``"json"``).
+    """
+    if tool_format != "auto":
+        _check_format(tool_format)
+        return tool_format
+    template = getattr(tokenizer, "chat_template", None) or ""
+    if isinstance(template, Mapping):
+        template = str(template.get("tool_use") or template.get("default") or "")
+    if "tools" not in template:
+        return "json"
+    for marker, name in _TEMPLATE_MARKERS:
+        if marker in template:
+            return name
+    raise ToolCallError(
+        "the chat template renders tools in a format grammarspec cannot name; pass tool_format= one of "
+        "xgrammar's model formats (e.g. 'qwen_3', 'llama', 'harmony'), or tool_format='json' for "
+        "grammarspec's JSON call"
+    )
+
+
+def _check_format(tool_format: str) -> None:
+    if tool_format == "json":
+        return
+    from xgrammar.builtin_structural_tag import _structural_tag_registry
+
+    if tool_format not in _structural_tag_registry:
+        known = ", ".join(["json", *sorted(_structural_tag_registry)])
+        raise ToolCallError(f"unknown tool_format {tool_format!r}; choose 'auto' or one of {known}")
+
+
+def _normalize(tools: Sequence[Mapping[str, Any]] | None, tool_choice: Any) -> tuple[list[dict[str, Any]], str]:
+    """``(tools offered this turn, "auto" | "required" | "forced")`` via xgrammar's reading of OpenAI's rules."""
+    from pydantic import ValidationError
+    from xgrammar.builtin_structural_tag import normalize_tool_choice
+
+    if (tool_choice == "required" or isinstance(tool_choice, Mapping)) and not tools:
+        raise ToolCallError(f"tool_choice={tool_choice!r} needs tools: pass tools=[...] or tool_choice='none'")
+    try:
+        functions, _builtin, mode = normalize_tool_choice([dict(t) for t in tools or []], tool_choice)
+    except (ValueError, ValidationError) as e:
+        raise ToolCallError(
+            f"tool_choice={tool_choice!r} cannot be used with these tools ({str(e).splitlines()[0]}); pass "
+            "'auto', 'required', 'none' or {'type': 'function', 'function': {'name': <one of the tools>}}"
+        ) from None
+    offered = {f.function.name for f in functions}
+    chosen = [dict(t) for t in (tools or []) if t.get("function", t).get("name") in offered]
+    return chosen, mode
+
+
+def tool_constraint(
+    tools: Sequence[Mapping[str, Any]] | None,
+    tool_choice: Any = "auto",
+    parallel_tool_calls: bool = False,
+    tool_format: str = "json",
+) -> dict[str, Any]:
+    """Keyword arguments for :func:`grammarspec.generate` that make one assistant turn.  Pure.
+
+    ``{}``: free text (no tools, or ``tool_choice="none"``); ``{"tools": ...,
+    "parallel_tool_calls": ...}``: exactly one call (or a list) in the JSON
+    format -- ``"required"`` and a named function; ``{"grammar": <EBNF>}``:
+    text or call(s), or any model format, from an xgrammar structural tag.
+    """
+    chosen, mode = _normalize(tools, tool_choice)
+    if not chosen:
+        return {}
+    if tool_format == "json":
+        if mode in ("required", "forced"):
+            return {"tools": chosen, "parallel_tool_calls": bool(parallel_tool_calls)}
+        return {"grammar": _text_or_call_ebnf(tools_schema(chosen, parallel=bool(parallel_tool_calls)))}
+    import xgrammar as xgr
+    from xgrammar.builtin_structural_tag import get_model_structural_tag
+
+    choice: Any = "auto" if mode == "auto" else "required"
+    if mode == "forced":
+        choice = {"type": "function", "function": {"name": chosen[0]["function"]["name"]}}
+    tag = get_model_structural_tag(
+        tool_format,
+        tools=list[Any](chosen),
+        tool_choice=choice,
+        reasoning="disabled",
+        parallel_tool_calls=bool(parallel_tool_calls),
+    )
+    return {"grammar": str(xgr.Grammar.from_structural_tag(tag))}
+
+
+def _text_or_call_ebnf(call_schema: dict[str, Any]) -> str:
+    """EBNF of "the compact JSON call, or text that does not start with ``{``/``[``" (xgrammar structural tag)."""
+    import xgrammar as xgr
+    from xgrammar.structural_tag import (
+        AnyTextFormat,
+        GrammarFormat,
+        OrFormat,
+        RegexFormat,
+        SequenceFormat,
+        StructuralTag,
+    )
+
+    call = str(xgr.Grammar.from_json_schema(json.dumps(call_schema), any_whitespace=False, separators=(",", ":")))
+    text = SequenceFormat(elements=[RegexFormat(pattern="[^{\\[]"), AnyTextFormat()])
+    return str(
+        xgr.Grammar.from_structural_tag(StructuralTag(format=OrFormat(elements=[GrammarFormat(grammar=call), text])))
+    )
+
+
+# --- reading a reply ---------------------------------------------------------------------
+
+
+def parse_tool_reply(
+    text: str, tools: Sequence[Mapping[str, Any]] | None, tool_format: str, ids: Sequence[str]
+) -> dict[str, Any]:
+    """The OpenAI assistant message for the generated ``text``.  Pure.
+
+    ``ids``: the ids to give the calls, in order (at least as many as calls).
+    ``content`` is ``None`` when the reply is only calls; ``tool_calls`` is
+    absent when there are none.  Raises :class:`ToolCallError` for a call
+    that does not parse (only possible for output cut by ``max_new_tokens``).
+    """
+    calls: list[tuple[str, Any]] = []
+    content: str | None = text
+    if tools and tool_format == "json":
+        stripped = text.strip()
+        if stripped[:1] in ("{", "["):
+            try:
+                value = json.loads(stripped)
+            except json.JSONDecodeError as e:
+                raise ToolCallError(f"the tool call is not complete JSON ({e.msg}); raise max_new_tokens") from None
+            calls = [(c["name"], c["arguments"]) for c in (value if isinstance(value, list) else [value])]
+            content = None
+    elif tools:
+        content, calls = _parse_tagged(text, tools, tool_format)
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if calls:
+        if len(ids) < len(calls):
+            raise ToolCallError(f"{len(calls)} calls but only {len(ids)} ids")
+        message["tool_calls"] = [
+            {"id": ids[i], "type": "function",
+             "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)}}
+            for i, (name, arguments) in enumerate(calls)
+        ]  # fmt: skip
+    return message
+
+
+def _parse_tagged(
+    text: str, tools: Sequence[Mapping[str, Any]], tool_format: str
+) -> tuple[str | None, list[tuple[str, Any]]]:
+    """Calls written in a model format: found by the begin/end strings of its structural tag."""
+    from xgrammar.builtin_structural_tag import get_model_structural_tag
+
+    tag = get_model_structural_tag(
+        tool_format, tools=[dict(t) for t in tools], tool_choice="auto", reasoning="disabled"
+    )
+    tags = {}  # begin -> (name, end)
+    for item in _tag_formats(tag.format):
+        name = _tool_named(item.begin, tools)
+        if name is not None and isinstance(item.begin, str):
+            tags[item.begin] = (name, item.end if isinstance(item.end, str) else item.end[0])
+    decoder = json.JSONDecoder()
+    calls: list[tuple[str, Any]] = []
+    pieces: list[str] = []
+    pos = 0
+    while True:
+        found = [(text.find(begin, pos), begin) for begin in tags if text.find(begin, pos) >= 0]
+        if not found:
+            pieces.append(text[pos:])
+            break
+        start, begin = min(found)
+        pieces.append(text[pos:start])
+        name, end = tags[begin]
+        try:
+            arguments, stop = decoder.raw_decode(text, start + len(begin))
+        except json.JSONDecodeError:
+            raise ToolCallError(f"the {name!r} call is not complete JSON; raise max_new_tokens") from None
+        calls.append((name, arguments))
+        pos = stop + len(end) if text.startswith(end, stop) else stop
+    content = "".join(pieces).strip()
+    return (content or None) if calls else text, calls
+
+
+def _tag_formats(fmt: Any) -> list[Any]:
+    """Every ``TagFormat`` inside a structural-tag format, outermost first."""
+    from xgrammar.structural_tag import TagFormat
+
+    found = [fmt] if isinstance(fmt, TagFormat) else []
+    for value in vars(fmt).values():
+        for item in value if isinstance(value, list) else [value]:
+            if hasattr(item, "type") and hasattr(item, "model_fields"):
+                found += _tag_formats(item)
+    return found
+
+
+def _tool_named(begin: Any, tools: Sequence[Mapping[str, Any]]) -> str | None:
+    if not isinstance(begin, str):
+        return None
+    names = [t.get("function", t)["name"] for t in tools]
+    hits = [n for n in names if n in begin]
+    return max(hits, key=len) if hits else None
+
+
+# --- writing the conversation for the chat template ----------------------------------------
+
+
+def call_json(tool_calls: Sequence[Mapping[str, Any]]) -> str:
+    """The JSON text of OpenAI ``tool_calls`` in the ``"json"`` format (as the grammar writes it).  Pure.
+
+    >>> call_json([{"id": "c", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}}])
+    '{"name":"f","arguments":{"x":1}}'
+    """
+    calls = []
+    for call in tool_calls:
+        function = call.get("function") or {}
+        arguments = function.get("arguments", "{}")
+        try:
+            parsed = json.loads(arguments) if isinstance(arguments, str) else arguments
+        except json.JSONDecodeError:
+            raise ToolCallError(f"tool call {call.get('id')!r}: 'arguments' is not a JSON string") from None
+        calls.append({"name": function.get("name"), "arguments": parsed})
+    value: Any = calls[0] if len(calls) == 1 else calls
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def describe_tools(tools: Sequence[Mapping[str, Any]], text_allowed: bool = True) -> str:
+    """The system-message text that tells the model about ``tools`` in the ``"json"`` format.  Pure."""
+    listing = json.dumps([t.get("function", t) for t in tools], separators=(",", ":"), ensure_ascii=False)
+    reply = 'To call a tool, reply with one JSON object {"name": <tool name>, "arguments": {...}}'
+    if text_allowed:
+        reply += "; otherwise reply in plain text"
+    return f"You can call these tools. {reply}.\nTools: {listing}"
+
+
+def chat_messages(
+    messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None, tool_format: str
+) -> list[dict[str, Any]]:
+    """OpenAI-format ``messages`` as the chat template should see them.  Pure.
+
+    ``"json"``: the tool description joins the system message (one is added
+    when there is none), assistant ``tool_calls`` become their JSON text, a
+    tool result that is not a string is JSON-encoded, and every ``content`` is
+    a string.  Model formats: messages pass as they are (the template renders
+    ``tool_calls``; their ``arguments`` as a dict), with tool results as strings.
+    """
+    out: list[dict[str, Any]] = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, Mapping) or message.get("role") not in ("system", "user", "assistant", "tool"):
+            raise ToolCallError(
+                f"messages[{i}] must be a dict with role 'system', 'user', 'assistant' or 'tool', got {message!r:.80}"
+            )
+        m = dict(message)
+        content = m.get("content")
+        if m["role"] == "tool" and content is not None and not isinstance(content, str):
+            content = json.dumps(content, ensure_ascii=False)
+        if tool_format == "json" and m["role"] == "assistant" and m.get("tool_calls"):
+            prefix = (content or "").strip()
+            content = (prefix + "\n" if prefix else "") + call_json(m.pop("tool_calls"))
+        if tool_format == "json":
+            m.pop("tool_call_id", None)
+        elif m.get("tool_calls"):  # chat templates write the arguments themselves (``| tojson``): give a dict
+            m["tool_calls"] = [_with_parsed_arguments(c) for c in m["tool_calls"]]
+        m["content"] = "" if content is None else content
+        out.append(m)
+    if tools and tool_format == "json":
+        description = describe_tools(tools)
+        if out and out[0]["role"] == "system":
+            out[0]["content"] = out[0]["content"] + "\n\n" + description
+        else:
+            out.insert(0, {"role": "system", "content": description})
+    return out
+
+
+def _with_parsed_arguments(call: Mapping[str, Any]) -> dict[str, Any]:
+    function = dict(call.get("function") or {})
+    if isinstance(function.get("arguments"), str):
+        function["arguments"] = json.loads(call_json([call]))["arguments"]
+    return {**call, "function": function}
+
+
+def check_tools(tools: Sequence[Mapping[str, Any]] | None) -> None:
+    """Raise :class:`ToolCallError` (a ``ValueError``) for tool definitions the grammar layer refuses."""
+    if tools:
+        try:
+            tools_schema(tools)
+        except GrammarError as e:
+            raise ToolCallError(str(e)) from None

@@ -1,0 +1,129 @@
+"""What a verification pass costs, in plain (1-row) decoding steps: one model, learned online.
+
+A speculative step verifies ``rows = len(draft) + 1`` positions in one target
+forward pass.  On a small model most of that pass is fixed cost (weights are
+read once whatever the rows), so::
+
+    cost(1)    = 1                                  (a plain step: the unit)
+    cost(rows) = base + per_row * max(rows, min_rows)   for rows > 1
+
+The prior is the one measured for SmolLM2-135M on this repository's CPU
+(2 threads, an 850-token context: 85 ms for 1 row, about 125 ms for 4-8 rows,
+146 ms for 16, 190 ms for 24; fewer than 4 rows cost as much as 4, because
+the BLAS takes a slower path for the 2-3 row LM-head product):
+``base = 1.3``, ``per_row = 0.03``, ``min_rows = 4``.
+
+:meth:`PassCost.update` learns from measured passes: the seconds of 1-row
+passes set the unit (an exponential average), and each wider pass adds the
+point ``(max(rows, min_rows), seconds / unit)`` to a weighted least-squares
+line whose two prior points (at ``min_rows`` and 16 rows) never fade, so the
+line stays defined when every pass has the same width.  Older measurements
+fade by ``decay`` per update.  Pure Python, no clocks: the caller times the
+passes.
+
+Who uses it: :class:`proposers.compose.CompositeProposer` verifies a cheap
+draft alone only when its expected accepted tokens reach
+:meth:`PassCost.break_even` (via :class:`proposers.track.Track`); the loop
+feeds it measurements and its controller may read it
+(``composite.cost_model``); ``scripts/replay_bench.py`` models seconds with
+its prior.
+"""
+
+from __future__ import annotations
+
+__all__ = ["PassCost", "PRIOR_BASE", "PRIOR_PER_ROW", "PRIOR_MIN_ROWS"]
+
+PRIOR_BASE = 1.3
+PRIOR_PER_ROW = 0.03
+PRIOR_MIN_ROWS = 4
+
+
+class PassCost:
+    """Relative cost of a verification pass of ``rows`` rows against a 1-row step (learned per model).
+
+    >>> c = PassCost()
+    >>> c.cost(1), round(c.cost(2), 2), round(c.cost(17), 2)
+    (1.0, 1.42, 1.81)
+    >>> round(c.break_even(17), 2)  # a 16-token draft must bring 0.81 accepted tokens to pay
+    0.81
+    >>> c.update(1, 0.1)  # a plain step took 100 ms: the unit
+    True
+    >>> for _ in range(50):
+    ...     _ = c.update(9, 0.3)  # 9-row passes take 3 plain steps here
+    >>> round(c.cost(9), 1)  # near 3: the prior points hold it back a little
+    2.8
+
+    ``update`` and the constructor change state; ``cost``, ``break_even`` and
+    ``share`` do not.
+    """
+
+    def __init__(
+        self,
+        base: float = PRIOR_BASE,
+        per_row: float = PRIOR_PER_ROW,
+        min_rows: int = PRIOR_MIN_ROWS,
+        *,
+        prior_weight: float = 2.0,
+        decay: float = 0.95,
+        unit_alpha: float = 0.2,
+    ) -> None:
+        if base <= 0 or per_row < 0 or min_rows < 1:
+            raise ValueError(f"PassCost needs base > 0, per_row >= 0, min_rows >= 1; got {base}, {per_row}, {min_rows}")
+        if not 0 < decay <= 1 or not 0 < unit_alpha <= 1 or prior_weight <= 0:
+            raise ValueError("PassCost needs 0 < decay <= 1, 0 < unit_alpha <= 1 and prior_weight > 0")
+        self.base, self.per_row, self.min_rows = base, per_row, min_rows
+        self.decay, self.unit_alpha = decay, unit_alpha
+        self.unit_seconds: float | None = None  # average seconds of a 1-row pass, once measured
+        # Weighted least-squares sums over (x, y) = (rows, cost in plain steps): prior points + faded data.
+        xs = (float(min_rows), 16.0)
+        self._prior = [prior_weight * 2, sum(xs) * prior_weight, sum(x * x for x in xs) * prior_weight,
+                       sum(base + per_row * x for x in xs) * prior_weight,
+                       sum(x * (base + per_row * x) for x in xs) * prior_weight]  # fmt: skip
+        self._data = [0.0] * 5
+
+    def cost(self, rows: int) -> float:
+        """A pass over ``rows`` rows, in plain steps (1.0 for one row or fewer).  Does not change state."""
+        if rows <= 1:
+            return 1.0
+        return max(1.0, self.base + self.per_row * max(rows, self.min_rows))
+
+    def break_even(self, rows: int) -> float:
+        """Accepted draft tokens a pass over ``rows`` rows must bring to beat plain steps.
+
+        The pass commits ``accepted + 1`` tokens for ``cost(rows)`` plain
+        steps, which commit one each.  Does not change state.
+        """
+        return self.cost(rows) - 1.0
+
+    def share(self, rows: int) -> float:
+        """Each draft token's share of what a pass over ``rows`` rows costs beyond a plain step.
+
+        ``PassCost().share(17)`` is about 0.05.  Does not change state.
+        """
+        return self.break_even(rows) / max(1, rows - 1)
+
+    def update(self, rows: int, seconds: float) -> bool:
+        """Learn from one measured pass over ``rows`` rows that took ``seconds``.  Changes state.
+
+        Returns whether the model changed (a wider pass before any 1-row pass
+        is measured cannot be converted to plain steps and is dropped).
+        """
+        if rows < 1 or not seconds > 0:
+            raise ValueError(f"a measured pass needs rows >= 1 and seconds > 0, got rows={rows}, seconds={seconds}")
+        if rows == 1:
+            unit = self.unit_seconds
+            self.unit_seconds = seconds if unit is None else unit + self.unit_alpha * (seconds - unit)
+            return True
+        if self.unit_seconds is None:
+            return False
+        x, y = float(max(rows, self.min_rows)), seconds / self.unit_seconds
+        self._data = [s * self.decay for s in self._data]
+        for i, term in enumerate((1.0, x, x * x, y, x * y)):
+            self._data[i] += term
+        w, sx, sxx, sy, sxy = (p + d for p, d in zip(self._prior, self._data))
+        det = w * sxx - sx * sx
+        if det <= 1e-12:  # pragma: no cover - the two prior points keep it positive
+            return False
+        self.per_row = max(0.0, (w * sxy - sx * sy) / det)
+        self.base = max(1e-6, (sy - self.per_row * sx) / w)
+        return True

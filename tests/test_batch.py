@@ -1,0 +1,232 @@
+"""Batched decoding: one target pass per step for every row, ragged acceptance without leaks.
+
+Every row has its own grammar, draft, acceptance and finish.  After every step each
+row's valid cache columns hold exactly its committed-and-verified tokens (the toy
+model stores token ids as keys), its matcher equals a fresh one fed its output, and
+each row's output equals the same request decoded alone.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+from test_exactness import ImprobableProposer, assert_matches, exact_distribution
+from toy import toy_tokenizer, toy_vocab_size
+from toy_models import ToyCausalLM, tiny_llama
+
+import grammarspec.kv as kv_module
+from grammars import compile_grammar, grammar_spec
+from grammarspec.adaptive import AdaptiveController
+from grammarspec.decoding import DecodeConfig, RowRequest, decode, decode_batch, sampling_processing
+from grammarspec.draft_model import DraftModelProposer
+from grammarspec.sampling import SamplingParams
+from proposers.base import Draft, Request
+
+V = toy_vocab_size()
+SCHEMAS = [
+    {"type": "array", "items": {"enum": ["a", "b"]}, "minItems": 1, "maxItems": 2},
+    {"type": "object", "properties": {"a": {"type": "array", "items": {"enum": ["x", "yy", "z"]}, "maxItems": 4}},
+     "required": ["a"], "additionalProperties": False},
+    {"type": "array", "items": {"enum": ["ab", "ba", "b"]}, "minItems": 2, "maxItems": 3},
+]  # fmt: skip
+PROMPTS = [[2, 3], [2, 5, 9, 4, 7], [6]]
+
+
+@pytest.fixture(scope="module")
+def grammars():
+    tok = toy_tokenizer()
+    return [compile_grammar(grammar_spec(schema=s), tok, vocab_size=len(tok), stop_token_ids=(0,)) for s in SCHEMAS]
+
+
+class Noisy:
+    """Drafts the next tokens of a script, wrong every ``every``-th call (to force rejections)."""
+
+    name = "noisy"
+
+    def __init__(self, script, every):
+        self.script, self.every, self.calls = script, every, 0
+
+    def start(self, request: Request) -> None:
+        self.prompt = len(request.prompt_ids)
+
+    def propose(self, context, grammar, k):
+        self.calls += 1
+        done = len(context) - self.prompt
+        tokens = list(self.script[done : done + k])
+        if self.every and self.calls % self.every == 0 and tokens:
+            tokens[-1] = 40
+        return Draft(tuple(tokens), sources=(self.name,) * len(tokens))
+
+    def commit(self, draft, num_accepted, committed):
+        pass
+
+
+def _request(prompt, matcher, proposer, k, config):
+    controller = AdaptiveController(k_min=k, k_max=k, adaptive=False) if proposer is not None else None
+    if proposer is not None:
+        proposer.start(Request(prompt_ids=tuple(prompt), tokenizer=None))
+    return RowRequest(prompt, matcher, proposer, controller, sampling_processing(config, (), len(prompt)))
+
+
+def check_rows(grammars_by_row):
+    """An on_step hook asserting the rollback invariants for every row of the batch."""
+    seen = []
+
+    def on_step(rows, kv):
+        assert kv.batch_size == len(rows)
+        for slot, row in enumerate(rows):
+            fresh = grammars_by_row[row.index].matcher()
+            for token in row.generated:
+                assert fresh.accept(token)
+            assert row.matcher.is_terminated() == fresh.is_terminated()
+            assert kv.lengths[slot] == row.cached <= len(row.tokens)
+            columns = kv.valid[slot].nonzero().flatten()
+            stored = kv.cache.layers[0].keys[slot, 0, columns, 0].long().tolist()
+            assert stored == row.tokens[: row.cached]  # no rejected position of any row in the cache
+        if seen:  # a row that had finished has left the batch
+            assert not {row.index for row in rows} & seen[-1][1]
+        seen.append(({row.index for row in rows}, {row.index for row in rows if row.finish_reason}))
+
+    return on_step, seen
+
+
+@pytest.mark.parametrize("every", [0, 2, 3])
+def test_every_row_equals_its_batch_one_output(grammars, every):
+    model = ToyCausalLM(V, seed=3)
+    config = DecodeConfig(max_new_tokens=40, eos_token_ids=(0,))
+    alone = [decode(model, p, config, matcher=g.matcher())[0] for p, g in zip(PROMPTS, grammars)]
+    requests = [
+        _request(p, g.matcher(), Noisy(out, every), k, config) for p, g, out, k in zip(PROMPTS, grammars, alone, (2, 4, 8))
+    ]
+    on_step, seen = check_rows(grammars)
+    rows = decode_batch(model, requests, config, on_step=on_step)
+    assert [row.generated for row in rows] == alone
+    assert all(row.stats.finish_reason == "stop" for row in rows)
+    assert seen[0][0] == {0, 1, 2}
+    assert len(seen) == max(row.stats.target_forwards for row in rows)  # one target pass per step for the batch
+    if not every:
+        assert all(row.stats.target_forwards < len(out) for row, out in zip(rows, alone))
+
+
+def test_holes_are_compacted_without_trace(grammars, monkeypatch):
+    monkeypatch.setattr(kv_module, "COMPACT_MIN_COLUMNS", 1)
+    monkeypatch.setattr(kv_module, "COMPACT_HOLE_SHARE", 0.0)
+    compactions = []
+    real = kv_module.BatchKV.compact
+    monkeypatch.setattr(kv_module.BatchKV, "compact", lambda self: (compactions.append(1), real(self)))
+    model = ToyCausalLM(V, seed=5)
+    config = DecodeConfig(max_new_tokens=40, eos_token_ids=(0,))
+    alone = [decode(model, p, config, matcher=g.matcher())[0] for p, g in zip(PROMPTS, grammars)]
+    requests = [_request(p, g.matcher(), Noisy(out, 2), 5, config) for p, g, out in zip(PROMPTS, grammars, alone)]
+    on_step, _ = check_rows(grammars)
+    rows = decode_batch(model, requests, config, on_step=on_step)
+    assert [row.generated for row in rows] == alone and compactions
+
+
+def test_sampled_rows_follow_their_own_constrained_distributions(grammars):
+    """A batch of rows under different schemas: each row's samples follow its exact distribution."""
+    target = ToyCausalLM(V, seed=1, scale=1.0)
+    other = ToyCausalLM(V, seed=7, scale=1.0)
+    params = SamplingParams(True, 1.0, top_p=0.9)
+    config = DecodeConfig(max_new_tokens=20, sampling=params, eos_token_ids=(0,))
+    chosen = [grammars[0], grammars[2], grammars[0]]
+    prompts = [PROMPTS[0], PROMPTS[2], PROMPTS[1]]
+    exact = [exact_distribution(target, g, params, prompt=p) for g, p in zip(chosen, prompts)]
+    generator = torch.Generator().manual_seed(11)
+    counts = [Counter() for _ in chosen]
+    samples = 3000
+    for _ in range(samples):
+        proposers = [DraftModelProposer(other, sampling=params, generator=generator), ImprobableProposer(),
+                     DraftModelProposer(target, sampling=params, generator=generator)]  # fmt: skip
+        requests = [_request(p, g.matcher(), prop, 3, config) for p, g, prop in zip(prompts, chosen, proposers)]
+        for row in decode_batch(target, requests, config, generator=generator):
+            assert row.stats.finish_reason == "stop"
+            counts[row.index][tuple(row.generated)] += 1
+    for count, dist in zip(counts, exact):
+        assert_matches(count, dist, samples=samples)
+
+
+def test_left_padded_batch_through_generate_equals_each_row_alone():
+    """Hugging Face style input: left padding and an attention mask; one schema per row."""
+    import grammarspec
+
+    tok = toy_tokenizer()
+    model = tiny_llama(len(tok), seed=2)
+    prompts = [[5, 6, 7, 8, 9], [4, 10], [12, 13, 14]]
+    width = max(map(len, prompts))
+    ids = torch.tensor([[1] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    schemas = [SCHEMAS[0], SCHEMAS[2], SCHEMAS[0]]
+    common = {"tokenizer": tok, "max_new_tokens": 24, "eos_token_id": 0, "pad_token_id": 1}
+    out = grammarspec.generate(model, ids, attention_mask=mask, schema=schemas, assistant="auto",
+                               return_dict_in_generate=True, **common)  # fmt: skip
+    for i, (prompt, schema) in enumerate(zip(prompts, schemas)):
+        alone = grammarspec.generate(model, torch.tensor([prompt]), schema=schema, **common)
+        new = alone[0, len(prompt) :].tolist()
+        assert out.sequences[i, width : width + len(new)].tolist() == new
+        assert out.sequences[i, width + len(new) :].eq(1).all()  # right-padded with pad_token_id
+        assert out.stats[i].finish_reason == "stop"
+
+
+def test_a_schema_list_must_match_the_batch():
+    import grammarspec
+
+    tok = toy_tokenizer()
+    with pytest.raises(ValueError, match="one schema per row"):
+        grammarspec.generate(tiny_llama(len(tok)), torch.tensor([[5, 6], [7, 8]]), tokenizer=tok, schema=SCHEMAS,
+                             max_new_tokens=4)  # fmt: skip
+
+
+class Costed(Noisy):
+    """A scripted drafter that carries a pass cost model, as the composite does, and logs its updates."""
+
+    def __init__(self, script, every, log):
+        from proposers.cost import PassCost
+
+        super().__init__(script, every)
+        self.cost_model = PassCost()
+        real = self.cost_model.update
+        self.cost_model.update = lambda rows, seconds: (log.append(rows), real(rows, seconds))[1]
+
+
+def test_the_cost_model_learns_from_passes_a_row_has_to_itself(grammars):
+    model = ToyCausalLM(V, seed=3)
+    config = DecodeConfig(max_new_tokens=40, eos_token_ids=(0,))
+    alone = [decode(model, p, config, matcher=g.matcher())[0] for p, g in zip(PROMPTS, grammars)]
+    log: list[int] = []
+    single = Costed([], 0, log)  # drafts nothing: every step is a plain 1-row pass
+    decode_batch(model, [_request(PROMPTS[1], grammars[1].matcher(), single, 4, config)], config)
+    assert log and single.cost_model.unit_seconds is not None  # measured 1-row passes set the unit
+    log.clear()
+    sizes: list[tuple[int, int]] = []  # (rows in the batch, cost-model updates so far) after every step
+    shared = [Costed([], 0, log) for _ in alone]
+    requests = [_request(p, g.matcher(), prop, 4, config) for p, g, prop in zip(PROMPTS, grammars, shared)]
+    decode_batch(model, requests, config, on_step=lambda rows, kv: sizes.append((len(rows), len(log))))
+    before = 0
+    for batch, updates in sizes:
+        assert batch == 1 or updates == before  # a pass shared by several rows measures none of them
+        before = updates
+    assert sizes[0][0] == 3
+
+
+@pytest.mark.parametrize("every", [0, 3])
+def test_waiting_requests_join_as_rows_finish(grammars, every):
+    model = ToyCausalLM(V, seed=3)
+    config = DecodeConfig(max_new_tokens=40, eos_token_ids=(0,))
+    prompts = PROMPTS + [[9, 8]]
+    chosen = grammars + [grammars[1]]
+    alone = [decode(model, p, config, matcher=g.matcher())[0] for p, g in zip(prompts, chosen)]
+    requests = [_request(p, g.matcher(), Noisy(out, every), 3, config) for p, g, out in zip(prompts, chosen, alone)]
+    on_step, seen = check_rows(chosen)
+    rows = decode_batch(model, requests, config, max_batch_size=2, on_step=on_step)
+    assert [row.generated for row in rows] == alone
+    assert max(len(indices) for indices, _ in seen) <= 2
+    late = [i for i, (indices, _) in enumerate(seen) if 3 in indices]
+    assert late and any(len(seen[i][0]) == 2 for i in late)  # the last request decoded beside an earlier one
+
+
+def test_max_batch_size_must_be_positive(grammars):
+    with pytest.raises(ValueError, match="max_batch_size"):
+        decode_batch(ToyCausalLM(V), [RowRequest([2, 3])], DecodeConfig(max_new_tokens=3), max_batch_size=0)

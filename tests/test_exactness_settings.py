@@ -1,0 +1,112 @@
+"""Statistical exactness with Hugging Face settings that depend on the prefix (repetition penalty) or
+reshape the distribution (min_p), at temperature 1, with speculative proposers.
+
+Same method as test_exactness.py: enumerate every document the grammar allows with its exact probability
+under plain constrained sampling through the SAME LogitsPipeline (each position processed with its own
+prefix), then check 6,000 speculative samples against it with Pearson's chi-square test.  The draft model
+drafts through the pipeline too (its rows get the penalty for their own prefixes).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+from test_exactness import OTHER, PROMPT, SCHEMA, TARGET, ImprobableProposer, assert_matches
+from toy import toy_tokenizer
+
+from grammars import compile_grammar, grammar_spec
+from grammars.base import allocate_bitmask
+from grammarspec.adaptive import AdaptiveController
+from grammarspec.decoding import DecodeConfig, decode
+from grammarspec.processing import build_pipeline
+from grammarspec.sampling import apply_bitmask
+from grammarspec.settings import resolve_config
+from proposers.base import Request
+from proposers.draft_model import DraftModelProposer
+
+SAMPLES = 6000
+CASES = {
+    "repetition_penalty-draft": ({"do_sample": True, "top_k": 0, "repetition_penalty": 1.8}, lambda: DraftModelProposer(OTHER)),
+    "repetition_penalty-matched-draft": (
+        {"do_sample": True, "top_k": 0, "repetition_penalty": 0.4}, lambda: DraftModelProposer(TARGET)
+    ),
+    "repetition_penalty-improbable": ({"do_sample": True, "top_k": 0, "repetition_penalty": 0.4}, ImprobableProposer),
+    "min_p-draft": ({"do_sample": True, "top_k": 0, "min_p": 0.15}, lambda: DraftModelProposer(OTHER)),
+    "min_p-improbable": ({"do_sample": True, "top_k": 0, "min_p": 0.15}, ImprobableProposer),
+}
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    tok = toy_tokenizer()
+    return compile_grammar(grammar_spec(schema=SCHEMA), tok, vocab_size=len(tok), stop_token_ids=(0,))
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def pipeline_for(settings):
+    config, _, _ = resolve_config(TARGET, None, dict(settings, max_new_tokens=20))
+    return build_pipeline(config, prompt_length=len(PROMPT), eos_token_ids=(0,))
+
+
+def exact_distribution(compiled, pipeline):
+    out: dict[tuple[int, ...], float] = {}
+
+    def walk(context, matcher, prob):
+        if matcher.is_terminated():
+            out[tuple(context[len(PROMPT) :])] = prob
+            return
+        mask = allocate_bitmask(1, compiled.vocab_size)
+        matcher.fill_mask(mask, 0)
+        probs = pipeline(apply_bitmask(TARGET.next_logits(context)[None], mask), [context]).softmax(-1)[0]
+        for token in probs.nonzero().flatten().tolist():
+            child = matcher.fork()
+            assert child.accept(token)
+            walk(context + [token], child, prob * float(probs[token]))
+
+    walk(list(PROMPT), compiled.matcher(), 1.0)
+    assert abs(sum(out.values()) - 1.0) < 1e-5
+    return out
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_speculative_samples_follow_the_processed_target(compiled, case):
+    settings, make_proposer = CASES[case]
+    pipeline = pipeline_for(settings)
+    exact = exact_distribution(compiled, pipeline)
+    plain = exact_distribution(compiled, pipeline_for({"do_sample": True, "top_k": 0}))
+    assert len(exact) > 5
+    assert max(abs(exact.get(k, 0) - plain.get(k, 0)) for k in set(exact) | set(plain)) > 0.01, "setting had no effect"
+    generator = torch.Generator().manual_seed(sum(map(ord, case)))
+    config = DecodeConfig(max_new_tokens=20, eos_token_ids=(0,), pipeline=pipeline)
+    counts: Counter = Counter()
+    drafted = 0
+    for _ in range(SAMPLES):
+        proposer = make_proposer()
+        proposer.start(Request(prompt_ids=tuple(PROMPT), tokenizer=None, sampling=pipeline, generator=generator))
+        new, stats = decode(TARGET, PROMPT, config, matcher=compiled.matcher(), proposer=proposer,
+                            controller=AdaptiveController(k_min=3, k_max=3, adaptive=False), generator=generator)  # fmt: skip
+        assert stats.finish_reason == "stop"
+        counts[tuple(new)] += 1
+        drafted += sum(stats.proposed.values())
+    assert drafted > SAMPLES  # speculation really happened
+    assert_matches(counts, exact, samples=SAMPLES)
+
+
+def test_wrong_prefix_for_draft_rows_is_detected(compiled, monkeypatch):
+    """Sanity of the method: give every verification row the first row's prefix (as if the penalty ignored
+    the draft tokens before it) and the test must fail."""
+    from grammarspec import processing
+
+    run = processing.LogitsPipeline._run
+    monkeypatch.setattr(processing.LogitsPipeline, "_run", staticmethod(lambda p, ids, s: run(p, [ids[0]] * len(ids), s)))
+    with pytest.raises(AssertionError):
+        test_speculative_samples_follow_the_processed_target(compiled, "repetition_penalty-matched-draft")

@@ -1,0 +1,80 @@
+"""The one cost model: a verification pass of n rows against a 1-row step, learned online."""
+
+from __future__ import annotations
+
+import pytest
+from proposer_fakes import RuleMatcher, fixed
+from toy import toy_tokenizer
+
+from proposers.base import GrammarView, Request
+from proposers.compose import CompositeProposer
+from proposers.cost import PassCost
+from proposers.track import Track
+
+
+def test_prior_is_the_measured_cpu_model():
+    c = PassCost()
+    assert c.cost(0) == c.cost(1) == 1.0
+    assert c.cost(2) == c.cost(4) == pytest.approx(1.42)  # fewer than 4 rows cost as much as 4
+    assert c.cost(17) == pytest.approx(1.81)
+    assert c.break_even(10) == pytest.approx(0.6) and c.share(17) == pytest.approx(0.81 / 16)
+
+
+def test_update_learns_the_unit_then_the_line():
+    c = PassCost()
+    assert not c.update(8, 0.2)  # no 1-row pass measured yet: cannot be turned into plain steps
+    assert c.cost(8) == pytest.approx(1.54)
+    assert c.update(1, 0.1) and c.unit_seconds == pytest.approx(0.1)
+    for _ in range(200):  # here a pass costs 1 + 0.25 per row: much dearer rows than the prior
+        c.update(4, 0.1 * (1 + 0.25 * 4))
+        c.update(16, 0.1 * (1 + 0.25 * 16))
+    assert c.per_row > 0.15 and c.cost(16) > 4.0
+    assert c.cost(16) > c.cost(4) > 1.0
+
+
+def test_one_width_only_keeps_the_line_defined():
+    c = PassCost()
+    c.update(1, 0.05)
+    for _ in range(100):
+        c.update(17, 0.1)
+    assert c.cost(17) == pytest.approx(2.0, abs=0.2) and c.cost(2) >= 1.0
+
+
+def test_bad_measurements_and_settings_are_refused():
+    with pytest.raises(ValueError, match="seconds > 0"):
+        PassCost().update(3, 0.0)
+    with pytest.raises(ValueError, match="base > 0"):
+        PassCost(base=0.0)
+
+
+def test_a_track_is_worth_its_pass_by_the_cost_model():
+    cheap, dear = PassCost(), PassCost(base=3.0)
+    assert Track(cost=cheap).worth(8) and not Track(cost=dear).worth(8)  # expects 2 tokens; the dear pass costs 2.24
+    assert not Track().worth(0)
+
+
+def test_the_composite_holds_back_drafts_when_passes_turn_out_dear():
+    """The composite reads the cost model the loop feeds: a measured dear pass raises the bar."""
+    tok = toy_tokenizer()
+    view = GrammarView(RuleMatcher(legal=lambda h, t: True))
+    cost = PassCost()
+    composite = CompositeProposer([fixed("guess", [4, 5, 6])], cost_model=cost)
+    assert composite.cost_model is cost
+    composite.start(Request(prompt_ids=(2,), tokenizer=tok))
+    assert composite.propose([2], view, 8)  # the prior: expected 1.5 tokens > 0.6
+    cost.update(1, 0.01)
+    for _ in range(100):
+        cost.update(10, 0.04)  # a 10-row pass costs 4 plain steps
+    assert not composite.propose([2], view, 8)  # 1.5 expected tokens no longer pay for it
+    fixed_bar = CompositeProposer([fixed("guess", [4, 5, 6])], cost_model=cost, min_expected=0.6)
+    fixed_bar.start(Request(prompt_ids=(2,), tokenizer=tok))
+    assert fixed_bar.propose([2], view, 8)  # an explicit min_expected wins
+
+
+@pytest.mark.parametrize("module", ["proposers.cost", "proposers.track", "proposers.json_document", "proposers.json_cursor"])
+def test_docstring_examples_hold(module):
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(module))
+    assert result.attempted > 0 and result.failed == 0

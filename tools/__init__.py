@@ -1,0 +1,1 @@
+"""Developer tooling (fuzz, replay, memory check): run from the repository root, not installed."""
