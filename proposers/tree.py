@@ -453,8 +453,6 @@ class TreeProposer:
         """
         primary = self._primary
         self._primary = EMPTY_DRAFT
-        if not primary:
-            return
         shown, node = 0, -1
         while shown < len(primary):
             node = tree.children(node).get(primary.tokens[shown], -2)

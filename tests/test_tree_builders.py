@@ -7,7 +7,7 @@ import pytest
 from grammars import compile_grammar, grammar_spec
 from proposers.base import Draft, GrammarView, Request
 from proposers.presets import resolve_assistant
-from proposers.schema_ngram import SchemaNgramProposer, alternative_drafts
+from proposers.schema_ngram import SchemaNgramProposer
 from proposers.text import SplitPreferences, continuation_tokens, token_text
 from proposers.tree import DraftTree, TreeProposer, split_paths
 
@@ -85,7 +85,7 @@ def test_alternative_drafts_are_the_other_enum_values(smol_tokenizer):
     assert all(matcher.accept(t) for t in ids)
     view = GrammarView(matcher)
     before = dict(ngram.stats)
-    alts = alternative_drafts(ngram, prompt + ids, view, 8, n=3)
+    alts = ngram.alternatives(prompt + ids, view, 8, n=3)
     texts = [tok.decode(a) for a in alts]
     assert len(alts) >= 2 and len(set(texts)) == len(texts)
     assert all(t.startswith('"') for t in texts) and sum("celsius" in t or "kelvin" in t or "fahrenheit" in t for t in texts) >= 2

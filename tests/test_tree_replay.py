@@ -12,7 +12,7 @@ import pytest
 from proposers.presets import resolve_assistant
 from proposers.tree import TreeProposer
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "replay_bench.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "tools" / "replay_bench.py"
 SCHEMA = {
     "type": "object",
     "properties": {"unit": {"enum": ["celsius", "fahrenheit", "kelvin"]}},

@@ -83,7 +83,7 @@ class OracleLM(torch.nn.Module):
         best = max((t for t, b in enumerate(table) if b and want.startswith(b)), key=lambda t: len(table[t]))
         return best
 
-    def forward(self, input_ids, cache=None, use_cache=True, logits_to_keep=0, **_: object):
+    def forward(self, input_ids, cache=None, use_cache=True, logits_to_keep=0, attention_mask=None, **_: object):
         new = input_ids[0].tolist()
         past: list[int] = []
         if cache is not None and cache.get_seq_length() > 0:
@@ -92,6 +92,11 @@ class OracleLM(torch.nn.Module):
             states = torch.tensor(new, dtype=torch.float32).reshape(1, 1, -1, 1)
             cache.update(states, states, 0)
         rows, context = [], past
+        if attention_mask is not None and attention_mask.dim() == 4:  # a token tree: each row sees its own path
+            every, seen = past + new, (attention_mask[0, 0] == 0).tolist()
+            for j in range(len(new)):
+                rows.append(self.next_logits([t for t, s in zip(every, seen[j]) if s]))
+            new = []
         for j, token in enumerate(new):
             context = context + [token]
             rows.append(self.next_logits(context, new[j + 1] if j + 1 < len(new) else None))

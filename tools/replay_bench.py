@@ -192,21 +192,19 @@ def replay_tree(
     cost: Callable[[int], float] = pass_cost,
 ) -> dict[str, float] | None:
     """:func:`replay` with :class:`proposers.tree.TreeProposer` of ``shape`` (``"4x32"``, ``"4x32x4s"``:
-    :meth:`~proposers.tree.TreeProposer.from_shape`).
+    :meth:`~proposers.tree.TreeProposer.from_shape`), through the real loop against the oracle target.
 
-    Each step the tree is pruned by the grammar (:func:`grammarspec.tree_verify.walk_tree`, as the loop
-    does), the deepest path the output follows is accepted, and the pass costs ``cost(1 + nodes)``.
-    ``None`` when the grammar rejects the output.
+    A tree step costs ``cost(1 + nodes)`` (nodes after the grammar's pruning); ``None`` when the grammar
+    rejects the output.
     """
+    from grammars import compile_grammar, grammar_spec
     from grammarspec.adaptive import AdaptiveController
     from grammarspec.api import _k_min
-    from grammarspec.decoding import _forced_token
-    from grammarspec.tree_verify import walk_tree
-    from grammars import compile_grammar, grammar_spec
-    from grammars.base import allocate_bitmask
-    from proposers.base import GrammarView, Request
-    from proposers.presets import resolve_assistant
-    from proposers.tree import DraftTree, TreeProposer
+    from grammarspec.assistant import resolve_assistant
+    from grammarspec.decoding import DecodeConfig, decode
+    from proposers.base import Request
+    from proposers.tree import TreeProposer
+    from tools.oracle import OracleLM
 
     eos = tokenizer.eos_token_id
     vocab = max(len(tokenizer), tokenizer.vocab_size)
@@ -216,52 +214,29 @@ def replay_tree(
     if any(not check.accept(t) for t in output):
         return None
     k_max = 16
-    matcher = compiled.matcher(max_rollback=k_max + 1)
-    view = GrammarView(matcher)
-    proposer = TreeProposer.from_shape(resolve_assistant(assistant), shape)
+    trees: list[tuple[int, int]] = []  # (longest path, nodes) of every tree the target saw
+
+    class Recording(TreeProposer):
+        def commit_tree(self, tree: Any, committed: Any) -> None:
+            trees.append((max(tree.depths(), default=-1) + 1, len(tree)))
+            super().commit_tree(tree, committed)
+
+    base = TreeProposer.from_shape(resolve_assistant(assistant), shape)
+    proposer = Recording(base.inner, width=base.width, size=base.size, branch=base.branch, sizer=base.sizer)
     controller = AdaptiveController(k_min=_k_min(proposer, k_max), k_max=k_max)
-    proposer.start(Request(prompt_ids=tuple(prompt), tokenizer=tokenizer, schema=spec.schema,
-                           extra={"target_vocab_size": vocab}))  # fmt: skip
-    masks = allocate_bitmask(max(proposer.size, k_max) + 1, vocab)
-    context, done, passes, spent, forced, trees, nodes = list(prompt), 0, 0, 0.0, 0, 0, 0
-    while done < len(output) and not matcher.is_terminated():
-        token = _forced_token(matcher, masks, vocab)
-        if token is not None:
-            matcher.accept(token)
-            context.append(token)
-            done, forced = done + 1, forced + 1
-            continue
-        k = min(controller.k if controller.speculate else 0, len(output) - done - 1)
-        drafted = proposer.propose_tree(context, view, k) if k > 0 else None
-        if drafted is not None and not isinstance(drafted, DraftTree):
-            drafted = DraftTree.from_draft(drafted.truncate(k))
-        tree = walk_tree(matcher, masks, drafted, frozenset({eos}))[0] if drafted else DraftTree()
-        accepted, node = 0, -1
-        while done + accepted < len(output) - 1:
-            child = tree.children(node).get(output[done + accepted])
-            if child is None:
-                break
-            node, accepted = child, accepted + 1
-        step_cost = cost(len(tree) + 1)
-        passes, spent = passes + 1, spent + step_cost
-        trees += not tree.is_chain
-        nodes += len(tree)
-        new = output[done : done + accepted + 1]
-        for t in new:
-            matcher.accept(t)
-        context += new
-        done += len(new)
-        if drafted is not None:
-            proposer.commit_tree(tree, new)
-        longest = max(tree.depths(), default=-1) + 1
-        if passes > 1:
-            if longest:
-                controller.record_speculative_step(longest, accepted, step_cost)
-            else:
-                controller.record_plain_step(step_cost)
-    return {"tokens": done, "passes": passes, "per_pass": done / max(1, passes),
-            "speedup": done / spent if spent else 0.0, "forced": forced, "trees": trees,
-            "rows": (nodes + passes) / max(1, passes)}  # fmt: skip
+    proposer.start(Request(prompt_ids=tuple(prompt), tokenizer=tokenizer, schema=spec.schema))
+    oracle = OracleLM(prompt, output, vocab, eos_token_id=eos)
+    config = DecodeConfig(max_new_tokens=len(output), eos_token_ids=(eos,))
+    new, stats = decode(oracle, prompt, config, matcher=compiled.matcher(max_rollback=k_max + 1),
+                        proposer=proposer, controller=controller, tokenizer=tokenizer, step_cost=cost)  # fmt: skip
+    passes = stats.target_forwards
+    spent = sum(cost(proposed + 1) for proposed, _ in stats.steps)  # a tree step is booked as its longest path
+    spent += sum(cost(1 + nodes) - cost(1 + longest) for longest, nodes in trees)
+    branched = sum(1 for longest, nodes in trees if nodes > longest)
+    rows = sum(p + 1 for p, _ in stats.steps) + sum(nodes - longest for longest, nodes in trees)
+    return {"tokens": len(new), "passes": passes, "per_pass": len(new) / max(1, passes),
+            "speedup": len(new) / spent if spent else 0.0, "forced": stats.forced_tokens, "trees": branched,
+            "rows": rows / max(1, passes)}  # fmt: skip
 
 
 def tree_shapes(
