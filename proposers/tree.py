@@ -243,7 +243,7 @@ def split_paths(
     return out
 
 #: Cost of a target pass over ``rows`` rows, in plain 1-row steps: SmolLM2-135M on this CPU at an 850-token
-#: context (``scripts/replay_bench.py --time-rows``, 1 thread, paired medians of 9 on a shared machine;
+#: context (``tools/replay_bench.py --time-rows``, 1 thread, paired medians of 9 on a shared machine;
 #: docs/bench/trees.md).  Tree and chain passes of the same size cost the same within the noise.
 MEASURED_PASS_COST = {1: 1.0, 2: 1.656, 4: 1.589, 8: 1.847, 16: 2.303, 24: 2.624, 32: 3.179, 48: 4.105, 64: 4.834}
 

@@ -1,7 +1,7 @@
 """Chain versus token-tree verification on task-file tasks, against HF generate + xgrammar's processor.
 
-    .venv/bin/python scripts/tree_bench.py --per-category 3 --trees 2x16 --out tree-bench.json
-    .venv/bin/python scripts/tree_bench.py --per-category 3 --trees 2x16 --temperature 0.7 --top-p 0.95
+    .venv/bin/python tools/tree_bench.py --per-category 3 --trees 2x16 --out tree-bench.json
+    .venv/bin/python tools/tree_bench.py --per-category 3 --trees 2x16 --temperature 0.7 --top-p 0.95
 
 Arms, interleaved per task (same prompt ids, grammar, settings and seed):
 ``baseline`` (Hugging Face ``generate`` with ``xgrammar.contrib.hf.LogitsProcessor``,
