@@ -150,6 +150,7 @@ def decode(
     on_step: Callable[[DecodeState], None] | None = None,
     prompt_cache: Any = None,
     step_cost: Callable[[int], float] | None = None,
+    processing: Processing | None = None,
 ) -> tuple[list[int], GenerationStats]:
     """Generate after ``prompt_ids`` (one request); returns ``(new_tokens, stats)``.
 
@@ -160,8 +161,11 @@ def decode(
     (it is extended and cropped in place).  ``step_cost(rows)``: what the
     controller is told a target pass of ``rows`` rows costs, instead of the
     measured time (replays against an oracle target model the cost).
+    ``processing``: the row's processing (a :class:`~grammarspec.processing.LogitsPipeline`);
+    default: ``config``'s sampling settings plus ``processors``.
     """
-    request = RowRequest(prompt_ids, matcher, proposer, controller, sampling_processing(config, processors, len(prompt_ids)))
+    processing = processing or sampling_processing(config, processors, len(prompt_ids))
+    request = RowRequest(prompt_ids, matcher, proposer, controller, processing)
     (row,) = decode_batch(
         model, [request], config, tokenizer=tokenizer, generator=generator, prompt_cache=prompt_cache,
         step_cost=step_cost, on_commit=(lambda index, tokens: on_commit(tokens)) if on_commit is not None else None,

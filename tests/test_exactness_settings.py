@@ -24,17 +24,19 @@ from grammarspec.processing import build_pipeline
 from grammarspec.sampling import apply_bitmask
 from grammarspec.settings import resolve_config
 from proposers.base import Request
-from proposers.draft_model import DraftModelProposer
+from grammarspec.draft_model import DraftModelProposer
+from grammarspec.sampling import SamplingParams
 
 SAMPLES = 6000
+SAMPLED = SamplingParams(do_sample=True)
 CASES = {
-    "repetition_penalty-draft": ({"do_sample": True, "top_k": 0, "repetition_penalty": 1.8}, lambda: DraftModelProposer(OTHER)),
+    "repetition_penalty-draft": ({"do_sample": True, "top_k": 0, "repetition_penalty": 1.8}, lambda pipeline, g: DraftModelProposer(OTHER, sampling=SAMPLED, processing=pipeline, generator=g)),
     "repetition_penalty-matched-draft": (
-        {"do_sample": True, "top_k": 0, "repetition_penalty": 0.4}, lambda: DraftModelProposer(TARGET)
+        {"do_sample": True, "top_k": 0, "repetition_penalty": 0.4}, lambda pipeline, g: DraftModelProposer(TARGET, sampling=SAMPLED, processing=pipeline, generator=g)
     ),
-    "repetition_penalty-improbable": ({"do_sample": True, "top_k": 0, "repetition_penalty": 0.4}, ImprobableProposer),
-    "min_p-draft": ({"do_sample": True, "top_k": 0, "min_p": 0.15}, lambda: DraftModelProposer(OTHER)),
-    "min_p-improbable": ({"do_sample": True, "top_k": 0, "min_p": 0.15}, ImprobableProposer),
+    "repetition_penalty-improbable": ({"do_sample": True, "top_k": 0, "repetition_penalty": 0.4}, lambda pipeline, g: ImprobableProposer()),
+    "min_p-draft": ({"do_sample": True, "top_k": 0, "min_p": 0.15}, lambda pipeline, g: DraftModelProposer(OTHER, sampling=SAMPLED, processing=pipeline, generator=g)),
+    "min_p-improbable": ({"do_sample": True, "top_k": 0, "min_p": 0.15}, lambda pipeline, g: ImprobableProposer()),
 }
 
 
@@ -86,14 +88,15 @@ def test_speculative_samples_follow_the_processed_target(compiled, case):
     assert len(exact) > 5
     assert max(abs(exact.get(k, 0) - plain.get(k, 0)) for k in set(exact) | set(plain)) > 0.01, "setting had no effect"
     generator = torch.Generator().manual_seed(sum(map(ord, case)))
-    config = DecodeConfig(max_new_tokens=20, eos_token_ids=(0,), pipeline=pipeline)
+    config = DecodeConfig(max_new_tokens=20, sampling=SAMPLED, eos_token_ids=(0,))
     counts: Counter = Counter()
     drafted = 0
     for _ in range(SAMPLES):
-        proposer = make_proposer()
-        proposer.start(Request(prompt_ids=tuple(PROMPT), tokenizer=None, sampling=pipeline, generator=generator))
+        proposer = make_proposer(pipeline, generator)
+        proposer.start(Request(prompt_ids=tuple(PROMPT), tokenizer=None))
         new, stats = decode(TARGET, PROMPT, config, matcher=compiled.matcher(), proposer=proposer,
-                            controller=AdaptiveController(k_min=3, k_max=3, adaptive=False), generator=generator)  # fmt: skip
+                            controller=AdaptiveController(k_min=3, k_max=3, adaptive=False), generator=generator,
+                            processing=pipeline)  # fmt: skip
         assert stats.finish_reason == "stop"
         counts[tuple(new)] += 1
         drafted += sum(stats.proposed.values())
