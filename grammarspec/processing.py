@@ -94,15 +94,16 @@ class LogitsPipeline:
             ids = [torch.zeros((1, 1), dtype=torch.long, device=out.device)] * out.shape[0]
         else:
             ids = [torch.tensor([list(p)], dtype=torch.long, device=out.device) for p in prefixes]  # [1, L_i] each
-        entry, out = out, out.clone()  # a processor that writes in place must not change the fallback rows
-        if self.defaults:
-            masked = torch.isneginf(entry)
-            out = self._run(self.defaults, ids, out)
-            out = out.masked_fill(masked, float("-inf"))  # HF applies the grammar after its defaults
-        out = self._run(self.custom, ids, out)
-        empty = torch.isneginf(out).all(dim=-1, keepdim=True) & ~torch.isneginf(entry).all(dim=-1, keepdim=True)
-        if bool(empty.any()):  # never leave a row with no legal token (see the module docstring)
-            out = torch.where(empty, entry, out)
+        if self.defaults or self.custom:
+            entry, out = out, out.clone()  # a processor that writes in place must not change the fallback rows
+            if self.defaults:
+                masked = torch.isneginf(entry)
+                out = self._run(self.defaults, ids, out)
+                out = out.masked_fill(masked, float("-inf"))  # HF applies the grammar after its defaults
+            out = self._run(self.custom, ids, out)
+            empty = torch.isneginf(out).all(dim=-1, keepdim=True) & ~torch.isneginf(entry).all(dim=-1, keepdim=True)
+            if bool(empty.any()):  # never leave a row with no legal token (see the module docstring)
+                out = torch.where(empty, entry, out)
         if not self.greedy:
             out = self._run(self.warpers, ids, out)
         return self._run(self.final, ids, out)
