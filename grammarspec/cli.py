@@ -5,8 +5,15 @@
     grammarspec bench --quick
     grammarspec bench --schemas /path/to/schemas --limit 21 --out bench-corpus
 
+    grammarspec bench --batch-size 1,4,8 --out bench-batch
+    grammarspec bench-agent --out bench-agent
+
 Errors in the arguments or inputs exit with status 2 and say what to fix;
 errors while generating exit with status 1.
+
+(About 450 lines: every subcommand's options and its glue to the library live here, so
+``--help`` and the error messages of all of them read from one place; the work itself is
+in :mod:`grammarspec.bench` and the library.)
 """
 
 from __future__ import annotations

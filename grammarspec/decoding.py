@@ -28,21 +28,21 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from grammars.base import Matcher, allocate_bitmask
-from proposers.base import EMPTY_DRAFT, Draft, GrammarView, Proposer
+from proposers.base import EMPTY_DRAFT, GrammarView, Proposer
 from proposers.tree import DraftTree
 
 from .bookkeeping import account, account_tree, finish, record_scores
+from .rows import DecodeConfig, DecodeState, Processing, Row, RowRequest, Shared, Step
 from .kv import BatchKV
 from .masking import apply_masks, forced_token, walk_draft
 from .rejection import Segment, verify_greedy, verify_sampled
 from .processing import LogitsPipeline
-from .sampling import LogitsProcessorFn, SamplingParams, probabilities
+from .sampling import LogitsProcessorFn, probabilities
 from .stats import GenerationStats
 from .stopping import stop_reason
 from .tree_verify import verify_tree
@@ -54,86 +54,6 @@ __all__ = [
     "DecodeConfig", "DecodeState", "RowRequest", "Row", "decode", "decode_batch", "commit", "logits_width",
     "sampling_processing",
 ]  # fmt: skip
-
-#: Row processing: (logits [n, V] float32 already masked, prefixes) -> scores [n, V].
-Processing = Callable[[torch.Tensor, Sequence[Sequence[int]]], torch.Tensor]
-
-
-@dataclass(frozen=True)
-class DecodeConfig:
-    """Plain values that steer one generation (every row of a batch alike)."""
-
-    max_new_tokens: int
-    sampling: SamplingParams = field(default_factory=SamplingParams)
-    eos_token_ids: tuple[int, ...] = ()
-    min_new_tokens: int = 0
-    stop_strings: tuple[str, ...] = ()
-    #: keep the processed scores / raw logits of every committed token (forced tokens then take a target pass)
-    record_scores: bool = False
-
-
-@dataclass
-class RowRequest:
-    """One request of a batch: its prompt, grammar state, drafter and controller."""
-
-    prompt_ids: Sequence[int]
-    matcher: Matcher | None = None
-    proposer: Proposer | None = None
-    controller: AdaptiveController | None = None
-    processing: Processing | None = None  # default: the config's sampling settings
-
-
-@dataclass
-class Row:
-    """What the loop holds for one request between steps (also what ``on_step`` hooks see)."""
-
-    index: int  # position in the caller's batch
-    tokens: list[int]  # prompt + committed tokens
-    prompt_length: int
-    matcher: Matcher | None
-    proposer: Proposer | None
-    controller: AdaptiveController | None
-    processing: Processing
-    stats: GenerationStats = field(default_factory=GenerationStats)
-    cached: int = 0  # leading tokens whose keys/values are in the target cache
-    finish_reason: str | None = None
-    scores: list[torch.Tensor] = field(default_factory=list)  # processed scores of committed tokens (record_scores)
-    logits: list[torch.Tensor] = field(default_factory=list)  # raw logits of committed tokens (record_scores)
-
-    @property
-    def generated(self) -> list[int]:
-        return self.tokens[self.prompt_length :]
-
-    @property
-    def pending(self) -> list[int]:
-        """Committed tokens the target has not seen yet (the last token, forced tokens)."""
-        return self.tokens[self.cached :]
-
-
-@dataclass
-class DecodeState:
-    """What a batch-1 ``on_step`` hook of :func:`decode` sees after every step."""
-
-    tokens: list[int]  # prompt + committed tokens
-    prompt_length: int
-    cache: Any  # the target's KV cache
-    cached: int  # leading tokens whose keys/values are in the cache
-
-    @property
-    def generated(self) -> list[int]:
-        return self.tokens[self.prompt_length :]
-
-
-@dataclass
-class _Step:
-    """One row's part of a step: its draft, its rows in the stacked logits, what it cost."""
-
-    draft: Draft = EMPTY_DRAFT
-    tree: DraftTree | None = None  # a token tree instead of a chain (batch 1)
-    segment: Segment | None = None
-    draft_seconds: float = 0.0
-    grammar_seconds: float = 0.0
-
 
 def decode(
     model: torch.nn.Module,
@@ -176,22 +96,6 @@ def decode(
     return row.generated, row.stats
 
 
-@dataclass
-class _Shared:
-    """What every step of one :func:`decode_batch` call shares (plain holder)."""
-
-    config: DecodeConfig
-    tokenizer: Any
-    generator: torch.Generator | None
-    eos: frozenset[int]
-    masks: torch.Tensor  # [rows of the widest step, ceil(V/32)] int32, on the host
-    scratch: torch.Tensor  # [1, ceil(V/32)]: the forced-token check
-    started: float
-    step_cost: Callable[[int], float] | None
-    on_commit: Callable[[int, list[int]], None] | None
-    on_step: Callable[[list[Row], BatchKV], None] | None
-
-
 @torch.inference_mode()
 def decode_batch(
     model: torch.nn.Module,
@@ -224,7 +128,7 @@ def decode_batch(
     if prompt_cache is not None and len(rows) != 1:
         raise ValueError("a prompt cache (past_key_values) serves one request; pass batch size 1")
     vocab = logits_width(model)
-    shared = _Shared(config, tokenizer, generator, frozenset(config.eos_token_ids),
+    shared = Shared(config, tokenizer, generator, frozenset(config.eos_token_ids),
                      allocate_bitmask(sum(_max_rows(row) for row in rows), vocab), allocate_bitmask(1, vocab),
                      time.perf_counter(), step_cost, on_commit, on_step)  # fmt: skip
     for row in rows:
@@ -253,7 +157,7 @@ def decode_batch(
     return rows
 
 
-def _step(model: torch.nn.Module, active: list[Row], kv: BatchKV, shared: _Shared) -> list[Row]:
+def _step(model: torch.nn.Module, active: list[Row], kv: BatchKV, shared: Shared) -> list[Row]:
     """One decoding step for the rows of ``kv``; returns the rows still in the batch."""
     config, eos, masks = shared.config, shared.eos, shared.masks
     # (+) Forced: a grammar that allows exactly one token needs no sampling.
@@ -327,7 +231,7 @@ def _new_kv(model: torch.nn.Module, rows: list[Row], prompt_cache: Any, pad: int
 
 def commit(
     rows: Sequence[Row],
-    steps: Sequence[_Step],
+    steps: Sequence[Step],
     results: Sequence[tuple[int, int | None]],
     kv: BatchKV,
     eos: frozenset[int],
@@ -405,9 +309,9 @@ def _commit_forced(
             row.proposer.commit(EMPTY_DRAFT, 0, committed)
 
 
-def _propose(row: Row, config: DecodeConfig, trees: bool) -> _Step:
+def _propose(row: Row, config: DecodeConfig, trees: bool) -> Step:
     """Ask the row's proposer for up to ``k`` tokens (a proposer with ``propose_tree`` may give a tree if ``trees``)."""
-    step = _Step()
+    step = Step()
     controller = row.controller
     budget = config.max_new_tokens - len(row.generated)
     k = min(controller.k if controller is not None and controller.speculate else 0, budget - 1)
@@ -424,7 +328,7 @@ def _propose(row: Row, config: DecodeConfig, trees: bool) -> _Step:
     return step
 
 
-def _tree_step(model: torch.nn.Module, active: list[Row], kv: BatchKV, step: _Step, shared: _Shared) -> list[Row]:
+def _tree_step(model: torch.nn.Module, active: list[Row], kv: BatchKV, step: Step, shared: Shared) -> list[Row]:
     """Steps 2-6 for a token tree (batch 1): walk, one pass, the target's draws down the tree, commit, adapt.
 
     The commit is the chain's (:func:`_commit_row`, the proposer told through

@@ -1,5 +1,9 @@
 """Drafts as token trees: several guesses verified in one target pass.
 
+(About 530 lines: the tree value type, the three sources of branches and the
+:class:`TreeProposer` that combines them are one job -- building a tree -- and
+are tested together; the loop's side is :mod:`grammarspec.tree_verify`.)
+
 A chain draft bets on one continuation.  Where the guess forks -- the target
 splits the same text two ways (``'":"'`` or ``'":'`` + ``'"'``), several schema
 candidates are plausible (which earlier item repeats, which enum value comes)

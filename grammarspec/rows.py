@@ -1,0 +1,120 @@
+"""The values the decoding loop holds: its settings, the requests, each row's state, one step's part.
+
+Plain holders, no logic: :mod:`grammarspec.decoding` runs the loop over them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from grammars.base import Matcher
+from proposers.base import EMPTY_DRAFT, Draft, Proposer
+from proposers.tree import DraftTree
+
+from .rejection import Segment
+from .sampling import SamplingParams
+from .stats import GenerationStats
+
+if TYPE_CHECKING:
+    from .adaptive import AdaptiveController
+
+__all__ = ["DecodeConfig", "DecodeState", "Processing", "Row", "RowRequest", "Shared", "Step"]
+
+#: Row processing: (logits [n, V] float32 already masked, prefixes) -> scores [n, V].
+Processing = Callable[[torch.Tensor, Sequence[Sequence[int]]], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Plain values that steer one generation (every row of a batch alike)."""
+
+    max_new_tokens: int
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    eos_token_ids: tuple[int, ...] = ()
+    min_new_tokens: int = 0
+    stop_strings: tuple[str, ...] = ()
+    #: keep the processed scores / raw logits of every committed token (forced tokens then take a target pass)
+    record_scores: bool = False
+
+
+@dataclass
+class RowRequest:
+    """One request of a batch: its prompt, grammar state, drafter and controller."""
+
+    prompt_ids: Sequence[int]
+    matcher: Matcher | None = None
+    proposer: Proposer | None = None
+    controller: AdaptiveController | None = None
+    processing: Processing | None = None  # default: the config's sampling settings
+
+
+@dataclass
+class Row:
+    """What the loop holds for one request between steps (also what ``on_step`` hooks see)."""
+
+    index: int  # position in the caller's batch
+    tokens: list[int]  # prompt + committed tokens
+    prompt_length: int
+    matcher: Matcher | None
+    proposer: Proposer | None
+    controller: AdaptiveController | None
+    processing: Processing
+    stats: GenerationStats = field(default_factory=GenerationStats)
+    cached: int = 0  # leading tokens whose keys/values are in the target cache
+    finish_reason: str | None = None
+    scores: list[torch.Tensor] = field(default_factory=list)  # processed scores of committed tokens (record_scores)
+    logits: list[torch.Tensor] = field(default_factory=list)  # raw logits of committed tokens (record_scores)
+
+    @property
+    def generated(self) -> list[int]:
+        return self.tokens[self.prompt_length :]
+
+    @property
+    def pending(self) -> list[int]:
+        """Committed tokens the target has not seen yet (the last token, forced tokens)."""
+        return self.tokens[self.cached :]
+
+
+@dataclass
+class DecodeState:
+    """What a batch-1 ``on_step`` hook of :func:`decode` sees after every step."""
+
+    tokens: list[int]  # prompt + committed tokens
+    prompt_length: int
+    cache: Any  # the target's KV cache
+    cached: int  # leading tokens whose keys/values are in the cache
+
+    @property
+    def generated(self) -> list[int]:
+        return self.tokens[self.prompt_length :]
+
+
+@dataclass
+class Step:
+    """One row's part of a step: its draft, its rows in the stacked logits, what it cost."""
+
+    draft: Draft = EMPTY_DRAFT
+    tree: DraftTree | None = None  # a token tree instead of a chain (batch 1)
+    segment: Segment | None = None
+    draft_seconds: float = 0.0
+    grammar_seconds: float = 0.0
+
+
+@dataclass
+class Shared:
+    """What every step of one :func:`decode_batch` call shares (plain holder)."""
+
+    config: DecodeConfig
+    tokenizer: Any
+    generator: torch.Generator | None
+    eos: frozenset[int]
+    masks: torch.Tensor  # [rows of the widest step, ceil(V/32)] int32, on the host
+    scratch: torch.Tensor  # [1, ceil(V/32)]: the forced-token check
+    started: float
+    step_cost: Callable[[int], float] | None
+    on_commit: Callable[[int, list[int]], None] | None
+    on_step: Callable[[list[Row], Any], None] | None
