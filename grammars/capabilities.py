@@ -37,11 +37,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .spec import schema_nodes
 
 __all__ = [
     "Support", "FEATURES", "TABLES", "PROBES", "Probe", "features_used", "unenforced", "refused",
-    "support", "LOOKAROUND", "FORMATS", "run_probe",
+    "support", "LOOKAROUND", "FORMATS", "run_probe", "enforced_keywords",
 ]  # fmt: skip
 
 Support = Literal["enforced", "ignored", "refused"]
@@ -57,6 +56,8 @@ FEATURES = (
     "allOf:multi",  # allOf with two or more parts
     "oneOf:overlap",  # oneOf whose branches both match one value ("exactly one" is not checked)
     "$ref+siblings",  # keywords beside a $ref
+    "anyOf+siblings",  # keywords beside anyOf / oneOf / allOf (xgrammar drops them)
+    "enum+siblings",  # keywords beside enum / const (xgrammar drops them)
 )  # fmt: skip
 
 _E, _I, _R = "enforced", "ignored", "refused"
@@ -75,6 +76,7 @@ TABLES: dict[str, dict[str, Support]] = {
         "minProperties": _E, "maxProperties": _E, "propertyNames": _E,
         "multipleOf:number": _I, "pattern:lookaround": _I, "maxLength+pattern": _I, "minLength+pattern": _I,
         "allOf": _E, "allOf:multi": _I, "oneOf:overlap": _I, "$ref+siblings": _I,
+        "anyOf+siblings": _I, "enum+siblings": _I,
         "uniqueItems": _I, "contains": _I, "not": _I, "if": _I, "then": _I, "else": _I,
         # patternProperties: {"ab": "x"} is rejected, and so is the valid {"ab": 1} (stricter than the schema);
         # unevaluatedProperties: false is what strict mode does anyway
@@ -88,6 +90,7 @@ TABLES: dict[str, dict[str, Support]] = {
         # multipleOf on a number: 0.3 and 1.5 are both rejected for multipleOf 0.5 (stricter than the schema)
         "multipleOf:number": _E, "pattern:lookaround": _R, "maxLength+pattern": _I, "minLength+pattern": _I,
         "allOf": _E, "allOf:multi": _R, "oneOf:overlap": _I, "$ref+siblings": _I,
+        "anyOf+siblings": _E, "enum+siblings": _I,
         "uniqueItems": _I, "contains": _I, "not": _I, "if": _I, "then": _I, "else": _I,
         "dependentRequired": _I, "dependentSchemas": _I, "dependencies": _I, "patternProperties": _I,
         "unevaluatedProperties": _E,
@@ -98,6 +101,7 @@ TABLES: dict[str, dict[str, Support]] = {
         "minProperties": _E, "maxProperties": _E, "propertyNames": _R,
         "multipleOf:number": _E, "pattern:lookaround": _R, "maxLength+pattern": _E, "minLength+pattern": _E,
         "allOf": _E, "allOf:multi": _E, "oneOf:overlap": _R, "$ref+siblings": _E,
+        "anyOf+siblings": _E, "enum+siblings": _E,
         "uniqueItems": _R, "contains": _R, "not": _R, "if": _R, "then": _R, "else": _R,
         "dependentRequired": _R, "dependentSchemas": _R, "dependencies": _R, "patternProperties": _E,
         "unevaluatedProperties": _R,
@@ -141,10 +145,12 @@ def features_used(schema: Any) -> list[str]:
     >>> features_used({"type": "string", "pattern": "^(?!x)a+$", "maxLength": 3})
     ['type', 'pattern', 'maxLength', 'pattern:lookaround', 'maxLength+pattern']
     """
+    from .keywords import ANNOTATIONS, KNOWN_KEYWORDS, schema_objects
+
     found: dict[str, None] = {}
-    for node in schema_nodes(schema):
+    for node in schema_objects(schema):
         for key in node:
-            if isinstance(key, str) and key not in _NEUTRAL and not key.startswith("x-"):
+            if isinstance(key, str) and key in KNOWN_KEYWORDS and key not in ANNOTATIONS and key not in _NEUTRAL:
                 found[key] = None
         if isinstance(node.get("format"), str) and node.get("type", "string") == "string":
             found[f"format:{node['format']}"] = None
@@ -161,9 +167,40 @@ def features_used(schema: Any) -> list[str]:
             found["allOf:multi"] = None
         if isinstance(node.get("oneOf"), list) and len(node["oneOf"]) > 1:
             found["oneOf:overlap"] = None  # overlap is not decidable here: assume it may
-        if "$ref" in node and any(k not in _NEUTRAL and k != "$ref" for k in node):
+        validation = [k for k in node if k in KNOWN_KEYWORDS and k not in ANNOTATIONS and k not in _NEUTRAL]
+        if "$ref" in node and validation:
             found["$ref+siblings"] = None
+        if any(k in node for k in ("anyOf", "oneOf", "allOf")) and any(k not in ("anyOf", "oneOf", "allOf") for k in validation):
+            found["anyOf+siblings"] = None
+        if any(k in node for k in ("enum", "const")) and (
+            any(k not in ("enum", "const", "type") for k in validation) or not _values_have_type(node)
+        ):
+            found["enum+siblings"] = None
     return list(found)
+
+
+_JSON_TYPES = {
+    "string": (str,), "integer": (int,), "number": (int, float), "boolean": (bool,), "null": (type(None),),
+    "array": (list,), "object": (dict,),
+}  # fmt: skip
+
+
+def _values_have_type(node: dict[str, Any]) -> bool:
+    """Whether every ``enum``/``const`` value of ``node`` has the ``type`` beside it (then dropping it loses nothing)."""
+    declared = node.get("type")
+    if declared is None:
+        return True
+    types = declared if isinstance(declared, list) else [declared]
+    values = list(node.get("enum") or []) + ([node["const"]] if "const" in node else [])
+
+    def has(value: Any, name: Any) -> bool:
+        if isinstance(value, bool) and name in ("integer", "number"):
+            return False
+        if name == "integer" and isinstance(value, float):
+            return value.is_integer()
+        return isinstance(value, _JSON_TYPES.get(name, ()))
+
+    return all(any(has(v, t) for t in types) for v in values)
 
 
 def unenforced(schema: Any, backend: str, features: Iterable[str] | None = None) -> list[str]:
@@ -241,6 +278,10 @@ PROBES: tuple[Probe, ...] = (
           "{}", '{"a":1}'),
     Probe("oneOf:overlap", {"oneOf": [_INT, {"type": "integer", "minimum": 0}]}, "1", "-1"),
     Probe("$ref+siblings", {"$defs": {"i": _INT}, "$ref": "#/$defs/i", "minimum": 5}, "3", "7"),
+    Probe("anyOf+siblings", {"type": "object", "properties": {"a": _INT}, "required": ["a"],
+                             "anyOf": [{"type": "object"}]}, "{}", '{"a":1}'),
+    Probe("enum+siblings", {"type": "string", "enum": ["a", "bbb"], "maxLength": 2}, '"bbb"', '"a"'),
+    Probe("enum+siblings", {"type": "object", "enum": ["a", {"b": 1}]}, '"a"', '{"b":1}'),  # type beside enum
     Probe("uniqueItems", {"type": "array", "items": _INT, "uniqueItems": True}, "[1,1]", "[1,2]"),
     Probe("contains", {"type": "array", "items": _INT, "contains": {"const": 5}}, "[1]", "[5]"),
     Probe("not", {"type": "integer", "not": {"const": 1}}, "1", "2"),
@@ -275,8 +316,12 @@ def run_probe(probe: Probe, backend: str, tokenizer: Any) -> tuple[Support, str]
     from .compile import compile_grammar
     from .spec import grammar_spec
 
+    import warnings
+
     try:
-        compiled = compile_grammar(grammar_spec(schema=probe.schema), tokenizer, backend=backend)
+        with warnings.catch_warnings():  # the probe measures what the warning would predict
+            warnings.simplefilter("ignore")
+            compiled = compile_grammar(grammar_spec(schema=probe.schema), tokenizer, backend=backend)
     except GrammarError as e:
         return "refused", str(e)[:200]
     eos = compiled.stop_token_ids[0]
@@ -291,3 +336,12 @@ def run_probe(probe: Probe, backend: str, tokenizer: Any) -> tuple[Support, str]
     if probe.valid is not None and not accepted(probe.valid):
         detail = f"the valid instance {probe.valid} is rejected too"
     return ("ignored" if accepted(probe.invalid) else "enforced"), detail
+
+
+def enforced_keywords(backend: str) -> frozenset[str]:
+    """The plain keywords (no setting) the table marks enforced for ``backend`` -- the fuzz tool's ``ENFORCED`` view.
+
+    >>> "uniqueItems" in enforced_keywords("xgrammar"), "maxLength" in enforced_keywords("xgrammar")
+    (False, True)
+    """
+    return frozenset(k for k, v in TABLES[backend].items() if v == _E and ":" not in k and "+" not in k)

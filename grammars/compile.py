@@ -5,12 +5,17 @@ class, ``name_or_path``, size and a hash of its serialised vocabulary), the
 logits width, the stop tokens and the backend:
 
 * per tokenizer: the backend's tokenizer-level state (one xgrammar
-  ``GrammarCompiler``; one outlines-core ``Vocabulary``);
+  ``GrammarCompiler``; one outlines-core ``Vocabulary``; one ``llguidance.LLTokenizer``);
 * per grammar: the :class:`CompiledGrammar` (so a repeated call returns the
   same object and never recompiles).
 
 When several threads ask for the same missing entry, one compiles and the
 others wait for its result.  Errors are not cached.
+
+``backend="auto"`` chooses per grammar (:mod:`grammars.select`); every result
+says which backend compiled it, why, and what it leaves unenforced, and the
+schema features it does not enforce are warned about (or refused with
+``strict=True``) on every call.
 """
 
 from __future__ import annotations

@@ -10,11 +10,12 @@ Pure functions over a parsed schema; no backend state.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from .spec import schema_nodes
 
-__all__ = ["KNOWN_KEYWORDS", "ANNOTATIONS", "used_keywords", "unknown_keywords", "unsatisfiable"]
+__all__ = ["KNOWN_KEYWORDS", "ANNOTATIONS", "used_keywords", "unknown_keywords", "unsatisfiable", "schema_objects"]
 
 #: Keywords that only describe (no backend needs to enforce them).
 ANNOTATIONS = frozenset(
@@ -22,8 +23,8 @@ ANNOTATIONS = frozenset(
         "$schema", "$id", "id", "$anchor", "$dynamicAnchor", "$comment", "$vocabulary", "$defs", "definitions",
         "title", "description", "default", "examples", "deprecated", "readOnly", "writeOnly", "$ref",
         "$dynamicRef", "$recursiveRef", "$recursiveAnchor", "contentEncoding", "contentMediaType", "contentSchema",
-        # OpenAPI / pydantic extensions seen in production schemas
-        "nullable", "discriminator", "example", "externalDocs", "xml",
+        # OpenAPI / pydantic / Snowplow ("self") / json-editor ("propertyOrder") extensions seen in production schemas
+        "nullable", "discriminator", "example", "externalDocs", "xml", "self", "propertyOrder",
     }
 )  # fmt: skip
 
@@ -46,6 +47,33 @@ def used_keywords(schema: Any) -> set[str]:
     for node in schema_nodes(schema):
         found.update(key for key in node if isinstance(key, str))
     return found
+
+
+def schema_objects(schema: Any) -> Iterator[dict[str, Any]]:
+    """Every schema object in ``schema`` (itself included), outermost first, reached through known keywords only.
+
+    Unlike :func:`grammars.spec.schema_nodes`, the value of an unknown
+    keyword (``"self": {"vendor": ..., "format": "jsonschema"}`` in a
+    Snowplow schema) is not a schema and is not searched.  Pure.
+    """
+    stack: list[Any] = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            stack.extend(reversed(node))
+            continue
+        if not isinstance(node, dict):
+            continue
+        yield node
+        children: list[Any] = []
+        for key, value in node.items():
+            if not isinstance(key, str) or key not in KNOWN_KEYWORDS or key in _DATA or key in _NOT_SCHEMAS:
+                continue
+            if key in _MAPS and isinstance(value, dict):
+                children.extend(value.values())
+            elif isinstance(value, (dict, list)):
+                children.append(value)
+        stack.extend(reversed(children))
 
 
 def unknown_keywords(schema: Any) -> list[str]:
@@ -76,6 +104,8 @@ def unknown_keywords(schema: Any) -> list[str]:
     return list(found)
 
 
+#: Annotations whose values are not schemas (``$defs``/``definitions`` are maps of schemas; ``contentSchema`` is one).
+_NOT_SCHEMAS = ANNOTATIONS - {"$defs", "definitions", "contentSchema"}
 #: Keywords whose values are data, and keywords whose values map names to schemas.
 _DATA = frozenset({"enum", "const", "default", "examples", "example", "required", "dependentRequired"})
 _MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas", "dependencies"})

@@ -6,7 +6,8 @@ The rule (from the capability tables of :mod:`grammars.capabilities`):
    ``enum``, ``false``) is refused with a :class:`GrammarError` that says so
    (no backend can help);
 2. the first backend of :data:`PREFERENCE` whose table enforces every
-   feature the schema uses and that compiles it wins;
+   feature the schema uses and that compiles it wins (llguidance, then
+   xgrammar, then outlines-core);
 3. if none does, the compiling backend that leaves the fewest features
    unenforced wins (ties: :data:`PREFERENCE` order) and the result names
    what is not enforced.
@@ -14,9 +15,12 @@ The rule (from the capability tables of :mod:`grammars.capabilities`):
 Regexes and EBNF grammars are enforced fully by every backend that compiles
 them; the first of :data:`PREFERENCE` that compiles wins.
 
-The preference order is xgrammar (fastest mask on CPU here, the parity
-reference), then llguidance (enforces the most; refuses what it does not
-implement), then outlines-core (enforces least; slow to compile).
+The preference order is llguidance (it refuses what it does not implement,
+so what it compiles it enforces: 0 of 585 invalid corpus examples accepted;
+compile p50 31 ms, p99 0.5 s), then xgrammar (compiles 419 of the 420
+corpus schemas, fastest mask, but accepts 22 of 652 invalid examples), then
+outlines-core (enforces least; slow to compile).  Measured in
+docs/COVERAGE.md.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from .spec import GrammarSpec
 
 __all__ = ["PREFERENCE", "Choice", "choose", "advice"]
 
-PREFERENCE = ("xgrammar", "llguidance", "outlines")
+PREFERENCE = ("llguidance", "xgrammar", "outlines")
 
 
 @dataclass(frozen=True)
@@ -85,7 +89,11 @@ def choose(spec: GrammarSpec, compile_with: Callable[[str], CompiledGrammar]) ->
     if best is None:
         raise GrammarError(_none_compiled(errors))
     _, name, compiled = best
-    failed = "; ".join(f"{n} refused it" for n in PREFERENCE if n in errors)
+    failed = "; ".join(
+        f"{n} refused it" if n in errors else f"{n} refuses {', '.join(refused(spec.schema, n))}"
+        for n in PREFERENCE
+        if n != name and (n in errors or refused(spec.schema, n))
+    )
     reason = (
         f"no backend enforces every keyword this schema uses; {name} compiles it and leaves the fewest "
         f"unenforced ({', '.join(gaps[name])})" + (f"; {failed}" if failed else "")

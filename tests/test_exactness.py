@@ -169,3 +169,16 @@ def test_leaky_cache_is_detected(setup, monkeypatch):
     with pytest.raises(AssertionError):
         counts, _ = speculative_counts(TARGET, compiled, params, ImprobableProposer, seed=5, samples=4000)
         assert_matches(counts, exact, samples=4000)
+
+
+@pytest.mark.parametrize("case", ["improbable-T1.5", "random-draft-T0.7-topk"])
+def test_llguidance_backend_samples_follow_the_constrained_target(case):
+    """The same check with the llguidance matcher driving the loop (3,000 samples per case)."""
+    tok = toy_tokenizer()
+    compiled = compile_grammar(grammar_spec(schema=SCHEMA), tok, vocab_size=len(tok), stop_token_ids=(0,),
+                               backend="llguidance")  # fmt: skip
+    params, make_proposer, _ = CASES[case]
+    exact = exact_distribution(TARGET, compiled, params)
+    assert len(exact) > 5
+    counts, _ = speculative_counts(TARGET, compiled, params, make_proposer, seed=sum(map(ord, case)), samples=3000)
+    assert_matches(counts, exact, samples=3000)

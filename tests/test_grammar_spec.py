@@ -160,8 +160,9 @@ def test_any_json_object_regex_and_ebnf(toy):
         regex = compile_grammar(grammar_spec(regex="[0-9]{3}-[a-z]+"), toy, backend=backend)
         assert _accepts(regex, toy, "123-ab")
         assert not _accepts(regex, toy, "12-ab")
-    ebnf = compile_grammar(grammar_spec(grammar='root ::= "yes" | "no"'), toy, backend="xgrammar")
-    assert _accepts(ebnf, toy, "yes") and not _accepts(ebnf, toy, "yesno")
+    for backend in ("xgrammar", "llguidance", "auto"):
+        ebnf = compile_grammar(grammar_spec(grammar='root ::= "yes" | "no"'), toy, backend=backend)
+        assert _accepts(ebnf, toy, "yes") and not _accepts(ebnf, toy, "yesno")
     assert grammar_spec(grammar='root ::= "a"', any_whitespace=True).any_whitespace is False
 
 
@@ -206,8 +207,10 @@ def test_grammar_error_is_a_value_error():
 
 def test_compile_argument_errors(toy):
     spec = grammar_spec(schema={"type": "object"})
-    with pytest.raises(GrammarError, match="'xgrammar', 'outlines'"):
-        compile_grammar(spec, toy, backend="llguidance")
+    with pytest.raises(GrammarError, match="'xgrammar', 'outlines', 'llguidance', 'auto'"):
+        compile_grammar(spec, toy, backend="lmformatenforcer")
+    with pytest.raises(GrammarError, match="compile_timeout must be a positive number"):
+        compile_grammar(spec, toy, compile_timeout=0)
     with pytest.raises(GrammarError, match="GrammarSpec"):
         compile_grammar({"type": "object"}, toy)
     with pytest.raises(GrammarError, match="vocab_size"):
@@ -308,7 +311,11 @@ def test_compact_json_on_the_toy_vocabulary(toy, backend):
 # -- documentation --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("module", ["grammars.spec", "grammars.outlines_backend"])
+@pytest.mark.parametrize(
+    "module",
+    ["grammars.spec", "grammars.outlines_backend", "grammars.llguidance_backend", "grammars.capabilities",
+     "grammars.keywords", "grammars.validation"],
+)  # fmt: skip
 def test_docstring_examples_run(module):
     failures, tried = doctest.testmod(importlib.import_module(module), verbose=False)
     assert tried > 0 and failures == 0
@@ -327,7 +334,8 @@ def test_importing_grammars_loads_no_backend():
 
     code = (
         "import sys, grammars; "
-        "loaded = [m for m in ('xgrammar', 'outlines_core', 'pydantic', 'transformers') if m in sys.modules]; "
+        "loaded = [m for m in ('xgrammar', 'outlines_core', 'llguidance', 'pydantic', 'transformers') "
+        "if m in sys.modules]; "
         "assert not loaded, loaded"
     )
     root = Path(__file__).resolve().parents[1]
@@ -383,3 +391,158 @@ def test_outlines_gets_the_pattern_not_the_length():
     assert schema["properties"]["v"]["maxLength"] == 3  # the caller's schema is not touched
     plain = grammar_spec(schema={"type": "string", "maxLength": 3})
     assert shape_over_length(plain) == plain.source
+
+
+# -- capabilities, auto, strict, validation ---------------------------------------------------------
+
+from grammars import GrammarWarning  # noqa: E402
+from grammars.capabilities import PROBES, features_used, run_probe, support, unenforced  # noqa: E402
+from grammars.validation import output_errors  # noqa: E402
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("probe", PROBES, ids=lambda p: p.feature)
+def test_capability_table_is_what_the_backend_does(toy, probe, backend):
+    """Each table entry is checked: the probe's invalid instance is rejected exactly when the table says enforced."""
+    got, detail = run_probe(probe, backend, toy)
+    assert got == support(backend, probe.feature), (probe.feature, backend, detail)
+
+
+def test_every_table_feature_has_a_probe():
+    from grammars.capabilities import TABLES
+
+    probed = {p.feature for p in PROBES}
+    for backend, table in TABLES.items():
+        assert set(table) <= probed, (backend, set(table) - probed)
+
+
+def test_features_used_sees_the_settings_that_matter():
+    schema = {
+        "type": "object",
+        "properties": {
+            "s": {"type": "string", "pattern": "^(?=a)a+$", "maxLength": 3},
+            "n": {"type": "number", "multipleOf": 0.5},
+            "d": {"type": "string", "format": "date", "description": "not a keyword: pattern"},
+        },
+        "allOf": [{"required": ["s"]}, {"required": ["n"]}],
+    }
+    used = features_used(schema)
+    for feature in ("pattern:lookaround", "maxLength+pattern", "multipleOf:number", "allOf:multi", "format:date"):
+        assert feature in used
+    assert "description" not in used and "properties" not in used
+    assert unenforced(schema, "xgrammar") == [
+        "allOf:multi", "anyOf+siblings", "pattern:lookaround", "maxLength+pattern", "multipleOf:number"
+    ]  # fmt: skip
+    assert unenforced(schema, "llguidance") == ["pattern:lookaround"]  # it refuses lookaround: not enforced either
+    # annotations and the values of unknown keywords are not schemas (Snowplow's "self" has a "format")
+    snowplow = {"type": "object", "self": {"format": "jsonschema", "vendor": "x"}, "properties": {"a": {"$ref": "#/x", "title": "t"}}}
+    assert features_used(snowplow) == ["type"]
+    # a type beside enum is dropped by xgrammar: flagged only when some value does not have that type
+    assert "enum+siblings" not in features_used({"type": "string", "enum": ["a", "b"]})
+    assert "enum+siblings" in features_used({"type": "object", "enum": ["a", {"b": 1}]})
+
+
+def test_unenforced_keyword_warns_with_what_to_do_and_strict_refuses(toy):
+    spec = grammar_spec(schema={"type": "string", "pattern": "^a+$", "maxLength": 2})
+    with pytest.warns(GrammarWarning, match=r"xgrammar grammar does not enforce maxLength\+pattern.*"
+                                            r"grammar_backend='llguidance'.*post-validation"):  # fmt: skip
+        compiled = compile_grammar(spec, toy, backend="xgrammar")
+    assert compiled.unenforced == ("maxLength+pattern",) and compiled.backend_reason == "requested"
+    assert _accepts(compiled, toy, '"aaa"')  # the gap is real
+    with pytest.raises(GrammarError, match="does not enforce maxLength\\+pattern.*strict=True"):
+        compile_grammar(spec, toy, backend="xgrammar", strict=True)
+    # nothing to warn about: llguidance enforces both
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GrammarWarning)
+        assert compile_grammar(spec, toy, backend="llguidance", strict=True).unenforced == ()
+
+
+def test_auto_picks_the_backend_that_enforces_everything(toy):
+    import warnings
+
+    plain = grammar_spec(schema={"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GrammarWarning)
+        chosen = compile_grammar(plain, toy, backend="auto")
+        assert chosen.backend == "llguidance" and chosen.backend_reason == "auto: llguidance enforces every keyword this schema uses"
+        shaped = compile_grammar(grammar_spec(schema={"type": "string", "pattern": "^a+$", "maxLength": 2}), toy,
+                                 backend="auto", strict=True)  # fmt: skip
+        # llguidance refuses propertyNames; xgrammar enforces it
+        named = compile_grammar(grammar_spec(schema={"type": "object", "propertyNames": {"pattern": "^a+$"}}), toy,
+                                backend="auto", strict=True)  # fmt: skip
+    assert shaped.backend == "llguidance" and shaped.unenforced == ()
+    assert compile_grammar(grammar_spec(schema={"type": "string", "pattern": "^a+$", "maxLength": 2}), toy,
+                           backend="xgrammar").unenforced == ("maxLength+pattern",)  # what auto avoided  # fmt: skip
+    assert not _accepts(shaped, toy, '"aaa"') and _accepts(shaped, toy, '"aa"')
+    assert named.backend == "xgrammar" and "llguidance does not enforce propertyNames" in named.backend_reason
+    assert not _accepts(named, toy, '{"b":1}') and _accepts(named, toy, '{"aa":1}')
+
+
+def test_auto_falls_back_to_the_best_with_a_warning(toy):
+    spec = grammar_spec(schema={"type": "array", "items": {"type": "integer"}, "uniqueItems": True})
+    with pytest.warns(GrammarWarning, match="does not enforce uniqueItems.*no backend enforces all of them"):
+        chosen = compile_grammar(spec, toy, backend="auto")
+    assert chosen.backend == "xgrammar" and chosen.unenforced == ("uniqueItems",)
+    assert "no backend enforces every keyword" in chosen.backend_reason and "llguidance refused it" in chosen.backend_reason
+    with pytest.raises(GrammarError, match="uniqueItems"):
+        compile_grammar(spec, toy, backend="auto", strict=True)
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "integer", "minimum": 5, "maximum": 2}, {"enum": []}, {"type": "object", "properties": {"a": False}, "required": ["a"]},
+])  # fmt: skip
+def test_unsatisfiable_schemas_suggest_no_other_backend(toy, schema):
+    for backend in ("auto", "xgrammar", "llguidance"):
+        with pytest.raises(GrammarError) as info:
+            compile_grammar(grammar_spec(schema=schema), toy, backend=backend)
+        message = str(info.value)
+        assert "fix the schema" in message and "backend=" not in message, (backend, message)
+
+
+def test_compile_timeout_gives_a_grammar_error_instead_of_a_hang(toy):
+    import time
+
+    spec = grammar_spec(schema={"type": "object", "properties": {f"k{i}": {"type": "string", "pattern": "^[a-z]{2,9}$"}
+                                                                  for i in range(30)}})  # fmt: skip
+    started = time.perf_counter()
+    with pytest.raises(GrammarError, match=r"outlines did not compile the grammar within compile_timeout=0.001 s"):
+        compile_grammar(spec, toy, backend="outlines", compile_timeout=0.001)
+    assert time.perf_counter() - started < 1.0
+    assert compile_grammar(grammar_spec(schema={"type": "integer"}), toy, compile_timeout=60).backend == "xgrammar"
+
+
+def test_a_local_ref_through_id_is_not_remote(toy):
+    schema = {
+        "$id": "https://example.com/order.json",
+        "$defs": {"qty": {"$id": "qty.json", "type": "integer", "minimum": 1}},
+        "type": "object",
+        "properties": {"a": {"$ref": "https://example.com/order.json#/$defs/qty"}, "b": {"$ref": "qty.json"}},
+        "required": ["a", "b"],
+    }
+    spec = grammar_spec(schema=schema)
+    assert output_errors(spec, '{"a":2,"b":3}') == []
+    assert output_errors(spec, '{"a":0,"b":"x"}') == ["at a: 0 is less than the minimum of 1",
+                                                       "at b: 'x' is not of type 'integer'"]  # fmt: skip
+    with pytest.raises(GrammarError, match="remote \\$ref 'https://elsewhere.org/x.json'"):
+        grammar_spec(schema={"properties": {"a": {"$ref": "https://elsewhere.org/x.json"}}})
+
+
+def test_an_unknown_keyword_warns_instead_of_silently_allowing_anything():
+    with pytest.warns(GrammarWarning, match="'propertiez' \\(did you mean 'properties'\\?\\)"):
+        grammar_spec(schema={"type": "object", "propertiez": {"a": {"type": "integer"}}})
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GrammarWarning)
+        grammar_spec(schema={"type": "object", "properties": {"propertiez": {}}, "x-owner": {"team": 1}})
+
+
+def test_output_errors_checks_the_full_request():
+    assert output_errors({"type": "array", "uniqueItems": True}, "[1,1]") == ["[1, 1] has non-unique elements"]
+    assert output_errors({"type": "string", "format": "date"}, '"2023-02-30"') == ["'2023-02-30' is not a 'date'"]
+    assert output_errors({"type": "object"}, '{"a":') [0].startswith("not JSON")
+    assert output_errors(grammar_spec(regex="[0-9]{3}"), "12a") and output_errors(grammar_spec(regex="[0-9]{3}"), "123") == []
+    assert output_errors(grammar_spec(json_object=True), "[1]") == ["[1] is not of type 'object'"]
+    assert output_errors(grammar_spec(grammar='root ::= "a"'), "a") == []

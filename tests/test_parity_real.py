@@ -86,3 +86,49 @@ def test_greedy_parity_on_ten_tasks(smol, tasks):
     for tie in ties:
         print("tolerated floating-point tie:", tie)
     assert len(ties) <= 2, f"too many ties to be chance: {ties}"
+
+
+def _masked_gap(model, compiled, prompt, prefix):
+    """Top-2 gap of the masked logits after prompt + prefix, with any grammarspec backend's mask."""
+    from grammars import allocate_bitmask
+
+    matcher = compiled.matcher(max_rollback=len(prefix) + 1)
+    for token in prefix:
+        assert matcher.accept(token)
+    mask = allocate_bitmask(1, compiled.vocab_size)
+    matcher.fill_mask(mask, 0)
+    with torch.inference_mode():
+        logits = model(torch.tensor([prompt + prefix])).logits[0, -1].float()
+    logits = logits.masked_fill(~unpack_bitmask(mask, logits.shape[-1])[0], float("-inf"))
+    top = torch.topk(logits, 2).values
+    return float(top[0] - top[1])
+
+
+@pytest.mark.parametrize("backend", ["llguidance", "auto"])
+def test_greedy_parity_with_other_backends(smol, tasks, backend):
+    """Speculative == plain constrained greedy with the llguidance / auto grammar (its own masks: llguidance
+    allows only the canonical token where bytes are forced, so it is not compared with xgrammar's output)."""
+    from grammars import compile_grammar
+
+    model, tokenizer = smol
+    ties = []
+    for task in pick(tasks):
+        schema = grammar_spec(schema=task.get("schema"), tools=None).schema
+        prompt = grammarspec.build_prompt(tokenizer, task["prompt"], system=task.get("system"), schema=schema)
+        ids = torch.tensor([prompt])
+        kw = dict(tokenizer=tokenizer, schema=schema, max_new_tokens=MAX_NEW, return_dict_in_generate=True,
+                  grammar_backend=backend)  # fmt: skip
+        plain = grammarspec.generate(model, ids, **kw)
+        spec = grammarspec.generate(model, ids, assistant="auto", **kw)
+        assert plain.stats[0].grammar_backend == spec.stats[0].grammar_backend
+        reference = plain.sequences[0, len(prompt) :].tolist()[: plain.stats[0].new_tokens]
+        out = spec.sequences[0, len(prompt) :].tolist()[: len(reference)]
+        if out != reference:
+            at = next((i for i, (a, b) in enumerate(zip(out, reference)) if a != b), min(len(out), len(reference)))
+            compiled = compile_grammar(grammar_spec(schema=schema), tokenizer, vocab_size=model.config.vocab_size,
+                                       backend=plain.stats[0].grammar_backend)  # fmt: skip
+            gap = _masked_gap(model, compiled, prompt, reference[:at])
+            assert gap < TIE, f"{task['id']}: speculative diverges from plain greedy at token {at} (gap {gap:.2e})"
+            ties.append((task["id"], at, gap))
+        assert spec.stats[0].target_forwards <= plain.stats[0].target_forwards
+    assert len(ties) <= 2, f"too many ties to be chance: {ties}"
