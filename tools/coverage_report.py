@@ -1,6 +1,6 @@
 """Schema coverage in JSONSchemaBench's terms, per category and grammar backend.
 
-    python tools/coverage_report.py --corpus ../shared/schemas --out docs/COVERAGE.md \
+    python tools/coverage_report.py --corpus /path/to/schemas --out docs/COVERAGE.md \
         --generate-per-category 4 --max-new-tokens 96
 
 Two passes over the corpus records (``<category>.jsonl`` files; each has
@@ -39,6 +39,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from grammarspec.bench.tasks import default_schemas_path  # noqa: E402 (after the path set-up)
 
 BACKENDS = ("xgrammar", "outlines", "llguidance", "auto")
 
@@ -170,7 +172,7 @@ def generation_pass(
     import torch
 
     from grammarspec import complete, load_model
-    from grammarspec.fuzz import fuzz_prompt
+    from tools.fuzz.corpus import fuzz_prompt
     from grammars import GrammarError
     from grammars.validation import output_errors
 
@@ -373,7 +375,8 @@ def plot(grammar_rows: list[dict[str, Any]], gen_rows: list[dict[str, Any]], pat
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--corpus", default=str(ROOT.parent / "shared" / "schemas"), help="folder of <category>.jsonl")
+    parser.add_argument("--corpus", default=str(default_schemas_path()),
+                        help="folder of <category>.jsonl (default: $GRAMMARSPEC_SCHEMAS or data/schemas)")  # fmt: skip
     parser.add_argument("--per-category", type=int, default=None, help="grammar pass on N records per category")
     parser.add_argument("--backends", default=",".join(BACKENDS))
     parser.add_argument("--compile-timeout", type=float, default=30.0)
