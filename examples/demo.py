@@ -83,7 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     spec = grammarspec.complete(model, tokenizer, DOCUMENT, assistant=args.assistant, **kwargs)
     print(f"\n=== speculative (assistant={args.assistant!r})")
     print(json.dumps(spec.value, indent=2) if spec.value is not None else spec.text)
-    print(f"complete and valid: {spec.valid} (finish: {spec.finish_reason}{'; ' + '; '.join(spec.errors) if spec.errors else ''})")
+    print(
+        f"complete and valid: {spec.valid} (finish: {spec.finish_reason}{'; ' + '; '.join(spec.errors) if spec.errors else ''})"
+    )
     print(spec.stats.summary())
     if not spec.valid:
         print("the answer is not a complete, valid document: raise --max-new-tokens", file=sys.stderr)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -27,7 +27,7 @@ class Contact(BaseModel):
     company: str = Field(max_length=60)
     job_title: str = Field(max_length=60)
     email: str = Field(max_length=80)
-    phone: Optional[str] = Field(default=None, max_length=30)
+    phone: str | None = Field(default=None, max_length=30)
     city: str = Field(max_length=40)
     preferred_contact: Literal["email", "phone"]
 
@@ -76,7 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     quick = args.quick or os.environ.get("GRAMMARSPEC_EXAMPLES_QUICK", "") not in ("", "0")
     model, tokenizer = grammarspec.load_model("smollm2-135m")
     document = SHORT_DOCUMENT if quick else DOCUMENT
-    contact, result = extract(model, tokenizer, document, assistant=None if args.assistant == "none" else args.assistant)
+    contact, result = extract(
+        model, tokenizer, document, assistant=None if args.assistant == "none" else args.assistant
+    )
     print(result.text)
     print(result.stats.summary())
     if contact is None:

@@ -58,13 +58,33 @@ TASKS: list[dict[str, Any]] = [
         "name": "tool call",
         "prompt": "Book a table for 4 at Trattoria Roma tomorrow at 19:30, under the name Karim.",
         "tools": [
-            {"type": "function", "function": {"name": "book_table", "parameters": {
-                "type": "object",
-                "properties": {"restaurant": {"type": "string"}, "people": {"type": "integer", "minimum": 1},
-                               "time": {"type": "string"}, "name": {"type": "string"}},
-                "required": ["restaurant", "people", "time", "name"]}}},
-            {"type": "function", "function": {"name": "cancel_booking", "parameters": {
-                "type": "object", "properties": {"booking_id": {"type": "string"}}, "required": ["booking_id"]}}},
+            {
+                "type": "function",
+                "function": {
+                    "name": "book_table",
+                    "parameters": {
+                        "type": "object",
+                        "properties": {
+                            "restaurant": {"type": "string"},
+                            "people": {"type": "integer", "minimum": 1},
+                            "time": {"type": "string"},
+                            "name": {"type": "string"},
+                        },
+                        "required": ["restaurant", "people", "time", "name"],
+                    },
+                },
+            },
+            {
+                "type": "function",
+                "function": {
+                    "name": "cancel_booking",
+                    "parameters": {
+                        "type": "object",
+                        "properties": {"booking_id": {"type": "string"}},
+                        "required": ["booking_id"],
+                    },
+                },
+            },
         ],
     },  # fmt: skip
     {

@@ -39,7 +39,10 @@ SCHEMA = {
             "type": "array",
             "items": {
                 "type": "object",
-                "properties": {"name": {"type": "string", "maxLength": 30}, "role": {"type": "string", "maxLength": 30}},
+                "properties": {
+                    "name": {"type": "string", "maxLength": 30},
+                    "role": {"type": "string", "maxLength": 30},
+                },
                 "required": ["name", "role"],
                 "additionalProperties": False,
             },

@@ -9,7 +9,15 @@ outlines-core or llguidance, or the one ``backend="auto"`` picks per schema.
 Backends are imported lazily: importing this package imports neither.
 """
 
-from .base import CompiledGrammar, GrammarError, GrammarWarning, Matcher, allocate_bitmask, bitmask_to_ids, bitmask_width
+from .base import (
+    CompiledGrammar,
+    GrammarError,
+    GrammarWarning,
+    Matcher,
+    allocate_bitmask,
+    bitmask_to_ids,
+    bitmask_width,
+)
 from .compile import BACKEND_CHOICES, BACKENDS, clear_grammar_cache, compile_grammar
 from .spec import GrammarSpec, check_json_schema, grammar_spec, tools_schema
 

@@ -47,7 +47,7 @@ class RollbackWindow:
     def clear(self) -> None:
         self.stored = 0
 
-    def copy(self) -> "RollbackWindow":
+    def copy(self) -> RollbackWindow:
         return RollbackWindow(self.max_rollback, self.stored)
 
 

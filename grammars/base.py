@@ -129,7 +129,7 @@ class Matcher(ABC):
         """Return to the initial state.  Changes state."""
 
     @abstractmethod
-    def fork(self) -> "Matcher":
+    def fork(self) -> Matcher:
         """An independent copy of this matcher in its current state."""
 
     def allowed_tokens(self) -> torch.Tensor:

@@ -37,7 +37,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-
 __all__ = [
     "Support", "FEATURES", "TABLES", "PROBES", "Probe", "features_used", "unenforced", "refused",
     "support", "LOOKAROUND", "FORMATS", "run_probe", "enforced_keywords",
@@ -60,9 +59,11 @@ FEATURES = (
     "enum+siblings",  # keywords beside enum / const (xgrammar drops them)
 )  # fmt: skip
 
-_E, _I, _R = "enforced", "ignored", "refused"
+_E: Support = "enforced"
+_I: Support = "ignored"
+_R: Support = "refused"
 
-_COMMON = {
+_COMMON: dict[str, Support] = {
     "type": _E, "enum": _E, "const": _E, "required": _E, "additionalProperties": _E, "items": _E,
     "prefixItems": _E, "minItems": _E, "maxItems": _E, "minLength": _E, "maxLength": _E, "pattern": _E,
     "anyOf": _E, "oneOf": _E, "$ref": _E,
@@ -170,7 +171,9 @@ def features_used(schema: Any) -> list[str]:
         validation = [k for k in node if k in KNOWN_KEYWORDS and k not in ANNOTATIONS and k not in _NEUTRAL]
         if "$ref" in node and validation:
             found["$ref+siblings"] = None
-        if any(k in node for k in ("anyOf", "oneOf", "allOf")) and any(k not in ("anyOf", "oneOf", "allOf") for k in validation):
+        if any(k in node for k in ("anyOf", "oneOf", "allOf")) and any(
+            k not in ("anyOf", "oneOf", "allOf") for k in validation
+        ):
             found["anyOf+siblings"] = None
         if any(k in node for k in ("enum", "const")) and (
             any(k not in ("enum", "const", "type") for k in validation) or not _values_have_type(node)
@@ -312,16 +315,18 @@ def run_probe(probe: Probe, backend: str, tokenizer: Any) -> tuple[Support, str]
     accepted.  A valid instance the grammar rejects makes the detail say so
     (the grammar is then stricter than the schema, not laxer).
     """
+    import warnings
+
     from .base import GrammarError
     from .compile import compile_grammar
     from .spec import grammar_spec
 
-    import warnings
-
     try:
         with warnings.catch_warnings():  # the probe measures what the warning would predict
             warnings.simplefilter("ignore")
-            compiled = compile_grammar(grammar_spec(schema=probe.schema), tokenizer, backend=backend)
+            spec = grammar_spec(schema=probe.schema)
+            assert spec is not None, "a probe always has a schema"
+            compiled = compile_grammar(spec, tokenizer, backend=backend)
     except GrammarError as e:
         return "refused", str(e)[:200]
     eos = compiled.stop_token_ids[0]

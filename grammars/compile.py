@@ -61,6 +61,7 @@ class _LRU(Generic[T]):
             if owner:
                 slot = self._entries[key] = _Slot()
             self._entries.move_to_end(key)
+        assert slot is not None
         if not owner:
             return slot.wait()
         try:
@@ -103,7 +104,7 @@ class _Slot(Generic[T]):
 
 _grammars: _LRU[CompiledGrammar] = _LRU(GRAMMAR_CACHE_SIZE)
 _prepared: _LRU[Any] = _LRU(TOKENIZER_CACHE_SIZE)
-_fingerprints: "weakref.WeakKeyDictionary[Any, tuple[int, tuple[Hashable, int, int | None]]]" = (
+_fingerprints: weakref.WeakKeyDictionary[Any, tuple[int, tuple[Hashable, int, int | None]]] = (
     weakref.WeakKeyDictionary()
 )
 _fingerprint_lock = threading.Lock()

@@ -60,7 +60,7 @@ FLEXIBLE = {"whitespace_flexible": True}
 class LLGuidanceTokenizer:
     """The tokenizer-level state: an ``llguidance.LLTokenizer`` and the logits width."""
 
-    tokenizer: "llguidance.LLTokenizer"
+    tokenizer: llguidance.LLTokenizer
     vocab_size: int
     stop_token_ids: tuple[int, ...]
 
@@ -111,7 +111,8 @@ def grammar_text(spec: GrammarSpec) -> str:
 
     if spec.is_json:
         return llguidance.LLMatcher.grammar_from_json_schema(
-            closed_shapes(spec), overrides=dict(FLEXIBLE if spec.any_whitespace else COMPACT)
+            closed_shapes(spec),
+            overrides=dict(FLEXIBLE if spec.any_whitespace else COMPACT),  # type: ignore[arg-type]  # JsonCompileOptions keys
         )
     if spec.kind == "regex":
         return llguidance.LLMatcher.grammar_from_regex(spec.source)
@@ -158,7 +159,7 @@ def closed_shapes(spec: GrammarSpec) -> str:
 
 def compile_spec(
     prepared: LLGuidanceTokenizer, spec: GrammarSpec, vocab_size: int, stop_token_ids: Sequence[int]
-) -> "LLGuidanceCompiled":
+) -> LLGuidanceCompiled:
     """Compile ``spec``; raises :class:`GrammarError` when llguidance cannot."""
     import llguidance
 
@@ -198,7 +199,9 @@ class LLGuidanceCompiled(CompiledGrammar):
 
     backend = BACKEND
 
-    def __init__(self, template: "llguidance.LLMatcher", prepared: LLGuidanceTokenizer, warnings: tuple[str, ...]) -> None:
+    def __init__(
+        self, template: llguidance.LLMatcher, prepared: LLGuidanceTokenizer, warnings: tuple[str, ...]
+    ) -> None:
         self._template = template
         self.prepared = prepared
         self.vocab_size = prepared.vocab_size
@@ -206,7 +209,7 @@ class LLGuidanceCompiled(CompiledGrammar):
         #: llguidance's own warnings about the grammar (usually empty)
         self.warnings = warnings
 
-    def matcher(self, max_rollback: int = 64) -> "LLGuidanceMatcher":
+    def matcher(self, max_rollback: int = 64) -> LLGuidanceMatcher:
         window = RollbackWindow(max_rollback)  # checks max_rollback
         return LLGuidanceMatcher(self._template.deep_copy(), self, window)
 
@@ -215,7 +218,7 @@ class LLGuidanceMatcher(WindowedMatcher):
     """Per-request state over an ``llguidance.LLMatcher``."""
 
     def __init__(
-        self, matcher: "llguidance.LLMatcher", compiled: LLGuidanceCompiled, window: RollbackWindow,
+        self, matcher: llguidance.LLMatcher, compiled: LLGuidanceCompiled, window: RollbackWindow,
         terminated: bool = False,
     ) -> None:  # fmt: skip
         self._matcher = matcher
@@ -354,7 +357,7 @@ class LLGuidanceMatcher(WindowedMatcher):
         self._terminated = False
         self._window.clear()
 
-    def fork(self) -> "LLGuidanceMatcher":
+    def fork(self) -> LLGuidanceMatcher:
         """An independent copy in the current state, with the same rollback window."""
         return LLGuidanceMatcher(self._matcher.deep_copy(), self._compiled, self._window.copy(), self._terminated)
 

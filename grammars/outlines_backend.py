@@ -71,7 +71,7 @@ _LENGTH_KEYWORDS = ("minLength", "maxLength")
 class OutlinesVocabulary:
     """The tokenizer-level state: an outlines-core ``Vocabulary`` and each id's bytes."""
 
-    vocabulary: "outlines_core.Vocabulary"
+    vocabulary: outlines_core.Vocabulary
     #: ``token_bytes[id]``: what the token stands for; ``None`` when it is never legal text.
     token_bytes: tuple[bytes | None, ...]
     vocab_size: int
@@ -177,7 +177,7 @@ def _unicode_to_byte() -> dict[str, int]:
 
 def compile_spec(
     vocab: OutlinesVocabulary, spec: GrammarSpec, vocab_size: int, stop_token_ids: Sequence[int]
-) -> "OutlinesCompiled":
+) -> OutlinesCompiled:
     """Compile ``spec`` over ``vocab``; raises :class:`GrammarError` when outlines-core cannot."""
     from outlines_core import Index
     from outlines_core.json_schema import build_regex_from_schema
@@ -256,13 +256,13 @@ class OutlinesCompiled(CompiledGrammar):
 
     backend = BACKEND
 
-    def __init__(self, index: "outlines_core.Index", vocab: OutlinesVocabulary) -> None:
+    def __init__(self, index: outlines_core.Index, vocab: OutlinesVocabulary) -> None:
         self.index = index
         self.vocab = vocab
         self.vocab_size = vocab.vocab_size
         self.stop_token_ids = vocab.stop_token_ids
 
-    def matcher(self, max_rollback: int = 64) -> "OutlinesMatcher":
+    def matcher(self, max_rollback: int = 64) -> OutlinesMatcher:
         window = RollbackWindow(max_rollback)  # checks max_rollback
         return OutlinesMatcher(self, window)
 
@@ -358,7 +358,7 @@ class OutlinesMatcher(WindowedMatcher):
         self._terminated = False
         self._window.clear()
 
-    def fork(self) -> "OutlinesMatcher":
+    def fork(self) -> OutlinesMatcher:
         """An independent copy in the current state, with the same rollback window."""
         return OutlinesMatcher(self._compiled, self._window.copy(), self._history)
 
@@ -395,13 +395,14 @@ def _forced_bytes(index: Any, pieces: Sequence[bytes | None], start: int) -> byt
         if not allowed or len(allowed) > _FORCED_SCAN_LIMIT:
             return b""
         texts = [pieces[t] or b"" for t in allowed]
-        prefix = os.path.commonprefix(texts)
+        prefix = os.path.commonprefix(texts) or b""
         longer = [text for text in texts if len(text) > len(prefix)]
         if len(longer) > 1 and len(os.path.commonprefix(longer)) == len(prefix):
             result = prefix  # two legal tokens differ right after the prefix
         else:
-            result = os.path.commonprefix(
-                [text + forced(index.get_next_state(state, t)) for t, text in zip(allowed, texts)]
+            result = (
+                os.path.commonprefix([text + forced(index.get_next_state(state, t)) for t, text in zip(allowed, texts)])
+                or b""
             )
         memo[state] = result
         return result

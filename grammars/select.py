@@ -76,7 +76,9 @@ def choose(spec: GrammarSpec, compile_with: Callable[[str], CompiledGrammar]) ->
             continue
         compiled = attempt(name)
         if compiled is not None:
-            skipped = [f"{n} does not enforce {', '.join(gaps[n])}" for n in PREFERENCE[: PREFERENCE.index(name)] if gaps[n]]
+            skipped = [
+                f"{n} does not enforce {', '.join(gaps[n])}" for n in PREFERENCE[: PREFERENCE.index(name)] if gaps[n]
+            ]
             detail = f" ({'; '.join(skipped)})" if skipped else ""
             return Choice(compiled, name, f"{name} enforces every keyword this schema uses{detail}", ())
     best: tuple[int, str, CompiledGrammar] | None = None

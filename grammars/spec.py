@@ -125,7 +125,7 @@ def _grammar_spec(
     if json_object:
         return _json_spec("any_json", dict(ANY_JSON_OBJECT), any_whitespace)
     if grammar is not None:
-        example = "an EBNF grammar such as 'root ::= \"yes\" | \"no\"'"
+        example = 'an EBNF grammar such as \'root ::= "yes" | "no"\''
         return GrammarSpec("ebnf", _grammar_text(grammar, "grammar", example))
     return GrammarSpec("regex", _grammar_text(regex, "regex", "a regular expression such as '[0-9]{4}'"))
 
@@ -190,15 +190,14 @@ def _schema_dict(schema: Any) -> dict[str, Any]:
         if not isinstance(parsed, dict):
             raise GrammarError(
                 f"schema= must describe a JSON object schema, but the JSON string holds a "
-                f"{type(parsed).__name__}; pass a JSON Schema object such as {{\"type\": \"object\"}}"
+                f'{type(parsed).__name__}; pass a JSON Schema object such as {{"type": "object"}}'
             )
         return parsed
     model_schema = _pydantic_schema(schema)
     if model_schema is not None:
         return model_schema
     raise GrammarError(
-        f"schema= must be a JSON Schema (dict or JSON string) or a pydantic model class, "
-        f"got {type(schema).__name__}"
+        f"schema= must be a JSON Schema (dict or JSON string) or a pydantic model class, got {type(schema).__name__}"
     )
 
 
@@ -218,7 +217,9 @@ def _pydantic_schema(obj: Any) -> dict[str, Any] | None:
 #: Keywords whose values are instances (data), not schemas: a "$ref" key there is data.
 _DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples"})
 #: Keywords whose values map names to schemas: every value is a schema, whatever the name.
-_SCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas", "dependencies"})
+_SCHEMA_MAPS = frozenset(
+    {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas", "dependencies"}
+)
 
 
 def schema_nodes(node: Any) -> Iterator[dict[str, Any]]:
@@ -287,7 +288,7 @@ def check_json_schema(schema: Any, *, where: str = "the schema") -> None:
     if not isinstance(schema, dict):
         raise GrammarError(
             f"{where} must be a JSON object (a dict), got {type(schema).__name__}; "
-            "for example {\"type\": \"object\", \"properties\": {...}}"
+            'for example {"type": "object", "properties": {...}}'
         )
     from jsonschema.exceptions import SchemaError
     from jsonschema.validators import validator_for
@@ -355,21 +356,20 @@ def _tool_definition(tool: Any, i: int) -> tuple[str, dict[str, Any]]:
     """``(name, arguments schema)`` of ``tools[i]``, checked."""
     where = f"tools[{i}]"
     if not isinstance(tool, Mapping):
-        raise GrammarError(f"{where} must be a dict like {{\"type\": \"function\", \"function\": {{...}}}}, "
-                           f"got {type(tool).__name__}")
+        raise GrammarError(
+            f'{where} must be a dict like {{"type": "function", "function": {{...}}}}, got {type(tool).__name__}'
+        )
     kind = tool.get("type", "function")
     if kind != "function":
-        raise GrammarError(f"{where} has type {kind!r}; only function tools (\"type\": \"function\") are supported")
+        raise GrammarError(f'{where} has type {kind!r}; only function tools ("type": "function") are supported')
     function = tool.get("function", tool)
     if not isinstance(function, Mapping):
         raise GrammarError(f"{where}['function'] must be a dict with 'name' and 'parameters'")
     name = function.get("name")
     if not isinstance(name, str) or not name:
-        raise GrammarError(f"{where} has no function name; add \"name\": \"...\" to its function definition")
+        raise GrammarError(f'{where} has no function name; add "name": "..." to its function definition')
     if not _TOOL_NAME.match(name):
-        raise GrammarError(
-            f"{where}: tool name {name!r} is invalid; use 1-64 letters, digits, '_', '-' or '.'"
-        )
+        raise GrammarError(f"{where}: tool name {name!r} is invalid; use 1-64 letters, digits, '_', '-' or '.'")
     where = f"{where} ({name!r})"
     parameters = function.get("parameters")
     if parameters is None:
@@ -382,8 +382,8 @@ def _tool_definition(tool: Any, i: int) -> tuple[str, dict[str, Any]]:
     declared = parameters.get("type", "object")
     if declared != "object":
         raise GrammarError(
-            f"{where}: 'parameters' must describe an object (\"type\": \"object\"), got type {declared!r}; "
-            "wrap the arguments in an object schema with \"properties\""
+            f'{where}: \'parameters\' must describe an object ("type": "object"), got type {declared!r}; '
+            'wrap the arguments in an object schema with "properties"'
         )
     parameters.setdefault("type", "object")
     parameters.setdefault("additionalProperties", False)

@@ -43,7 +43,7 @@ BACKEND = "xgrammar"
 COMPACT_SEPARATORS = (",", ":")
 
 
-def prepare(tokenizer: Any, vocab_size: int, stop_token_ids: Sequence[int]) -> "xgr.GrammarCompiler":
+def prepare(tokenizer: Any, vocab_size: int, stop_token_ids: Sequence[int]) -> xgr.GrammarCompiler:
     """One xgrammar ``GrammarCompiler`` for a tokenizer, logits width and stop tokens.
 
     xgrammar's own compile cache is disabled: :func:`grammars.compile_grammar`
@@ -52,9 +52,7 @@ def prepare(tokenizer: Any, vocab_size: int, stop_token_ids: Sequence[int]) -> "
     import xgrammar as xgr
 
     try:
-        info = xgr.TokenizerInfo.from_huggingface(
-            tokenizer, vocab_size=vocab_size, stop_token_ids=list(stop_token_ids)
-        )
+        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=list(stop_token_ids))
     except Exception as e:  # xgrammar raises ValueError/RuntimeError/TypeError on odd tokenizers
         raise GrammarError(
             f"xgrammar could not read the tokenizer {type(tokenizer).__name__} ({_clean(e)}); "
@@ -64,8 +62,8 @@ def prepare(tokenizer: Any, vocab_size: int, stop_token_ids: Sequence[int]) -> "
 
 
 def compile_spec(
-    compiler: "xgr.GrammarCompiler", spec: GrammarSpec, vocab_size: int, stop_token_ids: Sequence[int]
-) -> "XGrammarCompiled":
+    compiler: xgr.GrammarCompiler, spec: GrammarSpec, vocab_size: int, stop_token_ids: Sequence[int]
+) -> XGrammarCompiled:
     """Compile ``spec`` with ``compiler``; raises :class:`GrammarError` when xgrammar cannot."""
     try:
         if spec.is_json:
@@ -93,7 +91,7 @@ def _clean(error: BaseException) -> str:
     return lines[0] if lines else type(error).__name__
 
 
-def _compile_error_message(spec: GrammarSpec, error: BaseException, compiler: "xgr.GrammarCompiler") -> str:
+def _compile_error_message(spec: GrammarSpec, error: BaseException, compiler: xgr.GrammarCompiler) -> str:
     reason = _clean(error)
     if spec.kind == "regex":
         return (
@@ -101,10 +99,7 @@ def _compile_error_message(spec: GrammarSpec, error: BaseException, compiler: "x
             "Rewrite that part of the regex, or try backend='outlines'."
         )
     if spec.kind == "ebnf":
-        return (
-            f"xgrammar cannot compile the EBNF grammar: {reason}. Fix the grammar "
-            "(GBNF syntax, start rule 'root')."
-        )
+        return f"xgrammar cannot compile the EBNF grammar: {reason}. Fix the grammar (GBNF syntax, start rule 'root')."
     from .keywords import unsatisfiable
 
     why_not = unsatisfiable(spec.schema)
@@ -126,10 +121,10 @@ def _near_position(source: str, reason: str) -> str:
     if not match:
         return ""
     pos = int(match.group(1))
-    return f" (near {source[max(0, pos - 8):pos + 8]!r})"
+    return f" (near {source[max(0, pos - 8) : pos + 8]!r})"
 
 
-def _bad_patterns(schema: Any, compiler: "xgr.GrammarCompiler") -> list[str]:
+def _bad_patterns(schema: Any, compiler: xgr.GrammarCompiler) -> list[str]:
     """The ``pattern`` values in ``schema`` that xgrammar's regex compiler rejects."""
     found: list[str] = []
 
@@ -156,12 +151,12 @@ class XGrammarCompiled(CompiledGrammar):
 
     backend = BACKEND
 
-    def __init__(self, compiled: "xgr.CompiledGrammar", vocab_size: int, stop_token_ids: Sequence[int]) -> None:
+    def __init__(self, compiled: xgr.CompiledGrammar, vocab_size: int, stop_token_ids: Sequence[int]) -> None:
         self.compiled = compiled
         self.vocab_size = int(vocab_size)
         self.stop_token_ids = tuple(int(t) for t in stop_token_ids)
 
-    def matcher(self, max_rollback: int = 64) -> "XGrammarMatcher":
+    def matcher(self, max_rollback: int = 64) -> XGrammarMatcher:
         import xgrammar as xgr
 
         return XGrammarMatcher(
@@ -174,7 +169,7 @@ class XGrammarMatcher(WindowedMatcher):
 
     def __init__(
         self,
-        matcher: "xgr.GrammarMatcher",
+        matcher: xgr.GrammarMatcher,
         vocab_size: int,
         stop_token_ids: tuple[int, ...],
         window: RollbackWindow,
@@ -227,6 +222,6 @@ class XGrammarMatcher(WindowedMatcher):
         self._matcher.reset()
         self._window.clear()
 
-    def fork(self) -> "XGrammarMatcher":
+    def fork(self) -> XGrammarMatcher:
         """An independent copy in the current state, with the same rollback window."""
         return XGrammarMatcher(self._matcher.fork(), self.vocab_size, self.stop_token_ids, self._window.copy())

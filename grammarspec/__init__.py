@@ -9,12 +9,12 @@ from grammars import GrammarError
 
 from .api import GenerationOutput, enable, generate
 from .cache import CacheError
-from .completion import Completion, complete, build_prompt
+from .completion import Completion, build_prompt, complete
 from .conversation import ContextLimitError, Conversation, Reply
-from .tools import ToolCallError
 from .loading import ModelNotFoundError, load_model, load_tokenizer
 from .sampling import SamplingParams
 from .stats import GenerationStats
+from .tools import ToolCallError
 
 __all__ = [
     "generate",

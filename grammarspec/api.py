@@ -25,8 +25,8 @@ from proposers.base import Request
 
 from .adaptive import AdaptiveController
 from .assistant import resolve_assistant
-from .draft_model import DraftModelProposer
 from .decoding import DecodeConfig, RowRequest, decode_batch, logits_width
+from .draft_model import DraftModelProposer
 from .inputs import (
     check_assistant,
     check_model_inputs,
@@ -51,7 +51,6 @@ _OUR_KWARGS = (
     "schema", "tools", "grammar", "regex", "json_object", "parallel_tool_calls", "any_whitespace",
     "assistant", "grammar_backend", "max_draft_tokens", "adaptive", "generator", "strict", "compile_timeout", "max_batch_size", "update_cache",
 )  # fmt: skip
-
 
 
 @dataclass
@@ -176,8 +175,13 @@ def _generate(
     rows = [row for row in rows for _ in range(repeat)]  # HF: input_ids.repeat_interleave(n)
     specs = [
         grammar_spec(
-            schema=row_schema, tools=tools, grammar=grammar, regex=regex, json_object=json_object,
-            parallel_tool_calls=parallel_tool_calls, any_whitespace=any_whitespace,
+            schema=row_schema,
+            tools=tools,
+            grammar=grammar,
+            regex=regex,
+            json_object=json_object,
+            parallel_tool_calls=parallel_tool_calls,
+            any_whitespace=any_whitespace,
         )  # fmt: skip
         for row_schema in schemas
     ]
@@ -217,7 +221,9 @@ def _generate(
                 member.bind(sampling=decode_config.sampling, processing=pipeline, generator=generator, vocab_size=vocab)
         controller = None
         if proposer is not None:
-            controller = AdaptiveController(k_min=_k_min(proposer, max_draft_tokens), k_max=max_draft_tokens, adaptive=adaptive)
+            controller = AdaptiveController(
+                k_min=_k_min(proposer, max_draft_tokens), k_max=max_draft_tokens, adaptive=adaptive
+            )
             proposer.start(Request(prompt_ids=tuple(prompt), tokenizer=tokenizer,
                                    schema=spec.schema if spec is not None else None))  # fmt: skip
         matcher = grammar_.matcher(max_rollback=max_draft_tokens + 1) if grammar_ is not None else None
@@ -295,7 +301,9 @@ def grammar_stats(stats: GenerationStats, compiled: Any, spec: Any, text: str) -
         stats.valid = not stats.schema_errors
     else:
         stats.valid = False
-        stats.schema_errors = [f"the output ended with finish_reason {stats.finish_reason!r} before the grammar completed"]
+        stats.schema_errors = [
+            f"the output ended with finish_reason {stats.finish_reason!r} before the grammar completed"
+        ]
 
 
 def _row_schemas(schema: Any, batch: int) -> list[Any]:

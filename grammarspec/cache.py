@@ -42,7 +42,9 @@ def cache_argument(model: torch.nn.Module) -> str:
     return _CACHE_ARG[kind]
 
 
-def forward_with_cache(model: torch.nn.Module, input_ids: list[int], cache: DynamicCache, logits_to_keep: int) -> torch.Tensor:
+def forward_with_cache(
+    model: torch.nn.Module, input_ids: list[int], cache: DynamicCache, logits_to_keep: int
+) -> torch.Tensor:
     """Run ``input_ids`` on top of ``cache`` (extended in place); float32 logits ``[logits_to_keep, V]``.
 
     The logits stay on the model's device.

@@ -246,7 +246,9 @@ def _cmd_generate(args: argparse.Namespace, command: str) -> int:
     try:  # check the schema or tools before spending time on the model
         grammar_spec(schema=schema, tools=tools, parallel_tool_calls=args.parallel_tool_calls)
     except GrammarError as e:
-        raise CliError(f"{'--schema ' + args.schema if schema is not None else '--tools ' + args.tools}: {_cli_words(str(e))}") from None
+        raise CliError(
+            f"{'--schema ' + args.schema if schema is not None else '--tools ' + args.tools}: {_cli_words(str(e))}"
+        ) from None
     _quiet_transformers()
     model, tokenizer = _load(args.model)
     assistant: Any = None if args.assistant == "none" else args.assistant
@@ -443,7 +445,9 @@ def _cmd_bench_agent(args: argparse.Namespace, command: str) -> int:
     model, tokenizer = _load(args.model)
     _warn_if_busy()
     progress = (lambda line: print(line, file=sys.stderr)) if not getattr(args, "no_progress", False) else None
-    runs = run_agent_bench(model, tokenizer, conversations=chosen, repeat=args.repeat, progress=progress or (lambda _: None))
+    runs = run_agent_bench(
+        model, tokenizer, conversations=chosen, repeat=args.repeat, progress=progress or (lambda _: None)
+    )
     markdown = agent_markdown(runs, command)
     out.mkdir(parents=True, exist_ok=True)
     (out / "agent.md").write_text(markdown, encoding="utf-8")

@@ -44,7 +44,6 @@ from typing import Any
 
 import torch
 
-
 from .api import DEFAULT_MAX_DRAFT, generate
 from .assistant import resolve_assistant
 from .cache import cache_length, crop_cache, new_cache

@@ -37,11 +37,11 @@ from proposers.base import EMPTY_DRAFT, GrammarView, Proposer
 from proposers.tree import DraftTree
 
 from .bookkeeping import account, account_tree, finish, record_scores
-from .rows import DecodeConfig, DecodeState, Processing, Row, RowRequest, Shared, Step
 from .kv import BatchKV
 from .masking import apply_masks, forced_token, walk_draft
-from .rejection import Segment, verify_greedy, verify_sampled
 from .processing import LogitsPipeline
+from .rejection import Segment, verify_greedy, verify_sampled
+from .rows import DecodeConfig, DecodeState, Processing, Row, RowRequest, Shared, Step
 from .sampling import LogitsProcessorFn, probabilities
 from .stats import GenerationStats
 from .stopping import stop_reason
@@ -54,6 +54,7 @@ __all__ = [
     "DecodeConfig", "DecodeState", "RowRequest", "Row", "decode", "decode_batch", "commit", "logits_width",
     "sampling_processing",
 ]  # fmt: skip
+
 
 def decode(
     model: torch.nn.Module,
@@ -319,7 +320,9 @@ def _propose(row: Row, config: DecodeConfig, trees: bool) -> Step:
         t0 = time.perf_counter()
         view = GrammarView(row.matcher) if row.matcher is not None else None
         propose_tree = getattr(row.proposer, "propose_tree", None) if trees else None
-        drafted = propose_tree(row.tokens, view, k) if propose_tree is not None else row.proposer.propose(row.tokens, view, k)
+        drafted = (
+            propose_tree(row.tokens, view, k) if propose_tree is not None else row.proposer.propose(row.tokens, view, k)
+        )
         if isinstance(drafted, DraftTree):
             step.tree = drafted
         else:
@@ -393,7 +396,9 @@ def _cached_prefix(cache: Any, row: Row) -> int:
     return length
 
 
-def sampling_processing(config: DecodeConfig, processors: Sequence[LogitsProcessorFn], prompt_length: int) -> Processing:
+def sampling_processing(
+    config: DecodeConfig, processors: Sequence[LogitsProcessorFn], prompt_length: int
+) -> Processing:
     """The row processing for ``config``'s sampling settings (and min_new_tokens) plus user ``processors``."""
     return LogitsPipeline.from_sampling(config.sampling, processors, min_new_tokens=config.min_new_tokens,
                                         eos_token_ids=config.eos_token_ids, prompt_length=prompt_length)  # fmt: skip

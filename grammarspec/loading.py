@@ -117,7 +117,7 @@ def _dequantize(name: str, target: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def load_tokenizer(name_or_path: str | os.PathLike[str] = "smollm2-135m") -> "PreTrainedTokenizerBase":
+def load_tokenizer(name_or_path: str | os.PathLike[str] = "smollm2-135m") -> PreTrainedTokenizerBase:
     """The tokenizer of an embedded model or a local model directory.
 
     An embedded model's tokenizer comes from its dequantized copy when that
@@ -137,8 +137,8 @@ def load_tokenizer(name_or_path: str | os.PathLike[str] = "smollm2-135m") -> "Pr
 
 
 def load_model(
-    name_or_path: str | os.PathLike[str] = "smollm2-135m", *, dtype: "str | None" = None
-) -> tuple["PreTrainedModel", "PreTrainedTokenizerBase"]:
+    name_or_path: str | os.PathLike[str] = "smollm2-135m", *, dtype: str | None = None
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """``(model, tokenizer)`` for an embedded model name or a local directory.
 
     The model is in eval mode, float32 unless ``dtype`` says otherwise.

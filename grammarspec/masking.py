@@ -17,7 +17,9 @@ from proposers.base import Draft
 __all__ = ["walk_draft", "forced_token", "apply_masks"]
 
 
-def walk_draft(matcher: Matcher | None, masks: torch.Tensor, start: int, draft: Draft, eos: frozenset[int]) -> tuple[Draft, int]:
+def walk_draft(
+    matcher: Matcher | None, masks: torch.Tensor, start: int, draft: Draft, eos: frozenset[int]
+) -> tuple[Draft, int]:
     """Fill one mask per target row from ``masks[start]`` on and cut the draft where it stops being legal.
 
     ``masks``: int32 ``[rows, ceil(V/32)]``, written in place (``None`` rows are
@@ -76,4 +78,6 @@ def apply_masks(logits: torch.Tensor, masks: torch.Tensor) -> None:
 
     ``masks``: int32 ``[N, ceil(V/32)]`` on the host; copied to the logits' device once.
     """
-    xgrammar.apply_token_bitmask_inplace(logits, masks.to(logits.device, non_blocking=True), vocab_size=logits.shape[-1])
+    xgrammar.apply_token_bitmask_inplace(
+        logits, masks.to(logits.device, non_blocking=True), vocab_size=logits.shape[-1]
+    )

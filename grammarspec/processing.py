@@ -137,7 +137,9 @@ def _sampling_config(params: Any, min_new_tokens: int) -> GenerationConfig:
 
 
 @functools.lru_cache(maxsize=256)
-def _from_sampling_cached(params: Any, min_new_tokens: int, eos_token_ids: tuple[int, ...], prompt_length: int) -> LogitsPipeline:
+def _from_sampling_cached(
+    params: Any, min_new_tokens: int, eos_token_ids: tuple[int, ...], prompt_length: int
+) -> LogitsPipeline:
     config = _sampling_config(params, min_new_tokens)
     return build_pipeline(config, prompt_length=prompt_length, eos_token_ids=eos_token_ids)
 
@@ -178,7 +180,9 @@ def build_pipeline(
     if config.forced_bos_token_id is not None:
         d.append(lp.ForcedBOSTokenLogitsProcessor(config.forced_bos_token_id))
     if config.forced_eos_token_id is not None:
-        d.append(lp.ForcedEOSTokenLogitsProcessor(max_length or config.max_length, config.forced_eos_token_id, device=device))
+        d.append(
+            lp.ForcedEOSTokenLogitsProcessor(max_length or config.max_length, config.forced_eos_token_id, device=device)
+        )
     if config.remove_invalid_values is True:
         d.append(lp.InfNanRemoveLogitsProcessor())
     if config.exponential_decay_length_penalty is not None:

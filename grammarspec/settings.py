@@ -143,7 +143,9 @@ def refuse_unsupported(config: GenerationConfig) -> None:
         )
 
 
-def max_new_tokens(config: GenerationConfig, prompt_length: int, context: int | None, has_default_max_length: bool) -> int:
+def max_new_tokens(
+    config: GenerationConfig, prompt_length: int, context: int | None, has_default_max_length: bool
+) -> int:
     """New tokens per row, as ``_prepare_generated_length`` computes ``max_length``.
 
     ``max_new_tokens`` wins; with no length set anywhere Hugging Face generates

@@ -85,9 +85,7 @@ class GenerationStats:
 
     def summary(self) -> str:
         """One human-readable paragraph."""
-        per = ", ".join(
-            f"{name} {self.accepted.get(name, 0)}/{n}" for name, n in sorted(self.proposed.items())
-        )
+        per = ", ".join(f"{name} {self.accepted.get(name, 0)}/{n}" for name, n in sorted(self.proposed.items()))
         return (
             f"{self.new_tokens} new tokens in {self.target_forwards} target forward passes "
             f"({self.accepted_per_forward:.2f} tokens/pass), {self.forced_tokens} grammar-forced; "

@@ -139,9 +139,7 @@ def walk_tree(
     return tree.keep(kept), ended
 
 
-def forward_tree(
-    model: torch.nn.Module, pending: Sequence[int], tree: DraftTree, cache: Any
-) -> torch.Tensor:
+def forward_tree(model: torch.nn.Module, pending: Sequence[int], tree: DraftTree, cache: Any) -> torch.Tensor:
     """Run ``pending`` + the tree's tokens on top of ``cache`` (extended in place).
 
     Returns float32 logits ``[1 + len(tree), V]`` on CPU in the row layout of
@@ -309,4 +307,6 @@ def verify_tree(
     path, next_token = choose_path(scores, tree, ends, params.greedy, generator)
     # 4. Commit: the cache keeps the context plus the accepted path.
     commit_path(cache, len(tokens), path, len(tree), "target model")
-    return TreeStep(tree=tree, accepted=tuple(tree.tokens[i] for i in path), next_token=next_token, rows=len(pending) + len(tree))
+    return TreeStep(
+        tree=tree, accepted=tuple(tree.tokens[i] for i in path), next_token=next_token, rows=len(pending) + len(tree)
+    )

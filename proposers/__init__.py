@@ -37,4 +37,3 @@ __all__ = [
     "find_ngram_continuation",
     "continuation_tokens",
 ]
-

@@ -53,14 +53,12 @@ class Draft:
         if self.sources and len(self.sources) != len(self.tokens):
             raise ValueError("Draft.sources must name one proposer per token")
         if self.probs is not None and self.probs.shape[0] != len(self.tokens):
-            raise ValueError(
-                f"Draft.probs has {self.probs.shape[0]} rows for {len(self.tokens)} tokens"
-            )
+            raise ValueError(f"Draft.probs has {self.probs.shape[0]} rows for {len(self.tokens)} tokens")
 
     def __len__(self) -> int:
         return len(self.tokens)
 
-    def truncate(self, n: int) -> "Draft":
+    def truncate(self, n: int) -> Draft:
         """The first ``n`` tokens of this draft (and their rows/sources)."""
         if n >= len(self.tokens):
             return self
@@ -86,7 +84,7 @@ class Request:
     """
 
     prompt_ids: tuple[int, ...]
-    tokenizer: "PreTrainedTokenizerBase | None"
+    tokenizer: PreTrainedTokenizerBase | None
     schema: dict[str, Any] | None = None
 
 
@@ -98,7 +96,7 @@ class GrammarView:
     its own samples with one).
     """
 
-    def __init__(self, matcher: "Matcher") -> None:
+    def __init__(self, matcher: Matcher) -> None:
         self._matcher = matcher
 
     @property
@@ -124,7 +122,7 @@ class GrammarView:
         """Legal next token ids (1-D int64).  Does not change state."""
         return self._matcher.allowed_tokens()
 
-    def fork(self) -> "Matcher":
+    def fork(self) -> Matcher:
         """An independent matcher in the current state, free to advance."""
         return self._matcher.fork()
 

@@ -135,9 +135,7 @@ def signature(cursor: Cursor) -> tuple[Any, ...] | None:
 Events = Callable[..., None]
 
 
-def advance(
-    cursor: Cursor, data: bytes, schema: SchemaIndex | None = None, on_event: Events | None = None
-) -> Cursor:
+def advance(cursor: Cursor, data: bytes, schema: SchemaIndex | None = None, on_event: Events | None = None) -> Cursor:
     """The cursor after ``data``.  Pure; events go to ``on_event`` if given."""
     c = cursor
     for b in data:

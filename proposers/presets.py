@@ -44,7 +44,9 @@ _SINGLE: dict[str, Callable[[], Proposer]] = {
 MakeDraft = Callable[[Any], Proposer]
 
 
-def resolve_assistant(assistant: Any, draft_model: Any = None, *, make_draft: MakeDraft | None = None) -> Proposer | None:
+def resolve_assistant(
+    assistant: Any, draft_model: Any = None, *, make_draft: MakeDraft | None = None
+) -> Proposer | None:
     """The proposer for ``assistant`` (``None``: decode without speculation).
 
     ``draft_model``: a Hugging Face model used by ``"auto"`` and
@@ -59,7 +61,9 @@ def resolve_assistant(assistant: Any, draft_model: Any = None, *, make_draft: Ma
     if isinstance(assistant, str):
         return _preset(assistant, draft_model, make_draft)
     if isinstance(assistant, (list, tuple)):
-        members = [p for item in assistant for p in _members(resolve_assistant(item, draft_model, make_draft=make_draft))]
+        members = [
+            p for item in assistant for p in _members(resolve_assistant(item, draft_model, make_draft=make_draft))
+        ]
         if not members:
             return None
         if len(members) == 1:

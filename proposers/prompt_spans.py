@@ -42,9 +42,7 @@ BACKWARD_PENALTY = 64
 # end; before " (", " @", " =", " |", " /", " -" or a space and an en/em
 # dash.  A ")" the span did not open also ends it.
 _END = re.compile(rb"\\[nrt\"]|[,;:.!?)\]](?= |\\[nrt]|$)| [(@=|/]| -| \xe2\x80[\x93\x94]")
-_NUMBER = re.compile(
-    rb"(?<![\w.\-])-?\d{1,3}(?:,\d{3})+(?:\.\d+)?(?![\w])|(?<![\w.\-])-?\d+(?:\.\d+)?(?![\w])"
-)
+_NUMBER = re.compile(rb"(?<![\w.\-])-?\d{1,3}(?:,\d{3})+(?:\.\d+)?(?![\w])|(?<![\w.\-])-?\d+(?:\.\d+)?(?![\w])")
 _SEPARATORS = frozenset(b" ,;:.-@$=()|*#>+~")
 _NUMBERING = re.compile(rb"(?:\d{1,2}[.)]|[a-zA-Z]\)) ")
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")

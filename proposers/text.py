@@ -117,7 +117,7 @@ def _decoded_vocab(tokenizer: Any) -> list[bytes]:
         return out
 
 
-_REGISTRY: "weakref.WeakKeyDictionary[Any, TokenText]" = weakref.WeakKeyDictionary()
+_REGISTRY: weakref.WeakKeyDictionary[Any, TokenText] = weakref.WeakKeyDictionary()
 _BY_ID: dict[int, TokenText] = {}
 _REGISTRY_LOCK = threading.Lock()
 
@@ -141,9 +141,7 @@ def _lookup(tokenizer: Any) -> TokenText:
         return helper
 
 
-def continuation_tokens(
-    tokenizer: Any, context_ids: Sequence[int], text: str, lookback: int = 4
-) -> list[int]:
+def continuation_tokens(tokenizer: Any, context_ids: Sequence[int], text: str, lookback: int = 4) -> list[int]:
     """Tokens that spell ``text`` after ``context_ids``, split canonically.
 
     Re-encodes the decoded last ``lookback`` context tokens together with

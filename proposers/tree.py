@@ -120,7 +120,9 @@ class DraftTree:
     def keep(self, kept: Sequence[bool]) -> DraftTree:
         """The nodes with ``kept[i]`` whose ancestors are all kept, re-indexed."""
         index: dict[int, int] = {-1: -1}
-        tokens, parents, sources = [], [], []
+        tokens: list[int] = []
+        parents: list[int] = []
+        sources: list[str] = []
         for i, (p, t) in enumerate(zip(self.parents, self.tokens)):
             if kept[i] and p in index:
                 index[i] = len(tokens)
@@ -245,6 +247,7 @@ def split_paths(
                 break
         points += tried
     return out
+
 
 #: Cost of a target pass over ``rows`` rows, in plain 1-row steps: SmolLM2-135M on this CPU at an 850-token
 #: context (``scripts/replay_bench.py --time-rows``, 1 thread, paired medians of 9 on a shared machine;

@@ -59,7 +59,7 @@ class RuleMatcher(Matcher):
     def reset(self) -> None:
         self.history = []
 
-    def fork(self) -> "RuleMatcher":
+    def fork(self) -> RuleMatcher:
         twin = RuleMatcher(self.legal, self.forced, self.vocab_size)
         twin.history = list(self.history)
         return twin

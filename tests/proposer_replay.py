@@ -12,17 +12,15 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
-
-from collections.abc import Sequence
-
-from tools.oracle import OracleLM
 
 from grammars import compile_grammar, grammar_spec
 from grammarspec.adaptive import AdaptiveController
 from grammarspec.decoding import DecodeConfig, decode
 from proposers.base import Draft, GrammarView, Proposer, Request
+from tools.oracle import OracleLM
 
 
 @dataclass

@@ -21,7 +21,10 @@ from grammarspec.draft_model import DraftModelProposer
 
 SCHEMA = {
     "type": "object",
-    "properties": {"a": {"type": "array", "items": {"enum": ["x", "yy", "z"]}, "maxItems": 3}, "b": {"type": "boolean"}},
+    "properties": {
+        "a": {"type": "array", "items": {"enum": ["x", "yy", "z"]}, "maxItems": 3},
+        "b": {"type": "boolean"},
+    },
     "required": ["a", "b"],
     "additionalProperties": False,
 }
@@ -78,7 +81,9 @@ def test_an_invalid_schema_names_the_offending_part(model, tok, prompt, schema, 
         ("outlines", {"allOf": [{"type": "integer"}, {"minimum": 3}]}, "minimum"),
     ],
 )
-def test_unsupported_keywords_are_refused_with_the_reason_and_the_other_backend(model, tok, prompt, backend, schema, says):
+def test_unsupported_keywords_are_refused_with_the_reason_and_the_other_backend(
+    model, tok, prompt, backend, schema, says
+):
     other = "outlines" if backend == "xgrammar" else "xgrammar"
     with pytest.raises(GrammarError) as caught:
         grammarspec.generate(model, prompt, tokenizer=tok, schema=schema, grammar_backend=backend, max_new_tokens=5)
@@ -193,7 +198,9 @@ def test_a_huge_enum_compiles_and_is_enforced(model, tok, prompt, backend):
     words = [f"{a}{b}{c}{d}" for a in "abcdefghij" for b in "klmnopqrst" for c in "uvwxyzabcd" for d in "0123456789"]
     assert len(set(words)) == 10_000
     schema = {"type": "object", "properties": {"w": {"enum": words}}, "required": ["w"], "additionalProperties": False}
-    new, text, stats = run(model, tok, prompt, schema=schema, grammar_backend=backend, max_new_tokens=16, assistant="auto")
+    new, text, stats = run(
+        model, tok, prompt, schema=schema, grammar_backend=backend, max_new_tokens=16, assistant="auto"
+    )
     assert stats.finish_reason == "stop" and json.loads(text)["w"] in set(words)
     matcher = compile_grammar(grammar_spec(schema=schema), tok, backend=backend).matcher()
     not_a_member = tok('{"w":"kkkk"}', add_special_tokens=False)["input_ids"]
@@ -309,7 +316,9 @@ def test_a_stop_string_inside_a_forced_span_stops_there(model, tok, prompt, assi
 @pytest.mark.parametrize("backend", ["xgrammar", "outlines"])
 def test_a_grammar_that_can_only_end_past_the_limit_reports_length(model, tok, prompt, backend):
     schema = {"type": "array", "items": {"const": 7}, "minItems": 40, "maxItems": 40}
-    new, text, stats = run(model, tok, prompt, schema=schema, grammar_backend=backend, max_new_tokens=20, assistant="auto")
+    new, text, stats = run(
+        model, tok, prompt, schema=schema, grammar_backend=backend, max_new_tokens=20, assistant="auto"
+    )
     assert stats.finish_reason == "length" and len(new) == 20
     assert text.startswith("[7,7,")
     result = grammarspec.complete(model, tok, "go", schema=schema, grammar_backend=backend, max_new_tokens=20)
@@ -374,11 +383,15 @@ def test_emoji_split_across_real_tokens_are_matched(smol_tokenizer, backend):
     """SmolLM2 splits an emoji into byte-level pieces; the matcher must accept exactly the document."""
     compiled = compile_grammar(grammar_spec(schema=UNICODE), smol_tokenizer, backend=backend)
     good = {"naïve": "😀", "名前": "ä😀", "emoji": "🎉✨"}
-    ids = smol_tokenizer(json.dumps(good, ensure_ascii=False, separators=(",", ":")), add_special_tokens=False)["input_ids"]
+    ids = smol_tokenizer(json.dumps(good, ensure_ascii=False, separators=(",", ":")), add_special_tokens=False)[
+        "input_ids"
+    ]
     matcher = compiled.matcher()
     assert all(matcher.accept(t) for t in ids) and matcher.accept(smol_tokenizer.eos_token_id)
     bad = dict(good, emoji="🎉")
-    ids = smol_tokenizer(json.dumps(bad, ensure_ascii=False, separators=(",", ":")), add_special_tokens=False)["input_ids"]
+    ids = smol_tokenizer(json.dumps(bad, ensure_ascii=False, separators=(",", ":")), add_special_tokens=False)[
+        "input_ids"
+    ]
     assert compiled.matcher().validate(ids + [smol_tokenizer.eos_token_id]) < len(ids) + 1
 
 

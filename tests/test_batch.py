@@ -98,7 +98,8 @@ def test_every_row_equals_its_batch_one_output(grammars, every):
     config = DecodeConfig(max_new_tokens=40, eos_token_ids=(0,))
     alone = [decode(model, p, config, matcher=g.matcher())[0] for p, g in zip(PROMPTS, grammars)]
     requests = [
-        _request(p, g.matcher(), Noisy(out, every), k, config) for p, g, out, k in zip(PROMPTS, grammars, alone, (2, 4, 8))
+        _request(p, g.matcher(), Noisy(out, every), k, config)
+        for p, g, out, k in zip(PROMPTS, grammars, alone, (2, 4, 8))
     ]
     on_step, seen = check_rows(grammars)
     rows = decode_batch(model, requests, config, on_step=on_step)

@@ -90,7 +90,9 @@ def test_generate_option_combinations(schema_file, capsys, no_model):
 
 
 def test_unknown_model_is_reported_without_a_traceback(schema_file, capsys):
-    status, err = _exit(["generate", "--schema", schema_file, "--prompt", "hi", "--model", "/nonexistent/model"], capsys)
+    status, err = _exit(
+        ["generate", "--schema", schema_file, "--prompt", "hi", "--model", "/nonexistent/model"], capsys
+    )
     assert status == 2
     assert "--model: No model at '/nonexistent/model'" in err and "Traceback" not in err
 

@@ -15,9 +15,9 @@ from grammars.base import allocate_bitmask
 from grammarspec.adaptive import AdaptiveController
 from grammarspec.cache import CacheError
 from grammarspec.decoding import DecodeConfig, decode
+from grammarspec.draft_model import DraftModelProposer
 from grammarspec.sampling import SamplingParams
 from proposers.base import Draft, Request
-from grammarspec.draft_model import DraftModelProposer
 
 SCHEMA = {
     "type": "object",
@@ -133,7 +133,11 @@ class SpyMatcher:
 
     def __init__(self, inner):
         self.inner = inner
-        self.vocab_size, self.stop_token_ids, self.max_rollback = inner.vocab_size, inner.stop_token_ids, inner.max_rollback
+        self.vocab_size, self.stop_token_ids, self.max_rollback = (
+            inner.vocab_size,
+            inner.stop_token_ids,
+            inner.max_rollback,
+        )
 
     def __getattr__(self, name):
         return getattr(self.inner, name)

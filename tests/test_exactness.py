@@ -28,9 +28,9 @@ from grammars import compile_grammar, grammar_spec
 from grammars.base import allocate_bitmask
 from grammarspec.adaptive import AdaptiveController
 from grammarspec.decoding import DecodeConfig, decode
+from grammarspec.draft_model import DraftModelProposer
 from grammarspec.sampling import SamplingParams, process_logits
 from proposers.base import Draft, GrammarView, Request
-from grammarspec.draft_model import DraftModelProposer
 
 SCHEMA = {"type": "array", "items": {"enum": ["a", "b"]}, "minItems": 1, "maxItems": 2}
 PROMPT = [2, 3]  # "{" "}" -- any prefix will do for a random model
@@ -127,12 +127,28 @@ OTHER = ToyCausalLM(V, seed=7, scale=1.0)
 # every draft kind, temperature 0.7 / 1.0 / 1.5, top-k and top-p; the cross terms
 # run 3,000 each (still far more than the chi-square needs for ~30 sequences).
 CASES = {
-    "matched-draft-T1.0-topp": (SamplingParams(True, 1.0, top_p=0.9), lambda p, g: DraftModelProposer(TARGET, sampling=p, generator=g), SAMPLES),
-    "random-draft-T0.7-topk": (SamplingParams(True, 0.7, top_k=4), lambda p, g: DraftModelProposer(OTHER, sampling=p, generator=g), SAMPLES),
+    "matched-draft-T1.0-topp": (
+        SamplingParams(True, 1.0, top_p=0.9),
+        lambda p, g: DraftModelProposer(TARGET, sampling=p, generator=g),
+        SAMPLES,
+    ),
+    "random-draft-T0.7-topk": (
+        SamplingParams(True, 0.7, top_k=4),
+        lambda p, g: DraftModelProposer(OTHER, sampling=p, generator=g),
+        SAMPLES,
+    ),
     "improbable-T1.5": (SamplingParams(True, 1.5), lambda p, g: ImprobableProposer(), SAMPLES),
-    "random-draft-T1.5-topk-topp": (SamplingParams(True, 1.5, top_k=5, top_p=0.95), lambda p, g: DraftModelProposer(OTHER, sampling=p, generator=g), 3000),
+    "random-draft-T1.5-topk-topp": (
+        SamplingParams(True, 1.5, top_k=5, top_p=0.95),
+        lambda p, g: DraftModelProposer(OTHER, sampling=p, generator=g),
+        3000,
+    ),
     "improbable-T0.7-topp": (SamplingParams(True, 0.7, top_p=0.95), lambda p, g: ImprobableProposer(), 3000),
-    "matched-draft-T1.5-topk": (SamplingParams(True, 1.5, top_k=3), lambda p, g: DraftModelProposer(TARGET, sampling=p, generator=g), 3000),
+    "matched-draft-T1.5-topk": (
+        SamplingParams(True, 1.5, top_k=3),
+        lambda p, g: DraftModelProposer(TARGET, sampling=p, generator=g),
+        3000,
+    ),
 }
 
 
@@ -167,7 +183,9 @@ def test_leaky_cache_is_detected(setup, monkeypatch):
     exact = exact_distribution(TARGET, compiled, params)
     monkeypatch.setattr(kv, "crop_cache", lambda cache, length, *a: None)
     with pytest.raises(AssertionError):
-        counts, _ = speculative_counts(TARGET, compiled, params, lambda p, g: ImprobableProposer(), seed=5, samples=4000)
+        counts, _ = speculative_counts(
+            TARGET, compiled, params, lambda p, g: ImprobableProposer(), seed=5, samples=4000
+        )
         assert_matches(counts, exact, samples=4000)
 
 

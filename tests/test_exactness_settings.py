@@ -20,22 +20,31 @@ from grammars import compile_grammar, grammar_spec
 from grammars.base import allocate_bitmask
 from grammarspec.adaptive import AdaptiveController
 from grammarspec.decoding import DecodeConfig, decode
+from grammarspec.draft_model import DraftModelProposer
 from grammarspec.processing import build_pipeline
-from grammarspec.sampling import apply_bitmask
+from grammarspec.sampling import SamplingParams, apply_bitmask
 from grammarspec.settings import resolve_config
 from proposers.base import Request
-from grammarspec.draft_model import DraftModelProposer
-from grammarspec.sampling import SamplingParams
 
 SAMPLES = 6000
 SAMPLED = SamplingParams(do_sample=True)
 CASES = {
-    "repetition_penalty-draft": ({"do_sample": True, "top_k": 0, "repetition_penalty": 1.8}, lambda pipeline, g: DraftModelProposer(OTHER, sampling=SAMPLED, processing=pipeline, generator=g)),
-    "repetition_penalty-matched-draft": (
-        {"do_sample": True, "top_k": 0, "repetition_penalty": 0.4}, lambda pipeline, g: DraftModelProposer(TARGET, sampling=SAMPLED, processing=pipeline, generator=g)
+    "repetition_penalty-draft": (
+        {"do_sample": True, "top_k": 0, "repetition_penalty": 1.8},
+        lambda pipeline, g: DraftModelProposer(OTHER, sampling=SAMPLED, processing=pipeline, generator=g),
     ),
-    "repetition_penalty-improbable": ({"do_sample": True, "top_k": 0, "repetition_penalty": 0.4}, lambda pipeline, g: ImprobableProposer()),
-    "min_p-draft": ({"do_sample": True, "top_k": 0, "min_p": 0.15}, lambda pipeline, g: DraftModelProposer(OTHER, sampling=SAMPLED, processing=pipeline, generator=g)),
+    "repetition_penalty-matched-draft": (
+        {"do_sample": True, "top_k": 0, "repetition_penalty": 0.4},
+        lambda pipeline, g: DraftModelProposer(TARGET, sampling=SAMPLED, processing=pipeline, generator=g),
+    ),
+    "repetition_penalty-improbable": (
+        {"do_sample": True, "top_k": 0, "repetition_penalty": 0.4},
+        lambda pipeline, g: ImprobableProposer(),
+    ),
+    "min_p-draft": (
+        {"do_sample": True, "top_k": 0, "min_p": 0.15},
+        lambda pipeline, g: DraftModelProposer(OTHER, sampling=SAMPLED, processing=pipeline, generator=g),
+    ),
     "min_p-improbable": ({"do_sample": True, "top_k": 0, "min_p": 0.15}, lambda pipeline, g: ImprobableProposer()),
 }
 
@@ -110,6 +119,8 @@ def test_wrong_prefix_for_draft_rows_is_detected(compiled, monkeypatch):
     from grammarspec import processing
 
     run = processing.LogitsPipeline._run
-    monkeypatch.setattr(processing.LogitsPipeline, "_run", staticmethod(lambda p, ids, s: run(p, [ids[0]] * len(ids), s)))
+    monkeypatch.setattr(
+        processing.LogitsPipeline, "_run", staticmethod(lambda p, ids, s: run(p, [ids[0]] * len(ids), s))
+    )
     with pytest.raises(AssertionError):
         test_speculative_samples_follow_the_processed_target(compiled, "repetition_penalty-matched-draft")

@@ -20,7 +20,10 @@ from grammarspec import GenerationOutput
 
 SCHEMA = {
     "type": "object",
-    "properties": {"a": {"type": "array", "items": {"enum": ["x", "yy", "z"]}, "maxItems": 5}, "b": {"type": "boolean"}},
+    "properties": {
+        "a": {"type": "array", "items": {"enum": ["x", "yy", "z"]}, "maxItems": 5},
+        "b": {"type": "boolean"},
+    },
     "required": ["a", "b"],
     "additionalProperties": False,
 }
@@ -46,7 +49,9 @@ def new_tokens(out, prompt):
 
 
 def test_constrained_output_is_valid_json(model, tok, prompt):
-    out = grammarspec.generate(model, prompt, tokenizer=tok, schema=SCHEMA, max_new_tokens=60, return_dict_in_generate=True)
+    out = grammarspec.generate(
+        model, prompt, tokenizer=tok, schema=SCHEMA, max_new_tokens=60, return_dict_in_generate=True
+    )
     assert isinstance(out, GenerationOutput) and out.sequences.dtype == torch.long
     stats = out.stats[0]
     text = tok.decode(new_tokens(out.sequences, prompt), skip_special_tokens=True)
@@ -222,7 +227,9 @@ def test_empty_prompt_is_explained(model, tok):
 
 
 def test_max_new_tokens_zero_returns_the_prompt(model, tok, prompt):
-    out = grammarspec.generate(model, prompt, tokenizer=tok, schema=SCHEMA, max_new_tokens=0, return_dict_in_generate=True)
+    out = grammarspec.generate(
+        model, prompt, tokenizer=tok, schema=SCHEMA, max_new_tokens=0, return_dict_in_generate=True
+    )
     assert torch.equal(out.sequences, prompt) and out.stats[0].finish_reason == "length"
 
 

@@ -11,9 +11,9 @@ import json
 
 import pytest
 import torch
+from toy import toy_byte_fallback_tokenizer, toy_byte_level_tokenizer, toy_tokenizer
 
 from grammars import BACKENDS, GrammarError, allocate_bitmask, bitmask_to_ids, compile_grammar, grammar_spec
-from toy import toy_byte_fallback_tokenizer, toy_byte_level_tokenizer, toy_tokenizer
 
 SCHEMA = {
     "type": "object",
@@ -117,7 +117,7 @@ def test_accept_rollback_replay_gives_identical_masks(case):
         replay = case.matcher()
         for token in case.doc[:start]:
             assert replay.accept(token)
-        window = case.doc[start:start + WINDOW]
+        window = case.doc[start : start + WINDOW]
         for token in window:
             assert replay.accept(token)
         replay.rollback(len(window))
@@ -147,7 +147,7 @@ def test_validate_leaves_state_unchanged(case):
     assert not m.is_terminated()
     # validate() does not shrink the rollback window either
     m.rollback(WINDOW)
-    for token in case.doc[half - WINDOW:half]:
+    for token in case.doc[half - WINDOW : half]:
         assert m.accept(token)
     assert torch.equal(case.mask(m), before)
 
@@ -300,7 +300,7 @@ def test_fork_is_independent(case):
     for token in case.doc[: half - WINDOW]:
         assert expect.accept(token)
     assert torch.equal(case.mask(m), case.mask(expect))
-    assert fork.validate(case.doc[len(case.doc) - WINDOW + 1:] + [case.eos]) == WINDOW
+    assert fork.validate(case.doc[len(case.doc) - WINDOW + 1 :] + [case.eos]) == WINDOW
 
 
 def test_reset(case):
@@ -323,7 +323,7 @@ def test_forced_text_is_never_wrong(case):
     done = ""
     for token in case.doc:
         forced = m.forced_text()
-        assert TEXT[len(done):].startswith(forced), (done, forced)
+        assert TEXT[len(done) :].startswith(forced), (done, forced)
         assert m.accept(token)
         done += case.tokenizer.decode([token])
     assert m.forced_text() == ""  # complete: EOS may come next
@@ -453,7 +453,7 @@ def test_characters_split_across_tokens(backend, vocab):
         m.fill_mask(mask, 0)
         masks.append(mask)
         forced = m.forced_text().encode()
-        assert text.encode()[len(done):].startswith(forced), (done, forced)
+        assert text.encode()[len(done) :].startswith(forced), (done, forced)
         assert m.accept(token)
         done += pieces[token]
     assert done == text.encode()

@@ -8,9 +8,8 @@ import json
 import threading
 
 import pytest
+from toy import toy_tokenizer
 
-import grammars.spec
-from grammars.spec import schema_nodes
 from grammars import (
     BACKENDS,
     GrammarError,
@@ -20,7 +19,7 @@ from grammars import (
     grammar_spec,
     tools_schema,
 )
-from toy import toy_tokenizer
+from grammars.spec import schema_nodes
 
 WEATHER = {
     "type": "function",
@@ -435,7 +434,11 @@ def test_features_used_sees_the_settings_that_matter():
     ]  # fmt: skip
     assert unenforced(schema, "llguidance") == ["pattern:lookaround"]  # it refuses lookaround: not enforced either
     # annotations and the values of unknown keywords are not schemas (Snowplow's "self" has a "format")
-    snowplow = {"type": "object", "self": {"format": "jsonschema", "vendor": "x"}, "properties": {"a": {"$ref": "#/x", "title": "t"}}}
+    snowplow = {
+        "type": "object",
+        "self": {"format": "jsonschema", "vendor": "x"},
+        "properties": {"a": {"$ref": "#/x", "title": "t"}},
+    }
     assert features_used(snowplow) == ["type"]
     # a type beside enum is dropped by xgrammar: flagged only when some value does not have that type
     assert "enum+siblings" not in features_used({"type": "string", "enum": ["a", "b"]})
@@ -466,7 +469,10 @@ def test_auto_picks_the_backend_that_enforces_everything(toy):
     with warnings.catch_warnings():
         warnings.simplefilter("error", GrammarWarning)
         chosen = compile_grammar(plain, toy, backend="auto")
-        assert chosen.backend == "llguidance" and chosen.backend_reason == "auto: llguidance enforces every keyword this schema uses"
+        assert (
+            chosen.backend == "llguidance"
+            and chosen.backend_reason == "auto: llguidance enforces every keyword this schema uses"
+        )
         shaped = compile_grammar(grammar_spec(schema={"type": "string", "pattern": "^a+$", "maxLength": 2}), toy,
                                  backend="auto", strict=True)  # fmt: skip
         # llguidance refuses propertyNames; xgrammar enforces it
@@ -485,7 +491,10 @@ def test_auto_falls_back_to_the_best_with_a_warning(toy):
     with pytest.warns(GrammarWarning, match="does not enforce uniqueItems.*no backend enforces all of them"):
         chosen = compile_grammar(spec, toy, backend="auto")
     assert chosen.backend == "xgrammar" and chosen.unenforced == ("uniqueItems",)
-    assert "no backend enforces every keyword" in chosen.backend_reason and "llguidance refused it" in chosen.backend_reason
+    assert (
+        "no backend enforces every keyword" in chosen.backend_reason
+        and "llguidance refused it" in chosen.backend_reason
+    )
     with pytest.raises(GrammarError, match="uniqueItems"):
         compile_grammar(spec, toy, backend="auto", strict=True)
 
@@ -542,7 +551,10 @@ def test_an_unknown_keyword_warns_instead_of_silently_allowing_anything():
 def test_output_errors_checks_the_full_request():
     assert output_errors({"type": "array", "uniqueItems": True}, "[1,1]") == ["[1, 1] has non-unique elements"]
     assert output_errors({"type": "string", "format": "date"}, '"2023-02-30"') == ["'2023-02-30' is not a 'date'"]
-    assert output_errors({"type": "object"}, '{"a":') [0].startswith("not JSON")
-    assert output_errors(grammar_spec(regex="[0-9]{3}"), "12a") and output_errors(grammar_spec(regex="[0-9]{3}"), "123") == []
+    assert output_errors({"type": "object"}, '{"a":')[0].startswith("not JSON")
+    assert (
+        output_errors(grammar_spec(regex="[0-9]{3}"), "12a")
+        and output_errors(grammar_spec(regex="[0-9]{3}"), "123") == []
+    )
     assert output_errors(grammar_spec(json_object=True), "[1]") == ["[1] is not of type 'object'"]
     assert output_errors(grammar_spec(grammar='root ::= "a"'), "a") == []

@@ -33,7 +33,7 @@ def _run(model, tok, schema, **kw):
     out = grammarspec.generate(model, prompt, tokenizer=tok, schema=schema, max_new_tokens=40,
                                return_dict_in_generate=True, **kw)  # fmt: skip
     stats = out.stats[0]
-    text = tok.decode(out.sequences[0, prompt.shape[1]:][: stats.new_tokens].tolist(), skip_special_tokens=True)
+    text = tok.decode(out.sequences[0, prompt.shape[1] :][: stats.new_tokens].tolist(), skip_special_tokens=True)
     return stats, text
 
 
@@ -70,7 +70,11 @@ def test_cut_output_is_never_valid(model, tok):
     out = grammarspec.generate(model, prompt, tokenizer=tok, schema={"type": "string", "minLength": 30},
                                max_new_tokens=3, return_dict_in_generate=True)  # fmt: skip
     stats = out.stats[0]
-    assert stats.finish_reason == "length" and stats.valid is False and "before the grammar completed" in stats.schema_errors[0]
+    assert (
+        stats.finish_reason == "length"
+        and stats.valid is False
+        and "before the grammar completed" in stats.schema_errors[0]
+    )
 
 
 def test_unconstrained_call_has_no_verdict(model, tok):

@@ -214,7 +214,11 @@ def test_min_new_tokens_and_length_penalty_act_on_eos(model, tok):
     integer = xgr.GrammarCompiler(info).compile_json_schema({"type": "integer"})
     prompt = ids_of(tok, "n")
     lengths = {}
-    for name, kw in {"plain": {}, "min_new": {"min_new_tokens": 6}, "decay": {"exponential_decay_length_penalty": (0, 4.0)}}.items():
+    for name, kw in {
+        "plain": {},
+        "min_new": {"min_new_tokens": 6},
+        "decay": {"exponential_decay_length_penalty": (0, 4.0)},
+    }.items():
         hf = hf_generate(model, prompt, integer, max_new_tokens=12, **kw)
         ours = grammarspec.generate(model, prompt, tokenizer=tok, schema={"type": "integer"}, max_new_tokens=12,
                                     assistant="auto", return_dict_in_generate=True, **kw)  # fmt: skip

@@ -37,7 +37,9 @@ def pick(tasks):
 
 
 def xgrammar_processor(model, tokenizer, schema):
-    info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=model.config.vocab_size, stop_token_ids=[tokenizer.eos_token_id])
+    info = xgr.TokenizerInfo.from_huggingface(
+        tokenizer, vocab_size=model.config.vocab_size, stop_token_ids=[tokenizer.eos_token_id]
+    )
     compiled = xgr.GrammarCompiler(info).compile_json_schema(schema, any_whitespace=False, separators=(",", ":"))
     return compiled, LogitsProcessor(compiled)
 

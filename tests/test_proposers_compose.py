@@ -140,7 +140,7 @@ def test_a_failing_follower_is_held_back_then_probed(toy):
     composite.start(toy_request(toy))
     view = GrammarView(RuleMatcher(legal=lambda h, t: True))
     verified = []
-    for step in range(40):
+    for _step in range(40):
         draft = composite.propose([2], view, 8)
         verified.append(bool(draft))
         if draft:

@@ -7,11 +7,31 @@ import json
 import pytest
 
 from proposers.json_cursor import (
-    AFTER, ARR_NEXT, DONE, ERROR, KEY, OBJ_FIRST, SCALAR, STRING, VALUE,
-    Cursor, advance, end_scalar, signature, value_nodes, value_path,
+    AFTER,
+    ARR_NEXT,
+    DONE,
+    ERROR,
+    KEY,
+    OBJ_FIRST,
+    SCALAR,
+    STRING,
+    VALUE,
+    Cursor,
+    advance,
+    end_scalar,
+    signature,
+    value_nodes,
+    value_path,
 )  # fmt: skip
 from proposers.prompt_spans import (
-    delimiters, escape_text, find_near, label_values, label_variants, number_spans, skip_separators, span_end,
+    delimiters,
+    escape_text,
+    find_near,
+    label_values,
+    label_variants,
+    number_spans,
+    skip_separators,
+    span_end,
 )  # fmt: skip
 from proposers.schema_nav import SchemaIndex, json_text
 

@@ -7,10 +7,10 @@ from proposer_fakes import fixed
 from toy_models import ToyCausalLM
 
 from grammarspec.assistant import resolve_assistant
+from grammarspec.draft_model import DraftModelProposer
 from proposers import PRESETS
 from proposers.base import Proposer
 from proposers.compose import CompositeProposer
-from grammarspec.draft_model import DraftModelProposer
 from proposers.jump_forward import JumpForwardProposer
 from proposers.prompt_lookup import PromptLookupProposer
 from proposers.schema_ngram import SchemaNgramProposer

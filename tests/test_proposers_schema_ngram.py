@@ -13,9 +13,9 @@ from proposer_replay import reference_ids, replay
 from grammars import compile_grammar, grammar_spec
 from grammarspec.completion import build_prompt
 from proposers.base import EMPTY_DRAFT, Draft, GrammarView, Request
+from proposers.json_cursor import Cursor, advance
 from proposers.presets import resolve_assistant
 from proposers.schema_ngram import SOURCE_PRIORS, SchemaNgramProposer, follow_length, prompt_start
-from proposers.json_cursor import Cursor, advance
 from proposers.text import SplitPreferences
 
 ITEMS = {
@@ -102,7 +102,8 @@ SCORES = {
         "name": {"type": "string"},
         "scores": {
             "type": "object",
-            "properties": {k: {"type": "integer"} for k in ("strength", "dexterity", "wisdom")} | {"motto": {"type": "string"}},
+            "properties": {k: {"type": "integer"} for k in ("strength", "dexterity", "wisdom")}
+            | {"motto": {"type": "string"}},
             "required": ["strength", "dexterity", "wisdom", "motto"],
         },
     },

@@ -88,7 +88,10 @@ def test_alternative_drafts_are_the_other_enum_values(smol_tokenizer):
     alts = ngram.alternatives(prompt + ids, view, 8, n=3)
     texts = [tok.decode(a) for a in alts]
     assert len(alts) >= 2 and len(set(texts)) == len(texts)
-    assert all(t.startswith('"') for t in texts) and sum("celsius" in t or "kelvin" in t or "fahrenheit" in t for t in texts) >= 2
+    assert (
+        all(t.startswith('"') for t in texts)
+        and sum("celsius" in t or "kelvin" in t or "fahrenheit" in t for t in texts) >= 2
+    )
     assert all(view.validate(a) == len(a) for a in alts)  # legal
     assert ngram.stats == before  # remembers nothing
 

@@ -16,7 +16,11 @@ SCHEMA = {
             "type": "array",
             "items": {
                 "type": "object",
-                "properties": {"day": {"type": "string"}, "high": {"type": "integer"}, "sky": {"enum": ["sun", "rain"]}},
+                "properties": {
+                    "day": {"type": "string"},
+                    "high": {"type": "integer"},
+                    "sky": {"enum": ["sun", "rain"]},
+                },
                 "required": ["day", "high", "sky"],
                 "additionalProperties": False,
             },

@@ -136,7 +136,10 @@ def toy_grammar():
 
 def test_the_grammar_prunes_illegal_nodes_and_their_subtrees(toy_grammar):
     tok, compiled = toy_grammar
-    ids = lambda text: tok.encode(text, add_special_tokens=False)
+
+    def ids(text):
+        return tok.encode(text, add_special_tokens=False)
+
     prefix = ids('{"a":')
     matcher = compiled.matcher(max_rollback=16)
     for t in prefix:

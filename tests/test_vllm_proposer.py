@@ -108,7 +108,7 @@ def test_schema_request_drafts_forced_keys_and_copies_the_prompt(smol_tokenizer)
     tok = smol_tokenizer
     engine = FakeEngine(GPUModelRunner())
     proposer = make(tok, engine.runner)
-    prompt = ids(tok, 'Trip: city Lisbon, 3 days. JSON:')
+    prompt = ids(tok, "Trip: city Lisbon, 3 days. JSON:")
     engine.add("a", prompt, SCHEMA)
     first = ids(tok, '{"')
     draft = engine.step(proposer, [first[:1]])[0]
@@ -122,7 +122,7 @@ def test_without_a_schema_no_grammar_view(smol_tokenizer):
     tok = smol_tokenizer
     engine = FakeEngine(GPUModelRunner())
     proposer = make(tok, engine.runner)
-    engine.add("a", ids(tok, 'Trip: city Lisbon, 3 days. JSON:'), None)
+    engine.add("a", ids(tok, "Trip: city Lisbon, 3 days. JSON:"), None)
     draft = engine.step(proposer, [ids(tok, '{"')[:1]])[0]
     assert proposer.states["a"].view is None
     assert "city" not in tok.decode(draft)

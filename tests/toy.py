@@ -38,7 +38,7 @@ TOY_PAD = "<pad>"
 _SINGLE = list('{}[]":,') + [str(d) for d in range(10)] + [chr(c) for c in range(ord("a"), ord("z") + 1)]
 _SINGLE += [" ", "\n", "-", "."]
 # (left, right) merges in priority order; each produces left + right.
-_MERGES = [('{', '"'), ('"', ':'), ('"', 'a'), ('"a', '"'), ('"', ','), ('}', ',')]
+_MERGES = [("{", '"'), ('"', ":"), ('"', "a"), ('"a', '"'), ('"', ","), ("}", ",")]
 
 
 def toy_vocab() -> dict[str, int]:

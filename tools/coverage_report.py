@@ -33,7 +33,6 @@ import os
 import statistics
 import sys
 import time
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -171,12 +170,10 @@ def generation_pass(
 
     import torch
 
+    from grammars import GrammarError, compile_grammar, grammar_spec
+    from grammars.validation import output_errors
     from grammarspec import complete, load_model
     from tools.fuzz.corpus import fuzz_prompt
-    from grammars import GrammarError
-    from grammars.validation import output_errors
-
-    from grammars import compile_grammar, grammar_spec
 
     model, tokenizer = load_model("smollm2-135m")
     rows = []
@@ -284,7 +281,9 @@ def _pct(values: list[float], q: float) -> float:
 
 
 def tables(
-    grammar_rows: list[dict[str, Any]], gen_rows: list[dict[str, Any]], step_s: float | None,
+    grammar_rows: list[dict[str, Any]],
+    gen_rows: list[dict[str, Any]],
+    step_s: float | None,
     reference_step_s: float | None = None,
 ) -> str:
     cats = sorted({r["category"] for r in grammar_rows} | {r["category"] for r in gen_rows})
@@ -304,8 +303,8 @@ def tables(
             inv_acc = sum(r.get("invalid_accepted", 0) for r in ok)
             out.append(
                 f"| {cat} | {backend} | {len(rows)} | {len(ok)} ({len(ok) / len(rows):.0%}) | "
-                f"{sum(1 for r in rows if r.get('timeout'))} | {_pct(comp, .5):.0f} | {_pct(comp, .99):.0f} | "
-                f"{_pct(mask, .5):.0f} | {_pct(mask, .99):.0f} | {inv_acc}/{inv_total} | "
+                f"{sum(1 for r in rows if r.get('timeout'))} | {_pct(comp, 0.5):.0f} | {_pct(comp, 0.99):.0f} | "
+                f"{_pct(mask, 0.5):.0f} | {_pct(mask, 0.99):.0f} | {inv_acc}/{inv_total} | "
                 f"{sum(1 for r in ok if r.get('unenforced'))} |"
             )
     if gen_rows:
@@ -334,9 +333,11 @@ def tables(
                 "| backend | mask+accept mean µs/token | share (mean) | p50 µs | share p50 | p99 µs | share p99 |",
                 "|---|---|---|---|---|---|---|"]  # fmt: skip
         for backend in BACKENDS:
-            mask = [t for r in grammar_rows if r["backend"] == backend and r.get("declared") for t in r.get("mask_us", [])]
+            mask = [
+                t for r in grammar_rows if r["backend"] == backend and r.get("declared") for t in r.get("mask_us", [])
+            ]
             if mask:
-                mean, p50, p99 = statistics.fmean(mask), _pct(mask, .5), _pct(mask, .99)
+                mean, p50, p99 = statistics.fmean(mask), _pct(mask, 0.5), _pct(mask, 0.99)
                 us = step * 1e6
                 out.append(f"| {backend} | {mean:.0f} | {mean / us:.2%} | {p50:.0f} | {p50 / us:.2%} | {p99:.0f} | "
                            f"{p99 / us:.2%} |")  # fmt: skip

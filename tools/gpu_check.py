@@ -47,8 +47,10 @@ PROMPTS = ["Plan 3 days in Lisbon.", "Order: two A-1 and one B-7.", "Ticket 41 w
 
 def prepare() -> None:
     """Here: copy SmolLM2's config and tokenizer files and download the wheels into .gpu/."""
-    from grammarspec.loading import load_tokenizer  # noqa: F401 - ensures the model cache exists
-    from grammarspec.loading import cache_dir
+    from grammarspec.loading import (
+        cache_dir,
+        load_tokenizer,  # noqa: F401 - ensures the model cache exists
+    )
 
     source = next(cache_dir().glob("smollm2-135m-v*"), None)
     if source is None:
@@ -62,7 +64,9 @@ def prepare() -> None:
                  "chat_template.jinja"):  # fmt: skip
         if (source / name).exists():
             shutil.copy(source / name, model_dir / name)
-    platforms = [f"--platform=manylinux_2_{n}_x86_64" for n in (17, 24, 27, 28, 31, 34)] + ["--platform=manylinux2014_x86_64"]
+    platforms = [f"--platform=manylinux_2_{n}_x86_64" for n in (17, 24, 27, 28, 31, 34)] + [
+        "--platform=manylinux2014_x86_64"
+    ]
     subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
                     "--python-version", "3.12", "--implementation", "cp", *platforms, "-d", str(PREPARED / "wheels"),
                     *WHEELS], check=True)  # fmt: skip
@@ -89,7 +93,9 @@ def build_model(device: str, dtype: object) -> object:
     torch.manual_seed(0)
     model = LlamaForCausalLM(config)
     with torch.no_grad():
-        model.lm_head.weight.copy_(model.model.embed_tokens.weight if config.tie_word_embeddings else model.lm_head.weight)
+        model.lm_head.weight.copy_(
+            model.model.embed_tokens.weight if config.tie_word_embeddings else model.lm_head.weight
+        )
         model.lm_head.weight.mul_(30.0)
     return model.to(device=device, dtype=dtype).eval()
 
@@ -105,7 +111,9 @@ def hf_generate(model: object, tokenizer: object, ids: object, mask: object, sch
     info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=logits_width(model),
                                               stop_token_ids=[tokenizer.eos_token_id])  # fmt: skip
     compiler = xgr.GrammarCompiler(info)
-    grammars = [compiler.compile_json_schema(json.dumps(s), any_whitespace=False, separators=(",", ":")) for s in schemas]
+    grammars = [
+        compiler.compile_json_schema(json.dumps(s), any_whitespace=False, separators=(",", ":")) for s in schemas
+    ]
     with torch.inference_mode():
         out = model.generate(ids, attention_mask=mask, logits_processor=LogitsProcessorList([LogitsProcessor(grammars)]),
                              max_new_tokens=max_new, do_sample=False, eos_token_id=tokenizer.eos_token_id,

@@ -291,6 +291,8 @@ def tree_shapes(
             for category, rows in per_category.items()
         }
     return out
+
+
 # --- [/tree16]
 
 
@@ -300,14 +302,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--references", action="store_true", help="replay the task file's reference answers")
     parser.add_argument("--tasks", default=None, help="default: $GRAMMARSPEC_TASKS or data/tasks/tasks.jsonl")
     parser.add_argument("--assistant", default="auto")
-    parser.add_argument("--pass-base", type=float, default=PRIOR_BASE,
-                        help="fixed cost of a pass with drafts, in plain steps")
-    parser.add_argument("--row-cost", type=float, default=PRIOR_PER_ROW,
-                        help="cost of each row of such a pass (4 at least)")
-    parser.add_argument("--split-oracle", action="store_true",
-                        help="bound: count a rejected draft's text as accepted where the output spells it otherwise")
+    parser.add_argument(
+        "--pass-base", type=float, default=PRIOR_BASE, help="fixed cost of a pass with drafts, in plain steps"
+    )
+    parser.add_argument(
+        "--row-cost", type=float, default=PRIOR_PER_ROW, help="cost of each row of such a pass (4 at least)"
+    )
+    parser.add_argument(
+        "--split-oracle",
+        action="store_true",
+        help="bound: count a rejected draft's text as accepted where the output spells it otherwise",
+    )
     # [tree16] tree shapes: width x size, with a measured cost table (see --time-rows)
-    parser.add_argument("--trees", default=None, help="tree shapes to replay: WxS[xB][s], e.g. 1x16,2x16,4x32,4x32x4s (s: TreeSizer)")
+    parser.add_argument(
+        "--trees", default=None, help="tree shapes to replay: WxS[xB][s], e.g. 1x16,2x16,4x32,4x32x4s (s: TreeSizer)"
+    )
     parser.add_argument("--cost-table", default=None, help="JSON {rows: plain steps} for --trees (from --time-rows)")
     parser.add_argument("--time-rows", default=None, help="time passes over these row counts, e.g. 1,2,4,8,16,32,64")
     parser.add_argument("--repeats", type=int, default=7, help="repeats per row count for --time-rows (median)")
@@ -353,8 +362,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{task_id:40s} {counts['tokens']:4.0f} tokens {counts['passes']:4.0f} passes "
               f"{counts['per_pass']:5.2f} per pass, modelled {counts['speedup']:4.2f}x")  # fmt: skip
     oracle = ", split oracle" if args.split_oracle else ""
-    print(f"\nassistant={args.assistant!r}{oracle}, pass cost {args.pass_base} + {args.row_cost} per row (plain steps); "
-          "medians per category:")
+    print(
+        f"\nassistant={args.assistant!r}{oracle}, pass cost {args.pass_base} + {args.row_cost} per row (plain steps); "
+        "medians per category:"
+    )
     for category, rows in per_category.items():
         whole = [r["end_to_end"] for r in rows if "end_to_end" in r]
         print(f"  {category:12s} {len(rows):3d} tasks  {statistics.median(r['per_pass'] for r in rows):5.2f} tokens "
@@ -388,18 +399,24 @@ def _time_rows_main(args: argparse.Namespace) -> int:  # [tree16]
             continue
         t = timed[r]
         table[r] = round(t["tree_steps"], 3)
-        print(f"| {r} | {t['chain'] * 1e3:.1f} | {t['tree'] * 1e3:.1f} | {t['chain_steps']:.2f} | {t['tree_steps']:.2f} |")
+        print(
+            f"| {r} | {t['chain'] * 1e3:.1f} | {t['tree'] * 1e3:.1f} | {t['chain_steps']:.2f} | {t['tree_steps']:.2f} |"
+        )
     print("cost table (tree passes, plain steps):", json.dumps(table))
     return 0
 
 
-def _trees_main(args: argparse.Namespace, tokenizer: Any, tasks: dict, outputs: list, cost: Callable) -> int:  # [tree16]
+def _trees_main(
+    args: argparse.Namespace, tokenizer: Any, tasks: dict, outputs: list, cost: Callable
+) -> int:  # [tree16]
     from grammarspec.bench.runner import _prompt_ids
 
     if args.cost_table:
         cost = measured_cost({int(k): v for k, v in json.loads(Path(args.cost_table).read_text()).items()})
     shapes = [s for s in args.trees.split(",") if s]
-    jobs = [(tid, tasks[tid].category, _prompt_ids(tokenizer, tasks[tid]), tasks[tid].schema, out) for tid, out in outputs]
+    jobs = [
+        (tid, tasks[tid].category, _prompt_ids(tokenizer, tasks[tid]), tasks[tid].schema, out) for tid, out in outputs
+    ]
     result = tree_shapes(tokenizer, jobs, shapes, cost, args.assistant)  # type: ignore[arg-type]
     print(f"assistant={args.assistant!r}, cost {'table ' + args.cost_table if args.cost_table else 'model'}; "
           "width x size [x branch] (width 1 = chain): medians per category")  # fmt: skip

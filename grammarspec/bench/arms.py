@@ -120,9 +120,7 @@ class PreparedTask:
     xgr_grammar: Any  # xgrammar.CompiledGrammar for the baseline
 
 
-def prepare_grammars(
-    model: torch.nn.Module, tokenizer: Any, baseline: BaselineGrammars, schema: dict[str, Any]
-) -> Any:
+def prepare_grammars(model: torch.nn.Module, tokenizer: Any, baseline: BaselineGrammars, schema: dict[str, Any]) -> Any:
     """Compile ``schema`` for grammarspec (filling its cache) and for the baseline.
 
     Raises :class:`grammarspec.GrammarError` when the schema cannot be compiled.

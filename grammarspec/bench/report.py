@@ -265,7 +265,9 @@ def to_markdown(result: BenchResult, summary: dict[str, Any], command: str = "")
         ]
         base_new = per_arm["baseline"]["new_tokens"] // max(1, per_arm["baseline"]["runs"])
         base_rate = _fmt(per_arm["baseline"]["tokens_per_second"], ".1f")
-        lines.append(f"| {task['task']} | {task['prompt_tokens']} | {base_new} | {base_rate} | " + " | ".join(cells) + " |")
+        lines.append(
+            f"| {task['task']} | {task['prompt_tokens']} | {base_new} | {base_rate} | " + " | ".join(cells) + " |"
+        )
     lines += vllm_markdown(result.runs, result.throughput)
     if result.skipped:
         lines += ["", "### Skipped", ""] + [f"- {s['task']}: {s['reason']}" for s in result.skipped]
@@ -275,9 +277,7 @@ def to_markdown(result: BenchResult, summary: dict[str, Any], command: str = "")
     return "\n".join(lines) + "\n"
 
 
-def write_results(
-    result: BenchResult, out_dir: str | Path, command: str = "", plots: bool = True
-) -> dict[str, Path]:
+def write_results(result: BenchResult, out_dir: str | Path, command: str = "", plots: bool = True) -> dict[str, Path]:
     """Write ``results.json``, ``results.md`` and the PNG plots into ``out_dir``; returns their paths."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

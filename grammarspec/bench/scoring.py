@@ -176,9 +176,7 @@ def agreement(tokens: Sequence[int], baseline: Sequence[int]) -> tuple[bool, flo
     return list(tokens) == list(baseline), (n / longest if longest else 1.0)
 
 
-def pairwise_speedups(
-    arm_rate: dict[Any, float], baseline_rate: dict[Any, float]
-) -> dict[Any, float]:
+def pairwise_speedups(arm_rate: dict[Any, float], baseline_rate: dict[Any, float]) -> dict[Any, float]:
     """Per key (a task, or a task and repeat), the arm's tokens/s over the baseline's.
 
     Only keys both sides measured (with a positive baseline rate) count.

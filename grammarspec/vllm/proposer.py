@@ -295,4 +295,3 @@ class GrammarspecProposer:
             alive = key in requests if requests is not None else key in seen
             if not alive:
                 del self.states[key]
-
