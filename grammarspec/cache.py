@@ -10,12 +10,14 @@ linger in a cache.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Sequence
 
 import torch
 from transformers import DynamicCache
 
 __all__ = [
     "CacheError", "new_cache", "crop_cache", "cache_length", "require_croppable", "forward_with_cache", "cache_argument",
+    "common_prefix_length",
 ]  # fmt: skip
 
 
@@ -27,6 +29,18 @@ _CROP_REMOVES = "tokens_to_remove" in inspect.signature(DynamicCache.crop).param
 
 
 _CACHE_ARG: dict[type, str] = {}
+
+
+def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix: how much of a cache still matches a new context.  Pure.
+
+    ``common_prefix_length([1, 2, 3], [1, 2, 4]) == 2``
+    """
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
 
 
 def cache_argument(model: torch.nn.Module) -> str:

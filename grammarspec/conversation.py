@@ -46,7 +46,7 @@ import torch
 
 from .api import DEFAULT_MAX_DRAFT, generate
 from .assistant import resolve_assistant
-from .cache import cache_length, crop_cache, new_cache
+from .cache import cache_length, common_prefix_length, crop_cache, new_cache
 from .stats import GenerationStats
 from .tools import (
     ToolCallError,
@@ -62,15 +62,6 @@ __all__ = ["ContextLimitError", "Conversation", "Reply", "common_prefix_length"]
 
 class ContextLimitError(ValueError):
     """The conversation (plus the tokens asked for) does not fit in ``max_context``."""
-
-
-def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the longest common prefix.  ``common_prefix_length([1, 2, 3], [1, 2, 4]) == 2``."""
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
 
 
 @dataclass

@@ -23,7 +23,7 @@ import torch
 from grammars.base import allocate_bitmask
 from proposers.base import EMPTY_DRAFT, Draft, GrammarView, Request
 
-from .cache import crop_cache, forward_with_cache, new_cache, require_croppable
+from .cache import common_prefix_length, crop_cache, forward_with_cache, new_cache, require_croppable
 from .masking import apply_masks
 from .sampling import SamplingParams, process_logits
 
@@ -31,15 +31,6 @@ __all__ = ["DraftModelProposer", "common_prefix_length"]
 
 #: (logits [n, V] float32 already masked, prefixes) -> processed scores [n, V]
 Processing = Callable[[torch.Tensor, Sequence[Sequence[int]]], torch.Tensor]
-
-
-def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the longest common prefix.  ``common_prefix_length([1,2,3], [1,2,4]) == 2``."""
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
 
 
 class DraftModelProposer:

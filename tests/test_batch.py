@@ -12,6 +12,7 @@ from collections import Counter
 
 import pytest
 import torch
+from test_decoding import ScriptedProposer as Noisy  # the next tokens of a script, wrong every n-th call
 from test_exactness import ImprobableProposer, assert_matches, exact_distribution
 from toy import toy_tokenizer, toy_vocab_size
 from toy_models import ToyCausalLM, tiny_llama
@@ -22,7 +23,7 @@ from grammarspec.adaptive import AdaptiveController
 from grammarspec.decoding import DecodeConfig, RowRequest, decode, decode_batch, sampling_processing
 from grammarspec.draft_model import DraftModelProposer
 from grammarspec.sampling import SamplingParams
-from proposers.base import Draft, Request
+from proposers.base import Request
 
 V = toy_vocab_size()
 SCHEMAS = [
@@ -38,29 +39,6 @@ PROMPTS = [[2, 3], [2, 5, 9, 4, 7], [6]]
 def grammars():
     tok = toy_tokenizer()
     return [compile_grammar(grammar_spec(schema=s), tok, vocab_size=len(tok), stop_token_ids=(0,)) for s in SCHEMAS]
-
-
-class Noisy:
-    """Drafts the next tokens of a script, wrong every ``every``-th call (to force rejections)."""
-
-    name = "noisy"
-
-    def __init__(self, script, every):
-        self.script, self.every, self.calls = script, every, 0
-
-    def start(self, request: Request) -> None:
-        self.prompt = len(request.prompt_ids)
-
-    def propose(self, context, grammar, k):
-        self.calls += 1
-        done = len(context) - self.prompt
-        tokens = list(self.script[done : done + k])
-        if self.every and self.calls % self.every == 0 and tokens:
-            tokens[-1] = 40
-        return Draft(tuple(tokens), sources=(self.name,) * len(tokens))
-
-    def commit(self, draft, num_accepted, committed):
-        pass
 
 
 def _request(prompt, matcher, proposer, k, config):

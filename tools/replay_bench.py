@@ -73,6 +73,20 @@ def end_to_end(baseline: dict[str, Any], arm: dict[str, Any], decode_speedup: fl
     return baseline["seconds"] / (arm["first_step_seconds"] + decode / decode_speedup)
 
 
+def _grammar_for(tokenizer: Any, schema: dict, output: list[int]) -> tuple[Any, Any, int, int] | None:
+    """``(spec, compiled grammar, eos, vocab)`` for a replay of ``output``; ``None`` when the grammar rejects it."""
+    from grammars import compile_grammar, grammar_spec
+
+    eos = tokenizer.eos_token_id
+    vocab = max(len(tokenizer), tokenizer.vocab_size)
+    spec = grammar_spec(schema=schema)
+    compiled = compile_grammar(spec, tokenizer, vocab_size=vocab, stop_token_ids=(eos,))
+    check = compiled.matcher()
+    if any(not check.accept(t) for t in output):
+        return None
+    return spec, compiled, eos, vocab
+
+
 def replay(
     tokenizer: Any,
     prompt: list[int],
@@ -88,7 +102,6 @@ def replay(
     ``split_oracle``: the oracle takes a drafted token wherever it spells the
     output's text with other tokens (a bound; see the module doc).
     """
-    from grammars import compile_grammar, grammar_spec
     from grammarspec.adaptive import AdaptiveController
     from grammarspec.api import _k_min
     from grammarspec.assistant import resolve_assistant
@@ -97,13 +110,10 @@ def replay(
     from proposers.text import token_text
     from tools.oracle import OracleLM
 
-    eos = tokenizer.eos_token_id
-    vocab = max(len(tokenizer), tokenizer.vocab_size)
-    spec = grammar_spec(schema=schema)
-    compiled = compile_grammar(spec, tokenizer, vocab_size=vocab, stop_token_ids=(eos,))
-    check = compiled.matcher()
-    if any(not check.accept(t) for t in output):
+    grammar = _grammar_for(tokenizer, schema, output)
+    if grammar is None:
         return None
+    spec, compiled, eos, vocab = grammar
     k_max = 16
     table = token_text(tokenizer).vocab_bytes if split_oracle else None
     oracle = OracleLM(prompt, output, vocab, eos_token_id=eos, split_bytes=table)
@@ -218,7 +228,6 @@ def replay_tree(
     deepest path the output follows is accepted; a pass costs ``cost(1 + nodes)``.
     ``None`` when the grammar rejects the output.
     """
-    from grammars import compile_grammar, grammar_spec
     from grammarspec.adaptive import AdaptiveController
     from grammarspec.api import _k_min
     from grammarspec.assistant import resolve_assistant
@@ -227,13 +236,10 @@ def replay_tree(
     from proposers.tree import TreeProposer
     from tools.oracle import OracleLM
 
-    eos = tokenizer.eos_token_id
-    vocab = max(len(tokenizer), tokenizer.vocab_size)
-    spec = grammar_spec(schema=schema)
-    compiled = compile_grammar(spec, tokenizer, vocab_size=vocab, stop_token_ids=(eos,))
-    check = compiled.matcher()
-    if any(not check.accept(t) for t in output):
+    grammar = _grammar_for(tokenizer, schema, output)
+    if grammar is None:
         return None
+    spec, compiled, eos, vocab = grammar
     k_max = 16
     tree_proposer = TreeProposer.from_shape(resolve_assistant(assistant), shape)
     proposer = _CountTrees(tree_proposer)
