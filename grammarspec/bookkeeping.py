@@ -38,7 +38,7 @@ def account(row: Any, step: Any, num_accepted: int, verify: float, commit_s: flo
     rows = step.segment.rows if step.segment is not None else len(step.draft) + 1
     model = getattr(row.proposer, "cost_model", None)
     decoding = stats.target_forwards > 1  # the prefill pass is no decoding step
-    if model is not None and alone and decoding and verify > 0:
+    if model is not None and alone and decoding and verify > 0 and step_cost is None:  # a replay models its costs
         model.update(rows, verify)
     controller = row.controller
     if controller is not None and decoding:
