@@ -30,7 +30,8 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) examples/demo.py
 
-test: $(STAMP)
+# both environments first: the main suite checks the vLLM arms against .venv-vllm too
+test: $(STAMP) $(VLLM_STAMP)
 	$(PY) -m pytest -q -ra -n 2 --dist load tests
 	$(MAKE) test-vllm
 

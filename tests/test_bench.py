@@ -167,7 +167,9 @@ def test_select_tasks_round_robin_and_category_errors():
         select_tasks(tasks, ["z"])
 
 
-def test_check_arms_orders_and_refuses_unknown_arms():
+def test_check_arms_orders_and_refuses_unknown_arms(monkeypatch, tmp_path):
+    (tmp_path / "python").write_text("")  # the vLLM arms are checked against this environment, not .venv-vllm
+    monkeypatch.setenv("GRAMMARSPEC_VLLM_PYTHON", str(tmp_path / "python"))
     assert check_arms(["auto", "none"], False) == ["baseline", "none", "auto"]
     with pytest.raises(ValueError, match="unknown arm fast"):
         check_arms(["fast"], False)

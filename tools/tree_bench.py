@@ -30,7 +30,9 @@ sys.path.insert(0, str(ROOT))
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tasks", default=None, help="task file (default: ../shared/tasks/tasks.jsonl)")
+    parser.add_argument(
+        "--tasks", default=None, help="task file (default: $GRAMMARSPEC_TASKS, else data/tasks/tasks.jsonl)"
+    )
     parser.add_argument("--per-category", type=int, default=3, help="first N tasks of each category")
     parser.add_argument("--categories", default=None, help="only these categories (comma-separated)")
     parser.add_argument("--trees", default="2x16", help="tree shapes WxS[xB][s] (s: TreeSizer), comma-separated")
