@@ -1,6 +1,6 @@
 """The speculative decoding loop, for a batch of requests.
 
-One step for the whole batch (numbers match the comments in :func:`decode_batch`)::
+One step for the whole batch (numbers match the comments in :func:`_step`)::
 
     (+) forced  -- while a row's grammar allows exactly one token, commit it without
                    sampling; it reaches the target in the next forward pass
