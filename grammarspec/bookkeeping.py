@@ -8,35 +8,46 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
-__all__ = ["account", "account_tree", "finish", "record_scores"]
+from proposers.base import CostModelled
+
+if TYPE_CHECKING:
+    from .rows import Row, Step
+
+__all__ = ["account", "finish", "record_scores"]
 
 
-def account(row: Any, step: Any, num_accepted: int, verify: float, commit_s: float, started: float,
+def account(row: Row, step: Step, path: Sequence[int], verify: float, commit_s: float, started: float,
             step_cost: Callable[[int], float] | None, alone: bool) -> None:  # fmt: skip
-    """Statistics, the cost model's measurement and the controller's view of one step.
+    """Statistics, the cost model's measurement and the controller's view of one step (chain or tree).
 
-    The pass cost model (``proposer.cost_model``, :class:`proposers.cost.PassCost`)
-    learns from the measured pass when the row had the pass to itself (``alone``:
-    batch 1); the controller is told the step's drafting time plus the modelled
-    cost of its pass, so both judge passes by one cost model.  ``step_cost``
-    (replays) replaces the whole step's cost.
+    The deepest path offered stands for the draft's length (a chain: its
+    length); the accepted path's nodes count first among the proposed ones.
+    The pass cost model (a :class:`proposers.base.CostModelled` proposer's
+    ``cost_model``, :class:`proposers.cost.PassCost`) learns from the measured
+    pass when the row had the pass to itself (``alone``: batch 1); the
+    controller is told the step's drafting time plus the modelled cost of its
+    pass, so both judge passes by one cost model.  ``step_cost`` (replays)
+    replaces the whole step's cost.
     """
-    stats = row.stats
+    stats, tree, accepted = row.stats, step.tree, len(path)
     stats.target_forwards += 1
     if stats.target_forwards == 1:
         stats.first_step_seconds, stats.first_step_tokens = time.perf_counter() - started, stats.new_tokens
-    stats.steps.append((len(step.draft), num_accepted))
+    longest = max(tree.depths(), default=-1) + 1
+    stats.steps.append((longest, accepted))
     stats.draft_seconds += step.draft_seconds
     stats.verify_seconds += verify
     stats.grammar_seconds += step.grammar_seconds + commit_s
-    if len(step.draft):
-        stats.count(step.draft.sources or ("draft",) * len(step.draft), num_accepted)
-    rows = step.segment.rows if step.segment is not None else len(step.draft) + 1
-    model = getattr(row.proposer, "cost_model", None)
+    if len(tree):
+        sources = tree.sources or ("draft",) * len(tree)
+        order = list(path) + [i for i in range(len(tree)) if i not in path]
+        stats.count(tuple(sources[i] for i in order), accepted)
+    rows = 1 + len(tree) - sum(step.ends)  # scored rows a later token may read
+    model = row.proposer.cost_model if isinstance(row.proposer, CostModelled) else None
     decoding = stats.target_forwards > 1  # the prefill pass is no decoding step
     if model is not None and alone and decoding and verify > 0 and step_cost is None:  # a replay models its costs
         model.update(rows, verify)
@@ -44,16 +55,16 @@ def account(row: Any, step: Any, num_accepted: int, verify: float, commit_s: flo
     if controller is not None and decoding:
         seconds = step.draft_seconds + verify + step.grammar_seconds + commit_s
         if step_cost is not None:
-            seconds = step_cost(len(step.draft) + 1)
+            seconds = step_cost(len(tree) + 1)
         elif model is not None and model.unit_seconds is not None:
             seconds = step.draft_seconds + step.grammar_seconds + commit_s + model.cost(rows) * model.unit_seconds
-        if len(step.draft):
-            controller.record_speculative_step(len(step.draft), num_accepted, seconds)
+        if len(tree):
+            controller.record_speculative_step(longest, accepted, seconds)
         else:
             controller.record_plain_step(seconds)
 
 
-def finish(row: Any, seconds: float) -> None:
+def finish(row: Row, seconds: float) -> None:
     stats = row.stats
     stats.total_seconds = seconds
     stats.finish_reason = row.finish_reason or "length"
@@ -61,37 +72,10 @@ def finish(row: Any, seconds: float) -> None:
         stats.final_k, stats.speculating = row.controller.k, row.controller.speculate
 
 
-def record_scores(rows: Sequence[Any], steps: Sequence[Any], committed: Sequence[int], logits: torch.Tensor,
-            scores: torch.Tensor) -> None:  # fmt: skip
-    """Keep the raw logits and processed scores of the rows whose tokens were committed."""
-    for row, step, used in zip(rows, steps, committed):
-        seg = step.segment
-        assert seg is not None
-        row.logits += list(logits[seg.start : seg.start + used])
-        row.scores += list(scores[seg.start : seg.start + used])
-
-
-def account_tree(row: Any, step: Any, result: Any, seconds: float, started: float) -> None:
-    """Statistics and the controller's view of one tree step: the deepest path offered stands for the draft."""
-    stats, tree = row.stats, result.tree
-    stats.target_forwards += 1
-    if stats.target_forwards == 1:
-        stats.first_step_seconds, stats.first_step_tokens = time.perf_counter() - started, stats.new_tokens
-    longest = max(tree.depths(), default=-1) + 1
-    stats.steps.append((longest, len(result.accepted)))
-    stats.draft_seconds += step.draft_seconds
-    stats.verify_seconds += seconds
-    if len(tree):
-        sources = tree.sources or ("draft",) * len(tree)
-        on_path, node = [], -1
-        for token in result.accepted:  # the nodes that spell the accepted tokens, from the root
-            node = tree.children(node)[token]
-            on_path.append(node)
-        order = on_path + [i for i in range(len(tree)) if i not in on_path]
-        stats.count(tuple(sources[i] for i in order), len(on_path))
-    controller = row.controller
-    if controller is not None and stats.target_forwards > 1:
-        if longest > 0:
-            controller.record_speculative_step(longest, len(result.accepted), step.draft_seconds + seconds)
-        else:
-            controller.record_plain_step(step.draft_seconds + seconds)
+def record_scores(rows: Sequence[Row], steps: Sequence[Step], results: Sequence[tuple[list[int], int | None]],
+                  committed: Sequence[int], logits: torch.Tensor, scores: torch.Tensor) -> None:  # fmt: skip
+    """Keep the raw logits and processed scores of the rows whose tokens were committed (the path's rows)."""
+    for row, step, (path, _), used in zip(rows, steps, results, committed):
+        on_path = ([step.start] + [step.start + 1 + i for i in path])[:used]
+        row.logits += list(logits[on_path])
+        row.scores += list(scores[on_path])

@@ -4,17 +4,21 @@ One step for the whole batch (numbers match the comments in :func:`_step`)::
 
     (+) forced  -- while a row's grammar allows exactly one token, commit it without
                    sampling; it reaches the target in the next forward pass
-    1. propose  -- each row's proposer offers up to k tokens (+ their draft distributions)
-    2. mask     -- each row's matcher walks its draft: one bitmask per target row, the
-                   draft is cut at its first grammar-illegal token, the matcher is restored
-    3. verify   -- ONE target forward over every row's pending tokens plus its draft
+    1. propose  -- each row's proposer offers a draft tree of up to k levels: a chain
+                   (parents -1, 0, 1, ...; + its draft distributions when sampled) or,
+                   from a :class:`~proposers.base.TreeDrafter`, a branching tree
+    2. walk     -- each row's matcher walks its tree: one bitmask per scored row, a
+                   grammar-illegal node is dropped with its subtree, the matcher is restored
+    3. forward  -- ONE target forward over every row's pending tokens plus its tree
+                   (:meth:`BatchKV.forward`: each row's mask from its columns and parents)
     4. accept   -- the row's own processing for each of its rows (mask, processors,
-                   temperature, top-k, top-p, ...), then exact rejection sampling (or
-                   greedy match), every row of the batch at once
+                   temperature, top-k, top-p, ...), then the target's choice at every
+                   row at once (argmax; a draw; residual rejection for sampled chains)
+                   in one host transfer, and each row descends its tree along them
     5. commit   -- :func:`commit`, the one place state moves: each matcher advances by
                    its committed tokens, every proposer is told what was accepted (a
-                   draft model crops its own cache there), the target cache keeps each
-                   row's accepted prefix; rejected positions leave no trace
+                   draft model crops its own cache there), and ``kv.keep`` -- the one
+                   KV rollback -- keeps each row's pending tokens and accepted path
     6. adapt    -- each row's controller learns what the step cost and brought
 
 Rows finish independently (grammar end, EOS, stop string, token limit) and leave
@@ -33,19 +37,19 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from grammars.base import Matcher, allocate_bitmask
-from proposers.base import EMPTY_DRAFT, GrammarView, Proposer
+from proposers.base import EMPTY_DRAFT, Draft, GrammarView, Proposer, TreeDrafter, members
 from proposers.tree import DraftTree
 
-from .bookkeeping import account, account_tree, finish, record_scores
+from .bookkeeping import account, finish, record_scores
 from .kv import BatchKV
-from .masking import apply_masks, forced_token, walk_draft
+from .masking import apply_masks, forced_token, walk
 from .processing import LogitsPipeline
-from .rejection import Segment, verify_greedy, verify_sampled
+from .rejection import Segment, target_choices
 from .rows import DecodeConfig, DecodeState, Processing, Row, RowRequest, Shared, Step
-from .sampling import LogitsProcessorFn, probabilities
+from .sampling import LogitsProcessorFn
 from .stats import GenerationStats
 from .stopping import stop_reason
-from .tree_verify import verify_tree
+from .tree_verify import descend
 
 if TYPE_CHECKING:
     from .adaptive import AdaptiveController
@@ -122,6 +126,7 @@ def decode_batch(
     ``index``; ``on_step(rows, kv)`` sees the batch after every step (tests check rollback).
     """
     rows = [_new_row(i, request, config) for i, request in enumerate(requests)]
+    _check_own_proposers(rows)
     if config.stop_strings and tokenizer is None:
         raise ValueError("stop_strings need the tokenizer: pass tokenizer=...")
     if max_batch_size is not None and max_batch_size < 1:
@@ -130,8 +135,8 @@ def decode_batch(
         raise ValueError("a prompt cache (past_key_values) serves one request; pass batch size 1")
     vocab = logits_width(model)
     shared = Shared(config, tokenizer, generator, frozenset(config.eos_token_ids),
-                     allocate_bitmask(sum(_max_rows(row) for row in rows), vocab), allocate_bitmask(1, vocab),
-                     time.perf_counter(), step_cost, on_commit, on_step)  # fmt: skip
+                     allocate_bitmask(sum(_max_rows(row) for row in rows), vocab), time.perf_counter(), step_cost,
+                     on_commit, on_step)  # fmt: skip
     for row in rows:
         if config.max_new_tokens <= 0:
             row.finish_reason = "length"
@@ -146,6 +151,7 @@ def decode_batch(
         if waiting and free > 0:
             joining = [waiting.popleft() for _ in range(min(free, len(waiting)))]
             side = _new_kv(model, joining, prompt_cache, pad_token_id, speculating)
+            shared.trees = side.supports_trees()
             joined = _step(model, joining, side, shared)
             if kv is None or not active:
                 kv, active = side, joined
@@ -160,62 +166,85 @@ def decode_batch(
 
 def _step(model: torch.nn.Module, active: list[Row], kv: BatchKV, shared: Shared) -> list[Row]:
     """One decoding step for the rows of ``kv``; returns the rows still in the batch."""
-    config, eos, masks = shared.config, shared.eos, shared.masks
+    config, eos = shared.config, shared.eos
     # (+) Forced: a grammar that allows exactly one token needs no sampling.
     if not config.record_scores:
         for row in active:
-            _commit_forced(row, shared.scratch, eos, config, shared.tokenizer, shared.on_commit)
+            _commit_forced(row, shared)
     active = _leave(active, kv, shared.started)
     if not active:
         return active
 
-    # 1. Propose up to k tokens per row (k leaves room for the token the target adds).
-    steps = [_propose(row, config, trees=len(active) == 1) for row in active]
-    if steps[0].tree is not None:  # batch 1, a token tree: one pass over the tree (grammarspec/tree_verify.py)
-        return _tree_step(model, active, kv, steps[0], shared)
+    # 1. Propose: a draft tree of up to k levels per row (k leaves room for the token the target adds).
+    steps = [_propose(row, config, shared.trees) for row in active]
 
-    # 2. Masks for every target row; each draft is cut at its first illegal token.
+    # 2. Walk: one mask per scored row; each tree loses its grammar-illegal nodes.
+    masks = _masks(shared, sum(1 + len(step.tree) for step in steps))
     start = 0
     for row, step in zip(active, steps):
         t0 = time.perf_counter()
-        step.draft, n_rows = walk_draft(row.matcher, masks, start, step.draft, eos)
-        step.segment = Segment(start, step.draft.tokens, n_rows == len(step.draft) + 1, step.draft.probs)
+        step.tree, step.ends = walk(row.matcher, masks, start, step.tree, eos, row.root if row.root_ready else None)
+        row.root_ready = False
+        step.start = start
         step.grammar_seconds += time.perf_counter() - t0
-        start += n_rows
-    segments = [step.segment for step in steps if step.segment is not None]
+        start += 1 + len(step.tree)
 
-    # 3. One target forward over every row's pending + draft tokens.
+    # 3. One target forward over every row's pending tokens + tree.
     t0 = time.perf_counter()
-    chunks = [row.pending + list(step.draft.tokens) for row, step in zip(active, steps)]
-    wanted = [range(len(row.pending) - 1, len(row.pending) - 1 + seg.rows) for row, seg in zip(active, segments)]
-    logits = kv.forward(chunks, wanted)  # [N, V]
+    logits = kv.forward([row.pending + list(step.tree.tokens) for row, step in zip(active, steps)],
+                        [step.tree.parents for step in steps])  # [N, V]  # fmt: skip
 
-    # 4. Each row's processing for its rows, then exact verification of the whole batch.
+    # 4. Accept: each row's processing for its rows, the target's choices in one transfer, each row descends.
     scores = logits.clone() if config.record_scores else logits
     apply_masks(scores, masks[:start])
-    for row, step, seg in zip(active, steps, segments):
-        prefixes = [row.tokens + list(step.draft.tokens[:i]) for i in range(seg.rows)]
-        scores[seg.start : seg.start + seg.rows] = row.processing(scores[seg.start : seg.start + seg.rows], prefixes)
-    if config.sampling.greedy:
-        results = verify_greedy(scores, segments)
-    else:
-        results = verify_sampled(probabilities(scores), segments, shared.generator)
+    for row, step in zip(active, steps):
+        block = slice(step.start, step.start + 1 + len(step.tree))
+        scores[block] = row.processing(scores[block], _prefixes(row, step))
+    sampled = [_segment(step) for step in steps if step.draft.probs is not None and len(step.tree)]
+    choices = target_choices(scores, config.sampling.greedy, sampled, shared.generator)
+    results = [descend(step.tree, step.ends, choices[step.start : step.start + 1 + len(step.tree)]) for step in steps]
     verify_seconds = time.perf_counter() - t0
 
     # 5. Commit: matchers, proposers and every KV cache move to the committed tokens together.
     t0 = time.perf_counter()
     committed = commit(active, steps, results, kv, eos, config, shared.tokenizer, shared.on_commit)
     if config.record_scores:
-        record_scores(active, steps, committed, logits, scores)
+        record_scores(active, steps, results, committed, logits, scores)
     commit_seconds = time.perf_counter() - t0
 
     # 6. Adapt: statistics and the controllers learn what the step cost and brought.
-    for row, step, (num_accepted, _) in zip(active, steps, results):
-        account(row, step, num_accepted, verify_seconds, commit_seconds, shared.started, shared.step_cost,
+    for row, step, (path, _) in zip(active, steps, results):
+        account(row, step, path, verify_seconds, commit_seconds, shared.started, shared.step_cost,
                 len(active) == 1)  # fmt: skip
     if shared.on_step is not None:
         shared.on_step(active, kv)
     return active
+
+
+def _masks(shared: Shared, rows: int) -> torch.Tensor:
+    """The step's mask rows (the buffer grows when a step has more rows than any before: trees)."""
+    if shared.masks.shape[0] < rows:
+        shared.masks = allocate_bitmask(rows, shared.masks.shape[1] * 32)
+    return shared.masks
+
+
+def _prefixes(row: Row, step: Step) -> list[list[int]]:
+    """The context each scored row of ``row`` conditions on (root: the row's tokens; node: + its path).
+
+    Only built when the row's processing reads prefixes (a prefix-free pipeline gets empty ones).
+    """
+    tree = step.tree
+    if isinstance(row.processing, LogitsPipeline) and not row.processing.reads_prefixes:
+        return [[]] * (1 + len(tree))
+    return [list(row.tokens)] + [list(row.tokens) + [tree.tokens[j] for j in tree.path(i)] for i in range(len(tree))]
+
+
+def _segment(step: Step) -> Segment:
+    """A sampled chain's rows for residual rejection (its bonus row unless its last node ends generation)."""
+    n = len(step.tree)
+    probs = step.draft.probs
+    assert probs is not None
+    return Segment(step.start, step.tree.tokens, not step.ends[-1], probs[:n])
 
 
 def _new_kv(model: torch.nn.Module, rows: list[Row], prompt_cache: Any, pad: int, speculating: bool) -> BatchKV:
@@ -233,7 +262,7 @@ def _new_kv(model: torch.nn.Module, rows: list[Row], prompt_cache: Any, pad: int
 def commit(
     rows: Sequence[Row],
     steps: Sequence[Step],
-    results: Sequence[tuple[int, int | None]],
+    results: Sequence[tuple[list[int], int | None]],
     kv: BatchKV,
     eos: frozenset[int],
     config: DecodeConfig,
@@ -242,22 +271,28 @@ def commit(
 ) -> list[int]:
     """The one commit path after verification.  Changes every stateful part.
 
-    Row ``r`` commits its first ``num_accepted`` draft tokens and the target's own
-    next token: its matcher accepts them, its proposer is told (``commit``), and
-    the target cache keeps the row's pending tokens plus the accepted drafts --
-    the next token is fed in the next pass.  A stop condition met inside the run
-    ends the row there.  Returns how many tokens each row committed.
+    Row ``r`` commits the tokens of its accepted ``path`` through its tree and
+    the target's own next token: its matcher accepts them, its proposer is told
+    (``commit``, or ``commit_tree`` for a tree it drafted), and ``kv.keep`` --
+    the one KV rollback -- keeps the row's pending tokens plus the accepted
+    nodes (gathered into place off a tree's first branch); the next token is fed
+    in the next pass.  A stop condition met inside the run ends the row there.
+    Returns how many tokens each row committed.
     """
     kept, counts = [], []
-    for row, step, (num_accepted, next_token) in zip(rows, steps, results):
+    for row, step, (path, next_token) in zip(rows, steps, results):
         pending = len(row.pending)
-        new = list(step.draft.tokens[:num_accepted]) + ([next_token] if next_token is not None else [])
+        new = [step.tree.tokens[i] for i in path] + ([next_token] if next_token is not None else [])
         committed = _commit_row(row, new, eos, config, tokenizer, on_commit)
         if row.proposer is not None:
-            row.proposer.commit(step.draft, num_accepted, committed)
-        keep = min(pending + num_accepted, len(row.tokens) - row.cached)
+            if step.is_tree:
+                assert isinstance(row.proposer, TreeDrafter)
+                row.proposer.commit_tree(step.tree, committed)
+            else:
+                row.proposer.commit(step.draft.truncate(len(step.tree)), len(path), committed)
+        keep = min(pending + len(path), len(row.tokens) - row.cached)
         row.cached += keep
-        kept.append(keep)
+        kept.append((list(range(pending)) + [pending + i for i in path])[:keep])
         counts.append(len(committed))
     kv.keep(kept)
     return counts
@@ -289,29 +324,33 @@ def _commit_row(
     return emitted
 
 
-def _commit_forced(
-    row: Row,
-    scratch: torch.Tensor,
-    eos: frozenset[int],
-    config: DecodeConfig,
-    tokenizer: Any,
-    on_commit: Callable[[int, list[int]], None] | None,
-) -> None:
-    """Commit every token the grammar forces (no target pass; the proposer is told)."""
+def _commit_forced(row: Row, shared: Shared) -> None:
+    """Commit every token the grammar forces (no target pass; the proposer is told).
+
+    The last check's mask -- the row's state now -- stays in ``row.root`` for the walk.
+    """
     while row.matcher is not None and row.finish_reason is None:
         t0 = time.perf_counter()
-        token = forced_token(row.matcher, scratch)
+        if row.root is None:
+            row.root = torch.zeros((1, shared.masks.shape[1]), dtype=torch.int32, device="cpu")  # host, as xgrammar
+        token = forced_token(row.matcher, row.root)
         row.stats.grammar_seconds += time.perf_counter() - t0
         if token is None:
+            row.root_ready = True
             return
-        committed = _commit_row(row, [token], eos, config, tokenizer, on_commit)
+        committed = _commit_row(row, [token], shared.eos, shared.config, shared.tokenizer, shared.on_commit)
         row.stats.forced_tokens += len(committed)
         if row.proposer is not None:
             row.proposer.commit(EMPTY_DRAFT, 0, committed)
 
 
 def _propose(row: Row, config: DecodeConfig, trees: bool) -> Step:
-    """Ask the row's proposer for up to ``k`` tokens (a proposer with ``propose_tree`` may give a tree if ``trees``)."""
+    """Ask the row's proposer for a draft of up to ``k`` levels: the one place a row's draft length is decided.
+
+    A :class:`~proposers.base.TreeDrafter` is asked for a tree when ``trees``
+    (the model and cache can run a tree pass, :meth:`BatchKV.supports_trees`);
+    anything else drafts a chain, which becomes the one-branch tree.
+    """
     step = Step()
     controller = row.controller
     budget = config.max_new_tokens - len(row.generated)
@@ -319,45 +358,39 @@ def _propose(row: Row, config: DecodeConfig, trees: bool) -> Step:
     if row.proposer is not None and k > 0:
         t0 = time.perf_counter()
         view = GrammarView(row.matcher) if row.matcher is not None else None
-        propose_tree = getattr(row.proposer, "propose_tree", None) if trees else None
-        drafted = (
-            propose_tree(row.tokens, view, k) if propose_tree is not None else row.proposer.propose(row.tokens, view, k)
-        )
+        if trees and isinstance(row.proposer, TreeDrafter):
+            drafted: Draft | DraftTree = row.proposer.propose_tree(row.tokens, view, k)
+        else:
+            drafted = row.proposer.propose(row.tokens, view, k)
         if isinstance(drafted, DraftTree):
-            step.tree = drafted
+            step.tree, step.is_tree = drafted, True
         else:
             step.draft = drafted.truncate(k)
+            step.tree = _chain(step.draft)
         step.draft_seconds = time.perf_counter() - t0
     return step
 
 
-def _tree_step(model: torch.nn.Module, active: list[Row], kv: BatchKV, step: Step, shared: Shared) -> list[Row]:
-    """Steps 2-6 for a token tree (batch 1): walk, one pass, the target's draws down the tree, commit, adapt.
+def _chain(draft: Draft) -> DraftTree:
+    """``draft`` as the one-branch tree (its distributions stay on the step)."""
+    return DraftTree(draft.tokens, tuple(range(-1, len(draft) - 1)), draft.sources, draft.kind)
 
-    The commit is the chain's (:func:`_commit_row`, the proposer told through
-    ``commit_tree``); the target cache keeps only the accepted path
-    (``tree_verify.commit_path`` gathers it into place).
-    """
-    (row,) = active
-    tree = step.tree
-    assert tree is not None
-    config = shared.config
-    t0 = time.perf_counter()
-    masks = allocate_bitmask(len(tree) + 1, shared.masks.shape[1] * 32) if row.matcher is not None else None
-    before = len(row.tokens)
-    result = verify_tree(model, kv.cache, row.tokens, row.cached, tree, config.sampling, matcher=row.matcher,
-                         masks=masks, eos=shared.eos, processing=row.processing, generator=shared.generator)  # fmt: skip
-    verify_seconds = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    new = list(result.accepted) + ([result.next_token] if result.next_token is not None else [])
-    committed = _commit_row(row, new, shared.eos, config, shared.tokenizer, shared.on_commit)
-    row.proposer.commit_tree(result.tree, committed)  # type: ignore[union-attr]
-    row.cached = min(before + len(result.accepted), len(row.tokens))  # the cache holds the context + the path
-    kv.keep_prefix(row.cached)
-    account_tree(row, step, result, verify_seconds + time.perf_counter() - t0, shared.started)
-    if shared.on_step is not None:
-        shared.on_step(active, kv)
-    return active
+
+def _check_own_proposers(rows: Sequence[Row]) -> None:
+    """Refuse one proposer object drafting for several rows: a proposer holds one request's state."""
+    owner: dict[int, int] = {}
+    for row in rows:
+        if row.proposer is None:
+            continue
+        for member in members(row.proposer):
+            first = owner.setdefault(id(member), row.index)
+            if first != row.index:
+                raise ValueError(
+                    f"requests {first} and {row.index} share one proposer object ({member.name!r}); a proposer "
+                    "holds the state of one request (its draft cache, its document, its records). Pass a preset "
+                    "name or a Hugging Face draft model as assistant= (each row then gets its own drafter), or "
+                    "give every row its own proposer instance"
+                )
 
 
 def _leave(active: list[Row], kv: BatchKV, started: float) -> list[Row]:
@@ -406,7 +439,8 @@ def sampling_processing(
 
 def logits_width(model: torch.nn.Module) -> int:
     """Width of the model's logits (may exceed len(tokenizer): padded vocabularies)."""
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    hf: Any = model  # a Hugging Face model (or a toy speaking its protocol)
+    head = hf.get_output_embeddings() if hasattr(hf, "get_output_embeddings") else None
     if head is not None and getattr(head, "out_features", None):
         return int(head.out_features)
-    return int(model.config.vocab_size)
+    return int(hf.config.vocab_size)

@@ -8,9 +8,12 @@ makes the output exact whatever those are.  Under greedy decoding the drafts are
 the draft model's masked argmax (deterministic, ``probs=None``).
 
 Its KV cache holds committed tokens plus its own last draft; :meth:`commit`
-(called by the loop's commit path) crops it back to the accepted prefix, so a
-rejected position leaves no trace.  Before drafting it keeps the longest cached
-prefix that still matches the context (a caller may hand it any context).
+(called by the loop's commit path, also on a step where the composite chose
+another drafter's draft) crops it back to what the committed context and its
+cache share, so a rejected position leaves no trace and :meth:`propose` changes
+no state but the draft it appends.  Before drafting it keeps the longest cached
+prefix that still matches the context (a caller may hand it any context: a
+conversation starts it again every turn).
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ from proposers.base import EMPTY_DRAFT, Draft, GrammarView, Request
 
 from .cache import common_prefix_length, crop_cache, forward_with_cache, new_cache, require_croppable
 from .masking import apply_masks
-from .sampling import SamplingParams, process_logits
+from .processing import LogitsPipeline
+from .sampling import SamplingParams
 
 __all__ = ["DraftModelProposer", "common_prefix_length"]
 
@@ -59,12 +63,13 @@ class DraftModelProposer:
         self.model = model
         self.name = name
         self.sampling = sampling or SamplingParams()
-        self.processing = processing or (lambda scores, prefixes: process_logits(scores, self.sampling))
+        self.processing: Processing = processing or LogitsPipeline.from_sampling(self.sampling)
         self.generator = generator
-        self.vocab_size = int(vocab_size or model.config.vocab_size)
+        config: Any = model.config
+        self.vocab_size = int(vocab_size or config.vocab_size)
         self._cache: Any = None
         self._cached: list[int] = []
-        self._base = 0
+        self._base = 0  # context length at the last propose (its draft follows in the cache)
 
     def bind(self, *, sampling: SamplingParams, processing: Processing, generator: torch.Generator | None,
              vocab_size: int) -> None:  # fmt: skip
@@ -122,19 +127,25 @@ class DraftModelProposer:
         self._base = len(context)
         if not tokens:
             return EMPTY_DRAFT
-        probs = torch.stack(rows) if rows else None
-        return Draft(tokens=tuple(tokens), probs=probs, sources=(self.name,) * len(tokens))
+        drafted = torch.stack(rows) if rows else None
+        return Draft(tokens=tuple(tokens), probs=drafted, sources=(self.name,) * len(tokens))
 
     def commit(self, draft: Draft, num_accepted: int, committed: Sequence[int]) -> None:
-        """Crop the draft cache back to the accepted prefix of the last draft.  Changes state.
+        """Crop the draft cache to what it shares with the new context.  Changes state.
 
-        The cache then holds committed tokens only (the prefix check in
-        :meth:`propose` re-syncs should a caller's context ever differ).
+        The new context is the one of the last :meth:`propose` plus ``committed``;
+        whether or not the loop verified this drafter's draft (the composite may
+        have chosen another), the cache afterwards holds committed tokens only,
+        so the next :meth:`propose` only feeds.  (Its prefix check re-syncs
+        should a caller's context ever differ.)
         """
-        keep = min(self._base + num_accepted, len(self._cached)) if draft.tokens else len(self._cached)
-        if self._cache is not None and keep < len(self._cached):
-            crop_cache(self._cache, keep, "draft model")
-            self._cached = self._cached[:keep]
+        if self._cache is None:
+            return
+        if self._base:  # a draft follows the context in the cache: keep what `committed` repeats of it
+            keep = self._base + common_prefix_length(self._cached[self._base :], committed)
+            if keep < len(self._cached):
+                crop_cache(self._cache, keep, "draft model")
+                self._cached = self._cached[:keep]
         self._base = 0
 
     def _forward(self, input_ids: list[int]) -> torch.Tensor:

@@ -27,12 +27,16 @@ computation as ordinary decoding.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
 from .cache import CacheError, cache_argument, crop_cache, new_cache, require_croppable
 
-__all__ = ["BatchKV"]
+__all__ = ["BatchKV", "model_device"]
+
+#: Attention implementations that take a 4-D additive mask (token trees); None: a model without the setting.
+TREE_ATTENTION = frozenset({None, "eager", "sdpa"})
 
 #: Compact once holes are more than this share of the columns (and there are enough columns to bother).
 COMPACT_HOLE_SHARE = 0.5
@@ -44,8 +48,8 @@ class BatchKV:
 
     def __init__(self, model: torch.nn.Module, batch_size: int, *, pad_token_id: int = 0) -> None:
         self.model = model
-        self.cache = new_cache(model)
-        self.device = _device(model)
+        self.cache: Any = new_cache(model)
+        self.device = model_device(model)
         self.lengths: list[int] = [0] * batch_size
         self.valid = torch.zeros((batch_size, 0), dtype=torch.bool, device=self.device)  # [B, L]
         self.pad_token_id = pad_token_id
@@ -78,78 +82,130 @@ class BatchKV:
 
     # -- the forward pass ----------------------------------------------------------------
 
-    def forward(self, chunks: Sequence[Sequence[int]], wanted: Sequence[Sequence[int]]) -> torch.Tensor:
-        """Feed ``chunks[r]`` to row ``r``; float32 logits ``[N, V]`` of the ``wanted`` offsets.
+    def forward(self, chunks: Sequence[Sequence[int]], parents: Sequence[Sequence[int]]) -> torch.Tensor:
+        """Feed ``chunks[r]`` to row ``r``; float32 logits ``[N, V]``, ``1 + len(parents[r])`` rows per row.
 
-        ``chunks``: the new token ids of every row (at least one each).
-        ``wanted[r]``: offsets into ``chunks[r]`` whose next-token logits are needed,
-        increasing; the result stacks them row after row (N = total wanted).
+        ``chunks[r]``: the row's pending tokens (at least one) followed by the
+        nodes of its draft tree; ``parents[r]``: the parent of each node (``-1``:
+        the last pending token), so a chain has ``(-1, 0, 1, ...)``.  The result
+        stacks, row after row, the logits after the last pending token and after
+        each node.  Pending tokens attend causally; node ``i`` attends to the
+        row's valid columns, its pending tokens, its ancestors and itself, at
+        position ``length + pending + depth(i)``.  When no row branches and no
+        row is padded (always at batch 1 with a chain) the forward is the plain
+        mask-free call; otherwise each row's mask is built from its valid columns
+        and its parents (2-D for chains, 4-D additive for trees).
         Changes the cache: every row gets ``max(len(chunk))`` new columns, settled by :meth:`keep`.
         """
         if self._appended:
             raise CacheError("internal error: BatchKV.forward called twice without keep()")
         batch = self.batch_size
-        assert len(chunks) == batch and len(wanted) == batch, "one chunk and one wanted list per row"
+        assert len(chunks) == batch and len(parents) == batch, "one chunk and one parent list per row"
         sizes = [len(c) for c in chunks]
-        if min(sizes) < 1:
-            raise CacheError("internal error: every row must feed at least one token")
+        pending = [size - len(p) for size, p in zip(sizes, parents)]
+        if min(pending) < 1:
+            raise CacheError("internal error: every row must feed at least one pending token")
         n = max(sizes)
+        branching = any(any(parent != i - 1 for i, parent in enumerate(p)) for p in parents)
         padded = batch > 1 and (self.has_holes or min(sizes) != n)
-        ids = torch.full((batch, n), self.pad_token_id, dtype=torch.long)
-        new_valid = torch.zeros((batch, n), dtype=torch.bool)
-        for r, chunk in enumerate(chunks):
-            ids[r, : len(chunk)] = torch.tensor(chunk, dtype=torch.long)
-            new_valid[r, : len(chunk)] = True
+        pad = self.pad_token_id
+        ids = torch.tensor([list(c) + [pad] * (n - len(c)) for c in chunks], dtype=torch.long, device=self.device)
+        new_valid = torch.tensor([[j < size for j in range(n)] for size in sizes], dtype=torch.bool, device=self.device)
         kwargs: dict[str, object] = {self._cache_arg: self.cache, "use_cache": True}
-        contiguous = all(list(w) == list(range(sizes[r] - len(w), sizes[r])) for r, w in enumerate(wanted))
-        same_tail = contiguous and len({len(w) for w in wanted}) == 1 and not padded
-        if same_tail:
-            kwargs["logits_to_keep"] = len(wanted[0])
+        wanted = [1 + len(p) for p in parents]  # a contiguous tail of every chunk
+        if not padded and len(set(wanted)) == 1:
+            kwargs["logits_to_keep"] = wanted[0]
         else:
-            keep = torch.zeros((batch, n), dtype=torch.bool)
-            for r, offsets in enumerate(wanted):
-                keep[r, list(offsets)] = True
-            kwargs["logits_to_keep"] = keep.to(self.device)
-        new_valid = new_valid.to(self.device)
-        if padded:
-            offsets = torch.arange(n, device=self.device)
-            last = torch.tensor([s - 1 for s in sizes], device=self.device)
-            starts = torch.tensor(self.lengths, device=self.device)
+            keep = [[size - w <= j < size for j in range(n)] for size, w in zip(sizes, wanted)]
+            kwargs["logits_to_keep"] = torch.tensor(keep, dtype=torch.bool, device=self.device)
+        if branching:
+            kwargs["attention_mask"], kwargs["position_ids"] = self._tree_inputs(pending, parents, n)
+        elif padded:
+            last = [size - 1 for size in sizes]
+            positions = [[length + min(j, end) for j in range(n)] for length, end in zip(self.lengths, last)]
             kwargs["attention_mask"] = torch.cat([self.valid, new_valid], dim=1).long()
-            kwargs["position_ids"] = starts[:, None] + torch.minimum(offsets[None, :], last[:, None])
+            kwargs["position_ids"] = torch.tensor(positions, dtype=torch.long, device=self.device)
         with torch.inference_mode():
-            out = self.model(input_ids=ids.to(self.device), **kwargs)
+            out = self.model(input_ids=ids, **kwargs)
         logits = out.logits.reshape(-1, out.logits.shape[-1])  # [N, V]: row after row, offsets in order
         self.valid = torch.cat([self.valid, new_valid], dim=1)
         self._appended = n
         return logits.float()
 
+    def _tree_inputs(
+        self, pending: Sequence[int], parents: Sequence[Sequence[int]], n: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The 4-D additive mask ``[B, 1, n, L + n]`` and the position ids ``[B, n]`` of a tree pass.
+
+        Each row's new part is :func:`grammarspec.tree_verify.tree_attention_inputs`'
+        (past 0); its cached part is the row's valid columns.  A pad query attends
+        to itself only (its logits are never read).
+        """
+        from .tree_verify import tree_allowed
+
+        allowed, positions = [], []
+        for r, (p, rows) in enumerate(zip(pending, parents)):
+            grid, offsets = tree_allowed(rows, p)  # pending p, then the nodes
+            size = len(grid)
+            grid = [line + [False] * (n - size) for line in grid]
+            grid += [[j == i for j in range(n)] for i in range(size, n)]
+            allowed.append(grid)
+            offsets = offsets + [offsets[-1]] * (n - size)
+            positions.append([self.lengths[r] + o for o in offsets])
+        new = torch.tensor(allowed, dtype=torch.bool, device=self.device)  # [B, n, n]
+        real = torch.tensor([[j < p + len(rows) for j in range(n)] for p, rows in zip(pending, parents)],
+                            dtype=torch.bool, device=self.device)  # [B, n]  # fmt: skip
+        past = self.valid[:, None, :] & real[:, :, None]  # [B, n, L]: a pad query sees no past
+        dtype = _float_dtype(self.model)
+        visible = torch.cat([past, new], dim=2)[:, None]  # [B, 1, n, L + n]
+        mask = torch.zeros(visible.shape, dtype=dtype, device=self.device).masked_fill_(
+            ~visible, torch.finfo(dtype).min
+        )
+        return mask, torch.tensor(positions, dtype=torch.long, device=self.device)
+
+    def supports_trees(self) -> bool:
+        """Whether a tree pass can run here: a 4-D additive mask and a gatherable cache.
+
+        Not under flash-attention / flex attention (they take no additive mask),
+        nor on a static or quantized cache (a tree's path is gathered column by
+        column).  The loop verifies chains there instead.
+        """
+        config = getattr(self.model, "config", None)
+        attention = getattr(config, "_attn_implementation", None)
+        if attention not in TREE_ATTENTION:
+            return False
+        return type(self.cache).__name__ == "DynamicCache"
+
     # -- commit / rollback ---------------------------------------------------------------
 
-    def keep(self, kept: Sequence[int]) -> None:
-        """After :meth:`forward`: row ``r`` keeps the first ``kept[r]`` of its new columns.  Changes the cache.
+    def keep(self, kept: Sequence[Sequence[int]]) -> None:
+        """After :meth:`forward`: row ``r`` keeps its new columns ``kept[r]``, in that order.  Changes the cache.
 
-        Everything else the forward wrote becomes invalid; columns invalid in every
-        row are cropped off the end.  This is the target cache's rollback.
+        ``kept[r]``: increasing offsets into the columns the forward appended
+        (a chain keeps a prefix; a tree its pending tokens and the accepted
+        path).  Kept columns that are not already in place are gathered there;
+        everything else the forward wrote becomes invalid, and columns invalid
+        in every row are cropped off the end.  This is the target cache's one rollback.
         """
         n, self._appended = self._appended, 0
         start = self.columns - n
-        assert len(kept) == self.batch_size and all(0 <= k <= n for k in kept), f"bad kept {kept} for {n} columns"
-        limit = torch.tensor(list(kept), device=self.device)
+        assert len(kept) == self.batch_size and all(not k or k[-1] < n for k in kept), f"bad kept {kept} for {n}"
+        if any(list(k) != list(range(len(k))) for k in kept):  # a tree path off the first branch
+            index = [list(k) + list(range(len(k), n)) for k in kept]
+            with torch.inference_mode():  # the cache tensors were made under inference mode
+                for layer in _layers(self.cache):
+                    idx = torch.tensor(index, dtype=torch.long, device=layer.keys.device)
+                    layer.keys[:, :, start:] = _gather_columns(layer.keys[:, :, start:], idx)
+                    layer.values[:, :, start:] = _gather_columns(layer.values[:, :, start:], idx)
+        counts = [len(k) for k in kept]
+        limit = torch.tensor(counts, dtype=torch.long, device=self.device)
         self.valid[:, start:] &= torch.arange(n, device=self.device)[None, :] < limit[:, None]
-        end = start + max(kept, default=0)
+        end = start + max(counts, default=0)
         self.valid = self.valid[:, :end]
         crop_cache(self.cache, end, "target model")
-        self.lengths = [length + k for length, k in zip(self.lengths, kept)]
+        self.lengths = [length + k for length, k in zip(self.lengths, counts)]
         if self.columns >= COMPACT_MIN_COLUMNS and self.holes() > COMPACT_HOLE_SHARE * self.columns * self.batch_size:
             self.compact()
-
-    def keep_prefix(self, length: int) -> None:
-        """Batch 1, after a tree step gathered its path into place: the cache holds ``length`` tokens.  Changes it."""
-        assert self.batch_size == 1 and not self._appended, "keep_prefix is for a batch of one, between steps"
-        crop_cache(self.cache, length, "target model")
-        self.lengths = [length]
-        self.valid = torch.ones((1, length), dtype=torch.bool, device=self.device)
 
     def holes(self) -> int:
         """Invalid cells over all rows (holes and left padding)."""
@@ -161,7 +217,8 @@ class BatchKV:
             return
         index = torch.tensor(list(rows), dtype=torch.long, device=self.device)
         if self.columns:
-            self.cache.batch_select_indices(index)
+            for layer in _layers(self.cache):  # each layer's index on its own device (device_map="auto")
+                layer.batch_select_indices(index.to(layer.keys.device))
         self.valid = self.valid[index]
         self.lengths = [self.lengths[r] for r in rows]
         if self.batch_size and self.columns - max(self.lengths) > 0:
@@ -192,17 +249,18 @@ class BatchKV:
         explicitly from ``lengths``, so moving columns changes no attention score.
         """
         width = max(self.lengths, default=0)
-        index = torch.zeros((self.batch_size, width), dtype=torch.long, device=self.device)
-        valid = torch.zeros((self.batch_size, width), dtype=torch.bool, device=self.device)
-        for r, length in enumerate(self.lengths):
-            columns = self.valid[r].nonzero().flatten()
-            assert columns.numel() == length, "internal error: valid columns disagree with the row length"
-            if length:
-                index[r, width - length :] = columns
-                index[r, : width - length] = columns[0]
-                valid[r, width - length :] = True
+        if not self.columns:
+            return
+        # Each row's valid columns in order (a stable sort puts them first), right-aligned to `width`; the
+        # left padding repeats the first one.  Built from the host's lengths: no host sync.
+        order = torch.argsort((~self.valid).to(torch.int8), dim=1, stable=True)  # [B, L]
+        lengths = torch.tensor(self.lengths, dtype=torch.long, device=self.device)[:, None]  # [B, 1]
+        offsets = torch.arange(width, dtype=torch.long, device=self.device)[None, :]  # [1, W]
+        index = order.gather(1, (offsets - (width - lengths)).clamp_min(0))  # [B, W]
+        valid = offsets >= width - lengths
         for layer in _layers(self.cache):
-            layer.keys, layer.values = _gather_columns(layer.keys, index), _gather_columns(layer.values, index)
+            idx = index.to(layer.keys.device)  # each layer's index on its own device (device_map="auto")
+            layer.keys, layer.values = _gather_columns(layer.keys, idx), _gather_columns(layer.values, idx)
         self.valid = valid
 
 
@@ -227,7 +285,14 @@ def _layers(cache: object) -> list:
     return [layer for layer in layers if getattr(layer, "is_initialized", True) and layer.keys is not None]
 
 
-def _device(model: torch.nn.Module) -> torch.device:
+def _float_dtype(model: torch.nn.Module) -> torch.dtype:
+    """The dtype the model computes attention in (float32 for parameter-free toys)."""
+    param = next(iter(model.parameters()), None)
+    return param.dtype if param is not None and param.dtype.is_floating_point else torch.float32
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    """The device of the model's inputs and logits: the one rule the runtime uses to place new tensors."""
     device = getattr(model, "device", None)
     if device is not None:
         return torch.device(device)

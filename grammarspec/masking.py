@@ -1,4 +1,4 @@
-"""Grammar work of one decoding step: forced tokens, the draft walk, and applying the masks.
+"""Grammar work of one decoding step: forced tokens, the draft tree's walk, and applying the masks.
 
 The grammar backend fills int32 bitmasks on the host (one row per target row,
 the format of ``xgrammar.allocate_token_bitmask``); :func:`apply_masks` applies
@@ -12,47 +12,72 @@ import torch
 import xgrammar
 
 from grammars.base import Matcher
-from proposers.base import Draft
+from proposers.tree import DraftTree
 
-__all__ = ["walk_draft", "forced_token", "apply_masks"]
+__all__ = ["walk", "forced_token", "apply_masks"]
 
 
-def walk_draft(
-    matcher: Matcher | None, masks: torch.Tensor, start: int, draft: Draft, eos: frozenset[int]
-) -> tuple[Draft, int]:
-    """Fill one mask per target row from ``masks[start]`` on and cut the draft where it stops being legal.
+def walk(
+    matcher: Matcher | None,
+    masks: torch.Tensor,
+    start: int,
+    tree: DraftTree,
+    eos: frozenset[int],
+    root: torch.Tensor | None = None,
+) -> tuple[DraftTree, list[bool]]:
+    """Prune ``tree`` to its grammar-legal nodes and fill one mask row per scored row, from ``masks[start]`` on.
 
-    ``masks``: int32 ``[rows, ceil(V/32)]``, written in place (``None`` rows are
-    left for unconstrained requests).  Returns the (possibly shorter) draft and
-    the number of target rows it needs: ``len(draft) + 1``, or ``len(draft)``
-    when the draft's last token ends generation (then no bonus token may
-    follow).  The matcher ends as it began.
+    ``masks``: int32 ``[rows, ceil(V/32)]`` on the host, written in place: row
+    ``start`` gets the root's mask, row ``start + 1 + i`` pruned node ``i``'s.
+    A node the grammar forbids is dropped with its subtree, so no illegal token
+    reaches the target.  Returns the pruned tree and ``ends[i]``: node ``i``
+    ends generation (its token terminates the grammar, or is an EOS without a
+    grammar), so it has no children and its row is never read (a full mask).
+    ``root``: the root's mask row ``[1, ceil(V/32)]`` if the caller already
+    filled it for the same state (the forced-token check), so it is not filled twice.
+    The matcher ends as it began (walked depth first with accept / rollback,
+    never more than the tree's depth back).
 
-    Example: a grammar allowing ``"ab"`` then EOS and a draft ``a b EOS x`` ->
-    the draft is cut to ``a b EOS`` with 3 rows (no bonus row after the end).
+    Example: a grammar allowing ``"ab"`` then EOS and a chain ``a b EOS x`` ->
+    the chain is cut to ``a b EOS``, the EOS node ends generation.
     """
-    if matcher is None:  # unconstrained: only cut after an EOS token
-        masks[start : start + len(draft) + 1] = -1
-        for i, token in enumerate(draft.tokens):
-            if token in eos:
-                return draft.truncate(i + 1), i + 1
-        return draft, len(draft) + 1
-    walked = 0
-    rows = len(draft) + 1
-    for i in range(len(draft) + 1):
-        matcher.fill_mask(masks, start + i)
-        if i == len(draft):
-            break
-        if not matcher.accept(draft.tokens[i]):
-            draft, rows = draft.truncate(i), i + 1
-            break
-        walked += 1
-        if matcher.is_terminated():  # the draft ends the document: no bonus row
-            draft, rows = draft.truncate(i + 1), i + 1
-            break
-    if walked:
-        matcher.rollback(walked)
-    return draft, rows
+    if matcher is None:  # unconstrained: only an EOS ends a branch
+        alive: dict[int, bool] = {-1: True}
+        kept: list[bool] = []
+        for i, (parent, token) in enumerate(zip(tree.parents, tree.tokens)):
+            kept.append(alive.get(parent, False))
+            alive[i] = kept[-1] and token not in eos
+        pruned = tree.keep(kept)
+        masks[start : start + len(pruned) + 1] = -1
+        return pruned, [t in eos for t in pruned.tokens]
+    assert masks.shape[0] >= start + len(tree) + 1, "one mask row per node plus the root"
+    if root is not None:
+        masks[start] = root[0]
+    else:
+        matcher.fill_mask(masks, start)
+    kept = [False] * len(tree)
+    ended: list[bool] = []
+    path: list[int] = []  # nodes the matcher has accepted, root first
+    for i, (parent, token) in enumerate(zip(tree.parents, tree.tokens)):
+        if parent >= 0 and not kept[parent]:
+            continue  # the parent was dropped, and with it this subtree
+        while path and path[-1] != parent:  # back up to the parent (an ancestor of the last node)
+            matcher.rollback(1)
+            path.pop()
+        if not matcher.accept(token):
+            continue
+        path.append(i)
+        kept[i] = True
+        row = start + 1 + len(ended)
+        terminated = matcher.is_terminated()
+        ended.append(terminated)
+        if terminated:
+            masks[row] = -1
+        else:
+            matcher.fill_mask(masks, row)
+    if path:
+        matcher.rollback(len(path))
+    return tree.keep(kept), ended
 
 
 def forced_token(matcher: Matcher, mask: torch.Tensor) -> int | None:
@@ -61,12 +86,12 @@ def forced_token(matcher: Matcher, mask: torch.Tensor) -> int | None:
     ``mask``: an int32 ``[1, ceil(V/32)]`` scratch row.
     """
     matcher.fill_mask(mask, 0)
-    row = mask[0]
-    set_words = (row != 0).nonzero()
-    if set_words.numel() != 1:
+    words = mask[0].numpy()  # the host buffer itself (a bitmask never lives on the device)
+    set_words = words.nonzero()[0]
+    if len(set_words) != 1:
         return None
     word = int(set_words[0])
-    bits = int(row[word]) & 0xFFFFFFFF
+    bits = int(words[word]) & 0xFFFFFFFF
     if bits & (bits - 1):  # more than one bit set
         return None
     token = word * 32 + bits.bit_length() - 1

@@ -89,8 +89,7 @@ class LogitsPipeline:
         if not (self.defaults or self.custom or self.warpers or self.final):
             return out
         assert len(prefixes) == out.shape[0], f"{len(prefixes)} prefixes for {out.shape[0]} rows"
-        everything = (*self.defaults, *self.custom, *self.warpers, *self.final)
-        if all(isinstance(p, PREFIX_FREE) for p in everything):  # warpers only: no prefix is read
+        if not self.reads_prefixes:  # warpers only: no prefix is read
             ids = [torch.zeros((1, 1), dtype=torch.long, device=out.device)] * out.shape[0]
         else:
             ids = [torch.tensor([list(p)], dtype=torch.long, device=out.device) for p in prefixes]  # [1, L_i] each
@@ -102,11 +101,16 @@ class LogitsPipeline:
                 out = out.masked_fill(masked, float("-inf"))  # HF applies the grammar after its defaults
             out = self._run(self.custom, ids, out)
             empty = torch.isneginf(out).all(dim=-1, keepdim=True) & ~torch.isneginf(entry).all(dim=-1, keepdim=True)
-            if bool(empty.any()):  # never leave a row with no legal token (see the module docstring)
-                out = torch.where(empty, entry, out)
+            out = torch.where(empty, entry, out)  # never leave a row with no legal token (no host sync to ask)
         if not self.greedy:
             out = self._run(self.warpers, ids, out)
         return self._run(self.final, ids, out)
+
+    @property
+    def reads_prefixes(self) -> bool:
+        """Whether any processor reads the rows' prefixes (else callers may pass empty ones)."""
+        everything = (*self.defaults, *self.custom, *self.warpers, *self.final)
+        return not all(isinstance(p, PREFIX_FREE) for p in everything)
 
     @classmethod
     def from_sampling(

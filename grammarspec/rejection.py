@@ -28,7 +28,9 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Segment", "verify_greedy", "verify_sampled", "rejection_sample", "greedy_verify"]
+from .sampling import NoLegalTokenError
+
+__all__ = ["Segment", "target_choices", "verify_greedy", "verify_sampled", "rejection_sample", "greedy_verify"]
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,64 @@ class Segment:
     @property
     def rows(self) -> int:
         return len(self.draft) + int(self.bonus)
+
+
+def target_choices(
+    scores: torch.Tensor,
+    greedy: bool,
+    sampled: Sequence[Segment] = (),
+    generator: torch.Generator | None = None,
+) -> list[int]:
+    """The target's choice at every scored row ``[N]``: the one host transfer of a step.
+
+    ``scores``: processed ``[N, V]``.  Greedy: the argmax of each row.  Sampled:
+    one draw from each row's distribution ``p`` -- except on the rows of
+    ``sampled``, the segments of chains drafted with distributions ``q``
+    (``draft_probs``), where the choice is the draft token if residual
+    rejection accepts it (``u * q(d) < p(d)``) and else a draw from
+    ``normalize(max(0, p - q))``.  Either way the choice at a row is
+    distributed as ``p``; :func:`grammarspec.tree_verify.descend` follows the
+    choices down each row's tree.  A row that allows no token raises
+    :class:`~grammarspec.sampling.NoLegalTokenError` (checked inside the same transfer).
+
+    Example: p = [.5, .5] and a draft 1 drawn from q = [0, 1]: accepted with
+    probability p(1)/q(1) = .5, otherwise the residual [.5, 0] gives 0.
+    """
+    n_rows, vocab = scores.shape
+    device = scores.device
+    empty = torch.isneginf(scores).all(dim=-1)  # [N]
+    if greedy:
+        choice = scores.argmax(dim=-1)
+    else:
+        probs = torch.where(empty[:, None], torch.ones_like(scores), scores).softmax(dim=-1)  # [N, V]
+        dist = probs
+        accepted = torch.zeros(n_rows, dtype=torch.bool, device=device)
+        tokens = torch.zeros(n_rows, dtype=torch.long, device=device)
+        if sampled:
+            rows: list[int] = []
+            drafted: list[int] = []
+            for seg in sampled:
+                rows += range(seg.start, seg.start + len(seg.draft))
+                drafted += seg.draft
+            index = torch.tensor(rows, dtype=torch.long, device=device)
+            tokens[index] = torch.tensor(drafted, dtype=torch.long, device=device)
+            q = torch.zeros_like(probs)  # [N, V]: the draft distributions, 0 elsewhere
+            q[index] = torch.cat([seg.draft_probs for seg in sampled if seg.draft_probs is not None]).to(
+                device=device, dtype=probs.dtype
+            )
+            p_d = probs.gather(1, tokens[:, None])[:, 0]  # [N]
+            q_d = q.gather(1, tokens[:, None])[:, 0]
+            u = torch.rand(n_rows, generator=generator, device=generator.device if generator else device)
+            accepted = u.to(device=device, dtype=probs.dtype) * q_d < p_d  # q >= p: always accept when u < p/q
+            accepted &= q_d > 0
+            residual = (probs - q).clamp_min_(0.0)
+            total = residual.sum(dim=-1, keepdim=True)
+            dist = torch.where(total > 0, residual / total.clamp_min(1e-30), probs)
+        choice = torch.where(accepted, tokens, _multinomial(dist, generator))
+    host = torch.stack([choice, empty.long()]).tolist()  # the one host transfer
+    if any(host[1]):
+        raise NoLegalTokenError(f"rows {[i for i, e in enumerate(host[1]) if e]} allow no token")
+    return host[0]
 
 
 def verify_greedy(scores: torch.Tensor, segments: Sequence[Segment]) -> list[tuple[int, int | None]]:

@@ -13,9 +13,8 @@ import torch
 
 from grammars.base import Matcher
 from proposers.base import EMPTY_DRAFT, Draft, Proposer
-from proposers.tree import DraftTree
+from proposers.tree import EMPTY_TREE, DraftTree
 
-from .rejection import Segment
 from .sampling import SamplingParams
 from .stats import GenerationStats
 
@@ -68,6 +67,8 @@ class Row:
     finish_reason: str | None = None
     scores: list[torch.Tensor] = field(default_factory=list)  # processed scores of committed tokens (record_scores)
     logits: list[torch.Tensor] = field(default_factory=list)  # raw logits of committed tokens (record_scores)
+    root: torch.Tensor | None = None  # [1, ceil(V/32)] int32 host row: the forced check's mask of the current state
+    root_ready: bool = False  # whether ``root`` holds the current state's mask (the walk then reuses it)
 
     @property
     def generated(self) -> list[int]:
@@ -95,11 +96,19 @@ class DecodeState:
 
 @dataclass
 class Step:
-    """One row's part of a step: its draft, its rows in the stacked logits, what it cost."""
+    """One row's part of a step: its draft tree, its rows in the stacked logits, what it cost.
+
+    ``tree``: what the target verifies (after the walk, grammar-pruned); a chain
+    draft is the one-branch tree and ``draft`` keeps it with its distributions.
+    ``is_tree``: the tree came from ``propose_tree`` (the proposer hears ``commit_tree``).
+    ``start``: the row of the tree's root in the stacked logits; ``ends[i]``: node ``i`` ends generation.
+    """
 
     draft: Draft = EMPTY_DRAFT
-    tree: DraftTree | None = None  # a token tree instead of a chain (batch 1)
-    segment: Segment | None = None
+    tree: DraftTree = EMPTY_TREE
+    is_tree: bool = False
+    start: int = 0
+    ends: list[bool] = field(default_factory=list)
     draft_seconds: float = 0.0
     grammar_seconds: float = 0.0
 
@@ -112,9 +121,9 @@ class Shared:
     tokenizer: Any
     generator: torch.Generator | None
     eos: frozenset[int]
-    masks: torch.Tensor  # [rows of the widest step, ceil(V/32)] int32, on the host
-    scratch: torch.Tensor  # [1, ceil(V/32)]: the forced-token check
+    masks: torch.Tensor  # [rows of the widest step, ceil(V/32)] int32, on the host (grows for trees)
     started: float
     step_cost: Callable[[int], float] | None
     on_commit: Callable[[int, list[int]], None] | None
     on_step: Callable[[list[Row], Any], None] | None
+    trees: bool = False  # whether tree passes can run (BatchKV.supports_trees)

@@ -3,25 +3,22 @@
 The generation settings themselves (temperature, top-k, top-p, repetition
 penalty, ...) are applied by :mod:`grammarspec.processing` with transformers'
 own processors, identically to the target and every draft model -- the
-condition for exactness.  ``process_logits`` is the older mask -> processors
--> temperature -> top-k -> top-p function for :class:`SamplingParams`; it
-gives the same result as the pipeline for those settings (tests enumerate
-exact distributions with it).
+condition for exactness; it is the one processing pipeline.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-__all__ = ["SamplingParams", "unpack_bitmask", "apply_bitmask", "process_logits", "sample", "NoLegalTokenError"]
+__all__ = ["SamplingParams", "unpack_bitmask", "apply_bitmask", "probabilities", "sample", "NoLegalTokenError"]
 
 #: A stateless Hugging Face logits processor: (input_ids [1, L], scores [1, V]) -> scores.
 LogitsProcessorFn = Callable[[torch.LongTensor, torch.FloatTensor], torch.FloatTensor]
 
-_BITS = torch.arange(32, dtype=torch.int32)
+_BITS = torch.arange(32, dtype=torch.int32, device="cpu")
 
 
 class NoLegalTokenError(RuntimeError):
@@ -57,7 +54,7 @@ class SamplingParams:
 
 def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """int32 ``[n, ceil(V/32)]`` bitmask -> bool ``[n, V]`` (True = legal)."""
-    bits = (bitmask.unsqueeze(-1) >> _BITS) & 1  # [n, W, 32]
+    bits = (bitmask.unsqueeze(-1) >> _BITS.to(bitmask.device)) & 1  # [n, W, 32]
     return bits.reshape(bitmask.shape[0], -1)[:, :vocab_size].bool()
 
 
@@ -71,48 +68,6 @@ def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor | None) -> torch.T
     if bitmask is not None:
         assert bitmask.shape[0] == scores.shape[0], "one bitmask row per logits row"
         scores.masked_fill_(~unpack_bitmask(bitmask, scores.shape[-1]), float("-inf"))
-    return scores
-
-
-def process_logits(
-    logits: torch.Tensor,
-    params: SamplingParams,
-    bitmask: torch.Tensor | None = None,
-    processors: Sequence[LogitsProcessorFn] = (),
-    prefixes: Sequence[torch.LongTensor] = (),
-) -> torch.Tensor:
-    """Apply the shared pipeline to ``logits`` ``[n, V]``; returns float32 ``[n, V]``.
-
-    ``bitmask``: int32 ``[n, ceil(V/32)]`` or ``None`` (unconstrained).
-    ``prefixes``: for user processors, the input ids ``[1, L_i]`` each row
-    conditions on (one per row).  Greedy callers take the argmax of the
-    result; samplers take ``softmax``.  Does not modify ``logits``.
-    """
-    assert logits.dim() == 2, f"logits must be [n, V], got {tuple(logits.shape)}"
-    scores = logits.float().clone()
-    if bitmask is not None:
-        assert bitmask.shape[0] == scores.shape[0], "one bitmask row per logits row"
-        scores.masked_fill_(~unpack_bitmask(bitmask, scores.shape[-1]), float("-inf"))
-    if processors:
-        assert len(prefixes) == scores.shape[0], "user processors need one prefix per row"
-        for i, prefix in enumerate(prefixes):
-            row = scores[i : i + 1]
-            for proc in processors:
-                row = proc(prefix, row)
-            scores[i] = row[0]
-    if params.greedy:
-        return scores
-    scores = scores / params.temperature
-    if params.top_k > 0 and params.top_k < scores.shape[-1]:
-        kth = torch.topk(scores, params.top_k, dim=-1).values[..., -1:]
-        scores = scores.masked_fill(scores < kth, float("-inf"))
-    if params.top_p < 1.0:
-        sorted_scores, order = torch.sort(scores, dim=-1, descending=False)
-        cumulative = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
-        remove_sorted = cumulative <= (1.0 - params.top_p)
-        remove_sorted[..., -1:] = False  # keep at least the most probable token
-        remove = remove_sorted.scatter(-1, order, remove_sorted)
-        scores = scores.masked_fill(remove, float("-inf"))
     return scores
 
 

@@ -24,7 +24,14 @@ if TYPE_CHECKING:
 
     from grammars.base import Matcher
 
-__all__ = ["Draft", "Request", "GrammarView", "Proposer", "EMPTY_DRAFT"]
+    from .cost import PassCost
+    from .text import SplitPreferences
+    from .tree import DraftTree
+
+__all__ = [
+    "Draft", "Request", "GrammarView", "Proposer", "EMPTY_DRAFT", "TreeDrafter", "ProposerGroup", "ModelDrafter",
+    "CostModelled", "SplitLearner", "members",
+]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -155,3 +162,63 @@ class Proposer(Protocol):
         plus the target's own token, or forced tokens with an empty draft.
         The next context is the previous one plus ``committed``.
         """
+
+
+# -- optional capabilities: typed extensions of the protocol (the loop tests them with isinstance) --------
+
+
+@runtime_checkable
+class TreeDrafter(Proposer, Protocol):
+    """A proposer that may draft a token tree (:class:`proposers.tree.DraftTree`) instead of a chain."""
+
+    def propose_tree(self, context: Sequence[int], grammar: GrammarView | None, k: int) -> Draft | DraftTree:
+        """A tree at most ``k`` deep, or a chain :class:`Draft` (sampled drafts always stay chains).
+
+        May change the proposer's state only as :meth:`Proposer.propose` does; never the grammar.
+        """
+
+    def commit_tree(self, tree: DraftTree, committed: Sequence[int]) -> None:
+        """The step verified ``tree`` (after grammar pruning) and appended ``committed``.  Changes state.
+
+        Called instead of :meth:`Proposer.commit` after a step whose draft came from
+        :meth:`propose_tree` as a tree.
+        """
+
+
+@runtime_checkable
+class ProposerGroup(Protocol):
+    """A proposer made of other proposers (the composite, a tree around a chain proposer)."""
+
+    @property
+    def proposers(self) -> list[Proposer]:
+        """The members that draft (leaves first-level; a member may itself be a group)."""
+
+
+@runtime_checkable
+class ModelDrafter(Proposer, Protocol):
+    """A proposer that runs a draft model (expensive: the composite asks it only as a fallback)."""
+
+    runs_model: bool
+
+
+@runtime_checkable
+class CostModelled(Protocol):
+    """A proposer that keeps a model of the target's pass cost; the loop teaches it measured passes."""
+
+    cost_model: PassCost
+
+
+@runtime_checkable
+class SplitLearner(Protocol):
+    """A proposer that learns how the target splits text into tokens (tree builders read it)."""
+
+    splits: SplitPreferences
+
+
+def members(proposer: Proposer) -> list[Proposer]:
+    """Every proposer inside ``proposer``, itself included, depth first.  Does not change state."""
+    out: list[Proposer] = [proposer]
+    if isinstance(proposer, ProposerGroup):
+        for member in proposer.proposers:
+            out += [m for m in members(member) if all(m is not seen for seen in out)]
+    return out

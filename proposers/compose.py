@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from .base import EMPTY_DRAFT, Draft, GrammarView, Proposer, Request
+from .base import EMPTY_DRAFT, Draft, GrammarView, ModelDrafter, Proposer, Request
 from .cost import PassCost
 from .jump_forward import JumpForwardProposer, trim_ambiguous
 from .text import SplitPreferences, TokenText, continuation_tokens, token_sources, token_text
@@ -54,10 +54,10 @@ LEARNED_PRIOR_WEIGHT = 40.0
 def is_model_proposer(proposer: Proposer) -> bool:
     """Whether ``proposer`` runs a draft model (expensive: asked only as a fallback).
 
-    A drafter says so with a true ``runs_model`` attribute (the draft-model
-    drafter lives with the model runtime; this package never imports it).
+    A drafter says so with a true ``runs_model`` attribute (:class:`proposers.base.ModelDrafter`;
+    the draft-model drafter lives with the model runtime, this package never imports it).
     """
-    return bool(getattr(proposer, "runs_model", False))
+    return isinstance(proposer, ModelDrafter) and bool(proposer.runs_model)
 
 
 def concat_drafts(first: Draft, second: Draft) -> Draft:

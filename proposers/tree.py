@@ -44,10 +44,13 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
-from .base import EMPTY_DRAFT, Draft, GrammarView, Proposer, Request
+from .base import EMPTY_DRAFT, Draft, GrammarView, Proposer, ProposerGroup, Request, SplitLearner, members
 from .text import SplitPreferences, continuation_tokens
+
+if TYPE_CHECKING:
+    from .schema_ngram import SchemaNgramProposer
 
 __all__ = ["EMPTY_TREE", "DraftTree", "TreeProposer", "split_paths"]
 
@@ -369,7 +372,7 @@ class TreeProposer:
         self.branch = branch
         self.sizer = sizer
         self._sizer_template = sizer
-        self.name = name or f"tree({getattr(inner, 'name', 'proposer')})"
+        self.name = name or f"tree({inner.name})"
         self._primary: Draft = EMPTY_DRAFT
 
     @classmethod
@@ -415,7 +418,7 @@ class TreeProposer:
     @property
     def proposers(self) -> list[Proposer]:
         """The inner proposer's members (so presets and the API see what drafts)."""
-        return list(getattr(self.inner, "proposers", [self.inner]))
+        return list(self.inner.proposers) if isinstance(self.inner, ProposerGroup) else [self.inner]
 
     def propose_tree(self, context: Sequence[int], grammar: GrammarView | None, k: int) -> Draft | DraftTree:
         """The inner draft and its alternatives, at most ``k`` deep and ``self.size`` nodes.
@@ -448,7 +451,7 @@ class TreeProposer:
                 paths.append(path)
         if len(paths) < 2:
             return draft
-        name = getattr(self.inner, "name", "tree")
+        name = self.inner.name
         tree = DraftTree.from_paths(paths, sources=[name] * len(paths), size=size, kind=draft.kind)
         return tree if not tree.is_chain else draft.truncate(len(tree))
 
@@ -518,18 +521,12 @@ class TreeProposer:
         return out
 
 
-def _split_memory(proposer: Any) -> SplitPreferences | None:
+def _split_memory(proposer: Proposer) -> SplitPreferences | None:
     """The :class:`SplitPreferences` a proposer (or its composite members) learned this request."""
-    splits = getattr(proposer, "splits", None)
-    return splits if isinstance(splits, SplitPreferences) else None
+    return proposer.splits if isinstance(proposer, SplitLearner) else None
 
 
-def _schema_ngram(proposer: Any) -> Any:
+def _schema_ngram(proposer: Proposer) -> SchemaNgramProposer | None:
     from .schema_ngram import SchemaNgramProposer
 
-    if isinstance(proposer, SchemaNgramProposer):
-        return proposer
-    for member in getattr(proposer, "proposers", ()):
-        if isinstance(member, SchemaNgramProposer):
-            return member
-    return None
+    return next((m for m in members(proposer) if isinstance(m, SchemaNgramProposer)), None)

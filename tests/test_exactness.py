@@ -29,7 +29,8 @@ from grammars.base import allocate_bitmask
 from grammarspec.adaptive import AdaptiveController
 from grammarspec.decoding import DecodeConfig, decode
 from grammarspec.draft_model import DraftModelProposer
-from grammarspec.sampling import SamplingParams, process_logits
+from grammarspec.processing import LogitsPipeline
+from grammarspec.sampling import SamplingParams, apply_bitmask
 from proposers.base import Draft, GrammarView, Request
 
 SCHEMA = {"type": "array", "items": {"enum": ["a", "b"]}, "minItems": 1, "maxItems": 2}
@@ -56,7 +57,7 @@ def exact_distribution(model, compiled, params, prompt=PROMPT):
             return
         mask = allocate_bitmask(1, vocab)
         matcher.fill_mask(mask, 0)
-        scores = process_logits(model.next_logits(context)[None], params, mask)
+        scores = LogitsPipeline.from_sampling(params)(apply_bitmask(model.next_logits(context)[None], mask), [context])
         probs = scores.softmax(-1)[0]
         for token in probs.nonzero().flatten().tolist():
             child = matcher.fork()

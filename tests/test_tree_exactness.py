@@ -25,7 +25,7 @@ from toy_models import ToyCausalLM
 from grammars import compile_grammar, grammar_spec
 from grammarspec.adaptive import AdaptiveController
 from grammarspec.cache import cache_length
-from grammarspec.decoding import DecodeConfig, decode
+from grammarspec.decoding import DecodeConfig, RowRequest, decode, decode_batch, sampling_processing
 from grammarspec.sampling import SamplingParams
 from proposers.base import Draft, GrammarView, Request
 from proposers.tree import DraftTree
@@ -34,27 +34,31 @@ V = toy_vocab_size()
 
 
 class TreeToyLM(ToyCausalLM):
-    """:class:`ToyCausalLM` that honours a 4-D attention mask: row ``r`` sees the tokens its mask allows."""
+    """:class:`ToyCausalLM` that honours a 4-D attention mask: row ``r`` of batch row ``b`` sees what its mask allows."""
 
     def forward(self, input_ids, cache=None, use_cache=True, logits_to_keep=0, attention_mask=None, position_ids=None):
-        new = input_ids[0].tolist()
-        past: list[int] = []
-        if cache is not None and cache.get_seq_length() > 0:
-            past = cache.layers[0].keys[0, 0, :, 0].long().tolist()
+        if attention_mask is None or attention_mask.dim() == 2:
+            return super().forward(input_ids, cache, use_cache, logits_to_keep, attention_mask, position_ids)
+        batch, n = input_ids.shape
+        past_len = cache.get_seq_length() if cache is not None else 0
+        past = cache.layers[0].keys[:, 0, :, 0].long().tolist() if past_len else [[] for _ in range(batch)]
         if cache is not None:
-            states = torch.tensor(new, dtype=torch.float32).reshape(1, 1, -1, 1)
+            states = input_ids.to(torch.float32).reshape(batch, 1, n, 1)
             cache.update(states, states, 0)
-        every = past + new
-        rows = []
-        seen = (attention_mask[0, 0] == 0).tolist() if attention_mask is not None else None  # [q, kv]
-        for r in range(len(new)):
-            if seen is not None:
+        out = []
+        for b in range(batch):
+            every = past[b] + input_ids[b].tolist()
+            seen = (attention_mask[b, 0] == 0).tolist()  # [q, kv]
+            rows = []
+            for r in range(n):
                 visible = [t for t, s in zip(every, seen[r]) if s]
-                assert position_ids is None or int(position_ids[0, r]) == len(visible) - 1
-            else:
-                visible = every[: len(past) + r + 1]
-            rows.append(self.next_logits(visible))
-        logits = torch.stack(rows)[None]  # [1, n, V]
+                if not (r > 0 and len(visible) == 1):  # a pad query sees only itself; its position is unread
+                    assert position_ids is None or int(position_ids[b, r]) == len(visible) - 1
+                rows.append(self.next_logits(visible))
+            out.append(torch.stack(rows))
+        logits = torch.stack(out)  # [B, n, V]
+        if isinstance(logits_to_keep, torch.Tensor):
+            return SimpleNamespace(logits=logits[logits_to_keep])  # [num_true, V]
         if logits_to_keep:
             logits = logits[:, -logits_to_keep:]
         return SimpleNamespace(logits=logits)
@@ -183,15 +187,12 @@ def test_the_cache_holds_exactly_the_committed_tokens_after_every_tree_step(comp
 
 
 def test_a_leaky_path_commit_is_detected(compiled, monkeypatch):
-    """Sanity of the method: crop without gathering the path (other branches' nodes stay) and the test fails."""
-    from grammarspec import tree_verify
-
-    def leaky(cache, start, path, nodes, model_name="model"):
-        tree_verify.crop_cache(cache, start + len(path), model_name)
+    """Sanity of the method: keep without gathering the path (other branches' nodes stay) and the test fails."""
+    from grammarspec import kv
 
     params = SamplingParams(True, 1.0)
     exact = exact_distribution(TARGET, compiled, params)
-    monkeypatch.setattr(tree_verify, "commit_path", leaky)
+    monkeypatch.setattr(kv, "_gather_columns", lambda states, index: states)
     with pytest.raises(AssertionError):
         counts, _, _ = tree_counts(compiled, params, seed=11, samples=2500)
         assert_matches(counts, exact, samples=2500)
@@ -216,3 +217,53 @@ def test_user_processors_see_each_node_s_own_prefix(compiled):
         )  # fmt: skip
         assert new == plain
         assert any(not t.is_chain for t in proposer.trees)
+
+
+# -- trees at batch > 1: the same step serves every row ----------------------------------------------------
+
+PROMPTS = [PROMPT, [2] + list(PROMPT), list(PROMPT)[:-1] + [5, 3], [4, 4] + list(PROMPT)]
+
+
+def batch_of_trees(compiled, config, prompts, seeds, generator=None, on_step=None):
+    requests = []
+    for prompt, seed in zip(prompts, seeds):
+        controller = AdaptiveController(k_min=3, k_max=3, adaptive=False)
+        processing = sampling_processing(config, (), len(prompt))
+        requests.append(RowRequest(prompt, compiled.matcher(max_rollback=8), BranchyTreeProposer(seed), controller,
+                                   processing))  # fmt: skip
+    return decode_batch(TARGET, requests, config, generator=generator, on_step=on_step)
+
+
+def check_batch_cache(rows, kv):
+    """Every row's valid columns spell its committed tokens: no node of another branch or row stays."""
+    for slot, row in enumerate(rows):
+        columns = kv.valid[slot].nonzero().flatten()
+        assert kv.cache.layers[0].keys[slot, 0, columns, 0].long().tolist() == row.tokens[: row.cached]
+
+
+def test_greedy_trees_at_batch_4_equal_each_row_alone(compiled):
+    config = DecodeConfig(max_new_tokens=20, eos_token_ids=(0,))
+    alone = [decode(TARGET, p, config, matcher=compiled.matcher())[0] for p in PROMPTS]
+    for seed in range(3):
+        rows = batch_of_trees(compiled, config, PROMPTS, [seed * 4 + i for i in range(4)], on_step=check_batch_cache)
+        assert [row.generated for row in rows] == alone
+        assert all(any(not t.is_chain for t in row.proposer.trees) for row in rows)
+
+
+def test_sampled_trees_at_batch_4_follow_the_constrained_target(compiled):
+    params = SamplingParams(True, 1.0, top_p=0.9)
+    exact = exact_distribution(TARGET, compiled, params)
+    config = DecodeConfig(max_new_tokens=20, sampling=params, eos_token_ids=(0,))
+    generator = torch.Generator().manual_seed(5)
+    counts: Counter = Counter()
+    branched = 0
+    batches = 600
+    for b in range(batches):
+        rows = batch_of_trees(compiled, config, [PROMPT] * 4, [4 * b + i for i in range(4)], generator,
+                              on_step=check_batch_cache if b < 20 else None)  # fmt: skip
+        for row in rows:
+            assert row.finish_reason == "stop"
+            counts[tuple(row.generated)] += 1
+            branched += sum(not t.is_chain for t in row.proposer.trees)
+    assert branched > batches * 4
+    assert_matches(counts, exact, samples=batches * 4)

@@ -10,16 +10,10 @@ from toy_models import tiny_llama
 
 from grammars import compile_grammar, grammar_spec
 from grammars.base import allocate_bitmask
-from grammarspec.cache import CacheError, cache_length, forward_with_cache, new_cache
-from grammarspec.sampling import SamplingParams
-from grammarspec.tree_verify import (
-    choose_path,
-    commit_path,
-    forward_tree,
-    tree_attention_inputs,
-    verify_tree,
-    walk_tree,
-)
+from grammarspec.cache import cache_length, forward_with_cache, new_cache
+from grammarspec.kv import BatchKV
+from grammarspec.masking import walk
+from grammarspec.tree_verify import descend, tree_attention_inputs
 from proposers.tree import DraftTree
 
 # A tree with three branches of different depths, in depth-first order.
@@ -36,19 +30,34 @@ def cache_tensors(cache):
     return [(layer.keys.clone(), layer.values.clone()) for layer in cache.layers]
 
 
-def check_tree_pass(model, prompt, tree, cached, atol):
-    """Every node's row equals a chain forward over its path; the cache keeps each path like a chain pass."""
-    cache = new_cache(model)
+def tree_pass(model, prompts, trees, cached):
+    """A BatchKV holding ``prompt[:cached]`` per row, then one tree pass; returns (kv, logits per row)."""
+    kv = BatchKV(model, len(prompts))
     if cached:
-        forward_with_cache(model, prompt[:cached], cache, 1)
-    logits = forward_tree(model, prompt[cached:], tree, cache)  # [1 + n, V]
-    assert logits.shape[0] == len(tree) + 1
+        kv.forward([p[:cached] for p in prompts], [()] * len(prompts))
+        kv.keep([list(range(cached))] * len(prompts))
+    logits = kv.forward([p[cached:] + list(t.tokens) for p, t in zip(prompts, trees)], [t.parents for t in trees])
+    out, start = [], 0
+    for tree in trees:
+        out.append(logits[start : start + 1 + len(tree)])
+        start += 1 + len(tree)
+    assert start == logits.shape[0]
+    return kv, out
+
+
+def check_tree_pass(model, prompt, tree, cached, atol):
+    """Every node's row equals a chain forward over its path; returns the kv for the commit checks."""
+    kv, (logits,) = tree_pass(model, [prompt], [tree], cached)
+    assert_rows_equal_chains(model, prompt, tree, logits, atol)
+    return kv
+
+
+def assert_rows_equal_chains(model, prompt, tree, logits, atol):
     worst = float((logits[0] - chain_logits(model, prompt)).abs().max())
     for i in range(len(tree)):
         path = [tree.tokens[j] for j in tree.path(i)]
         worst = max(worst, float((logits[1 + i] - chain_logits(model, prompt + path)).abs().max()))
     assert worst < atol, f"largest difference between tree and chain logits: {worst:.2e}"
-    return cache
 
 
 @pytest.fixture(scope="module")
@@ -89,14 +98,24 @@ def test_tree_logits_equal_chain_logits_on_the_embedded_model(smol):
     check_tree_pass(model, prompt, tree, len(prompt) - 1, atol=1e-3)  # float32 over 30 layers
 
 
+def test_a_batch_of_trees_and_chains_scores_every_node_as_its_own_chain(llama):
+    """Rows of different lengths (one padded), one branching tree, one chain, one empty draft: one pass."""
+    prompts = [[3, 1, 4, 1, 5, 9, 2, 6], [2, 7, 1], [8, 8, 4, 7, 2]]
+    trees = [DraftTree.from_paths(PATHS), DraftTree.from_paths([[4, 4, 9]]), DraftTree()]
+    kv, logits = tree_pass(llama, prompts, trees, cached=2)
+    for prompt, tree, rows in zip(prompts, trees, logits):
+        assert_rows_equal_chains(llama, prompt, tree, rows, atol=1e-4)
+
+
 @pytest.mark.parametrize("branch", range(len(PATHS)))
-def test_commit_leaves_the_cache_a_chain_pass_over_the_path_would_leave(llama, branch):
+def test_keep_leaves_the_cache_a_chain_pass_over_the_path_would_leave(llama, branch):
     prompt = [3, 1, 4, 1, 5]
     tree = DraftTree.from_paths(PATHS)
     leaf = max(i for i in range(len(tree)) if [tree.tokens[j] for j in tree.path(i)] == PATHS[branch])
     path = tree.path(leaf)
-    cache = check_tree_pass(llama, prompt, tree, cached=4, atol=1e-4)
-    commit_path(cache, len(prompt), path, len(tree))
+    kv = check_tree_pass(llama, prompt, tree, cached=4, atol=1e-4)
+    kv.keep([[0] + [1 + i for i in path]])  # the pending token, then the path
+    cache = kv.cache
     chain = new_cache(llama)
     forward_with_cache(llama, prompt + PATHS[branch], chain, 1)
     assert cache_length(cache) == cache_length(chain) == len(prompt) + len(path)
@@ -108,22 +127,12 @@ def test_commit_leaves_the_cache_a_chain_pass_over_the_path_would_leave(llama, b
     torch.testing.assert_close(after, chain_logits(llama, prompt + PATHS[branch] + [7]), atol=1e-4, rtol=1e-4)
 
 
-def test_commit_path_refuses_a_cache_of_the_wrong_length(llama):
-    cache = new_cache(llama)
-    forward_with_cache(llama, [1, 2, 3], cache, 1)
-    with pytest.raises(CacheError, match="expected"):
-        commit_path(cache, 1, [0], 5)
-
-
-def test_choose_path_descends_while_the_target_picks_a_child():
+def test_descend_follows_the_target_while_it_picks_a_child():
     tree = DraftTree.from_paths([[5, 6, 7], [5, 8], [9]])  # nodes 5, 6, 7, 8, 9
-    scores = torch.full((len(tree) + 1, 12), -1e9)
-    scores[0, 5] = scores[1, 8] = scores[4, 3] = 0.0  # root -> 5 -> 8 -> target says 3
-    assert choose_path(scores, tree, [False] * 5, greedy=True) == ([0, 3], 3)
-    assert choose_path(scores, tree, [False, False, False, True, False], greedy=True) == ([0, 3], None)
-    scores[0] = -1e9
-    scores[0, 11] = 0.0  # no child: the root's own token
-    assert choose_path(scores, tree, [False] * 5, greedy=True) == ([], 11)
+    choices = [5, 8, 0, 0, 3, 0]  # root -> 5 -> 8 -> target says 3
+    assert descend(tree, [False] * 5, choices) == ([0, 3], 3)
+    assert descend(tree, [False, False, False, True, False], choices) == ([0, 3], None)
+    assert descend(tree, [False] * 5, [11, 0, 0, 0, 0, 0]) == ([], 11)  # no child: the root's own token
 
 
 @pytest.fixture(scope="module")
@@ -146,9 +155,9 @@ def test_the_grammar_prunes_illegal_nodes_and_their_subtrees(toy_grammar):
         assert matcher.accept(t)
     good, other, bad = ids('"x"}') + [0], ids('"yy"}'), ids('"z"}')
     tree = DraftTree.from_paths([good, bad, other])
-    masks = allocate_bitmask(len(tree) + 1, len(tok))
+    masks = allocate_bitmask(len(tree) + 3, len(tok))
     before = matcher.allowed_tokens().tolist()
-    pruned, ends = walk_tree(matcher, masks, tree)
+    pruned, ends = walk(matcher, masks, 2, tree, frozenset({0}))  # this row's block starts at mask row 2
     assert matcher.allowed_tokens().tolist() == before  # the matcher ends as it began
     paths = {tuple(pruned.tokens[j] for j in pruned.path(i)) for i in range(len(pruned))}
     assert tuple(good) in paths and tuple(other) in paths
@@ -163,10 +172,10 @@ def test_the_grammar_prunes_illegal_nodes_and_their_subtrees(toy_grammar):
             assert check.accept(t)
         expected = allocate_bitmask(1, len(tok))
         check.fill_mask(expected, 0)
-        assert torch.equal(masks[1 + i], expected[0])
+        assert torch.equal(masks[2 + 1 + i], expected[0])
 
 
-def test_verify_tree_greedy_takes_the_branch_the_target_would_write(llama):
+def test_the_greedy_step_takes_the_branch_the_target_would_write(llama):
     """With every branch legal and no grammar, the accepted path is the target's own greedy continuation."""
     prompt = [3, 1, 4, 1, 5]
     greedy, context = [], list(prompt)
@@ -175,8 +184,8 @@ def test_verify_tree_greedy_takes_the_branch_the_target_would_write(llama):
         context.append(greedy[-1])
     wrong = [(t + 1) % 64 for t in greedy]
     tree = DraftTree.from_paths([wrong, greedy[:1] + wrong[1:], greedy[:2], [greedy[0], wrong[1]]])
-    cache = new_cache(llama)
-    forward_with_cache(llama, prompt[:-1], cache, 1)
-    step = verify_tree(llama, cache, prompt, len(prompt) - 1, tree, SamplingParams())
-    assert list(step.accepted) + [step.next_token] == greedy
-    assert cache_length(cache) == len(prompt) + 2
+    kv, (logits,) = tree_pass(llama, [prompt], [tree], cached=len(prompt) - 1)
+    path, next_token = descend(tree, [False] * len(tree), logits.argmax(-1).tolist())
+    assert [tree.tokens[i] for i in path] + [next_token] == greedy
+    kv.keep([[0] + [1 + i for i in path]])
+    assert cache_length(kv.cache) == len(prompt) + 2

@@ -147,7 +147,7 @@ def time_passes(
     import time
 
     from grammarspec.cache import crop_cache, forward_with_cache, new_cache
-    from grammarspec.tree_verify import forward_tree
+    from grammarspec.kv import BatchKV
     from proposers.tree import DraftTree
 
     cache = new_cache(model)
@@ -162,7 +162,8 @@ def time_passes(
         else:
             branch = max(1, -(-nodes // tree_width))  # ceil: branches of about equal length
             paths = [[1000 + 100 * b + j for j in range(min(branch, nodes - b * branch))] for b in range(tree_width)]
-            forward_tree(model, context[-1:], DraftTree.from_paths([p for p in paths if p]), cache)
+            tree = DraftTree.from_paths([p for p in paths if p])
+            BatchKV.from_cache(model, cache, base).forward([context[-1:] + list(tree.tokens)], [tree.parents])
         seconds = time.perf_counter() - t0
         crop_cache(cache, base)
         return seconds
