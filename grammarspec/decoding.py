@@ -167,6 +167,7 @@ def decode_batch(
 def _step(model: torch.nn.Module, active: list[Row], kv: BatchKV, shared: Shared) -> list[Row]:
     """One decoding step for the rows of ``kv``; returns the rows still in the batch."""
     config, eos = shared.config, shared.eos
+    phases = Phases()
     # (+) Forced: a grammar that allows exactly one token needs no sampling.
     if not config.record_scores:
         for row in active:
@@ -174,9 +175,11 @@ def _step(model: torch.nn.Module, active: list[Row], kv: BatchKV, shared: Shared
     active = _leave(active, kv, shared.started)
     if not active:
         return active
+    phases.lap("forced")
 
     # 1. Propose: a draft tree of up to k levels per row (k leaves room for the token the target adds).
     steps = [_propose(row, config, shared.trees) for row in active]
+    phases.lap("propose")
 
     # 2. Walk: one mask per scored row; each tree loses its grammar-illegal nodes.
     masks = _masks(shared, sum(1 + len(step.tree) for step in steps))
@@ -188,11 +191,13 @@ def _step(model: torch.nn.Module, active: list[Row], kv: BatchKV, shared: Shared
         step.start = start
         step.grammar_seconds += time.perf_counter() - t0
         start += 1 + len(step.tree)
+    phases.lap("walk")
 
     # 3. One target forward over every row's pending tokens + tree.
     t0 = time.perf_counter()
     logits = kv.forward([row.pending + list(step.tree.tokens) for row, step in zip(active, steps)],
                         [step.tree.parents for step in steps])  # [N, V]  # fmt: skip
+    phases.lap("forward")
 
     # 4. Accept: each row's processing for its rows, the target's choices in one transfer, each row descends.
     scores = logits.clone() if config.record_scores else logits
@@ -204,6 +209,7 @@ def _step(model: torch.nn.Module, active: list[Row], kv: BatchKV, shared: Shared
     choices = target_choices(scores, config.sampling.greedy, sampled, shared.generator)
     results = [descend(step.tree, step.ends, choices[step.start : step.start + 1 + len(step.tree)]) for step in steps]
     verify_seconds = time.perf_counter() - t0
+    phases.lap("verify")
 
     # 5. Commit: matchers, proposers and every KV cache move to the committed tokens together.
     t0 = time.perf_counter()
@@ -211,14 +217,33 @@ def _step(model: torch.nn.Module, active: list[Row], kv: BatchKV, shared: Shared
     if config.record_scores:
         record_scores(active, steps, results, committed, logits, scores)
     commit_seconds = time.perf_counter() - t0
+    phases.lap("commit")
 
     # 6. Adapt: statistics and the controllers learn what the step cost and brought.
     for row, step, (path, _) in zip(active, steps, results):
         account(row, step, path, verify_seconds, commit_seconds, shared.started, shared.step_cost,
                 len(active) == 1)  # fmt: skip
+        phases.add_to(row.stats.phases)
     if shared.on_step is not None:
         shared.on_step(active, kv)
     return active
+
+
+class Phases:
+    """Seconds per phase of one step (a lap timer: each lap ends the named phase).  Bookkeeping only."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.seconds[name] = self.seconds.get(name, 0.0) + now - self._last
+        self._last = now
+
+    def add_to(self, totals: dict[str, float]) -> None:
+        for name, seconds in self.seconds.items():
+            totals[name] = totals.get(name, 0.0) + seconds
 
 
 def _masks(shared: Shared, rows: int) -> torch.Tensor:

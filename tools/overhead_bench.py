@@ -1,0 +1,145 @@
+"""Drafting overhead on a near-free target: what the loop itself costs per target pass.
+
+    .venv/bin/python tools/overhead_bench.py --out bench-overhead                  # B = 1 and 16, the task file
+    .venv/bin/python tools/overhead_bench.py --limit 2 --max-new-tokens 8 --batch-sizes 1,2   # a tiny dry run
+
+The target is a 1-layer random Llama (hidden 64) with the embedded
+tokenizer's vocabulary, built here (no download): it stands for a small model
+on a GPU, where the host is the limit.  Arms, interleaved (the order
+alternates from batch size to batch size): ``baseline`` (Hugging Face
+``generate`` with xgrammar's logits processor), grammarspec ``none`` and
+``auto``.  The task list is cut, in order, into batches of ``B``; each batch is
+one call of each arm.  Reported per arm and ``B``: tokens/s, ms per target
+pass, and for grammarspec the seconds of each phase of the step (forced,
+propose, walk, forward, verify, commit: ``GenerationStats.phases``, taken from
+the row that stayed longest in each call, which took part in every step).
+Greedy outputs of the arms are compared row by row (they must be identical).
+Grammars are compiled before timing, for every arm.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import grammarspec  # noqa: E402
+from grammarspec.bench.arms import BaselineGrammars, prepare_grammars  # noqa: E402
+from grammarspec.bench.batch import _left_pad, _prompt, _run_baseline  # noqa: E402
+from grammarspec.bench.tasks import load_tasks  # noqa: E402
+from grammarspec.decoding import logits_width  # noqa: E402
+from grammarspec.loading import load_tokenizer  # noqa: E402
+
+ARMS = ("baseline", "none", "auto")
+PHASES = ("forced", "propose", "walk", "forward", "verify", "commit")
+
+
+def tiny_target(vocab_size: int, seed: int = 0) -> torch.nn.Module:
+    """The 1-layer random Llama (hidden 64) over ``vocab_size`` tokens."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=4, max_position_embeddings=8192, tie_word_embeddings=False,
+    )  # fmt: skip
+    return LlamaForCausalLM(config).eval()
+
+
+def run_arm(arm: str, model: Any, tokenizer: Any, chunk: list[Any], eos: int, max_new: int) -> dict[str, Any]:
+    """One call of ``arm`` over ``chunk`` (task, prompt ids, baseline grammar) -> its measurements."""
+    ids, mask = _left_pad([p for _, p, _ in chunk], eos)
+    if arm == "baseline":
+        outputs, seconds, passes = _run_baseline(model, ids, mask, [g for _, _, g in chunk], eos, max_new)
+        return {"outputs": outputs, "seconds": seconds, "passes": passes, "phases": {}}
+    t0 = time.perf_counter()
+    out = grammarspec.generate(model, ids, attention_mask=mask, tokenizer=tokenizer,
+                               schema=[t.schema for t, _, _ in chunk], assistant=None if arm == "none" else arm,
+                               max_new_tokens=max_new, do_sample=False, return_dict_in_generate=True)  # fmt: skip
+    seconds = time.perf_counter() - t0
+    outputs = [out.sequences[i, ids.shape[1] :].tolist()[: s.new_tokens] for i, s in enumerate(out.stats)]
+    longest = max(out.stats, key=lambda s: s.target_forwards)
+    return {"outputs": outputs, "seconds": seconds, "passes": longest.target_forwards, "phases": dict(longest.phases)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tasks", default=None, help="a tasks.jsonl file (default: the bench's task file)")
+    parser.add_argument("--limit", type=int, default=None, help="the first N tasks only")
+    parser.add_argument("--batch-sizes", default="1,16")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--out", default=None, help="directory for overhead.json and overhead.md")
+    args = parser.parse_args(argv)
+    sizes = [int(x) for x in args.batch_sizes.split(",")]
+    tokenizer = load_tokenizer()
+    eos = tokenizer.eos_token_id
+    model = tiny_target(len(tokenizer))
+    baseline = BaselineGrammars(tokenizer, logits_width(model), eos)
+    items = []
+    for task in load_tasks(args.tasks)[: args.limit]:
+        try:
+            items.append((task, _prompt(tokenizer, task), prepare_grammars(model, tokenizer, baseline, task.schema)))
+        except grammarspec.GrammarError:
+            continue
+    results: dict[str, dict[str, Any]] = {}
+    for n, size in enumerate(sizes):
+        order = ARMS if n % 2 == 0 else ARMS[::-1]
+        for arm in order:
+            total = {"tokens": 0, "seconds": 0.0, "passes": 0, "phases": dict.fromkeys(PHASES, 0.0), "outputs": []}
+            for first in range(0, len(items), size):
+                got = run_arm(arm, model, tokenizer, items[first : first + size], eos, args.max_new_tokens)
+                total["tokens"] += sum(map(len, got["outputs"]))
+                total["seconds"] += got["seconds"]
+                total["passes"] += got["passes"]
+                total["outputs"] += got["outputs"]
+                for phase, seconds in got["phases"].items():
+                    total["phases"][phase] = total["phases"].get(phase, 0.0) + seconds
+            results[f"{arm}@{size}"] = total
+            print(f"B={size} {arm}: {total['tokens']} tokens in {total['seconds']:.2f}s", file=sys.stderr)
+    table = overhead_table(results, sizes)
+    print(table)
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "overhead.json").write_text(json.dumps(results, indent=1))
+        (out / "overhead.md").write_text(table + "\n")
+    return 0
+
+
+def overhead_table(results: dict[str, dict[str, Any]], sizes: list[int]) -> str:
+    """Markdown: tokens/s per arm, ms per target pass, the phases per pass, identical outputs."""
+    lines = ["| B | baseline tok/s | none tok/s | auto tok/s | ms/pass none | ms/pass auto | auto / none per pass "
+             "| none: " + " / ".join(PHASES) + " (ms/pass) | auto: same | identical |",
+             "|---:|---:|---:|---:|---:|---:|---:|---|---|---:|"]  # fmt: skip
+    for size in sizes:
+        r = {arm: results[f"{arm}@{size}"] for arm in ARMS}
+
+        def rate(arm: str) -> float:
+            return r[arm]["tokens"] / r[arm]["seconds"] if r[arm]["seconds"] else 0.0
+
+        def per_pass(arm: str) -> float:
+            return 1e3 * r[arm]["seconds"] / r[arm]["passes"] if r[arm]["passes"] else 0.0
+
+        def phases(arm: str) -> str:
+            passes = r[arm]["passes"] or 1
+            return " / ".join(f"{1e3 * r[arm]['phases'].get(p, 0.0) / passes:.2f}" for p in PHASES)
+
+        same = sum(a == b == c for a, b, c in zip(r["baseline"]["outputs"], r["none"]["outputs"], r["auto"]["outputs"]))
+        ratio = per_pass("auto") / per_pass("none") if per_pass("none") else 0.0
+        lines.append(f"| {size} | {rate('baseline'):.1f} | {rate('none'):.1f} | {rate('auto'):.1f} | "
+                     f"{per_pass('none'):.2f} | {per_pass('auto'):.2f} | {ratio:.2f}x | {phases('none')} | "
+                     f"{phases('auto')} | {same}/{len(r['auto']['outputs'])} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
