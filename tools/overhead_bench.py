@@ -115,6 +115,20 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _rate(run: dict[str, Any]) -> float:
+    return run["tokens"] / run["seconds"] if run["seconds"] else 0.0
+
+
+def _per_pass(run: dict[str, Any]) -> float:
+    """Milliseconds per target pass."""
+    return 1e3 * run["seconds"] / run["passes"] if run["passes"] else 0.0
+
+
+def _phases(run: dict[str, Any]) -> str:
+    passes = run["passes"] or 1
+    return " / ".join(f"{1e3 * run['phases'].get(p, 0.0) / passes:.2f}" for p in PHASES)
+
+
 def overhead_table(results: dict[str, dict[str, Any]], sizes: list[int]) -> str:
     """Markdown: tokens/s per arm, ms per target pass, the phases per pass, identical outputs."""
     lines = ["| B | baseline tok/s | none tok/s | auto tok/s | ms/pass none | ms/pass auto | auto / none per pass "
@@ -123,21 +137,12 @@ def overhead_table(results: dict[str, dict[str, Any]], sizes: list[int]) -> str:
     for size in sizes:
         r = {arm: results[f"{arm}@{size}"] for arm in ARMS}
 
-        def rate(arm: str) -> float:
-            return r[arm]["tokens"] / r[arm]["seconds"] if r[arm]["seconds"] else 0.0
-
-        def per_pass(arm: str) -> float:
-            return 1e3 * r[arm]["seconds"] / r[arm]["passes"] if r[arm]["passes"] else 0.0
-
-        def phases(arm: str) -> str:
-            passes = r[arm]["passes"] or 1
-            return " / ".join(f"{1e3 * r[arm]['phases'].get(p, 0.0) / passes:.2f}" for p in PHASES)
-
         same = sum(a == b == c for a, b, c in zip(r["baseline"]["outputs"], r["none"]["outputs"], r["auto"]["outputs"]))
-        ratio = per_pass("auto") / per_pass("none") if per_pass("none") else 0.0
-        lines.append(f"| {size} | {rate('baseline'):.1f} | {rate('none'):.1f} | {rate('auto'):.1f} | "
-                     f"{per_pass('none'):.2f} | {per_pass('auto'):.2f} | {ratio:.2f}x | {phases('none')} | "
-                     f"{phases('auto')} | {same}/{len(r['auto']['outputs'])} |")  # fmt: skip
+        none, auto = _per_pass(r["none"]), _per_pass(r["auto"])
+        ratio = auto / none if none else 0.0
+        lines.append(f"| {size} | {_rate(r['baseline']):.1f} | {_rate(r['none']):.1f} | {_rate(r['auto']):.1f} | "
+                     f"{none:.2f} | {auto:.2f} | {ratio:.2f}x | {_phases(r['none'])} | "
+                     f"{_phases(r['auto'])} | {same}/{len(r['auto']['outputs'])} |")  # fmt: skip
     return "\n".join(lines)
 
 
