@@ -18,7 +18,15 @@ from .base import (
     bitmask_to_ids,
     bitmask_width,
 )
-from .compile import BACKEND_CHOICES, BACKENDS, clear_grammar_cache, compile_grammar
+from .compile import (
+    BACKEND_CHOICES,
+    BACKENDS,
+    CompileTimeout,
+    cache_info,
+    clear_grammar_cache,
+    compile_grammar,
+    set_cache_limits,
+)
 from .spec import GrammarSpec, check_json_schema, grammar_spec, tools_schema
 
 __all__ = [
@@ -33,6 +41,9 @@ __all__ = [
     "check_json_schema",
     "compile_grammar",
     "clear_grammar_cache",
+    "set_cache_limits",
+    "cache_info",
+    "CompileTimeout",
     "BACKENDS",
     "allocate_bitmask",
     "bitmask_width",

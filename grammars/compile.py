@@ -1,37 +1,67 @@
-"""Compile a :class:`GrammarSpec` for a tokenizer, with a thread-safe cache.
+"""Compile a :class:`GrammarSpec` for a tokenizer, with bounded thread-safe caches and a real deadline.
 
-Two bounded LRU caches, both keyed by a fingerprint of the tokenizer (its
-class, ``name_or_path``, size and a hash of its serialised vocabulary), the
-logits width, the stop tokens and the backend:
+Two LRU caches, both keyed by a fingerprint of the tokenizer (its class,
+``name_or_path``, size and a hash of its serialised vocabulary), the logits
+width, the stop tokens and the backend, and both bounded by entry count *and*
+by an estimate of their bytes (:func:`set_cache_limits`, :func:`cache_info`):
 
 * per tokenizer: the backend's tokenizer-level state (one xgrammar
-  ``GrammarCompiler``; one outlines-core ``Vocabulary``; one ``llguidance.LLTokenizer``);
-* per grammar: the :class:`CompiledGrammar` (so a repeated call returns the
-  same object and never recompiles).
+  ``TokenizerInfo`` + ``GrammarCompiler``; one outlines-core ``Vocabulary``;
+  one ``llguidance.LLTokenizer``): default 8 entries, 256 MiB;
+* per grammar: the :class:`CompiledGrammar` (a repeated call returns the same
+  object and never recompiles): default 64 entries, 512 MiB.
+
+``GRAMMARSPEC_GRAMMAR_CACHE_MB`` and ``GRAMMARSPEC_TOKENIZER_CACHE_MB`` set the
+byte bounds at import.  A grammar larger than the whole bound is returned but
+not kept.  Compile errors are remembered (a bounded table of messages), so a
+schema a backend refuses is not compiled again, and a compile that ran past
+``compile_timeout=T`` is not retried with a deadline of ``T`` or less.
 
 When several threads ask for the same missing entry, one compiles and the
-others wait for its result.  Errors are not cached.
+others wait for its result.
+
+**Deadlines** (``compile_timeout=``) stop the work, per backend:
+
+* xgrammar and outlines-core compile in a forked worker process (it inherits
+  the tokenizer-level state, so it starts in milliseconds) that sends the
+  serialised grammar back; past the deadline the worker is killed, so no CPU
+  or memory is spent on that grammar afterwards and no thread or process is
+  left running.  Without a deadline they compile in-process (no fork).
+* llguidance compiles in-process under its own resource limits
+  (``LLParserLimits``: lexer fuel, grammar size), which bound the work; a
+  compile that still ends past the deadline is refused like a timeout.
 
 ``backend="auto"`` chooses per grammar (:mod:`grammars.select`); every result
 says which backend compiled it, why, and what it leaves unenforced, and the
 schema features it does not enforce are warned about (or refused with
-``strict=True``) on every call.
+``strict=True``) on every call.  A backend that cannot compile a grammar says
+which other backends do compile it -- having tried them.
 """
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import hashlib
+import os
+import select
+import signal
 import threading
+import time
 import warnings
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from .base import CompiledGrammar, GrammarError, GrammarWarning, Matcher
 from .spec import GrammarSpec
 
-__all__ = ["compile_grammar", "clear_grammar_cache", "BACKENDS", "BACKEND_CHOICES", "SelectedGrammar"]
+__all__ = [
+    "compile_grammar", "clear_grammar_cache", "set_cache_limits", "cache_info", "CacheLimits", "BACKENDS",
+    "BACKEND_CHOICES", "SelectedGrammar", "CompileTimeout",
+]  # fmt: skip
 
 #: The grammar backends (the first is the default).
 BACKENDS = ("xgrammar", "outlines", "llguidance")
@@ -39,20 +69,50 @@ BACKENDS = ("xgrammar", "outlines", "llguidance")
 BACKEND_CHOICES = BACKENDS + ("auto",)
 _ALIASES = {"outlines-core": "outlines", "outlines_core": "outlines"}
 
-#: How many compiled grammars / tokenizer-level states are kept.
-GRAMMAR_CACHE_SIZE = 32
+_MIB = 2**20
+#: Default bounds: how many compiled grammars / tokenizer-level states are kept, and their estimated bytes.
+GRAMMAR_CACHE_SIZE = 64
 TOKENIZER_CACHE_SIZE = 8
+GRAMMAR_CACHE_BYTES = 512 * _MIB
+TOKENIZER_CACHE_BYTES = 256 * _MIB
+#: How many compile errors are remembered (messages only; a few hundred bytes each).
+FAILURE_CACHE_SIZE = 512
+#: How long a backend may take to compile when it is tried in order to suggest it (a failed compile's advice).
+SUGGESTION_TIMEOUT = 30.0
+#: From how many values an ``enum`` makes xgrammar slow to compile (about 1.5 s at 20,000, 62 s at 100,000).
+LARGE_ENUM = 10_000
 
 T = TypeVar("T")
 
 
-class _LRU(Generic[T]):
-    """A bounded, thread-safe LRU whose misses are built once (other threads wait)."""
+@dataclass(frozen=True)
+class CacheLimits:
+    """The bounds of the two caches: entry counts and estimated bytes."""
 
-    def __init__(self, maxsize: int) -> None:
+    grammar_count: int
+    grammar_bytes: int
+    tokenizer_count: int
+    tokenizer_bytes: int
+
+
+class CompileTimeout(GrammarError):
+    """A backend did not compile the grammar within ``compile_timeout`` (its work was stopped)."""
+
+
+class _CompileFailed(GrammarError):
+    """A backend refused the grammar (the message says why)."""
+
+
+class _LRU(Generic[T]):
+    """A thread-safe LRU bounded by count and by estimated bytes; misses are built once (other threads wait)."""
+
+    def __init__(self, maxsize: int, max_bytes: int, sizer: Callable[[Hashable, T], int]) -> None:
         self.maxsize = maxsize
+        self.max_bytes = max_bytes
+        self._sizer = sizer
         self._lock = threading.Lock()
         self._entries: OrderedDict[Hashable, _Slot[T]] = OrderedDict()
+        self.nbytes = 0  # estimated bytes of the finished entries
 
     def get(self, key: Hashable, build: Callable[[], T]) -> T:
         with self._lock:
@@ -65,19 +125,97 @@ class _LRU(Generic[T]):
         if not owner:
             return slot.wait()
         try:
-            slot.value = build()
+            value = build()
+            size = max(0, int(self._sizer(key, value)))
         except BaseException as e:
             slot.error = e
             with self._lock:
                 if self._entries.get(key) is slot:
                     del self._entries[key]
-            raise
-        finally:
             slot.done.set()
+            raise
+        slot.value = value
         with self._lock:
+            if self._entries.get(key) is slot:  # not cleared meanwhile
+                slot.nbytes = size
+                self.nbytes += size
+                self._evict()
+        slot.done.set()
+        return value
+
+    def _evict(self) -> None:
+        """Drop the least recently used finished entries until both bounds hold.  Holds the lock."""
+        for key in list(self._entries):
+            if len(self._entries) <= self.maxsize and self.nbytes <= self.max_bytes:
+                return
+            slot = self._entries[key]
+            if slot.nbytes is None:  # still being built
+                continue
+            del self._entries[key]
+            self.nbytes -= slot.nbytes
+
+    def resize(self, maxsize: int, max_bytes: int) -> None:
+        with self._lock:
+            self.maxsize, self.max_bytes = maxsize, max_bytes
+            self._evict()
+
+    def values(self) -> list[T]:
+        with self._lock:
+            return [s.value for s in self._entries.values() if s.nbytes is not None and s.value is not None]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries = OrderedDict((k, s) for k, s in self._entries.items() if s.nbytes is None)
+            self.nbytes = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+class _Slot(Generic[T]):
+    __slots__ = ("done", "value", "error", "nbytes")
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.value: T | None = None
+        self.error: BaseException | None = None
+        self.nbytes: int | None = None  # set once the value is in the cache
+
+    def wait(self) -> T:
+        self.done.wait()
+        if self.error is not None:
+            raise self.error
+        return self.value  # type: ignore[return-value]
+
+
+class _Failures:
+    """Compile errors by grammar key: a refusal (message) or the longest deadline a compile ran past."""
+
+    def __init__(self, maxsize: int) -> None:
+        self.maxsize = maxsize
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[Hashable, tuple[str, float | None]] = OrderedDict()
+
+    def check(self, key: Hashable, timeout: float | None) -> None:
+        """Raise the remembered error for ``key`` if compiling again would end the same way."""
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is not None:
+                self._entries.move_to_end(key)
+        if entry is None:
+            return
+        message, ran_past = entry
+        if ran_past is None:
+            raise _CompileFailed(message)
+        if timeout is not None and timeout <= ran_past:
+            raise CompileTimeout(message)
+
+    def add(self, key: Hashable, message: str, ran_past: float | None = None) -> None:
+        with self._lock:
+            self._entries[key] = (message, ran_past)
+            self._entries.move_to_end(key)
             while len(self._entries) > self.maxsize:
                 self._entries.popitem(last=False)
-        return slot.value
 
     def clear(self) -> None:
         with self._lock:
@@ -87,27 +225,98 @@ class _LRU(Generic[T]):
         return len(self._entries)
 
 
-class _Slot(Generic[T]):
-    __slots__ = ("done", "value", "error")
-
-    def __init__(self) -> None:
-        self.done = threading.Event()
-        self.value: T | None = None
-        self.error: BaseException | None = None
-
-    def wait(self) -> T:
-        self.done.wait()
-        if self.error is not None:
-            raise self.error
-        return self.value  # type: ignore[return-value]
+def _grammar_bytes(key: Hashable, compiled: CompiledGrammar) -> int:
+    return int(getattr(compiled, "nbytes", 0))
 
 
-_grammars: _LRU[CompiledGrammar] = _LRU(GRAMMAR_CACHE_SIZE)
-_prepared: _LRU[Any] = _LRU(TOKENIZER_CACHE_SIZE)
+def _prepared_bytes(key: Hashable, prepared: Any) -> int:
+    name = key[0] if isinstance(key, tuple) else ""
+    return int(_backend_module(str(name)).prepared_nbytes(prepared))
+
+
+def _env_mib(name: str, default: int) -> int:
+    text = os.environ.get(name)
+    if text is None:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if value < 0:
+        raise GrammarError(f"${name} must be a number of MiB (0 or more), got {text!r}; unset it for the default")
+    return int(value * _MIB)
+
+
+_grammars: _LRU[CompiledGrammar] = _LRU(
+    GRAMMAR_CACHE_SIZE, _env_mib("GRAMMARSPEC_GRAMMAR_CACHE_MB", GRAMMAR_CACHE_BYTES), _grammar_bytes
+)
+_prepared: _LRU[Any] = _LRU(
+    TOKENIZER_CACHE_SIZE, _env_mib("GRAMMARSPEC_TOKENIZER_CACHE_MB", TOKENIZER_CACHE_BYTES), _prepared_bytes
+)
+_failures = _Failures(FAILURE_CACHE_SIZE)
 _fingerprints: weakref.WeakKeyDictionary[Any, tuple[int, tuple[Hashable, int, int | None]]] = (
     weakref.WeakKeyDictionary()
 )
 _fingerprint_lock = threading.Lock()
+_fork_lock = threading.Lock()
+
+
+def set_cache_limits(
+    *,
+    grammar_mb: float | None = None,
+    grammar_count: int | None = None,
+    tokenizer_mb: float | None = None,
+    tokenizer_count: int | None = None,
+) -> CacheLimits:
+    """Change the bounds of the grammar and tokenizer caches (``None`` keeps one); returns the previous bounds.
+
+    Defaults: 64 compiled grammars and 512 MiB, 8 tokenizer-level states and
+    256 MiB (``$GRAMMARSPEC_GRAMMAR_CACHE_MB`` / ``$GRAMMARSPEC_TOKENIZER_CACHE_MB``
+    change the byte bounds at import).  Bytes are estimates (see
+    :func:`cache_info`).  Entries beyond the new bounds are dropped at once.
+    ``0`` keeps nothing.  Changes global state.
+    """
+    previous = limits()
+
+    def check(name: str, value: Any, scale: int) -> int | None:
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise GrammarError(f"set_cache_limits({name}=...) must be a number, 0 or more; got {value!r}")
+        return int(value * scale)
+
+    grammar = (check("grammar_count", grammar_count, 1), check("grammar_mb", grammar_mb, _MIB))
+    tokenizer = (check("tokenizer_count", tokenizer_count, 1), check("tokenizer_mb", tokenizer_mb, _MIB))
+    _grammars.resize(
+        previous.grammar_count if grammar[0] is None else grammar[0],
+        previous.grammar_bytes if grammar[1] is None else grammar[1],
+    )
+    _prepared.resize(
+        previous.tokenizer_count if tokenizer[0] is None else tokenizer[0],
+        previous.tokenizer_bytes if tokenizer[1] is None else tokenizer[1],
+    )
+    return previous
+
+
+def limits() -> CacheLimits:
+    """The current cache bounds.  Does not change state."""
+    return CacheLimits(_grammars.maxsize, _grammars.max_bytes, _prepared.maxsize, _prepared.max_bytes)
+
+
+def cache_info() -> dict[str, int]:
+    """Entries and estimated bytes held by the caches, and the remembered compile errors.  Does not change state.
+
+    Estimates: xgrammar's own ``memory_size_bytes``; an outlines-core index
+    at three times its serialised size (resident memory measured at 2 to 3.8
+    times); an llguidance grammar from its text (its lexer grows later, as
+    masks are computed, within ``LLParserLimits.max_lexer_states``); a
+    tokenizer-level state per vocabulary entry (measured on SmolLM2's 49k).
+    """
+    return {
+        "grammars": len(_grammars), "grammar_bytes": _grammars.nbytes,
+        "tokenizers": len(_prepared), "tokenizer_bytes": _prepared.nbytes,
+        "failures": len(_failures),
+    }  # fmt: skip
 
 
 def compile_grammar(
@@ -133,15 +342,17 @@ def compile_grammar(
     :mod:`grammars.select`).
     ``strict``: a schema keyword the backend does not enforce is a
     :class:`GrammarError` instead of a :class:`GrammarWarning`.
-    ``compile_timeout``: seconds one backend may take to compile; past it,
-    a :class:`GrammarError` (the compile goes on in the background and its
-    result is cached).  Default: no limit.
+    ``compile_timeout``: seconds one backend may take to compile (the
+    tokenizer-level state, built once per tokenizer, does not count); past
+    it, a :class:`CompileTimeout` (a :class:`GrammarError`) and the compile
+    is stopped: see the module docstring.  Default: no limit.
 
     The result's ``backend``, ``backend_reason`` and ``unenforced`` say which
     backend compiled it, why, and which schema features it does not enforce.
     Raises :class:`GrammarError` for an unknown backend, bad arguments or a
-    grammar the backend cannot compile -- never falls back to unconstrained
-    decoding.  The result is immutable and may be shared between threads.
+    grammar the backend cannot compile (naming the other backends that do,
+    after trying them) -- never falls back to unconstrained decoding.  The
+    result is immutable and may be shared between threads.
     """
     if not isinstance(spec, GrammarSpec):
         raise GrammarError(
@@ -161,11 +372,8 @@ def compile_grammar(
     vocab_size = _vocab_size(vocab_size, tok_size)
     stops = _stop_ids(stop_token_ids, eos, vocab_size)
 
-    def compile_with(backend_name: str) -> CompiledGrammar:
-        return _deadline(
-            lambda: _compile_one(backend_name, spec, tokenizer, tok_key, vocab_size, stops),
-            compile_timeout, backend_name,
-        )  # fmt: skip
+    def compile_with(backend_name: str, timeout: float | None = compile_timeout) -> CompiledGrammar:
+        return _compile_one(backend_name, spec, tokenizer, tok_key, vocab_size, stops, timeout)
 
     if name == "auto":
         from .select import choose
@@ -173,57 +381,209 @@ def compile_grammar(
         choice = choose(spec, compile_with)
         result: CompiledGrammar = SelectedGrammar(choice.compiled, choice.reason, choice.unenforced)
     else:
-        result = compile_with(name)
+        try:
+            result = compile_with(name)
+        except _CompileFailed as e:
+            if _NO_VALUE in str(e):  # no backend can help
+                raise
+            raise GrammarError(f"{e} {_alternatives(name, spec, compile_with, compile_timeout)}") from None
     _report_unenforced(result, strict)
     return result
 
 
+#: What every backend's message says when the schema admits no value (then no other backend is suggested).
+_NO_VALUE = "accepts no value"
+
+
+def _alternatives(
+    failed: str, spec: GrammarSpec, compile_with: Callable[..., CompiledGrammar], timeout: float | None
+) -> str:
+    """Which other backends compile ``spec``, found by compiling it on each (cached, so switching is free)."""
+    from .capabilities import unenforced
+    from .select import PREFERENCE
+
+    limit = min(timeout, SUGGESTION_TIMEOUT) if timeout is not None else SUGGESTION_TIMEOUT
+    compiles: list[str] = []
+    notes: list[str] = []
+    for other in PREFERENCE:
+        if other == failed:
+            continue
+        try:
+            compile_with(other, limit)
+        except CompileTimeout:
+            notes.append(f"{other} did not finish within {limit:g} s")
+            continue
+        except GrammarError:
+            continue
+        gaps = unenforced(spec.schema, other) if spec.kind == "json_schema" else []
+        compiles.append(f"backend='{other}'" + (f" (it does not enforce {', '.join(gaps)})" if gaps else ""))
+    tried = ", ".join(b for b in PREFERENCE if b != failed)
+    if not compiles:
+        detail = f"; {'; '.join(notes)}" if notes else ""
+        return f"No other backend compiles it either (tried {tried}{detail})."
+    verb = "compiles" if len(compiles) == 1 else "compile"
+    return (
+        f"Try {' or '.join(compiles)}: tried, it {verb} this grammar."
+        if len(compiles) == 1
+        else (f"Try {' or '.join(compiles)}: tried, they {verb} this grammar.")
+    )
+
+
 def _compile_one(
-    name: str, spec: GrammarSpec, tokenizer: Any, tok_key: Hashable, vocab_size: int, stops: tuple[int, ...]
-) -> CompiledGrammar:
+    name: str, spec: GrammarSpec, tokenizer: Any, tok_key: Hashable, vocab_size: int, stops: tuple[int, ...],
+    timeout: float | None,
+) -> CompiledGrammar:  # fmt: skip
+    """The cached grammar of ``spec`` on backend ``name``, compiled under ``timeout`` when missing."""
     module = _backend_module(name)
     prepared_key = (name, tok_key, vocab_size, stops)
+    key = prepared_key + (spec,)
 
     def build() -> CompiledGrammar:
         from .capabilities import unenforced
 
+        _failures.check(key, timeout)  # compiled before, and refused or ran past this deadline
         prepared = _prepared.get(prepared_key, lambda: module.prepare(tokenizer, vocab_size, stops))
-        compiled = module.compile_spec(prepared, spec, vocab_size, stops)
+        if timeout is None:
+            _warn_if_slow(name, spec)
+        try:
+            compiled = _run(module, name, prepared, spec, vocab_size, stops, timeout)
+        except CompileTimeout as e:
+            _failures.add(key, str(e), timeout)
+            raise
+        except GrammarError as e:
+            _failures.add(key, str(e))
+            raise _CompileFailed(str(e)) from None
         if spec.kind == "json_schema":
             compiled.unenforced = tuple(unenforced(spec.schema, name))
         return compiled
 
-    return _grammars.get(prepared_key + (spec,), build)
+    return _grammars.get(key, build)
 
 
-def _deadline(build: Callable[[], CompiledGrammar], timeout: float | None, backend: str) -> CompiledGrammar:
-    """``build()``, or a :class:`GrammarError` when it takes longer than ``timeout`` seconds.
-
-    The build runs in a daemon thread (the backends compile in native code
-    that releases the GIL); past the deadline it is left to finish and fill
-    the cache.
-    """
+def _run(
+    module: Any, name: str, prepared: Any, spec: GrammarSpec, vocab_size: int, stops: tuple[int, ...],
+    timeout: float | None,
+) -> CompiledGrammar:  # fmt: skip
+    """Compile ``spec`` on one backend within ``timeout`` seconds (see the module docstring for how)."""
     if timeout is None:
-        return build()
-    box: dict[str, Any] = {}
+        return module.compile_spec(prepared, spec, vocab_size, stops)
+    if not hasattr(module, "serialize") or not hasattr(os, "fork"):  # llguidance: bounded by its own limits
+        started = time.monotonic()
+        compiled = module.compile_spec(prepared, spec, vocab_size, stops)
+        if time.monotonic() - started > timeout:
+            raise CompileTimeout(_timeout_message(name, spec, timeout, "it finished late and was dropped"))
+        return compiled
+    payload = _in_worker(lambda: module.serialize(module.compile_spec(prepared, spec, vocab_size, stops)),
+                         timeout, name, spec)  # fmt: skip
+    return module.deserialize(prepared, payload, vocab_size, stops)
 
-    def run() -> None:
+
+def _in_worker(work: Callable[[], bytes], timeout: float, name: str, spec: GrammarSpec) -> bytes:
+    """``work()`` in a forked child process; its bytes, or :class:`CompileTimeout` after killing it at the deadline.
+
+    The child inherits the parent's memory (the tokenizer-level state is
+    already built) and writes one tagged message to a pipe: ``R`` + result,
+    ``G`` + a GrammarError's message, ``E`` + any other error.  The child is
+    always reaped: no process outlives this call.
+    """
+    read_end, write_end = os.pipe()
+    with _fork_lock:  # one fork at a time
+        pid = os.fork()
+    if pid == 0:  # the child: compile, report, exit without running the parent's clean-up
+        status = 0
         try:
-            box["value"] = build()
-        except BaseException as e:  # handed to the caller
-            box["error"] = e
-
-    worker = threading.Thread(target=run, name=f"grammarspec-compile-{backend}", daemon=True)
-    worker.start()
-    worker.join(timeout)
-    if worker.is_alive():
-        raise GrammarError(
-            f"{backend} did not compile the grammar within compile_timeout={timeout:g} s; try another "
-            "backend (grammar_backend='auto' picks one), raise compile_timeout, or simplify the schema"
+            os.close(read_end)
+            try:
+                message = b"R" + work()
+            except GrammarError as e:
+                message = b"G" + str(e).encode()
+            except BaseException as e:  # reported to the parent
+                message = b"E" + f"{type(e).__name__}: {e}".encode()
+            view = memoryview(message)
+            while view:
+                view = view[os.write(write_end, view) :]
+        except BaseException:
+            status = 1
+        finally:
+            os._exit(status)
+    os.close(write_end)
+    deadline = time.monotonic() + timeout
+    chunks: list[bytes] = []
+    reaped = False
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            ready = select.select([read_end], [], [], max(0.0, left))[0] if left > 0 else []
+            if not ready:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                reaped = True
+                raise CompileTimeout(_timeout_message(name, spec, timeout, "its worker process was killed"))
+            chunk = os.read(read_end, 1 << 20)
+            if not chunk:
+                break
+            chunks.append(chunk)
+        _, status = os.waitpid(pid, 0)
+        reaped = True
+    finally:
+        os.close(read_end)
+        if not reaped:  # interrupted (KeyboardInterrupt, ...): stop the child too
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+    data = b"".join(chunks)
+    chunks.clear()
+    if not data:
+        how = (
+            f"signal {-os.waitstatus_to_exitcode(status)}"
+            if os.WIFSIGNALED(status)
+            else f"status {os.waitstatus_to_exitcode(status)}"
         )
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
+        raise GrammarError(
+            f"the {name} compile worker process ended without a result ({how}; out of memory?); "
+            "simplify the schema, or compile without compile_timeout to see the backend's own error"
+        )
+    tag, body = data[:1], data[1:]
+    if tag == b"R":
+        return body
+    if tag == b"G":
+        raise GrammarError(body.decode(errors="replace"))
+    raise GrammarError(f"{name} failed while compiling the grammar: {body.decode(errors='replace')}")
+
+
+def _timeout_message(name: str, spec: GrammarSpec, timeout: float, how: str) -> str:
+    hint = ""
+    values = _largest_enum(spec.schema) if spec.is_json else 0
+    if name == "xgrammar" and values >= LARGE_ENUM:
+        hint = (
+            f" This schema has an enum of {values:,} values, and xgrammar's compile time grows fast with it "
+            "(about 1.5 s at 20,000 values, 62 s at 100,000)."
+        )
+    return (
+        f"{name} did not compile the grammar within compile_timeout={timeout:g} s ({how}; it uses no more CPU "
+        f"or memory).{hint} Raise compile_timeout, or simplify the schema."
+    )
+
+
+def _warn_if_slow(name: str, spec: GrammarSpec) -> None:
+    """Warn before a compile that is known to take long without a deadline (xgrammar on a large enum)."""
+    if name != "xgrammar" or not spec.is_json:
+        return
+    values = _largest_enum(spec.schema)
+    if values >= LARGE_ENUM:
+        warnings.warn(
+            f"this schema has an enum of {values:,} values; xgrammar's compile time grows fast with it "
+            "(about 1.5 s at 20,000 values, 62 s at 100,000), and nothing bounds it: pass compile_timeout=SECONDS "
+            "to stop the compile past a deadline",
+            GrammarWarning,
+            stacklevel=5,
+        )
+
+
+def _largest_enum(schema: Any) -> int:
+    """The number of values of the largest ``enum`` in ``schema``.  Pure."""
+    from .spec import schema_nodes
+
+    return max((len(n["enum"]) for n in schema_nodes(schema) if isinstance(n.get("enum"), list)), default=0)
 
 
 def _report_unenforced(compiled: CompiledGrammar, strict: bool) -> None:
@@ -258,9 +618,29 @@ class SelectedGrammar(CompiledGrammar):
 
 
 def clear_grammar_cache() -> None:
-    """Forget every cached compiled grammar and tokenizer-level state."""
+    """Forget every cached compiled grammar, tokenizer-level state and remembered compile error.
+
+    The memory is handed back to the operating system (garbage collection,
+    then glibc's ``malloc_trim``) once no other reference holds the grammars:
+    a :class:`CompiledGrammar` or :class:`Matcher` still in use keeps its own.
+    Changes global state.
+    """
     _grammars.clear()
     _prepared.clear()
+    _failures.clear()
+    gc.collect()
+    _trim_heap()
+
+
+def _trim_heap() -> None:
+    """Return freed heap pages to the OS (glibc only; elsewhere a no-op)."""
+    try:
+        libc = ctypes.CDLL(None)
+        trim = libc.malloc_trim
+    except (OSError, AttributeError):
+        return
+    trim.argtypes = [ctypes.c_size_t]
+    trim(0)
 
 
 def _backend_module(name: str) -> Any:

@@ -35,6 +35,7 @@ import copy
 import json
 import operator
 import os
+import pickle
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -53,6 +54,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "OutlinesCompiled", "OutlinesMatcher", "OutlinesVocabulary", "prepare", "compile_spec", "token_bytes",
+    "serialize", "deserialize", "prepared_nbytes",
     "shape_over_length", "length_yields_to_shape", "FORMATS",
 ]  # fmt: skip
 
@@ -78,6 +80,17 @@ class OutlinesVocabulary:
     stop_token_ids: tuple[int, ...]
 
 
+#: Estimated bytes of the tokenizer-level state per vocabulary entry (6.9 MB measured for SmolLM2's 49,152).
+_PREPARED_BYTES_PER_TOKEN = 144
+#: An index's resident memory over its serialised size (2 to 3.8 measured on the corpus sample).
+_INDEX_BYTES_PER_SERIALISED_BYTE = 3
+
+
+def prepared_nbytes(prepared: OutlinesVocabulary) -> int:
+    """Estimated resident bytes of the tokenizer-level state.  Pure."""
+    return prepared.vocab_size * _PREPARED_BYTES_PER_TOKEN
+
+
 def prepare(tokenizer: Any, vocab_size: int, stop_token_ids: Sequence[int]) -> OutlinesVocabulary:
     """Build the outlines-core vocabulary of ``tokenizer`` for a logits width and stop tokens.
 
@@ -96,7 +109,7 @@ def prepare(tokenizer: Any, vocab_size: int, stop_token_ids: Sequence[int]) -> O
         vocabulary = Vocabulary(stops[0], by_text)
     except Exception as e:
         raise GrammarError(
-            f"outlines-core could not build a vocabulary from the tokenizer ({e}); try backend='xgrammar'"
+            f"outlines-core could not build a vocabulary from the tokenizer ({e}); pass a Hugging Face tokenizer"
         ) from None
     return OutlinesVocabulary(vocabulary, tuple(pieces), vocab_size, stops)
 
@@ -183,10 +196,7 @@ def compile_spec(
     from outlines_core.json_schema import build_regex_from_schema
 
     if spec.kind == "ebnf":
-        raise GrammarError(
-            "outlines-core does not support EBNF grammars; use backend='xgrammar', or express the "
-            "grammar as a regex (regex=...)"
-        )
+        raise GrammarError("outlines-core does not support EBNF grammars; express the grammar as a regex (regex=...).")
     if spec.is_json:
         whitespace = FLEXIBLE_WHITESPACE if spec.any_whitespace else ""
         try:
@@ -201,8 +211,8 @@ def compile_spec(
                     f"({why_not}); fix the schema."
                 ) from None
             raise GrammarError(
-                f"outlines-core cannot convert the JSON schema: {_first_line(e)}. Try backend='xgrammar', "
-                "or simplify or remove that part of the schema."
+                f"outlines-core cannot convert the JSON schema: {_first_line(e)}. Simplify or remove that part "
+                "of the schema."
             ) from None
     else:
         regex = spec.source
@@ -211,10 +221,21 @@ def compile_spec(
     except Exception as e:
         what = "the regex" if spec.kind == "regex" else "the regex built from the JSON schema"
         raise GrammarError(
-            f"outlines-core cannot compile {what}: {_first_line(e)}. Try backend='xgrammar', "
-            "or simplify that part of the grammar."
+            f"outlines-core cannot compile {what}: {_first_line(e)}. Simplify that part of the grammar."
         ) from None
     return OutlinesCompiled(index, vocab)
+
+
+def serialize(compiled: OutlinesCompiled) -> bytes:
+    """The index as bytes (outlines-core's own binary form, through pickle), for a worker process.  Pure."""
+    return pickle.dumps(compiled.index, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def deserialize(
+    prepared: OutlinesVocabulary, data: bytes, vocab_size: int, stop_token_ids: Sequence[int]
+) -> OutlinesCompiled:
+    """The grammar :func:`serialize` wrote, over this process's vocabulary."""
+    return OutlinesCompiled(pickle.loads(data), prepared, serialised_size=len(data))
 
 
 def shape_over_length(spec: GrammarSpec) -> str:
@@ -256,11 +277,21 @@ class OutlinesCompiled(CompiledGrammar):
 
     backend = BACKEND
 
-    def __init__(self, index: outlines_core.Index, vocab: OutlinesVocabulary) -> None:
+    def __init__(
+        self, index: outlines_core.Index, vocab: OutlinesVocabulary, serialised_size: int | None = None
+    ) -> None:
         self.index = index
         self.vocab = vocab
         self.vocab_size = vocab.vocab_size
         self.stop_token_ids = vocab.stop_token_ids
+        self._serialised_size = serialised_size
+
+    @property
+    def nbytes(self) -> int:
+        """Estimated resident bytes of the index (from its serialised size, measured once).  Does not change state."""
+        if self._serialised_size is None:
+            self._serialised_size = len(serialize(self))
+        return self._serialised_size * _INDEX_BYTES_PER_SERIALISED_BYTE + 4096
 
     def matcher(self, max_rollback: int = 64) -> OutlinesMatcher:
         window = RollbackWindow(max_rollback)  # checks max_rollback

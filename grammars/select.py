@@ -12,6 +12,12 @@ The rule (from the capability tables of :mod:`grammars.capabilities`):
    unenforced wins (ties: :data:`PREFERENCE` order) and the result names
    what is not enforced.
 
+Capabilities decide first: a backend is compiled only when its table says
+it can win (it enforces everything, or it could leave fewer features
+unenforced than the best so far, and refuses none), so a fallback is compiled
+only when needed, and the caches of :mod:`grammars.compile` (compiled grammars
+and remembered errors) make sure nothing is compiled twice.
+
 Regexes and EBNF grammars are enforced fully by every backend that compiles
 them; the first of :data:`PREFERENCE` that compiles wins.
 
@@ -83,8 +89,8 @@ def choose(spec: GrammarSpec, compile_with: Callable[[str], CompiledGrammar]) ->
             return Choice(compiled, name, f"{name} enforces every keyword this schema uses{detail}", ())
     best: tuple[int, str, CompiledGrammar] | None = None
     for name in sorted(PREFERENCE, key=lambda n: (len(gaps[n]), PREFERENCE.index(n))):
-        if name in errors or (best is not None and len(gaps[name]) >= best[0]):
-            continue
+        if name in errors or refused(spec.schema, name) or (best is not None and len(gaps[name]) >= best[0]):
+            continue  # failed above, declared to refuse, or no better than the best so far
         compiled = attempt(name)
         if compiled is not None:
             best = (len(gaps[name]), name, compiled)

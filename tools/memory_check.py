@@ -1,39 +1,48 @@
-"""Resident memory over many consecutive generations: it must not grow.
+"""Resident memory over many calls on every grammar backend: after a warm-up it must stay flat.
 
-    .venv/bin/python tools/memory_check.py               # 300 with one schema, then 300 with different ones
-    .venv/bin/python tools/memory_check.py --n 50        # a shorter run
+    .venv/bin/python tools/memory_check.py --schemas /path/to/corpus --calls 1000 --plot docs/memory.png
+    .venv/bin/python tools/memory_check.py --generate --calls 84   # with the embedded model, 16 new tokens a call
+    .venv/bin/python tools/memory_check.py --calls 100             # a short run over data/schemas
 
-Loads the embedded model, warms up (one schema a few times, then enough
-different schemas to fill grammarspec's bounded grammar cache), then runs
-``--n`` generations with the same schema and ``--n`` with different schemas
-(production schemas from the corpus: ``--schemas DIR``, else
-``$GRAMMARSPEC_SCHEMAS``, else the repository's ``data/schemas`` sample; topped
-up with generated ones when the corpus has fewer), ``max_new_tokens`` small, the ``auto`` proposers on.  Prints resident
-memory (psutil RSS) after loading, after the warm-up, after each phase and at
-the end.  Exits 1 if memory grew by ``--limit-mb`` (50) or more after the
-warm-up.  A script, not a timed test: run it when the decoding path changes.
+One process cycles through the schemas (``--schemas DIR``, else
+``$GRAMMARSPEC_SCHEMAS``, else the repository's ``data/schemas`` sample) and
+the backends (``--backends``, default xgrammar, outlines, llguidance and
+auto), one call per (schema, backend): compile with ``compile_timeout``
+(timeouts and refusals count as calls: they must not leak either), then, for
+a grammar that compiled, a matcher that walks the schema's first example and
+fills a mask per token -- or, with ``--generate``, a 16-token generation with
+the embedded model.  The grammar cache is bounded (``--cache-mb``), so the
+calls keep compiling.
+
+Resident memory (psutil RSS) is read after every call; the peak is the
+kernel's high-water mark (``ru_maxrss``).  The verdict compares the readings
+after the warm-up (``--warm-up`` calls, default: the first tenth) with the
+reading at its end: growth of ``--limit-mb`` (50) or more fails (exit 1), as
+does a peak over ``--peak-limit-mb`` when given.  ``--plot FILE`` draws RSS
+against calls (matplotlib).  A script, not a timed test: tests/test_memory.py
+runs a short version of the same loop.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import json
+import resource
 import sys
 import time
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import psutil
 
-SAME_SCHEMA = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string"},
-        "age": {"type": "integer", "minimum": 0},
-        "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 3},
-    },
-    "required": ["name", "age", "tags"],
-    "additionalProperties": False,
-}
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+BACKENDS = ("xgrammar", "outlines", "llguidance", "auto")
 
 
 def rss_mb() -> float:
@@ -41,105 +50,190 @@ def rss_mb() -> float:
     return psutil.Process().memory_info().rss / 2**20
 
 
-def generated_schemas(n: int) -> list[dict[str, Any]]:
-    """``n`` different small schemas (deterministic)."""
-    kinds = [{"type": "string"}, {"type": "integer"}, {"type": "boolean"}, {"type": "number"}]
-    schemas = []
-    for i in range(n):
-        properties = {f"field_{i}_{j}": kinds[(i + j) % 4] for j in range(2 + i % 4)}
-        properties[f"choice_{i}"] = {"enum": [f"v{i}_{k}" for k in range(3 + i % 5)]}
-        schemas.append(
-            {"type": "object", "properties": properties, "required": list(properties), "additionalProperties": False}
-        )
-    return schemas
+def peak_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
 
 
-def corpus_schemas(folder: str | None, n: int) -> list[dict[str, Any]]:
-    """Up to ``n`` production schemas, interleaved across categories (deterministic)."""
+@dataclass
+class Outcome:
+    """What one call did."""
+
+    compiled: int = 0
+    refused: int = 0
+    timed_out: int = 0
+
+
+def schema_records(folder: str | None, limit: int | None = None) -> list[dict[str, Any]]:
+    """Schema records of the corpus, interleaved across categories (deterministic)."""
     from grammarspec.bench.tasks import read_schema_records
 
     by_category: dict[str, list[dict[str, Any]]] = {}
     for record in read_schema_records(folder):
-        by_category.setdefault(record["category"], []).append(record["schema"])
+        by_category.setdefault(record["category"], []).append(record)
     groups = list(by_category.values())
     interleaved = [group[i] for i in range(max(map(len, groups), default=0)) for group in groups if i < len(group)]
-    return interleaved[:n]
+    return interleaved[:limit] if limit else interleaved
+
+
+def grammar_call(
+    record: dict[str, Any], backend: str, tokenizer: Any, compile_timeout: float, outcome: Outcome
+) -> None:
+    """Compile one schema on one backend, then walk its first example with a matcher, filling masks."""
+    from grammars import CompileTimeout, GrammarError, allocate_bitmask, compile_grammar, grammar_spec
+
+    try:
+        spec = grammar_spec(schema=record["schema"])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            compiled = compile_grammar(spec, tokenizer, backend=backend, compile_timeout=compile_timeout)
+    except CompileTimeout:
+        outcome.timed_out += 1
+        return
+    except GrammarError:
+        outcome.refused += 1
+        return
+    outcome.compiled += 1
+    examples = record.get("examples") or []
+    text = json.dumps(examples[0], separators=(",", ":")) if examples else ""
+    matcher = compiled.matcher(max_rollback=8)
+    mask = allocate_bitmask(1, compiled.vocab_size)
+    for token in tokenizer.encode(text, add_special_tokens=False)[:64]:
+        matcher.fill_mask(mask, 0)
+        if not matcher.accept(token):
+            break
+
+
+def slow_schema(i: int) -> dict[str, Any]:
+    """A schema outlines-core takes seconds to compile (30 patterned strings); ``i`` makes it new each time."""
+    pattern = {"type": "string", "pattern": "^[a-z]{2,9}$"}
+    return {"type": "object", "properties": {f"k{i}_{j}": pattern for j in range(30)}}
+
+
+def calls(records: list[dict[str, Any]], backends: tuple[str, ...], n: int) -> Iterator[tuple[dict[str, Any], str]]:
+    """``n`` (record, backend) pairs: every backend on a schema, then the next schema, round and round."""
+    i = 0
+    while i < n:
+        for record in records:
+            for backend in backends:
+                if i == n:
+                    return
+                yield record, backend
+                i += 1
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="RSS over consecutive generations (see the module docstring).")
-    parser.add_argument("--n", type=int, default=300, help="generations per phase (default 300)")
-    parser.add_argument("--max-new-tokens", type=int, default=8)
+    parser = argparse.ArgumentParser(description="RSS over many grammar calls (see the module docstring).")
+    parser.add_argument("--calls", type=int, default=1000, help="calls in all (default 1000)")
+    parser.add_argument(
+        "--schemas", default=None, help="corpus folder (default: $GRAMMARSPEC_SCHEMAS, else data/schemas)"
+    )
+    parser.add_argument("--max-schemas", type=int, default=None, help="use only the first N schemas")
+    parser.add_argument("--backends", default=",".join(BACKENDS))
+    parser.add_argument("--compile-timeout", type=float, default=20.0)
+    parser.add_argument("--cache-mb", type=float, default=256.0, help="grammar cache bound in MiB (default 256)")
+    parser.add_argument("--cache-count", type=int, default=None, help="grammar cache bound in entries (default 64)")
+    parser.add_argument("--slow-every", type=int, default=0,
+                        help="every Nth call also compiles a new slow grammar on outlines with a 0.05 s deadline "
+                             "(a timeout that kills a worker; default: never)")  # fmt: skip
+    parser.add_argument("--warm-up", type=int, default=None, help="calls before the baseline (default: a tenth)")
     parser.add_argument("--limit-mb", type=float, default=50.0)
-    parser.add_argument("--schemas", default=None,
-                        help="corpus folder for the different-schema phase (default: $GRAMMARSPEC_SCHEMAS, else "
-                             "data/schemas; topped up with generated schemas)")  # fmt: skip
-    parser.add_argument("--assistant", default="auto")
+    parser.add_argument("--peak-limit-mb", type=float, default=None)
+    parser.add_argument("--generate", action="store_true", help="generate 16 tokens with the embedded model instead")
+    parser.add_argument("--max-new-tokens", type=int, default=16)
+    parser.add_argument("--plot", default=None, help="write RSS against calls to this image (matplotlib)")
+    parser.add_argument("--tokenizer", default="smollm2-135m", help="'smollm2-135m' (default) or 'toy' (tests)")
     args = parser.parse_args(argv)
+    backends = tuple(b for b in args.backends.split(",") if b)
 
-    import torch
+    from grammars import CompileTimeout, GrammarError, set_cache_limits
 
-    import grammarspec
-    from grammars import GrammarError
-    from grammars.compile import GRAMMAR_CACHE_SIZE
-
+    set_cache_limits(grammar_mb=args.cache_mb, grammar_count=args.cache_count)
     start = rss_mb()
-    model, tokenizer = grammarspec.load_model("smollm2-135m")
+    model = prompt = None
+    if args.generate:
+        import torch
+
+        import grammarspec
+
+        model, tokenizer = grammarspec.load_model("smollm2-135m")
+        prompt = torch.tensor([grammarspec.build_prompt(tokenizer, "Write one example JSON document.", describe=False)])
+    elif args.tokenizer == "toy":
+        sys.path.insert(0, str(ROOT / "tests"))
+        from toy import toy_byte_level_tokenizer
+
+        tokenizer = toy_byte_level_tokenizer()
+    else:
+        from grammarspec.loading import load_tokenizer
+
+        tokenizer = load_tokenizer(args.tokenizer)
     loaded = rss_mb()
-    warm_count = GRAMMAR_CACHE_SIZE + 8  # fills the bounded grammar cache
-    pool = corpus_schemas(args.schemas, warm_count + args.n)
-    source = f"{len(pool)} production schemas"
-    if len(pool) < warm_count + args.n:
-        extra = warm_count + args.n - len(pool)
-        pool += generated_schemas(extra)
-        source += f" and {extra} generated ones"
-    warm_up, different = pool[:warm_count], pool[warm_count:]
-    prompt = torch.tensor([grammarspec.build_prompt(tokenizer, "Write one example JSON document.", describe=False)])
-    refused = 0
-
-    def generate(schema: dict[str, Any]) -> None:
-        nonlocal refused
-        try:
-            grammarspec.generate(
-                model, prompt, tokenizer=tokenizer, schema=schema, assistant=args.assistant,
-                max_new_tokens=args.max_new_tokens,
-            )  # fmt: skip
-        except GrammarError:
-            refused += 1
-
+    records = schema_records(args.schemas, args.max_schemas)
+    outcome = Outcome()
+    readings: list[float] = []
     began = time.perf_counter()
-    for _ in range(8):
-        generate(SAME_SCHEMA)
-    for schema in warm_up:
-        generate(schema)
-    warmed = rss_mb()
-    print(f"after loading the model: {loaded:8.1f} MB RSS (process start: {start:.1f} MB)", flush=True)
-    print(f"after warm-up ({8 + len(warm_up)} generations): {warmed:8.1f} MB", flush=True)
+    for i, (record, backend) in enumerate(calls(records, backends, args.calls)):
+        if args.generate:
+            import grammarspec
 
-    readings = []
-    for i in range(args.n):
-        generate(SAME_SCHEMA)
-        if (i + 1) % 100 == 0 or i + 1 == args.n:
-            readings.append((f"same schema, {i + 1}", rss_mb()))
-            print(f"  {readings[-1][0]:>28}: {readings[-1][1]:8.1f} MB", flush=True)
-    after_same = rss_mb()
-    for i, schema in enumerate(different):
-        generate(schema)
-        if (i + 1) % 100 == 0 or i + 1 == len(different):
-            readings.append((f"different schemas, {i + 1}", rss_mb()))
-            print(f"  {readings[-1][0]:>28}: {readings[-1][1]:8.1f} MB", flush=True)
-    end = rss_mb()
-    growth = end - warmed
+            try:
+                grammarspec.generate(
+                    model, prompt, tokenizer=tokenizer, schema=record["schema"], grammar_backend=backend,
+                    compile_timeout=args.compile_timeout, max_new_tokens=args.max_new_tokens,
+                )  # fmt: skip
+                outcome.compiled += 1
+            except CompileTimeout:
+                outcome.timed_out += 1
+            except GrammarError:
+                outcome.refused += 1
+        else:
+            grammar_call(record, backend, tokenizer, args.compile_timeout, outcome)
+        if args.slow_every and (i + 1) % args.slow_every == 0:
+            slow = {"schema": slow_schema(i), "examples": []}
+            grammar_call(slow, "outlines", tokenizer, 0.05, outcome)
+        readings.append(rss_mb())
+        if (i + 1) % 50 == 0:
+            print(f"  call {i + 1:5d}: {readings[-1]:8.1f} MB RSS, peak {peak_mb():8.1f} MB", flush=True)
+    n = len(readings)
+    warm = args.warm_up if args.warm_up is not None else max(1, n // 10)
+    baseline = readings[min(warm, n) - 1]
+    end = readings[-1]
+    after = readings[warm:] or [end]
     minutes = (time.perf_counter() - began) / 60
     print()
-    print(f"memory check: {args.n} generations with one schema, then {len(different)} with different ones "
-          f"({source}); max_new_tokens={args.max_new_tokens}, assistant={args.assistant!r}; "
-          f"{refused} schemas refused with GrammarError; {minutes:.1f} min")  # fmt: skip
-    print(f"RSS after warm-up {warmed:.1f} MB, after the same-schema phase {after_same:.1f} MB "
-          f"({after_same - warmed:+.1f}), at the end {end:.1f} MB ({growth:+.1f})")  # fmt: skip
-    verdict = "OK" if growth < args.limit_mb else "FAIL"
-    print(f"growth after warm-up: {growth:+.1f} MB (limit {args.limit_mb:.0f} MB): {verdict}")
-    return 0 if verdict == "OK" else 1
+    print(f"memory check: {n} calls over {len(records)} schemas x {', '.join(backends)}; "
+          f"{'generate ' + str(args.max_new_tokens) + ' tokens' if args.generate else 'compile + matcher walk'}; "
+          f"compile_timeout={args.compile_timeout:g} s, grammar cache {args.cache_mb:g} MiB; "
+          f"{outcome.compiled} compiled, {outcome.refused} refused, {outcome.timed_out} timed out; {minutes:.1f} min")  # fmt: skip
+    print(f"RSS: process start {start:.1f} MB, after loading {loaded:.1f} MB, after the warm-up ({warm} calls) "
+          f"{baseline:.1f} MB, max after it {max(after):.1f} MB, at the end {end:.1f} MB; peak {peak_mb():.1f} MB")  # fmt: skip
+    growth = end - baseline
+    ok = growth < args.limit_mb and (args.peak_limit_mb is None or peak_mb() < args.peak_limit_mb)
+    print(f"growth after warm-up: {growth:+.1f} MB (limit {args.limit_mb:.0f} MB)"
+          + (f"; peak limit {args.peak_limit_mb:.0f} MB" if args.peak_limit_mb else "") + f": {'OK' if ok else 'FAIL'}")  # fmt: skip
+    if args.plot:
+        plot(readings, warm, args.plot, f"{n} calls, {len(records)} schemas x {len(backends)} backends")
+    return 0 if ok else 1
+
+
+def plot(readings: list[float], warm: int, path: str, title: str) -> None:
+    """RSS against calls, the warm-up shaded."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    ax.plot(range(1, len(readings) + 1), readings, lw=1.2)
+    ax.axvspan(0, warm, color="0.9", label="warm-up")
+    ax.set_xlabel("call")
+    ax.set_ylabel("resident memory (MB)")
+    ax.set_ylim(0, max(readings) * 1.15)
+    ax.set_title(f"tools/memory_check.py: {title}")
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":
