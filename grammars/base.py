@@ -53,7 +53,7 @@ def bitmask_width(vocab_size: int) -> int:
 
 def allocate_bitmask(rows: int, vocab_size: int) -> torch.Tensor:
     """A bitmask of ``rows`` rows with every token allowed (all bits set)."""
-    return torch.full((rows, bitmask_width(vocab_size)), -1, dtype=torch.int32)
+    return torch.full((rows, bitmask_width(vocab_size)), -1, dtype=torch.int32, device="cpu")  # filled on the host
 
 
 class Matcher(ABC):
@@ -138,7 +138,7 @@ class Matcher(ABC):
         Convenience for tests and proposers; does not change state.
         """
         if self.is_terminated():
-            return torch.empty(0, dtype=torch.long)
+            return torch.empty(0, dtype=torch.long, device="cpu")
         mask = allocate_bitmask(1, self.vocab_size)
         self.fill_mask(mask, 0)
         return bitmask_to_ids(mask[0], self.vocab_size)
@@ -146,7 +146,7 @@ class Matcher(ABC):
 
 def bitmask_to_ids(row: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """Token ids whose bit is set in one bitmask row (``[ceil(V/32)]`` int32)."""
-    bits = torch.arange(32, dtype=torch.int32)
+    bits = torch.arange(32, dtype=torch.int32, device=row.device)
     expanded = (row.unsqueeze(-1) >> bits) & 1  # [words, 32]
     ids = torch.nonzero(expanded.reshape(-1), as_tuple=False).squeeze(-1)
     return ids[ids < vocab_size]

@@ -25,6 +25,7 @@ from proposers.base import Request
 
 from .adaptive import AdaptiveController
 from .assistant import resolve_assistant
+from .cache import logits_device
 from .decoding import DecodeConfig, RowRequest, decode_batch, logits_width
 from .draft_model import DraftModelProposer
 from .inputs import (
@@ -213,7 +214,7 @@ def _generate(
     requests = []
     for prompt, spec, grammar_ in zip(rows, specs, compiled):
         pipeline = build_pipeline(config, prompt_length=len(prompt), eos_token_ids=eos, processors=processors,
-                                  max_length=len(prompt) + max_new, device=_device(model))  # fmt: skip
+                                  max_length=len(prompt) + max_new, device=logits_device(model))  # fmt: skip
         proposer = resolve_assistant(assistant, draft_model=assistant_model, sampling=decode_config.sampling,
                                      processing=pipeline, generator=generator, vocab_size=vocab)  # fmt: skip
         for member in getattr(proposer, "proposers", None) or [proposer]:
@@ -230,8 +231,8 @@ def _generate(
         requests.append(RowRequest(prompt, matcher, proposer, controller, pipeline))
     on_commit = None
     if streamer is not None:
-        streamer.put(torch.tensor([rows[0]], dtype=torch.long))
-        on_commit = lambda index, toks: streamer.put(torch.tensor(toks, dtype=torch.long))  # noqa: E731
+        streamer.put(torch.tensor([rows[0]], dtype=torch.long, device="cpu"))  # streamers decode on the host
+        on_commit = lambda index, toks: streamer.put(torch.tensor(toks, dtype=torch.long, device="cpu"))  # noqa: E731
     pad = config.pad_token_id if config.pad_token_id is not None else (eos[0] if eos else 0)
     finished = decode_batch(model, requests, decode_config, tokenizer=tokenizer, generator=generator,
                             pad_token_id=int(pad), max_batch_size=max_batch_size, prompt_cache=prompt_cache,
@@ -347,7 +348,7 @@ def _per_step(rows: list[list[torch.Tensor]], vocab: int) -> tuple[torch.Tensor,
     steps = max((len(r) for r in rows), default=0)
     out = []
     for j in range(steps):
-        step = torch.full((len(rows), vocab), float("-inf"))
+        step = torch.full((len(rows), vocab), float("-inf"), device="cpu")  # scores are returned on the host
         for i, r in enumerate(rows):
             if j < len(r):
                 step[i, : r[j].shape[-1]] = r[j].cpu()
@@ -392,7 +393,7 @@ def _assemble(
     ids = ids.repeat_interleave(repeat, dim=0)
     pad = config.pad_token_id if config.pad_token_id is not None else (eos[0] if eos else 0)
     width = max(len(o) for o in outputs)
-    new = torch.full((ids.shape[0], width), int(pad), dtype=torch.long)
+    new = torch.full((ids.shape[0], width), int(pad), dtype=torch.long, device="cpu")
     for i, out in enumerate(outputs):
-        new[i, : len(out)] = torch.tensor(out, dtype=torch.long)
+        new[i, : len(out)] = torch.tensor(out, dtype=torch.long, device="cpu")
     return torch.cat([ids, new.to(ids.device)], dim=1)  # on the caller's device, as they passed input_ids

@@ -13,12 +13,40 @@ import inspect
 from collections.abc import Sequence
 
 import torch
+import transformers
 from transformers import DynamicCache
 
 __all__ = [
     "CacheError", "new_cache", "crop_cache", "cache_length", "require_croppable", "forward_with_cache", "cache_argument",
-    "common_prefix_length",
+    "common_prefix_length", "logits_device", "check_transformers", "TRANSFORMERS_FLOOR",
 ]  # fmt: skip
+
+
+#: The oldest transformers whose models take a 2-D boolean ``logits_to_keep`` (``slice_logits_to_keep``, 5.21.0):
+#: the batched verification pass keeps each row's own positions with it.  Also pyproject.toml's floor.
+TRANSFORMERS_FLOOR = (5, 21)
+
+
+def check_transformers(version: str) -> None:
+    """Raise ``ImportError`` when transformers ``version`` is older than :data:`TRANSFORMERS_FLOOR`.  Pure.
+
+    Older releases index ``hidden_states[:, logits_to_keep, :]``, which a boolean ``[B, L]`` mask breaks
+    deep inside the model's forward.
+    """
+    parts = []
+    for piece in version.split(".")[:2]:
+        digits = "".join(c for c in piece if c.isdigit())
+        parts.append(int(digits) if digits else 0)
+    if tuple(parts) < TRANSFORMERS_FLOOR:
+        floor = ".".join(map(str, TRANSFORMERS_FLOOR))
+        raise ImportError(
+            f"grammarspec needs transformers>={floor} (found {version}): its batched verification pass gives the "
+            f"model a 2-D boolean logits_to_keep, which older releases cannot slice. Upgrade: "
+            f"pip install 'transformers>={floor}'"
+        )
+
+
+check_transformers(transformers.__version__)
 
 
 class CacheError(RuntimeError):
@@ -56,6 +84,23 @@ def cache_argument(model: torch.nn.Module) -> str:
     return _CACHE_ARG[kind]
 
 
+def logits_device(model: torch.nn.Module) -> torch.device:
+    """The device ``model``'s logits come out on: its output head's (``device_map`` may spread the layers).
+
+    Every tensor the loop builds to meet the logits (processors' EOS ids, indices, masks) goes there.
+    """
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    weight = getattr(head, "weight", None)
+    if isinstance(weight, torch.Tensor):
+        return weight.device
+    if isinstance(getattr(model, "device", None), torch.device):
+        return model.device
+    try:
+        return next(model.parameters()).device
+    except (StopIteration, AttributeError, TypeError):
+        return torch.device("cpu")
+
+
 def forward_with_cache(
     model: torch.nn.Module, input_ids: list[int], cache: DynamicCache, logits_to_keep: int
 ) -> torch.Tensor:
@@ -63,8 +108,8 @@ def forward_with_cache(
 
     The logits stay on the model's device.
     """
-    device = next(iter(model.parameters()), torch.empty(0)).device if not hasattr(model, "device") else model.device
-    ids = torch.tensor([input_ids], dtype=torch.long, device=device)
+    device = model.device if isinstance(getattr(model, "device", None), torch.device) else logits_device(model)
+    ids = torch.tensor([input_ids], dtype=torch.long, device=device)  # the input embeddings' device
     kwargs = {cache_argument(model): cache, "use_cache": True, "logits_to_keep": logits_to_keep}
     with torch.inference_mode():
         out = model(input_ids=ids, **kwargs)

@@ -108,7 +108,7 @@ def complete(
                        tools=tools, describe=describe)  # fmt: skip
     out = generate(
         model,
-        torch.tensor([ids]),
+        torch.tensor([ids], device="cpu"),  # generate moves the prompt to the model
         tokenizer=tokenizer,
         schema=schema,
         tools=tools,

@@ -41,6 +41,7 @@ from proposers.base import EMPTY_DRAFT, Draft, GrammarView, Proposer, TreeDrafte
 from proposers.tree import DraftTree
 
 from .bookkeeping import account, finish, record_scores
+from .cache import logits_device as _logits_device
 from .kv import BatchKV
 from .masking import apply_masks, forced_token, walk
 from .processing import LogitsPipeline
@@ -89,7 +90,7 @@ def decode(
     ``processing``: the row's processing (a :class:`~grammarspec.processing.LogitsPipeline`);
     default: ``config``'s sampling settings plus ``processors``.
     """
-    processing = processing or sampling_processing(config, processors, len(prompt_ids))
+    processing = processing or sampling_processing(config, processors, len(prompt_ids), device=_logits_device(model))
     request = RowRequest(prompt_ids, matcher, proposer, controller, processing)
     (row,) = decode_batch(
         model, [request], config, tokenizer=tokenizer, generator=generator, prompt_cache=prompt_cache,
@@ -125,7 +126,7 @@ def decode_batch(
     ``on_commit(index, tokens)`` receives each run of committed tokens of request
     ``index``; ``on_step(rows, kv)`` sees the batch after every step (tests check rollback).
     """
-    rows = [_new_row(i, request, config) for i, request in enumerate(requests)]
+    rows = [_new_row(i, request, config, _logits_device(model)) for i, request in enumerate(requests)]
     _check_own_proposers(rows)
     if config.stop_strings and tokenizer is None:
         raise ValueError("stop_strings need the tokenizer: pass tokenizer=...")
@@ -432,10 +433,10 @@ def _leave(active: list[Row], kv: BatchKV, started: float) -> list[Row]:
     return [active[slot] for slot in keep]
 
 
-def _new_row(index: int, request: RowRequest, config: DecodeConfig) -> Row:
+def _new_row(index: int, request: RowRequest, config: DecodeConfig, device: torch.device) -> Row:
     if not request.prompt_ids:
         raise ValueError("the prompt is empty: pass at least one token (e.g. the BOS token or a chat template)")
-    processing = request.processing or sampling_processing(config, (), len(request.prompt_ids))
+    processing = request.processing or sampling_processing(config, (), len(request.prompt_ids), device=device)
     return Row(index, list(request.prompt_ids), len(request.prompt_ids), request.matcher, request.proposer,
                request.controller, processing)  # fmt: skip
 
@@ -455,11 +456,16 @@ def _cached_prefix(cache: Any, row: Row) -> int:
 
 
 def sampling_processing(
-    config: DecodeConfig, processors: Sequence[LogitsProcessorFn], prompt_length: int
-) -> Processing:
-    """The row processing for ``config``'s sampling settings (and min_new_tokens) plus user ``processors``."""
+    config: DecodeConfig, processors: Sequence[LogitsProcessorFn], prompt_length: int,
+    device: str | torch.device = "cpu",
+) -> Processing:  # fmt: skip
+    """The row processing for ``config``'s sampling settings (and min_new_tokens) plus user ``processors``.
+
+    ``device``: the logits' device (the EOS tensor of ``min_new_tokens`` is built there).
+    """
     return LogitsPipeline.from_sampling(config.sampling, processors, min_new_tokens=config.min_new_tokens,
-                                        eos_token_ids=config.eos_token_ids, prompt_length=prompt_length)  # fmt: skip
+                                        eos_token_ids=config.eos_token_ids, prompt_length=prompt_length,
+                                        device=device)  # fmt: skip
 
 
 def logits_width(model: torch.nn.Module) -> int:

@@ -115,13 +115,17 @@ class LogitsPipeline:
     @classmethod
     def from_sampling(
         cls, params: Any, processors: Sequence[Any] = (), *, min_new_tokens: int = 0,
-        eos_token_ids: Sequence[int] = (), prompt_length: int = 0,
+        eos_token_ids: Sequence[int] = (), prompt_length: int = 0, device: str | torch.device = "cpu",
     ) -> LogitsPipeline:  # fmt: skip
-        """The pipeline for a :class:`grammarspec.sampling.SamplingParams` (tests, old callers)."""
+        """The pipeline for a :class:`grammarspec.sampling.SamplingParams` (tests, old callers).
+
+        ``device``: where the logits live (the processors' own tensors are built there).
+        """
         if not processors:  # pipelines are immutable and their processors stateless: share them
-            return _from_sampling_cached(params, min_new_tokens, tuple(eos_token_ids), prompt_length)
+            return _from_sampling_cached(params, min_new_tokens, tuple(eos_token_ids), prompt_length,
+                                         torch.device(device))  # fmt: skip
         return build_pipeline(_sampling_config(params, min_new_tokens), prompt_length=prompt_length,
-                              eos_token_ids=eos_token_ids, processors=processors)  # fmt: skip
+                              eos_token_ids=eos_token_ids, processors=processors, device=device)  # fmt: skip
 
     @staticmethod
     def _run(processors: Sequence[Any], ids: list[torch.Tensor], scores: torch.Tensor) -> torch.Tensor:
@@ -142,10 +146,10 @@ def _sampling_config(params: Any, min_new_tokens: int) -> GenerationConfig:
 
 @functools.lru_cache(maxsize=256)
 def _from_sampling_cached(
-    params: Any, min_new_tokens: int, eos_token_ids: tuple[int, ...], prompt_length: int
+    params: Any, min_new_tokens: int, eos_token_ids: tuple[int, ...], prompt_length: int, device: torch.device
 ) -> LogitsPipeline:
     config = _sampling_config(params, min_new_tokens)
-    return build_pipeline(config, prompt_length=prompt_length, eos_token_ids=eos_token_ids)
+    return build_pipeline(config, prompt_length=prompt_length, eos_token_ids=eos_token_ids, device=device)
 
 
 def build_pipeline(
@@ -167,7 +171,9 @@ def build_pipeline(
     before this is called.  Pure: builds new processor objects every call.
     """
     check_stateless(processors)
-    eos = torch.tensor(list(eos_token_ids), dtype=torch.long) if eos_token_ids else None
+    # on the logits' device: the length processors torch.isin() the scores' vocabulary against it
+    eos = torch.tensor(list(eos_token_ids), dtype=torch.long, device=device) if eos_token_ids else None
+    eos_ids = list(eos_token_ids) or None  # host ids: bad words reads them as a list, the length penalty moves them
     d: list[Any] = []
     if config.sequence_bias is not None:
         d.append(lp.SequenceBiasLogitsProcessor(sequence_bias=config.sequence_bias))
@@ -176,7 +182,7 @@ def build_pipeline(
     if config.no_repeat_ngram_size is not None and config.no_repeat_ngram_size > 0:
         d.append(lp.NoRepeatNGramLogitsProcessor(config.no_repeat_ngram_size))
     if config.bad_words_ids is not None:
-        d.append(lp.NoBadWordsLogitsProcessor(config.bad_words_ids, eos))
+        d.append(lp.NoBadWordsLogitsProcessor(config.bad_words_ids, eos_ids))
     if config.min_length is not None and eos is not None and config.min_length > 0:
         d.append(lp.MinLengthLogitsProcessor(config.min_length, eos, device=device))
     if config.min_new_tokens is not None and eos is not None and config.min_new_tokens > 0:
@@ -190,7 +196,7 @@ def build_pipeline(
     if config.remove_invalid_values is True:
         d.append(lp.InfNanRemoveLogitsProcessor())
     if config.exponential_decay_length_penalty is not None:
-        d.append(lp.ExponentialDecayLengthPenalty(config.exponential_decay_length_penalty, eos, prompt_length))
+        d.append(lp.ExponentialDecayLengthPenalty(config.exponential_decay_length_penalty, eos_ids, prompt_length))
     if config.suppress_tokens is not None:
         d.append(lp.SuppressTokensLogitsProcessor(config.suppress_tokens, device=device))
     if config.begin_suppress_tokens is not None:

@@ -73,18 +73,20 @@ def concat_drafts(first: Draft, second: Draft) -> Draft:
         return first
     probs = None
     if first.probs is not None or second.probs is not None:
-        width = (first.probs if first.probs is not None else second.probs).shape[-1]  # type: ignore[union-attr]
-        probs = torch.cat([_rows(first, width), _rows(second, width)])  # [len(first) + len(second), V]
+        like = first.probs if first.probs is not None else second.probs
+        assert like is not None
+        probs = torch.cat([_rows(first, like), _rows(second, like)])  # [len(first) + len(second), V]
     sources = (first.sources or ("",) * len(first)) + (second.sources or ("",) * len(second))
     return Draft(tokens=first.tokens + second.tokens, probs=probs, sources=sources, kind=first.kind)
 
 
-def _rows(draft: Draft, width: int) -> torch.Tensor:
-    """``draft.probs`` ``[n, V]``, or one-hot rows for a deterministic draft."""
+def _rows(draft: Draft, like: torch.Tensor) -> torch.Tensor:
+    """``draft.probs`` ``[n, V]``, or one-hot rows for a deterministic draft (on ``like``'s device and dtype)."""
     if draft.probs is not None:
         return draft.probs
-    rows = torch.zeros(len(draft), width)
-    rows[torch.arange(len(draft)), torch.tensor(draft.tokens, dtype=torch.long)] = 1.0
+    rows = torch.zeros(len(draft), like.shape[-1], dtype=like.dtype, device=like.device)  # [n, V]
+    tokens = torch.tensor(draft.tokens, dtype=torch.long, device=like.device)
+    rows[torch.arange(len(draft), device=like.device), tokens] = 1.0
     return rows
 
 
