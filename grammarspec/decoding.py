@@ -62,7 +62,9 @@ class Feed(Protocol):
     The loop polls :meth:`more` whenever places are free, asks :meth:`cancelled`
     about every unfinished row after each step (a cancelled row ends with
     ``finish_reason="cancelled"`` and leaves like a finished one), and reports each
-    row that ends to :meth:`finished` exactly once.  Rows from the feed get the
+    row that ends to :meth:`finished` exactly once (and each that ran its prompt pass
+    to :meth:`joined`, once: a row that ends inside a step's forced tokens has left
+    with its cache by the time the loop sees it).  Rows from the feed get the
     indices ``len(requests)``, ``len(requests) + 1``, ... in the order given.
     """
 
@@ -72,6 +74,10 @@ class Feed(Protocol):
 
     def cancelled(self, index: int) -> bool:
         """Whether row ``index`` should stop now.  Does not change state."""
+        ...
+
+    def joined(self, row: Row, kv: BatchKV, slot: int) -> None:
+        """Row ``row`` ran its prompt pass: ``kv`` holds its cache at ``slot``.  Must not change ``kv``."""
         ...
 
     def finished(self, row: Row, kv: BatchKV | None, slot: int) -> None:
@@ -169,7 +175,8 @@ def decode_batch(
     active: list[Row] = []
     kv: BatchKV | None = None
     caches: dict[int, Any] = {}  # serve25: feed rows' prompt caches, by row index
-    reported: set[int] = set()  # serve25: feed rows told to the feed as ended
+    seen: set[int] = set()  # serve25: feed rows told to the feed as joined
+    reported: set[int] = set()  # ... and as ended
     next_index = len(rows)
     while True:
         if feed is not None:  # serve25: new requests take the places that are free
@@ -205,11 +212,11 @@ def decode_batch(
             assert kv is not None
             active = _step(model, active, kv, shared)
         if feed is not None:
-            _poll(feed, before, active, kv, reported, shared.started)
+            _poll(feed, before, active, kv, seen, reported, shared.started)
 
 
-def _poll(feed: Feed, before: list[Row], active: list[Row], kv: BatchKV | None, reported: set[int],
-          started: float) -> None:  # fmt: skip
+def _poll(feed: Feed, before: list[Row], active: list[Row], kv: BatchKV | None, seen: set[int],
+          reported: set[int], started: float) -> None:  # fmt: skip
     """serve25: tell the feed about rows that ended (once each); cancel the rows it cancels.  Changes the rows."""
     still = {id(row) for row in active}
     for row in before:
@@ -217,6 +224,9 @@ def _poll(feed: Feed, before: list[Row], active: list[Row], kv: BatchKV | None, 
             reported.add(row.index)
             feed.finished(row, None, -1)
     for slot, row in enumerate(active):
+        if row.index not in seen and kv is not None:
+            seen.add(row.index)
+            feed.joined(row, kv, slot)
         if row.finish_reason is None and feed.cancelled(row.index):
             row.finish_reason = "cancelled"
         if row.finish_reason is not None and row.index not in reported:

@@ -43,6 +43,9 @@ class ListFeed:
     def cancelled(self, index):
         return index in self.cancel
 
+    def joined(self, row, kv, slot):
+        assert row.index not in self.ended and row.cached >= 1
+
     def finished(self, row, kv, slot):
         assert row.index not in self.ended, "reported twice"
         self.ended[row.index] = (list(row.generated), row.finish_reason)
