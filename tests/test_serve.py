@@ -282,3 +282,20 @@ def test_a_disconnect_cancels_its_row_while_the_others_finish(server, client):
         time.sleep(0.1)
     assert httpx.get(url + "/health").json()["status"] == "ok"
     assert _ask(client, "Say hi.", max_tokens=4).choices[0].finish_reason in ("stop", "length")
+
+
+def test_the_openai_agent_example_runs_a_tool_loop(server):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "openai_agent.py"
+    spec = importlib.util.spec_from_file_location("example_openai_agent", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    messages = example.main(["What is the weather in Oslo, in celsius?", "--base-url", server[0] + "/v1",
+                             "--max-turns", "2"])  # fmt: skip
+    assert messages[-1]["role"] == "assistant"
+    for message in messages:
+        for call in message.get("tool_calls") or []:
+            spec_ = {t["function"]["name"]: t["function"]["parameters"] for t in example.TOOLS}[call["function"]["name"]]
+            jsonschema.validate(json.loads(call["function"]["arguments"]), spec_)
