@@ -7,6 +7,8 @@
 
     grammarspec bench --batch-size 1,4,8 --out bench-batch
     grammarspec bench-agent --out bench-agent
+    grammarspec serve --port 8000
+    grammarspec bench-serve --out bench-serve
 
 Errors in the arguments or inputs exit with status 2 and say what to fix;
 errors while generating exit with status 1.
@@ -158,7 +160,117 @@ def build_parser() -> argparse.ArgumentParser:
     agent.add_argument("--conversations", metavar="A,B", help="only these conversations (comma-separated)")
     agent.add_argument("--out", default="bench-out", metavar="DIR", help="output folder (default: bench-out)")
     agent.set_defaults(run=_cmd_bench_agent)
+    _add_serve_commands(commands)  # serve25
     return parser
+
+
+# --- serve, bench-serve (serve25) -------------------------------------------------------
+
+
+def _add_serve_commands(commands: Any) -> None:
+    serve = commands.add_parser(
+        "serve",
+        help="an OpenAI-compatible server (Chat Completions) with exact constrained speculation",
+        description="Serve POST /v1/chat/completions (response_format, tools, tool_choice, parallel_tool_calls, "
+        "stream, temperature, top_p, max_tokens, stop, seed, n), GET /v1/models and GET /health. One "
+        "continuous-batching decode loop serves every open request; recent conversations' KV is reused by prefix. "
+        "A field the server cannot honour is refused with a 400 in OpenAI's error shape.",
+    )
+    serve.add_argument("model", nargs="?", default=DEFAULT_MODEL, metavar="MODEL",
+                       help=f"embedded model name or local model directory (default: {DEFAULT_MODEL})")  # fmt: skip
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    serve.add_argument("--port", type=_positive_int, default=8000, help="port (default: 8000)")
+    serve.add_argument("--served-model-name", metavar="NAME",
+                       help="the model id clients send and /v1/models lists (default: MODEL)")  # fmt: skip
+    serve.add_argument("--max-batch-size", type=_positive_int, default=8, metavar="N",
+                       help="rows decoded together; more requests wait and join as rows finish (default: 8)")  # fmt: skip
+    serve.add_argument("--max-tokens", type=_positive_int, default=1024, metavar="N",
+                       help="the most new tokens one request may ask for (default: 1024; the context also bounds it)")  # fmt: skip
+    serve.add_argument("--prefix-cache-mb", type=_non_negative_float, default=1024.0, metavar="MB",
+                       help="memory budget of the prefix KV cache, LRU-evicted (default: 1024; 0 turns it off)")  # fmt: skip
+    serve.add_argument("--grammar-cache-size", type=_positive_int, default=128, metavar="N",
+                       help="compiled grammars kept, one per distinct schema / tool set (default: 128)")  # fmt: skip
+    serve.add_argument("--grammar-backend", choices=("xgrammar", "outlines", "llguidance", "auto"), default="xgrammar")
+    serve.add_argument("--tool-format", default="auto", metavar="FORMAT",
+                       help="how tool calls are written: auto (the chat template's, else json), json, or an "
+                            "xgrammar model format (default: auto)")  # fmt: skip
+    serve.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    serve.set_defaults(run=_cmd_serve)
+
+    bench = commands.add_parser(
+        "bench-serve",
+        help="time agent conversations through the openai client: grammarspec serve against other servers",
+        description="Run the agent benchmark's conversations through the openai client against grammarspec serve "
+        "(1 conversation, then --concurrency at once), transformers serve (where it starts; its invalid calls are "
+        "counted) and HF generate + xgrammar re-sending, interleaved; write serve.md and serve.json to --out.",
+    )
+    bench.add_argument("--model", default=DEFAULT_MODEL, metavar="NAME_OR_DIR")
+    bench.add_argument("--arms", default="serve,serve_concurrent,hf_resend,transformers_serve", metavar="A,B",
+                       help="arms (default: serve,serve_concurrent,hf_resend,transformers_serve)")  # fmt: skip
+    bench.add_argument("--concurrency", type=_positive_int, default=8, metavar="N",
+                       help="conversations at once for serve_concurrent (default: 8)")  # fmt: skip
+    bench.add_argument("--conversations", metavar="A,B", help="only these conversations (comma-separated)")
+    bench.add_argument("--repeat", type=_positive_int, default=1, metavar="N")
+    bench.add_argument("--max-new-tokens", type=_positive_int, metavar="N",
+                       help="cap every turn's max_tokens (default: the scripts' own; for smoke runs)")  # fmt: skip
+    bench.add_argument("--out", default="bench-out", metavar="DIR", help="output folder (default: bench-out)")
+    bench.set_defaults(run=_cmd_bench_serve)
+
+
+def _cmd_serve(args: argparse.Namespace, command: str) -> int:
+    import importlib.util
+
+    for package in ("starlette", "uvicorn"):
+        if importlib.util.find_spec(package) is None:
+            raise CliError(f"serve needs {package}: pip install 'grammarspec[serve]'")
+    from .serve import Engine, serve
+    from .tools import ToolCallError
+
+    _quiet_transformers()
+    model, tokenizer = _load(args.model)
+    try:
+        engine = Engine(model, tokenizer, max_batch_size=args.max_batch_size, max_tokens=args.max_tokens,
+                        prefix_cache_bytes=int(args.prefix_cache_mb * 2**20), grammar_backend=args.grammar_backend,
+                        grammar_cache_size=args.grammar_cache_size, tool_format=args.tool_format)  # fmt: skip
+    except ToolCallError as e:
+        raise CliError(f"--tool-format: {e}") from None
+    name = args.served_model_name or args.model
+    print(f"grammarspec serve: {name} on http://{args.host}:{args.port}/v1", file=sys.stderr)
+    serve(engine, name, host=args.host, port=args.port, log_level=args.log_level)
+    return 0
+
+
+def _cmd_bench_serve(args: argparse.Namespace, command: str) -> int:
+    from .bench.agent_tasks import CONVERSATIONS
+    from .serve.bench import SERVE_ARMS, run_serve_bench, serve_markdown
+
+    arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+    unknown = [a for a in arms if a not in SERVE_ARMS]
+    if unknown:
+        raise CliError(f"--arms: unknown {', '.join(unknown)}; choose from {', '.join(SERVE_ARMS)}")
+    chosen = dict(CONVERSATIONS)
+    if args.conversations:
+        wanted = [n.strip() for n in args.conversations.split(",") if n.strip()]
+        missing = [n for n in wanted if n not in CONVERSATIONS]
+        if missing:
+            raise CliError(f"--conversations: unknown {', '.join(missing)}; choose from {', '.join(CONVERSATIONS)}")
+        chosen = {n: CONVERSATIONS[n] for n in wanted}
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise CliError(f"--out {out} exists and is not a folder")
+    _quiet_transformers()
+    model, tokenizer = _load(args.model)
+    _warn_if_busy()
+    result = run_serve_bench(model, tokenizer, args.model, chosen, arms, concurrency=args.concurrency,
+                             repeat=args.repeat, max_new_tokens=args.max_new_tokens,
+                             progress=lambda line: print(line, file=sys.stderr))  # fmt: skip
+    markdown = serve_markdown(result, command)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "serve.md").write_text(markdown, encoding="utf-8")
+    (out / "serve.json").write_text(json.dumps(result, indent=1, default=str), encoding="utf-8")
+    print(markdown)
+    print(f"wrote {out / 'serve.md'} and {out / 'serve.json'}", file=sys.stderr)
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -32,7 +32,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -56,9 +56,38 @@ if TYPE_CHECKING:
     from .adaptive import AdaptiveController
 
 __all__ = [
-    "DecodeConfig", "DecodeState", "RowRequest", "Row", "decode", "decode_batch", "commit", "logits_width",
+    "DecodeConfig", "DecodeState", "RowRequest", "Row", "Feed", "decode", "decode_batch", "commit", "logits_width",
     "sampling_processing",
 ]  # fmt: skip
+
+
+class Feed(Protocol):
+    """Continuous batching (``grammarspec serve``): requests that arrive while :func:`decode_batch` runs.
+
+    The loop polls :meth:`more` whenever places are free, asks :meth:`cancelled`
+    about every unfinished row after each step (a cancelled row ends with
+    ``finish_reason="cancelled"`` and leaves like a finished one), and reports each
+    row that ends to :meth:`finished` exactly once (and each that ran its prompt pass
+    to :meth:`joined`, once: a row that ends inside a step's forced tokens has left
+    with its cache by the time the loop sees it).  Rows from the feed get the
+    indices ``len(requests)``, ``len(requests) + 1``, ... in the order given.
+    """
+
+    def more(self, free: int) -> Sequence[tuple[RowRequest, Any]]:
+        """Up to ``free`` new ``(request, prompt cache or None)``; must not block.  May change the feed."""
+        ...
+
+    def cancelled(self, index: int) -> bool:
+        """Whether row ``index`` should stop now.  Does not change state."""
+        ...
+
+    def joined(self, row: Row, kv: BatchKV, slot: int) -> None:
+        """Row ``row`` ran its prompt pass: ``kv`` holds its cache at ``slot``.  Must not change ``kv``."""
+        ...
+
+    def finished(self, row: Row, kv: BatchKV | None, slot: int) -> None:
+        """Row ``row`` ended.  ``kv`` still holds its cache at ``slot`` (``None``: already dropped)."""
+        ...
 
 
 def decode(
@@ -116,6 +145,7 @@ def decode_batch(
     step_cost: Callable[[int], float] | None = None,
     on_commit: Callable[[int, list[int]], None] | None = None,
     on_step: Callable[[list[Row], BatchKV], None] | None = None,
+    feed: Feed | None = None,
 ) -> list[Row]:
     """Generate for every request; returns the finished rows in request order.
 
@@ -125,9 +155,13 @@ def decode_batch(
     runs as a batch of its own, then its cache rows join the batch's).
     ``on_commit(index, tokens)`` receives each run of committed tokens of request
     ``index``; ``on_step(rows, kv)`` sees the batch after every step (tests check rollback).
+    ``feed``: requests joining while the loop runs, and cancellation (:class:`Feed`);
+    the loop then returns when the feed has nothing more and every row ended.
     """
     rows = [_new_row(i, request, config, _logits_device(model)) for i, request in enumerate(requests)]
     _check_own_proposers(rows)
+    if feed is not None and max_batch_size is None:
+        raise ValueError("a feed (continuous batching) needs max_batch_size")
     if config.stop_strings and tokenizer is None:
         raise ValueError("stop_strings need the tokenizer: pass tokenizer=...")
     if max_batch_size is not None and max_batch_size < 1:
@@ -146,23 +180,65 @@ def decode_batch(
     speculating = any(row.proposer is not None for row in rows)
     active: list[Row] = []
     kv: BatchKV | None = None
-    while active or waiting:
+    caches: dict[int, Any] = {}  # serve25: feed rows' prompt caches, by row index
+    seen: set[int] = set()  # serve25: feed rows told to the feed as joined
+    reported: set[int] = set()  # ... and as ended
+    next_index = len(rows)
+    while True:
+        if feed is not None:  # serve25: new requests take the places that are free
+            free = limit - sum(row.finish_reason is None for row in active) - len(waiting)
+            for request, cache in feed.more(free) if free > 0 else ():
+                row = _new_row(next_index, request, config, _logits_device(model))
+                next_index += 1
+                speculating = speculating or row.proposer is not None
+                caches[row.index] = cache
+                waiting.append(row)
+        if not (active or waiting):
+            return rows
+        before = active
         # (0) Join: waiting requests take the free places; their prompt pass runs as a batch of its own.
         free = limit - sum(row.finish_reason is None for row in active)
         if waiting and free > 0:
             joining = [waiting.popleft() for _ in range(min(free, len(waiting)))]
-            side = _new_kv(model, joining, prompt_cache, pad_token_id, speculating)
-            shared.trees = side.supports_trees()
-            joined = _step(model, joining, side, shared)
-            if kv is None or not active:
-                kv, active = side, joined
-            else:
-                kv.extend(side)
-                active = active + joined
-            continue
-        assert kv is not None
-        active = _step(model, active, kv, shared)
-    return rows
+            if feed is None:
+                groups = [(joining, prompt_cache)]
+            else:  # serve25: one prompt pass per request, each on its own prompt cache (a prefix hit)
+                groups = [([row], caches.pop(row.index, None)) for row in joining]
+                before = active + joining
+            for group, cache in groups:
+                side = _new_kv(model, group, cache, pad_token_id, speculating)
+                shared.trees = side.supports_trees()
+                joined = _step(model, group, side, shared)
+                if kv is None or not active:
+                    kv, active = side, joined
+                else:
+                    kv.extend(side)
+                    active = active + joined
+        else:
+            assert kv is not None
+            active = _step(model, active, kv, shared)
+        if feed is not None:
+            _poll(feed, before, active, kv, seen, reported, shared.started)
+
+
+def _poll(feed: Feed, before: list[Row], active: list[Row], kv: BatchKV | None, seen: set[int],
+          reported: set[int], started: float) -> None:  # fmt: skip
+    """serve25: tell the feed about rows that ended (once each); cancel the rows it cancels.  Changes the rows."""
+    still = {id(row) for row in active}
+    for row in before:
+        if id(row) not in still and row.index not in reported:  # left at the start of the step: no cache now
+            reported.add(row.index)
+            feed.finished(row, None, -1)
+    for slot, row in enumerate(active):
+        if row.index not in seen and kv is not None:
+            seen.add(row.index)
+            feed.joined(row, kv, slot)
+        if row.finish_reason is None and feed.cancelled(row.index):
+            row.finish_reason = "cancelled"
+        if row.finish_reason is not None and row.index not in reported:
+            reported.add(row.index)
+            finish(row, time.perf_counter() - started)
+            feed.finished(row, kv, slot)
 
 
 def _step(model: torch.nn.Module, active: list[Row], kv: BatchKV, shared: Shared) -> list[Row]:

@@ -1,0 +1,20 @@
+"""``grammarspec serve``: an OpenAI-compatible server (Chat Completions) over one continuous-batching loop.
+
+:class:`Engine` owns the model and the decode loop; :func:`create_app` is the
+Starlette app; :func:`serve` runs it with uvicorn.  Needs the ``serve`` extra
+(``pip install 'grammarspec[serve]'``: starlette, uvicorn).
+"""
+
+from .engine import Engine, prompt_ids
+from .prefix import PrefixCache
+from .protocol import ChatRequest, RequestError, parse_request
+
+__all__ = ["Engine", "PrefixCache", "ChatRequest", "RequestError", "parse_request", "prompt_ids", "create_app", "serve"]
+
+
+def __getattr__(name: str):  # the HTTP side imports starlette: only when asked for
+    if name in ("create_app", "serve"):
+        from . import app
+
+        return getattr(app, name)
+    raise AttributeError(name)

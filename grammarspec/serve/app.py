@@ -1,0 +1,172 @@
+"""The HTTP side: a Starlette app speaking OpenAI's Chat Completions, served by uvicorn.
+
+``POST /v1/chat/completions`` (JSON, or server-sent events with ``stream=true``),
+``GET /v1/models``, ``GET /health`` (engine alive, counters, prefix-cache
+statistics).  Requests are checked (:mod:`grammarspec.serve.protocol`) and
+prepared (:meth:`Engine.prepare`, in a worker thread) before they reach the
+loop; a refused request is a 400 (404 for an unknown model) in OpenAI's error
+shape and never touches the others.  A client that disconnects cancels its rows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from .engine import Choice, Engine, Job
+from .protocol import RequestError, error_body, parse_request
+
+__all__ = ["create_app", "serve"]
+
+
+def _stats(choice: Choice) -> dict[str, Any]:
+    """grammarspec's statistics for one choice (the ``grammarspec`` key of an answer)."""
+    assert choice.row is not None
+    s = choice.row.stats
+    return {
+        "index": choice.index, "tokens_per_target_pass": round(s.accepted_per_forward, 3),
+        "target_forwards": s.target_forwards, "forced_tokens": s.forced_tokens, "proposed": s.proposed,
+        "accepted": s.accepted, "grammar_backend": s.grammar_backend or None, "valid": s.valid,
+        "schema_errors": s.schema_errors, "unenforced_keywords": s.unenforced_keywords,
+    }  # fmt: skip
+
+
+def _usage(job: Job) -> dict[str, Any]:
+    completion = sum(len(c.tokens) for c in job.choices)
+    return {"prompt_tokens": len(job.prompt), "completion_tokens": completion,
+            "total_tokens": len(job.prompt) + completion,
+            "prompt_tokens_details": {"cached_tokens": job.reused_tokens}}  # fmt: skip
+
+
+def _ours(job: Job, engine: Engine) -> dict[str, Any]:
+    return {"choices": [_stats(c) for c in job.choices], "prefix_reused_tokens": job.reused_tokens,
+            "time_to_first_token": job.first_token_seconds, "assistant": job.request.assistant,
+            "prefix_cache": engine.prefix.as_dict()}  # fmt: skip
+
+
+def _error(e: RequestError) -> JSONResponse:
+    return JSONResponse(e.body(), status_code=e.status)
+
+
+def create_app(engine: Engine, model_name: str) -> Starlette:
+    """The ASGI app serving ``engine`` under the model name ``model_name``."""
+
+    async def models(request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [
+            {"id": model_name, "object": "model", "created": 0, "owned_by": "grammarspec"}]})  # fmt: skip
+
+    async def health(request: Request) -> Response:
+        alive = engine.healthy and engine._thread.is_alive()
+        body = {"status": "ok" if alive else "down", "counters": dict(engine.counters),
+                "prefix_cache": engine.prefix.as_dict()}  # fmt: skip
+        return JSONResponse(body, status_code=200 if alive else 503)
+
+    async def chat(request: Request) -> Response:
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return JSONResponse(error_body("the request body is not valid JSON"), status_code=400)
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+
+        def emit(event: tuple[str, Any]) -> None:  # on the engine thread
+            loop.call_soon_threadsafe(events.put_nowait, event)
+
+        try:
+            parsed = parse_request(body, model_name)
+            job = await run_in_threadpool(engine.prepare, parsed, emit)
+            engine.submit(job)
+        except RequestError as e:
+            return _error(e)
+        if parsed.stream:
+            return StreamingResponse(_stream(job, events, engine, model_name), media_type="text/event-stream")
+        return await _answer(request, job, events, engine, model_name)
+
+    return Starlette(routes=[
+        Route("/v1/chat/completions", chat, methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+    ])  # fmt: skip
+
+
+async def _answer(request: Request, job: Job, events: asyncio.Queue, engine: Engine, model_name: str) -> Response:
+    """Wait for every choice (cancelling the job if the client goes away); one chat.completion object."""
+    done: dict[int, tuple[dict[str, Any], str]] = {}
+    while len(done) < len(job.choices):
+        try:
+            kind, value = await asyncio.wait_for(events.get(), timeout=0.5)
+        except asyncio.TimeoutError:
+            if await request.is_disconnected():
+                engine.cancel(job)
+                return Response(status_code=499)
+            continue
+        if kind == "error":
+            return JSONResponse(error_body(value, kind="server_error"), status_code=500)
+        if kind == "choice":
+            choice, message, finish = value
+            done[choice.index] = (message, finish)
+    choices = [{"index": i, "message": done[i][0], "finish_reason": done[i][1], "logprobs": None}
+               for i in range(len(job.choices))]  # fmt: skip
+    return JSONResponse({"id": job.id, "object": "chat.completion", "created": job.created, "model": model_name,
+                         "choices": choices, "usage": _usage(job), "grammarspec": _ours(job, engine)})  # fmt: skip
+
+
+def _chunk(job: Job, model_name: str, choices: list[dict[str, Any]], **extra: Any) -> str:
+    body = {"id": job.id, "object": "chat.completion.chunk", "created": job.created, "model": model_name,
+            "choices": choices, **extra}  # fmt: skip
+    return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+
+
+async def _stream(job: Job, events: asyncio.Queue, engine: Engine, model_name: str) -> AsyncIterator[str]:
+    """Server-sent events: a role delta, content deltas, tool-call deltas, the finish, usage, ``[DONE]``."""
+    finished = 0
+    try:
+        for i in range(len(job.choices)):
+            yield _chunk(job, model_name, [{"index": i, "delta": {"role": "assistant", "content": ""},
+                                            "finish_reason": None}])  # fmt: skip
+        while finished < len(job.choices):
+            kind, value = await events.get()
+            if kind == "error":
+                yield f"data: {json.dumps(error_body(value, kind='server_error'))}\n\n"
+                return
+            if kind == "delta":
+                index, text = value
+                yield _chunk(job, model_name, [{"index": index, "delta": {"content": text}, "finish_reason": None}])
+            elif kind == "choice":
+                choice, message, finish = value
+                finished += 1
+                rest = (message.get("content") or "")[choice.sent :] if not message.get("tool_calls") else ""
+                if rest:
+                    yield _chunk(job, model_name, [{"index": choice.index, "delta": {"content": rest},
+                                                    "finish_reason": None}])  # fmt: skip
+                for n, call in enumerate(message.get("tool_calls") or []):
+                    delta = {"tool_calls": [{"index": n, "id": call["id"], "type": "function",
+                                             "function": {"name": call["function"]["name"],
+                                                          "arguments": call["function"]["arguments"]}}]}  # fmt: skip
+                    if n == 0:
+                        delta["content"] = None
+                    yield _chunk(job, model_name, [{"index": choice.index, "delta": delta, "finish_reason": None}])
+                yield _chunk(job, model_name, [{"index": choice.index, "delta": {}, "finish_reason": finish}])
+        yield _chunk(job, model_name, [], usage=_usage(job), grammarspec=_ours(job, engine))
+        yield "data: [DONE]\n\n"
+    finally:
+        if finished < len(job.choices):  # the client went away (or the stream failed): stop its rows
+            engine.cancel(job)
+
+
+def serve(engine: Engine, model_name: str, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info") -> None:
+    """Run the server until interrupted (uvicorn)."""
+    import uvicorn
+
+    try:
+        uvicorn.run(create_app(engine, model_name), host=host, port=port, log_level=log_level)
+    finally:
+        engine.close()

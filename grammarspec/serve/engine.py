@@ -1,0 +1,389 @@
+"""The engine: one thread owns the model and runs one decode loop for every open request.
+
+HTTP handlers :meth:`Engine.prepare` a request (render the messages with the
+chat template, compile the grammar -- cached per constraint --, build each
+row's processing, proposer and controller; any problem is a
+:class:`~grammarspec.serve.protocol.RequestError` before the loop sees it),
+then :meth:`Engine.submit` it.  The engine thread runs
+:func:`grammarspec.decoding.decode_batch` with itself as the feed: new rows join
+as places free up, each with the KV of its longest cached prefix
+(:class:`~grammarspec.serve.prefix.PrefixCache`), and every ended row's KV goes
+back into that cache.
+
+Per-request settings the shared loop does not hold are applied to each row:
+temperature / top_p by the row's processing (a greedy row's processing keeps
+only its argmax, so sampled verification accepts exactly the greedy tokens);
+``max_tokens`` and ``stop`` by cutting the row where they are met (the tokens
+before the cut have the distribution they would have had anyway).  A request
+that disconnects cancels its rows.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+import time
+import traceback
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from grammars import GrammarError, compile_grammar, grammar_spec
+from proposers.base import Request
+
+from ..adaptive import AdaptiveController
+from ..api import DEFAULT_MAX_DRAFT, _k_min, grammar_stats
+from ..assistant import resolve_assistant
+from ..decoding import DecodeConfig, Row, RowRequest, decode_batch, logits_width
+from ..inputs import eos_ids
+from ..kv import BatchKV
+from ..processing import build_pipeline
+from ..sampling import SamplingParams
+from ..settings import resolve_config
+from ..tools import ToolCallError, chat_messages, check_tools, parse_tool_reply, tool_constraint, tool_format_for
+from .prefix import PrefixCache, row_cache
+from .protocol import ChatRequest, RequestError
+
+__all__ = ["Choice", "Engine", "Job", "prompt_ids"]
+
+
+def prompt_ids(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+               tool_format: str) -> list[int]:  # fmt: skip
+    """The token ids of ``messages`` as the chat template renders them (assistant turn opened).  Pure.
+
+    The same rendering as :meth:`grammarspec.Conversation.prompt_ids`.
+    """
+    rendered = chat_messages(messages, tools, tool_format)
+    extra = {"tools": tools} if tools and tool_format != "json" else {}
+    text = tokenizer.apply_chat_template(rendered, tokenize=False, add_generation_prompt=True, **extra)
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+class _Argmax:
+    """A greedy row's processing: the row's own, then only the argmax is left (a point mass)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def __call__(self, scores: torch.Tensor, prefixes: Any) -> torch.Tensor:
+        scores = self.inner(scores, prefixes)
+        out = torch.full_like(scores, float("-inf"))
+        out.scatter_(1, scores.argmax(dim=-1, keepdim=True), 0.0)
+        return out
+
+
+@dataclass
+class Choice:
+    """One row of a job (``n`` choices per request): its tokens, its text, how it ended."""
+
+    job: Job
+    index: int
+    prompt: list[int]
+    row_request: RowRequest
+    compiled: Any
+    spec: Any
+    tokens: list[int] = field(default_factory=list)
+    text: str = ""
+    cut: str | None = None  # "length" / "stop": max_tokens or a stop string met
+    row: Row | None = None
+    sent: int = 0  # characters of text already streamed
+
+
+@dataclass
+class Job:
+    """One HTTP request: its choices and where the engine reports to (``emit`` runs on the engine thread)."""
+
+    request: ChatRequest
+    prompt: list[int]
+    max_tokens: int
+    constraint: dict[str, Any]
+    tool_format: str
+    emit: Callable[[tuple[str, Any]], None]
+    choices: list[Choice] = field(default_factory=list)
+    reused_tokens: int = 0
+    cancelled: bool = False
+    done: int = 0
+    id: str = field(default_factory=lambda: "chatcmpl-" + uuid.uuid4().hex[:24])
+    created: int = field(default_factory=lambda: int(time.time()))
+    started: float = field(default_factory=time.perf_counter)
+    first_token_seconds: float | None = None
+
+
+class Engine:
+    """Owns the model; serves jobs with one continuous-batching decode loop on its own thread."""
+
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, *, max_batch_size: int = 8,
+                 prefix_cache_bytes: int = 1 << 30, max_tokens: int = 1024, grammar_backend: str = "xgrammar",
+                 grammar_cache_size: int = 128, tool_format: str = "auto") -> None:  # fmt: skip
+        self.model, self.tokenizer = model, tokenizer
+        self.max_batch_size, self.max_tokens, self.grammar_backend = max_batch_size, max_tokens, grammar_backend
+        self.context = getattr(model.config, "max_position_embeddings", None)
+        self.tool_format = tool_format_for(tokenizer, tool_format)
+        self.vocab = logits_width(model)
+        self.eos = eos_ids(model.generation_config, tokenizer)
+        self.prefix = PrefixCache(model, prefix_cache_bytes)
+        self._grammars: OrderedDict[str, Any] = OrderedDict()
+        self._grammar_cache_size = grammar_cache_size
+        self._grammar_lock = threading.Lock()
+        self._incoming: queue.Queue[Job | None] = queue.Queue()
+        self._pending: list[Choice] = []
+        self._rows: dict[int, Choice] = {}  # row index of the running decode_batch call -> choice
+        self._next = 0
+        self.generator = torch.Generator(device=self._device())
+        self.generator.manual_seed(0)
+        self.counters = {"requests": 0, "rows": 0, "cancelled": 0, "failed": 0, "loops": 0, "prompt_tokens": 0,
+                         "completion_tokens": 0, "target_forwards": 0}  # fmt: skip
+        self.healthy = True
+        self._thread = threading.Thread(target=self._run, name="grammarspec-engine", daemon=True)
+        self._stop = False
+        self._thread.start()
+
+    def _device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    # --- preparing a request (the HTTP side; errors are 400s) -------------------------------------
+
+    def _compile(self, spec: Any) -> Any:
+        key = json.dumps([spec.kind, spec.schema, getattr(spec, "grammar", None), getattr(spec, "regex", None),
+                          repr(spec)], sort_keys=True, default=str)  # fmt: skip
+        with self._grammar_lock:
+            if key in self._grammars:
+                self._grammars.move_to_end(key)
+                return self._grammars[key]
+        compiled = compile_grammar(spec, self.tokenizer, vocab_size=self.vocab, stop_token_ids=self.eos,
+                                   backend=self.grammar_backend)  # fmt: skip
+        with self._grammar_lock:
+            self._grammars[key] = compiled
+            while len(self._grammars) > self._grammar_cache_size:
+                self._grammars.popitem(last=False)
+        return compiled
+
+    def prepare(self, request: ChatRequest, emit: Callable[[tuple[str, Any]], None]) -> Job:
+        """A job ready to submit.  Raises :class:`RequestError` for what cannot be served."""
+        try:
+            check_tools(request.tools)
+            constraint = tool_constraint(request.tools, request.tool_choice, request.parallel_tool_calls,
+                                         self.tool_format)  # fmt: skip
+            offered = constraint.get("tools") or (request.tools if constraint else None)
+            ids = prompt_ids(self.tokenizer, request.messages, request.tools, self.tool_format)
+        except ToolCallError as e:
+            raise RequestError(str(e), param="tools", code="invalid_value") from None
+        except Exception as e:  # a template that cannot render these messages
+            raise RequestError(f"the chat template cannot render these messages: {e}", param="messages",
+                               code="invalid_value") from None  # fmt: skip
+        if not ids:
+            raise RequestError("the rendered prompt is empty", param="messages", code="invalid_value")
+        room = (self.context - len(ids)) if self.context else self.max_tokens
+        if room < 1:
+            raise RequestError(f"the prompt is {len(ids)} tokens, the model's context is {self.context}",
+                               param="messages", code="context_length_exceeded")  # fmt: skip
+        max_tokens = request.max_tokens or min(self.max_tokens, room)
+        if max_tokens > min(self.max_tokens, room):
+            raise RequestError(f"max_tokens={max_tokens} is more than this server allows for this prompt "
+                               f"({min(self.max_tokens, room)}: --max-tokens {self.max_tokens}, context "
+                               f"{self.context}, prompt {len(ids)})", param="max_tokens",
+                               code="invalid_value")  # fmt: skip
+        try:
+            spec = grammar_spec(schema=request.schema, json_object=request.json_object,
+                                **{k: v for k, v in constraint.items()})  # fmt: skip
+            compiled = self._compile(spec) if spec is not None else None
+        except (GrammarError, ValueError, TypeError) as e:
+            param = "tools" if constraint else "response_format"
+            raise RequestError(f"the constraint does not compile: {e}", param=param, code="invalid_schema") from None
+        job = Job(request, ids, max_tokens, {**constraint, "offered": offered}, self.tool_format, emit)
+        k_max = request.max_draft_tokens or DEFAULT_MAX_DRAFT
+        do_sample = not request.greedy
+        overrides: dict[str, Any] = {"do_sample": do_sample, "max_new_tokens": max_tokens}
+        if do_sample:
+            overrides.update(temperature=request.temperature, top_p=request.top_p, top_k=0)
+        try:
+            config, _unknown, _ = resolve_config(self.model, None, overrides)
+        except ValueError as e:
+            raise RequestError(str(e), code="invalid_value") from None
+        for index in range(request.n):
+            pipeline: Any = build_pipeline(config, prompt_length=len(ids), eos_token_ids=self.eos,
+                                           max_length=len(ids) + max_tokens, device=self._device())  # fmt: skip
+            if not do_sample:
+                pipeline = _Argmax(pipeline)
+            proposer = resolve_assistant(None if request.assistant == "none" else request.assistant)
+            controller = None
+            if proposer is not None:
+                controller = AdaptiveController(k_min=_k_min(proposer, k_max), k_max=k_max, adaptive=True)
+                proposer.start(Request(prompt_ids=tuple(ids), tokenizer=self.tokenizer,
+                                       schema=spec.schema if spec is not None else None))  # fmt: skip
+            matcher = compiled.matcher(max_rollback=k_max + 1) if compiled is not None else None
+            row_request = RowRequest(ids, matcher, proposer, controller, pipeline)
+            job.choices.append(Choice(job, index, ids, row_request, compiled, spec))
+        return job
+
+    def submit(self, job: Job) -> None:
+        """Hand a prepared job to the loop (thread-safe)."""
+        if not self.healthy:
+            raise RequestError("the engine has stopped", status=503, kind="server_error", code="engine_stopped")
+        self.counters["requests"] += 1
+        self._incoming.put(job)
+
+    def cancel(self, job: Job) -> None:
+        """Stop a job's rows at the next step (a disconnect).  Thread-safe."""
+        job.cancelled = True
+
+    def close(self) -> None:
+        self._stop = True
+        self._incoming.put(None)
+        self._thread.join(timeout=30)
+
+    # --- the engine thread: decode_batch with this engine as its feed ----------------------------
+
+    def _run(self) -> None:
+        config = DecodeConfig(max_new_tokens=self.max_tokens, sampling=SamplingParams(do_sample=True),
+                              eos_token_ids=self.eos)  # fmt: skip
+        pad = self.eos[0] if self.eos else 0
+        while not self._stop:
+            job = self._incoming.get()
+            if job is None:
+                break
+            self._take(job)
+            self._rows, self._next = {}, 0
+            self.counters["loops"] += 1
+            try:
+                decode_batch(self.model, [], config, tokenizer=self.tokenizer, generator=self.generator,
+                             pad_token_id=pad, max_batch_size=self.max_batch_size, feed=self,
+                             on_commit=self._on_commit)  # fmt: skip
+            except Exception as e:  # the loop failed: every row in it fails, the engine goes on
+                traceback.print_exc()
+                failed = {id(c.job): c.job for c in list(self._rows.values()) + self._pending}
+                self._pending = []
+                for failed_job in failed.values():
+                    self.counters["failed"] += 1
+                    failed_job.emit(("error", f"internal error in the decode loop: {type(e).__name__}: {e}"))
+
+    def _take(self, job: Job) -> None:
+        if job.cancelled:
+            return
+        self._pending += job.choices
+
+    # Feed protocol (grammarspec.decoding.Feed) -------------------------------------------------
+
+    def more(self, free: int) -> list[tuple[RowRequest, Any]]:
+        while True:
+            try:
+                job = self._incoming.get_nowait()
+            except queue.Empty:
+                break
+            if job is None:
+                self._stop = True
+                break
+            self._take(job)
+        given = []
+        self._pending = [c for c in self._pending if not c.job.cancelled]
+        while self._pending and len(given) < free:
+            choice = self._pending.pop(0)
+            if choice.job.request.seed is not None and not self._rows_live():
+                self.generator.manual_seed(choice.job.request.seed + choice.index)  # alone: reproducible
+            cache, length, _extra = self.prefix.lookup(choice.prompt)
+            if choice.index == 0:
+                choice.job.reused_tokens = length
+            self._rows[self._next] = choice
+            self._next += 1
+            self.counters["rows"] += 1
+            given.append((choice.row_request, cache))
+        return given
+
+    def _rows_live(self) -> bool:
+        return any(c.row is None for c in self._rows.values())
+
+    def cancelled(self, index: int) -> bool:
+        choice = self._rows[index]
+        return choice.job.cancelled or choice.cut is not None
+
+    def joined(self, row: Row, kv: BatchKV, slot: int) -> None:
+        self._keep(self._rows[row.index], row, kv, slot)
+
+    def finished(self, row: Row, kv: BatchKV | None, slot: int) -> None:
+        choice = self._rows[row.index]
+        choice.row = row
+        if row.finish_reason == "cancelled" and choice.cut is None:
+            self.counters["cancelled"] += 1
+        if kv is not None:
+            self._keep(choice, row, kv, slot)
+        self._finish_choice(choice)
+
+    def _keep(self, choice: Choice, row: Row, kv: BatchKV, slot: int) -> None:
+        """Store the row's cached prompt + answer (no token past the job's cut) in the prefix cache."""
+        length = min(row.cached, len(choice.prompt) + len(choice.tokens))
+        if length > 0 and self.prefix.budget > 0:
+            self.prefix.store(row.tokens[:length], row_cache(kv, slot, length))
+
+    def _on_commit(self, index: int, tokens: list[int]) -> None:
+        choice = self._rows[index]
+        job = choice.job
+        if choice.cut is not None:
+            return
+        if job.first_token_seconds is None:
+            job.first_token_seconds = time.perf_counter() - job.started
+        room = job.max_tokens - len(choice.tokens)
+        choice.tokens += tokens[:room]
+        text = self.tokenizer.decode(choice.tokens, skip_special_tokens=True)
+        stops = job.request.stop
+        if stops:
+            hits = [text.find(s) for s in stops if s in text]
+            if hits:
+                text = text[: min(hits)]
+                choice.cut = "stop"
+        if choice.cut is None and len(choice.tokens) >= job.max_tokens and len(tokens) >= room:
+            if not (choice.row_request.matcher is not None and choice.row_request.matcher.is_terminated()):
+                choice.cut = "length"
+        choice.text = text
+        if job.request.stream:
+            self._stream_delta(choice)
+
+    def _stream_delta(self, choice: Choice) -> None:
+        """Emit the choice's new text (held back while it may still be a tool call or a stop string's start)."""
+        job = choice.job
+        text = choice.text
+        if job.constraint.get("offered") and job.tool_format == "json" and text.lstrip()[:1] in ("{", "[", ""):
+            return  # a call: sent whole when it ends
+        hold = max((len(s) - 1 for s in job.request.stop), default=0) if choice.cut is None else 0
+        end = len(text) - hold
+        if text.endswith("\ufffd"):
+            end = min(end, len(text) - 1)
+        if end > choice.sent:
+            job.emit(("delta", (choice.index, text[choice.sent : end])))
+            choice.sent = end
+
+    def _finish_choice(self, choice: Choice) -> None:
+        job, row = choice.job, choice.row
+        assert row is not None
+        stats = row.stats
+        if choice.cut is not None:
+            reason = choice.cut
+        elif row.finish_reason in ("stop", "eos", "stop_string"):
+            reason = "stop"
+        elif row.finish_reason == "cancelled":
+            reason = "cancelled"
+        else:
+            reason = "length"
+        if choice.cut is not None:
+            stats.finish_reason = "length" if choice.cut == "length" else "stop_string"
+        if choice.compiled is not None and choice.cut != "stop":
+            grammar_stats(stats, choice.compiled, choice.spec, choice.text)
+        message: dict[str, Any] = {"role": "assistant", "content": choice.text}
+        offered = job.constraint.get("offered")
+        if reason == "stop" and choice.cut is None and offered:
+            try:
+                message = parse_tool_reply(choice.text, offered, job.tool_format,
+                                           [f"call_{uuid.uuid4().hex[:24]}" for _ in range(64)])  # fmt: skip
+            except ToolCallError:
+                message = {"role": "assistant", "content": choice.text}
+        finish = "tool_calls" if message.get("tool_calls") else reason
+        self.counters["completion_tokens"] += len(choice.tokens)
+        self.counters["target_forwards"] += stats.target_forwards
+        job.done += 1
+        if job.done == len(job.choices):
+            self.counters["prompt_tokens"] += len(job.prompt)
+        job.emit(("choice", (choice, message, finish)))
