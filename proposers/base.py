@@ -49,18 +49,25 @@ class Draft:
     ``"history"``, ``"prompt"``, ``"schema_guess"``...).  Guesses of different
     kinds succeed at very different rates, so the composite keeps a separate
     record per proposer and kind (:class:`proposers.track.Track`).
+    ``confidence``: the proposer's own estimate, per token, that the target
+    accepts it given that the tokens before it were accepted (``None``: no
+    estimate).  Only the drafting policy reads it (:mod:`grammarspec.policy`
+    calibrates it online); it never changes what is accepted.
     """
 
     tokens: tuple[int, ...] = ()
     probs: torch.Tensor | None = None
     sources: tuple[str, ...] = ()
     kind: str = ""
+    confidence: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.sources and len(self.sources) != len(self.tokens):
             raise ValueError("Draft.sources must name one proposer per token")
         if self.probs is not None and self.probs.shape[0] != len(self.tokens):
             raise ValueError(f"Draft.probs has {self.probs.shape[0]} rows for {len(self.tokens)} tokens")
+        if self.confidence is not None and len(self.confidence) != len(self.tokens):
+            raise ValueError(f"Draft.confidence has {len(self.confidence)} values for {len(self.tokens)} tokens")
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -74,6 +81,7 @@ class Draft:
             probs=None if self.probs is None else self.probs[:n],
             sources=self.sources[:n],
             kind=self.kind,
+            confidence=None if self.confidence is None else self.confidence[:n],
         )
 
 

@@ -1,37 +1,42 @@
 """What a verification pass costs, in plain (1-row) decoding steps: one model, learned online.
 
-A speculative step verifies ``rows = len(draft) + 1`` positions in one target
-forward pass.  On a small model most of that pass is fixed cost (weights are
-read once whatever the rows), so::
+``rows`` is every token row one target forward pass computes, over the whole
+batch: each row's pending tokens plus its draft.  A plain step at batch ``B``
+is a pass of ``B`` rows; the same step with drafts of ``k_r`` tokens is a pass
+of ``B + sum(k_r)`` rows.  On a small model most of a pass is fixed cost
+(weights are read once whatever the rows), so::
 
-    cost(1)    = 1                                  (a plain step: the unit)
+    cost(1)    = 1                                  (a plain step at batch 1: the unit)
     cost(rows) = base + per_row * max(rows, min_rows)   for rows > 1
 
 The prior is the one measured for SmolLM2-135M on this repository's CPU
 (2 threads, an 850-token context: 85 ms for 1 row, about 125 ms for 4-8 rows,
 146 ms for 16, 190 ms for 24; fewer than 4 rows cost as much as 4, because
 the BLAS takes a slower path for the 2-3 row LM-head product):
-``base = 1.3``, ``per_row = 0.03``, ``min_rows = 4``.
+``base = 1.3``, ``per_row = 0.03``, ``min_rows = 4``.  It is only the start:
+on a GPU a pass stays near one plain step up to tens of rows, and the learned
+line flattens accordingly (:func:`flat_until` models such a curve).
 
 :meth:`PassCost.update` learns from measured passes: the seconds of 1-row
-passes set the unit (an exponential average), and each wider pass adds the
-point ``(max(rows, min_rows), seconds / unit)`` to a weighted least-squares
-line whose two prior points (at ``min_rows`` and 16 rows) never fade, so the
-line stays defined when every pass has the same width.  Older measurements
-fade by ``decay`` per update.  Pure Python, no clocks: the caller times the
-passes.
+passes set the unit (an exponential average; before any is seen, the first
+wider pass sets it from the prior's shape, so a batch that never runs a
+1-row pass still learns), and each wider pass adds the point
+``(max(rows, min_rows), seconds / unit)`` to a weighted least-squares line
+whose two prior points (at ``min_rows`` and 16 rows) never fade, so the line
+stays defined when every pass has the same width.  Older measurements fade
+by ``decay`` per update.  Pure Python, no clocks: the caller times the passes.
 
-Who uses it: :class:`proposers.compose.CompositeProposer` verifies a cheap
-draft alone only when its expected accepted tokens reach
-:meth:`PassCost.break_even` (via :class:`proposers.track.Track`); the loop
-feeds it measurements and its controller may read it
-(``composite.cost_model``); ``scripts/replay_bench.py`` models seconds with
-its prior.
+Who uses it: the drafting policy (:mod:`grammarspec.policy`) sizes every
+step's drafts over the whole batch from ``cost(rows)``; the loop and the vLLM
+proposer feed it measured passes; :class:`proposers.compose.CompositeProposer`
+verifies a cheap draft alone only when its expected accepted tokens reach
+:meth:`PassCost.break_even` (via :class:`proposers.track.Track`);
+``tools/replay_bench.py`` models seconds with its prior, or with a GPU curve.
 """
 
 from __future__ import annotations
 
-__all__ = ["PassCost", "PRIOR_BASE", "PRIOR_PER_ROW", "PRIOR_MIN_ROWS"]
+__all__ = ["PassCost", "PRIOR_BASE", "PRIOR_PER_ROW", "PRIOR_MIN_ROWS", "flat_until"]
 
 PRIOR_BASE = 1.3
 PRIOR_PER_ROW = 0.03
@@ -73,7 +78,8 @@ class PassCost:
             raise ValueError("PassCost needs 0 < decay <= 1, 0 < unit_alpha <= 1 and prior_weight > 0")
         self.base, self.per_row, self.min_rows = base, per_row, min_rows
         self.decay, self.unit_alpha = decay, unit_alpha
-        self.unit_seconds: float | None = None  # average seconds of a 1-row pass, once measured
+        self.unit_seconds: float | None = None  # average seconds of a 1-row pass, once measured (or inferred)
+        self._unit_measured = False  # whether a 1-row pass set the unit (an inferred one is replaced)
         # Weighted least-squares sums over (x, y) = (rows, cost in plain steps): prior points + faded data.
         xs = (float(min_rows), 16.0)
         self._prior = [prior_weight * 2, sum(xs) * prior_weight, sum(x * x for x in xs) * prior_weight,
@@ -105,17 +111,21 @@ class PassCost:
     def update(self, rows: int, seconds: float) -> bool:
         """Learn from one measured pass over ``rows`` rows that took ``seconds``.  Changes state.
 
-        Returns whether the model changed (a wider pass before any 1-row pass
-        is measured cannot be converted to plain steps and is dropped).
+        Returns whether the model changed.  A wider pass seen before any
+        1-row pass sets the unit from the current line (``seconds / cost(rows)``)
+        and teaches nothing else; later ones move the line.  The first
+        measured 1-row pass replaces an inferred unit.
         """
         if rows < 1 or not seconds > 0:
             raise ValueError(f"a measured pass needs rows >= 1 and seconds > 0, got rows={rows}, seconds={seconds}")
         if rows == 1:
-            unit = self.unit_seconds
+            unit = self.unit_seconds if self._unit_measured else None
             self.unit_seconds = seconds if unit is None else unit + self.unit_alpha * (seconds - unit)
+            self._unit_measured = True
             return True
         if self.unit_seconds is None:
-            return False
+            self.unit_seconds = seconds / self.cost(rows)
+            return True
         x, y = float(max(rows, self.min_rows)), seconds / self.unit_seconds
         self._data = [s * self.decay for s in self._data]
         for i, term in enumerate((1.0, x, x * x, y, x * y)):
@@ -127,3 +137,19 @@ class PassCost:
         self.per_row = max(0.0, (w * sxy - sx * sy) / det)
         self.base = max(1e-6, (sy - self.per_row * sx) / w)
         return True
+
+
+def flat_until(rows: int, per_row: float = 0.01) -> PassCost:
+    """A fixed cost curve that stays at one plain step up to ``rows`` rows, then grows ``per_row`` a row.
+
+    What a small model on a GPU looks like (a pass is bound by reading the
+    weights until the batch fills the chip).  For replays and tests; it learns
+    like any other :class:`PassCost` if updated.
+
+    >>> gpu = flat_until(64)
+    >>> gpu.cost(2), gpu.cost(64), round(gpu.cost(114), 2)
+    (1.0, 1.0, 1.5)
+    """
+    if rows < 2 or not 0 < per_row * rows < 1:
+        raise ValueError(f"flat_until needs rows >= 2 and 0 < per_row * rows < 1, got rows={rows}, per_row={per_row}")
+    return PassCost(1.0 - per_row * rows, per_row, rows)

@@ -8,7 +8,7 @@ from toy import toy_tokenizer
 
 from proposers.base import GrammarView, Request
 from proposers.compose import CompositeProposer
-from proposers.cost import PassCost
+from proposers.cost import PassCost, flat_until
 from proposers.track import Track
 
 
@@ -22,9 +22,9 @@ def test_prior_is_the_measured_cpu_model():
 
 def test_update_learns_the_unit_then_the_line():
     c = PassCost()
-    assert not c.update(8, 0.2)  # no 1-row pass measured yet: cannot be turned into plain steps
-    assert c.cost(8) == pytest.approx(1.54)
-    assert c.update(1, 0.1) and c.unit_seconds == pytest.approx(0.1)
+    assert c.update(8, 0.2)  # no 1-row pass yet: the unit is inferred from the prior's shape, the line kept
+    assert c.cost(8) == pytest.approx(1.54) and c.unit_seconds == pytest.approx(0.2 / 1.54)
+    assert c.update(1, 0.1) and c.unit_seconds == pytest.approx(0.1)  # a measured 1-row pass replaces it
     for _ in range(200):  # here a pass costs 1 + 0.25 per row: much dearer rows than the prior
         c.update(4, 0.1 * (1 + 0.25 * 4))
         c.update(16, 0.1 * (1 + 0.25 * 16))
@@ -81,3 +81,22 @@ def test_docstring_examples_hold(module):
 
     result = doctest.testmod(importlib.import_module(module))
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_a_batch_without_one_row_passes_still_learns_its_line():
+    """At batch 16 no pass has one row: the first pass sets the unit, the rest move the line."""
+    c = PassCost()
+    truth = PassCost(1.5, 0.05, 4)  # dearer rows than the prior: 16 rows = 2.3 plain steps
+    unit = 0.08
+    for rows in [16, 24, 40, 16, 32, 48, 20, 60] * 30:
+        c.update(rows, unit * truth.cost(rows))
+    ratio = c.cost(48) / c.cost(16)
+    assert ratio == pytest.approx(truth.cost(48) / truth.cost(16), rel=0.05)
+    assert ratio > PassCost().cost(48) / PassCost().cost(16) + 0.1  # it moved away from the prior
+
+
+def test_flat_until_models_a_gpu():
+    gpu = flat_until(64)
+    assert gpu.cost(2) == gpu.cost(64) == 1.0 and gpu.cost(65) > 1.0
+    with pytest.raises(ValueError, match="flat_until"):
+        flat_until(64, per_row=0.02)
