@@ -29,13 +29,16 @@ from .cache import logits_device
 from .decoding import DecodeConfig, RowRequest, decode_batch, logits_width
 from .draft_model import DraftModelProposer
 from .inputs import (
+    check_arguments,
     check_assistant,
     check_model_inputs,
     check_prompt,
+    check_prompt_cache,
     eos_ids,
     needs_tokenizer,
     prompt_rows,
     refuse_arguments,
+    warn_unmasked_padding,
 )
 from .processing import build_pipeline, check_stateless
 from .sampling import SamplingParams
@@ -146,7 +149,19 @@ def _generate(
     return_dict_in_generate: bool | None, past_key_values: Any, update_cache: bool, **generation_kwargs: Any,
 ) -> torch.LongTensor | GenerationOutput:  # fmt: skip
     refuse_arguments(generation_kwargs)
+    check_arguments({**generation_kwargs, "strict": strict, "json_object": json_object, "regex": regex,
+                     "parallel_tool_calls": parallel_tool_calls, "any_whitespace": any_whitespace,
+                     "adaptive": adaptive, "update_cache": update_cache, "max_draft_tokens": max_draft_tokens,
+                     "max_batch_size": max_batch_size, "compile_timeout": compile_timeout, "generator": generator},
+                    generation_config)  # fmt: skip
+    if generation_config is not None and not isinstance(generation_config, GenerationConfig):
+        raise ValueError(
+            f"generation_config must be a transformers GenerationConfig, got {type(generation_config).__name__}"
+        )
+    check_prompt_cache(past_key_values)
     model_inputs = {k: generation_kwargs.pop(k) for k in ACCEPTED_MODEL_INPUTS if k in generation_kwargs}
+    if return_dict_in_generate is not None:  # set beside output_scores, so transformers' flag check sees both
+        generation_kwargs["return_dict_in_generate"] = return_dict_in_generate
     config, unknown, default_length = resolve_config(model, generation_config, generation_kwargs)
     unknown = {k: v for k, v in unknown.items() if k not in ("output_scores", "output_logits")}
     if unknown:
@@ -162,6 +177,8 @@ def _generate(
     vocab = logits_width(model)
     check_prompt(model, rows, vocab)
     eos = eos_ids(config, tokenizer)
+    pad_id = config.pad_token_id if config.pad_token_id is not None else getattr(tokenizer, "pad_token_id", None)
+    warn_unmasked_padding(rows, attention_mask, pad_id)
     context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
     max_new = max_new_tokens(config, width, context, default_length)
     if context is not None and width + max_new > context:
@@ -195,8 +212,6 @@ def _generate(
             f"assistant={assistant!r} drafts text and needs the tokenizer: pass tokenizer=... "
             "(or use assistant='none' / a draft model)"
         )
-    if max_draft_tokens < 1:
-        raise ValueError(f"max_draft_tokens must be >= 1, got {max_draft_tokens}")
     want_dict = return_dict_in_generate if return_dict_in_generate is not None else config.return_dict_in_generate
     want_scores, want_logits = bool(want_dict and config.output_scores), bool(want_dict and config.output_logits)
     if streamer is not None and len(rows) > 1:
