@@ -137,13 +137,12 @@ def verify_sampled(
     """
     n_rows, vocab = probs.shape
     device = probs.device
-    tokens = torch.zeros(n_rows, dtype=torch.long)  # [N]: the draft token of each row (0 on bonus rows)
-    is_draft = torch.zeros(n_rows, dtype=torch.bool)
+    tokens = torch.zeros(n_rows, dtype=torch.long, device=device)  # [N]: each row's draft token (0 on bonus rows)
+    is_draft = torch.zeros(n_rows, dtype=torch.bool, device=device)
     for seg in segments:
         if seg.draft:
-            tokens[seg.start : seg.start + len(seg.draft)] = torch.tensor(seg.draft, dtype=torch.long)
+            tokens[seg.start : seg.start + len(seg.draft)] = torch.tensor(seg.draft, dtype=torch.long, device=device)
             is_draft[seg.start : seg.start + len(seg.draft)] = True
-    tokens, is_draft = tokens.to(device), is_draft.to(device)
     q = torch.zeros_like(probs)  # [N, V]: the draft distributions (one-hot for deterministic drafts)
     q[is_draft] = torch.nn.functional.one_hot(tokens[is_draft], vocab).to(probs.dtype)
     for seg in segments:
@@ -193,7 +192,7 @@ def rejection_sample(
     )
     if draft_probs is not None:
         assert draft_probs.shape == (k, target_probs.shape[1]), "draft_probs must be [k, V]"
-        if k and bool((draft_probs[torch.arange(k), draft_tokens] <= 0).any()):
+        if k and bool((draft_probs[torch.arange(k, device=draft_probs.device), draft_tokens] <= 0).any()):
             raise ValueError("a draft token has zero probability under its own draft distribution")
     seg = Segment(0, tuple(draft_tokens.tolist()), target_probs.shape[0] == k + 1, draft_probs)
     return verify_sampled(target_probs, [seg], generator)[0]
