@@ -16,9 +16,15 @@ import torch
 import transformers
 from transformers import DynamicCache
 
+try:
+    from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+except ImportError:  # transformers without per-layer caches
+    DynamicLayer = DynamicSlidingWindowLayer = None  # type: ignore[assignment,misc]
+
 __all__ = [
     "CacheError", "new_cache", "crop_cache", "cache_length", "require_croppable", "forward_with_cache", "cache_argument",
     "common_prefix_length", "logits_device", "check_transformers", "TRANSFORMERS_FLOOR",
+    "has_sliding_window",
 ]  # fmt: skip
 
 
@@ -117,11 +123,48 @@ def forward_with_cache(
 
 
 def new_cache(model: torch.nn.Module) -> DynamicCache:
-    """An empty dynamic cache configured for ``model`` (sliding layers included)."""
+    """An empty dynamic cache for ``model`` whose every attention layer keeps every column.
+
+    A sliding-window layer (Mistral v0.1, Phi-3, Gemma 2/3, gpt-oss...) gets a full layer: Hugging Face's
+    ``DynamicSlidingWindowLayer`` keeps only the last ``window - 1`` columns, so it can neither be cut
+    back after a rejected draft nor have its columns gathered when a batch is compacted.  The window
+    itself is the attention mask's (built from ``config.sliding_window``), so the output is unchanged;
+    the cost is memory: a sliding layer holds the whole sequence instead of ``window - 1`` columns
+    (nothing more while the sequence is shorter than the window).  Recurrent layers are left as they
+    are and refused by :func:`require_croppable`.
+    """
     try:
-        return DynamicCache(config=model.config)
+        cache = DynamicCache(config=model.config)
     except TypeError:  # older transformers
         return DynamicCache()
+    layers = getattr(cache, "layers", None)
+    if layers:
+        for i, layer in enumerate(layers):
+            if _is_sliding_layer(layer):
+                layers[i] = DynamicLayer()
+    return cache
+
+
+def has_sliding_window(model: torch.nn.Module) -> bool:
+    """Whether some attention layer of ``model`` sees only a window of the latest positions.  Pure.
+
+    Hugging Face builds a sliding (or chunked) mask from cache column indices, not from position ids, so
+    in a batch with holes (columns one row rejected and another kept) the window would count the holes:
+    :class:`grammarspec.kv.BatchKV` compacts such a cache after every step that leaves holes.
+    """
+    config = getattr(model, "config", None)
+    if config is None:
+        return False
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    types = getattr(text, "layer_types", None)
+    if types:
+        return any(t in ("sliding_attention", "chunked_attention") for t in types)
+    return bool(getattr(text, "sliding_window", None)) and getattr(text, "use_sliding_window", True) is not False
+
+
+def _is_sliding_layer(layer: object) -> bool:
+    """Hugging Face's plain dynamic sliding-window layer (not its recurrent hybrids, which cannot be cropped)."""
+    return DynamicSlidingWindowLayer is not None and type(layer) is DynamicSlidingWindowLayer
 
 
 def cache_length(cache: DynamicCache) -> int:
@@ -130,12 +173,38 @@ def cache_length(cache: DynamicCache) -> int:
 
 
 def require_croppable(cache: DynamicCache, model_name: str = "model") -> None:
-    """Raise :class:`CacheError` unless ``cache`` can be cut back exactly."""
+    """Raise :class:`CacheError` unless ``cache`` can be cut back exactly.
+
+    A caller's cache built with ``DynamicCache(config=...)`` on a sliding-window model has sliding
+    layers: one that has not yet filled its window still holds every column and is replaced by a full
+    layer holding the same keys and values (changes ``cache``, losslessly); one that has filled it has
+    forgotten columns and is refused with what to do.
+    """
+    layers = getattr(cache, "layers", None) or []
+    for i, layer in enumerate(layers):
+        if not _is_sliding_layer(layer):
+            continue
+        if getattr(layer, "record_past", False):  # keeps past states until cropped: Hugging Face crops it exactly
+            continue
+        if not getattr(layer, "is_initialized", False):
+            layers[i] = DynamicLayer()
+            continue
+        if layer.cumulative_length >= layer.sliding_window:
+            raise CacheError(
+                f"the {model_name} KV cache has a sliding-window layer (window {layer.sliding_window}) that already "
+                f"holds {layer.cumulative_length} tokens, so it has forgotten the earliest ones and cannot be rolled "
+                "back after a rejected draft. Build the prompt cache with grammarspec.cache.new_cache(model) (full "
+                "layers; the model still attends within its window) instead of DynamicCache(config=...), or call "
+                "generate without an assistant (assistant='none')."
+            )
+        full = DynamicLayer()
+        full.update(layer.keys, layer.values)  # the window is not full yet: every column is still there
+        layers[i] = full
     if getattr(cache, "is_croppable", True) is False:
         raise CacheError(
-            f"the {model_name} KV cache cannot be rolled back exactly (sliding-window or recurrent "
-            "layers), so speculative decoding cannot verify drafts with it. Use a model with full "
-            "attention, or call generate without an assistant/proposer (plain constrained decoding)."
+            f"the {model_name} KV cache cannot be rolled back exactly (recurrent or quantised layers), so "
+            "speculative decoding cannot verify drafts with it. Use a model with attention layers only, or call "
+            "generate without an assistant/proposer (plain constrained decoding)."
         )
 
 

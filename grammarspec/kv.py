@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from .cache import CacheError, cache_argument, crop_cache, new_cache, require_croppable
+from .cache import CacheError, cache_argument, crop_cache, has_sliding_window, new_cache, require_croppable
 
 __all__ = ["BatchKV", "model_device"]
 
@@ -55,6 +55,7 @@ class BatchKV:
         self.pad_token_id = pad_token_id
         self._appended = 0  # columns added by the last forward, not yet settled by keep()
         self._cache_arg = cache_argument(model)
+        self._windowed = has_sliding_window(model)  # a sliding mask counts columns: no hole may sit in a window
 
     @classmethod
     def from_cache(cls, model: torch.nn.Module, cache: object, length: int) -> BatchKV:
@@ -205,6 +206,8 @@ class BatchKV:
         crop_cache(self.cache, end, "target model")
         self.lengths = [length + k for length, k in zip(self.lengths, counts)]
         if self.columns >= COMPACT_MIN_COLUMNS and self.holes() > COMPACT_HOLE_SHARE * self.columns * self.batch_size:
+            self.compact()
+        elif self._windowed and len(set(kept)) > 1:  # rows kept different numbers of columns: holes
             self.compact()
 
     def holes(self) -> int:

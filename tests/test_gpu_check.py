@@ -1,18 +1,17 @@
-"""tools/gpu_check.py: refuses to run without CUDA, and its parity path agrees on CPU (tiny model)."""
+"""tools/gpu_check.py: refuses without CUDA; its CPU dry run passes on a tiny model, and fails when an arm is broken."""
 
 from __future__ import annotations
 
+import json
+from collections import Counter
+
+import pytest
 import torch
 from toy import toy_tokenizer
 from toy_models import tiny_llama
+from transformers import MistralConfig, MistralForCausalLM
 
 from tools import gpu_check
-
-SCHEMAS = [
-    {"type": "array", "items": {"enum": ["a", "b"]}, "minItems": 1, "maxItems": 3},
-    {"type": "object", "properties": {"a": {"type": "array", "items": {"enum": ["x", "yy"]}, "maxItems": 2}},
-     "required": ["a"], "additionalProperties": False},
-]  # fmt: skip
 
 
 def test_without_cuda_it_says_so(capsys, monkeypatch):
@@ -21,16 +20,67 @@ def test_without_cuda_it_says_so(capsys, monkeypatch):
     assert "no CUDA device" in capsys.readouterr().out
 
 
-def test_the_parity_path_agrees_with_hf_at_batch_one_and_two():
+def test_chi_square_tells_one_distribution_from_another():
+    same_a = Counter({"a": 300, "b": 200, "c": 100})
+    same_b = Counter({"a": 290, "b": 210, "c": 100})
+    p, dof = gpu_check.chi_square_p(same_a, same_b)
+    assert dof == 2 and p > 0.3
+    p, _ = gpu_check.chi_square_p(same_a, Counter({"a": 600}))
+    assert p < 1e-9
+
+
+def toy_parts(device: str):
     tok = toy_tokenizer()
-    model = tiny_llama(len(tok), seed=4)
-    prompts = ["{a:[x", "ab"]
-    alone = [gpu_check.hf_generate(model, tok, *gpu_check.batch_inputs(tok, [p], "cpu"), [s], 12)[0]
-             for p, s in zip(prompts, SCHEMAS)]  # fmt: skip
-    for size in (1, 2):
-        got = []
-        for first in range(0, 2, size):
-            ids, mask = gpu_check.batch_inputs(tok, prompts[first : first + size], "cpu")
-            got += gpu_check.ours(model, tok, ids, mask, SCHEMAS[first : first + size], 12)
-        assert got == alone
-    assert all(len(out) > 2 for out in alone)  # real answers, not empty rows
+
+    def make(dtype, sliding_window=None, seed=0):
+        if sliding_window is None:
+            model = tiny_llama(len(tok), seed=4 + seed)
+        else:
+            torch.manual_seed(4)
+            config = MistralConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, sliding_window=sliding_window,
+                                   bos_token_id=None, eos_token_id=0, pad_token_id=1, tie_word_embeddings=False)  # fmt: skip
+            model = gpu_check.scale_head(MistralForCausalLM(config), 20.0).eval()
+        return model.to(dtype=dtype)
+
+    return tok, make
+
+
+@pytest.fixture
+def toy_run(monkeypatch, tmp_path):
+    monkeypatch.setattr(gpu_check, "load_parts", toy_parts)
+    monkeypatch.setattr(gpu_check, "install", lambda: None)
+
+    def run(*extra):
+        code = gpu_check.main(["--device", "cpu", "--out", str(tmp_path), "--max-new-tokens", "14", "--samples", "150",
+                               "--throughput-tokens", "0", *extra])  # fmt: skip
+        return code, json.loads((tmp_path / "gpu_check.json").read_text()), (tmp_path / "gpu_check.md").read_text()
+
+    return run
+
+
+def test_the_cpu_dry_run_passes_every_check_and_writes_its_report(toy_run):
+    code, report, table = toy_run()
+    failed = [c for c in report["checks"] if not c["ok"]]
+    assert code == 0 and report["ok"] and not failed, failed
+    assert len(report["checks"]) == 15 and table.count("| PASS |") == 15
+    assert any("compactions" in c["detail"] and not c["detail"].endswith("; 0 compactions") for c in report["checks"])
+
+
+@pytest.mark.parametrize("broken", ["parity", "exactness"])
+def test_a_broken_arm_makes_the_check_fail(toy_run, broken):
+    code, report, table = toy_run("--break", broken)
+    assert code == 1 and report["ok"] is False and "| FAIL |" in table
+    failed = [c["check"] for c in report["checks"] if not c["ok"]]
+    if broken == "exactness":
+        assert failed == ["exactness: chi-square against HF sampling (enum schema)"]
+    else:
+        assert "greedy parity, batch 1" in failed and "greedy parity, bf16 target, batch 4" in failed
+
+
+def test_the_throughput_arm_times_both_arms(monkeypatch):
+    tok = toy_tokenizer()
+    monkeypatch.setattr(gpu_check, "build_model", lambda device, dtype, **kw: tiny_llama(len(tok), seed=4).to(dtype))
+    rows = gpu_check.throughput(tok, "cpu", 6, (1, 2), "small")
+    assert [r["batch"] for r in rows] == [1, 2]
+    assert all(r["hf_tok_s"] > 0 and r["grammarspec_tok_s"] > 0 and r["host_syncs"] is None for r in rows)

@@ -1,36 +1,55 @@
-"""GPU check: greedy parity and a small throughput table on a CUDA machine, in a few minutes.
+"""GPU check: parity, exactness and throughput on a CUDA machine; exits non-zero when a check fails.
 
-Two steps, because the GPU machine reaches no network and cannot hold the
-embedded model's weights (540 MB; 64 MiB travel):
+Two steps, because the GPU machine reaches only package registries (no model hub) and 64 MiB travel:
 
     python tools/gpu_check.py --prepare          # here: SmolLM2's config + tokenizer and the wheels -> .gpu/
-    python3 tools/gpu_check.py                    # there (carry .gpu): installs the wheels, runs, prints one table
+    python3 tools/gpu_check.py                    # there (carry .gpu): installs the wheels, runs, writes $OUT
 
-The model is SmolLM2-135M's architecture with random weights (LM head scaled
-so greedy choices are not near-ties), in float32 for the parity rows and
-bfloat16 for the throughput rows.  Parity: grammarspec (``assistant="auto"``,
-batch 1 and a left-padded batch of 4 with one schema per row) must equal Hugging
-Face ``generate`` + xgrammar's HF logits processor token for token.  Throughput:
-committed tokens per second over the same requests at batch 1, 4 and 16, both
-arms.  ``--device cpu`` runs the same check here (slowly) to test the script.
+Models have random weights (LM head scaled so greedy choices are not near-ties), built on the device.
+Checks (each a row of the table; any failure makes the exit status 1):
+
+- greedy parity against Hugging Face ``generate`` + xgrammar's HF processor at batch 1 and 4 (one schema
+  per row, left-padded), also with a bf16 target, with ``repetition_penalty`` and ``min_new_tokens``,
+  with ``max_batch_size`` < B (rows join), with a draft-model assistant, with enough columns that the
+  batch cache is compacted, and on a sliding-window (Mistral) config;
+- sampling (``top_p``) with a generator on the device and one on the CPU: every answer valid, the same
+  seed the same answers; a draft-model assistant sampled likewise;
+- exactness: a chi-square test of grammarspec's sampled answers to a small enum schema against Hugging
+  Face's sampled answers (two samples, same settings);
+- token trees against chains (greedy, batch 1);
+- throughput (not pass/fail): tokens/s of both arms at B = 1, 4, 16 on a ~1B-parameter bf16 model,
+  256 new tokens, grammars compiled and both arms warmed up outside the timed region; host
+  synchronisations per target pass (``torch.cuda.set_sync_debug_mode``).
+
+Writes ``gpu_check.json`` and ``gpu_check.md`` to ``--out`` (default ``$OUT``).  ``--device cpu`` runs
+the same checks here (the tests do, with a tiny model); ``--break parity|exactness`` breaks grammarspec's
+arm on purpose, to show that the check fails.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import math
+import os
 import shutil
 import subprocess
 import sys
 import time
+from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 PREPARED = ROOT / ".gpu"
-#: What grammarspec needs beyond the GPU image's torch/transformers/numpy (pip download, Python 3.12, manylinux).
-WHEELS = ["xgrammar==0.2.9", "jsonschema", "jsonschema-specifications", "referencing", "rpds-py", "attrs",
-          "outlines-core==0.2.14", "llguidance", "gguf", "ninja", "pydantic==2.14.4", "pydantic-core==2.50.5",
-          "annotated-types", "typing-inspection", "apache-tvm-ffi==0.1.15.post2"]  # fmt: skip
+#: What grammarspec needs beyond the GPU image's torch/numpy (pip download, Python 3.12, manylinux).
+#: transformers is carried too: grammarspec needs >= 5.21 (a 2-D boolean logits_to_keep); images ship older ones.
+WHEELS = ["transformers==5.24.0", "tokenizers", "huggingface-hub", "safetensors", "xgrammar==0.2.9", "jsonschema",
+          "jsonschema-specifications", "referencing", "rpds-py", "attrs", "outlines-core==0.2.14", "llguidance",
+          "gguf", "ninja", "pydantic==2.14.4", "pydantic-core==2.50.5", "annotated-types", "typing-inspection",
+          "apache-tvm-ffi==0.1.15.post2"]  # fmt: skip
 SCHEMAS = [
     {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
      "required": ["city", "days"], "additionalProperties": False},
@@ -43,14 +62,14 @@ SCHEMAS = [
 ]  # fmt: skip
 PROMPTS = ["Plan 3 days in Lisbon.", "Order: two A-1 and one B-7.", "Ticket 41 was fixed yesterday.",
            "Describe the Rust language with tags."]  # fmt: skip
+ENUM_SCHEMA = {"enum": ["a", "b", "ab", "ba", "aab"]}
+#: chi-square p-value below which grammarspec's samples are judged to come from another distribution.
+ALPHA = 1e-3
 
 
 def prepare() -> None:
     """Here: copy SmolLM2's config and tokenizer files and download the wheels into .gpu/."""
-    from grammarspec.loading import (
-        cache_dir,
-        load_tokenizer,  # noqa: F401 - ensures the model cache exists
-    )
+    from grammarspec.loading import cache_dir
 
     source = next(cache_dir().glob("smollm2-135m-v*"), None)
     if source is None:
@@ -74,7 +93,7 @@ def prepare() -> None:
 
 
 def install() -> None:
-    """There: install the carried wheels into /tmp/site (no network), unless the packages are importable."""
+    """There: install the carried wheels into /tmp/site (no network) unless grammarspec's needs are met."""
     import importlib.util
 
     wheels = sorted((PREPARED / "wheels").glob("*.whl"))
@@ -85,55 +104,88 @@ def install() -> None:
     sys.path.insert(0, str(ROOT))
 
 
-def build_model(device: str, dtype: object) -> object:
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+# --- models ----------------------------------------------------------------------------------------------------
 
-    config = LlamaConfig.from_pretrained(PREPARED / "model" if (PREPARED / "model").exists() else None)
+
+def build_model(device: str, dtype: Any, *, sliding_window: int | None = None, size: str = "small") -> Any:
+    """SmolLM2-135M's architecture (``size="1b"``: ~1.1B parameters) with random weights, built on ``device``."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
+
+    config = LlamaConfig.from_pretrained(PREPARED / "model") if (PREPARED / "model").exists() else LlamaConfig()
+    if size == "1b":
+        config.update({"hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 16,
+                       "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64})  # fmt: skip
     torch.manual_seed(0)
-    model = LlamaForCausalLM(config)
-    with torch.no_grad():
-        model.lm_head.weight.copy_(
-            model.model.embed_tokens.weight if config.tie_word_embeddings else model.lm_head.weight
-        )
-        model.lm_head.weight.mul_(30.0)
-    return model.to(device=device, dtype=dtype).eval()
+    with torch.device(device):
+        if sliding_window is not None:
+            mistral = MistralConfig(**{k: v for k, v in config.to_dict().items() if k != "model_type"})
+            mistral.sliding_window = sliding_window
+            model = MistralForCausalLM(mistral)
+        else:
+            model = LlamaForCausalLM(config)
+    return scale_head(model).to(dtype=dtype).eval()
 
 
-def hf_generate(model: object, tokenizer: object, ids: object, mask: object, schemas: list, max_new: int) -> list:
+def scale_head(model: Any, factor: float = 30.0) -> Any:
     import torch
+
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(factor)
+    return model
+
+
+# --- the two arms ----------------------------------------------------------------------------------------------
+
+
+def compile_for_hf(tokenizer: Any, model: Any, schemas: list) -> list:
+    """xgrammar grammars for the HF arm (compiled once, outside any timed region)."""
     import xgrammar as xgr
-    from transformers import LogitsProcessorList
-    from xgrammar.contrib.hf import LogitsProcessor
 
     from grammarspec.decoding import logits_width
 
     info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=logits_width(model),
                                               stop_token_ids=[tokenizer.eos_token_id])  # fmt: skip
     compiler = xgr.GrammarCompiler(info)
-    grammars = [
-        compiler.compile_json_schema(json.dumps(s), any_whitespace=False, separators=(",", ":")) for s in schemas
-    ]
+    return [compiler.compile_json_schema(json.dumps(s), any_whitespace=False, separators=(",", ":")) for s in schemas]
+
+
+def hf_generate(model: Any, tokenizer: Any, ids: Any, mask: Any, schemas: list, max_new: int,
+                grammars: list | None = None, **settings: Any) -> list:  # fmt: skip
+    """Hugging Face generate + xgrammar's HF processor; each row's new tokens up to its EOS."""
+    import torch
+    from transformers import LogitsProcessorList
+    from xgrammar.contrib.hf import LogitsProcessor
+
+    grammars = grammars or compile_for_hf(tokenizer, model, schemas)
+    settings = {"do_sample": False, **settings}
     with torch.inference_mode():
         out = model.generate(ids, attention_mask=mask, logits_processor=LogitsProcessorList([LogitsProcessor(grammars)]),
-                             max_new_tokens=max_new, do_sample=False, eos_token_id=tokenizer.eos_token_id,
-                             pad_token_id=tokenizer.eos_token_id)  # fmt: skip
-    rows = []
-    for row in out[:, ids.shape[1] :].tolist():
-        eos = tokenizer.eos_token_id
-        rows.append(row[: row.index(eos) + 1] if eos in row else row)
+                             max_new_tokens=max_new, eos_token_id=tokenizer.eos_token_id,
+                             pad_token_id=tokenizer.eos_token_id, **settings)  # fmt: skip
+    eos = tokenizer.eos_token_id
+    return [row[: row.index(eos) + 1] if eos in row else row for row in out[:, ids.shape[1] :].tolist()]
+
+
+#: what --break changes in grammarspec's arm ("parity": every row loses its last token; "exactness": samples).
+BROKEN: set[str] = set()
+
+
+def ours(model: Any, tokenizer: Any, ids: Any, mask: Any, schemas: list, max_new: int, **settings: Any) -> list:
+    """grammarspec.generate (``assistant="auto"`` unless given); each row's new tokens."""
+    import grammarspec
+
+    settings = {"assistant": "auto", "do_sample": False, **settings}
+    out = grammarspec.generate(model, ids, attention_mask=mask, tokenizer=tokenizer, schema=schemas,
+                               max_new_tokens=max_new, return_dict_in_generate=True, **settings)  # fmt: skip
+    rows = [out.sequences[i, ids.shape[1] :].tolist()[: s.new_tokens] for i, s in enumerate(out.stats)]
+    if "parity" in BROKEN:
+        rows = [row[:-1] for row in rows]
     return rows
 
 
-def ours(model: object, tokenizer: object, ids: object, mask: object, schemas: list, max_new: int) -> list:
-    import grammarspec
-
-    out = grammarspec.generate(model, ids, attention_mask=mask, tokenizer=tokenizer, schema=schemas, assistant="auto",
-                               max_new_tokens=max_new, do_sample=False, return_dict_in_generate=True)  # fmt: skip
-    return [out.sequences[i, ids.shape[1] :].tolist()[: s.new_tokens] for i, s in enumerate(out.stats)]
-
-
-def batch_inputs(tokenizer: object, prompts: list[str], device: str) -> tuple[object, object]:
+def batch_inputs(tokenizer: Any, prompts: list[str], device: str) -> tuple[Any, Any]:
+    """Left-padded ``input_ids`` and ``attention_mask`` for ``prompts`` on ``device``."""
     import torch
 
     rows = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
@@ -144,57 +196,346 @@ def batch_inputs(tokenizer: object, prompts: list[str], device: str) -> tuple[ob
     return ids, mask
 
 
+# --- checks ----------------------------------------------------------------------------------------------------
+
+
+def check(name: str, ok: bool, detail: str, **extra: Any) -> dict:
+    return {"check": name, "ok": bool(ok), "detail": detail, **extra}
+
+
+def parity(name: str, model: Any, tok: Any, device: str, prompts: list, schemas: list, max_new: int,
+           size: int, **settings: Any) -> dict:  # fmt: skip
+    """grammarspec at batch ``size`` against HF at batch 1, greedy, the same ``settings``."""
+    hf_settings = {k: v for k, v in settings.items() if k not in ("assistant", "assistant_model", "max_batch_size")}
+    reference = [hf_generate(model, tok, *batch_inputs(tok, [p], device), [s], max_new, **hf_settings)[0]
+                 for p, s in zip(prompts, schemas)]  # fmt: skip
+    got = []
+    for first in range(0, len(prompts), size):
+        ids, mask = batch_inputs(tok, prompts[first : first + size], device)
+        got += ours(model, tok, ids, mask, schemas[first : first + size], max_new, **settings)
+    same = sum(a == b for a, b in zip(reference, got))
+    return check(
+        name, same == len(prompts) and all(reference), f"{same}/{len(prompts)} rows identical to HF + xgrammar"
+    )
+
+
+def valid_answers(tok: Any, rows: list, schemas: list) -> int:
+    import jsonschema
+
+    good = 0
+    for row, schema in zip(rows, schemas):
+        try:
+            jsonschema.validate(json.loads(tok.decode(row, skip_special_tokens=True)), schema)
+            good += row[-1:] == [tok.eos_token_id]
+        except (ValueError, jsonschema.ValidationError):
+            pass
+    return good
+
+
+def sampled(name: str, model: Any, tok: Any, device: str, generator_device: str, max_new: int,
+            **settings: Any) -> dict:  # fmt: skip
+    """Sampling with a generator on ``generator_device``: valid answers, and the same seed gives the same ones."""
+    import torch
+
+    ids, mask = batch_inputs(tok, PROMPTS, device)
+    runs = []
+    for _ in range(2):
+        gen = torch.Generator(device=generator_device).manual_seed(7)
+        runs.append(ours(model, tok, ids, mask, SCHEMAS, max_new, do_sample=True, top_p=0.9, generator=gen,
+                         **settings))  # fmt: skip
+    good = valid_answers(tok, runs[0], SCHEMAS)
+    ended = sum(row[-1:] == [tok.eos_token_id] for row in runs[0])
+    ok = runs[0] == runs[1] and good == ended
+    return check(name, ok, f"{good}/{ended} ended answers valid; same seed, same answers: {runs[0] == runs[1]}")
+
+
+def chi_square_p(a: Counter, b: Counter) -> tuple[float, int]:
+    """Two-sample chi-square homogeneity test; ``(p-value, degrees of freedom)``.  Pure.
+
+    Categories seen fewer than 5 times in both samples together are pooled.  The p-value uses the
+    Wilson-Hilferty normal approximation of the chi-square tail (no scipy on the GPU image).
+    """
+    na, nb = sum(a.values()), sum(b.values())
+    keys = sorted(set(a) | set(b), key=repr)
+    small = [k for k in keys if a[k] + b[k] < 5]
+    cells = [(a[k], b[k]) for k in keys if k not in small]
+    if small:
+        cells.append((sum(a[k] for k in small), sum(b[k] for k in small)))
+    stat = 0.0
+    for x, y in cells:
+        total = x + y
+        for observed, n in ((x, na), (y, nb)):
+            expected = total * n / (na + nb)
+            stat += (observed - expected) ** 2 / expected if expected else 0.0
+    dof = max(len(cells) - 1, 1)
+    z = ((stat / dof) ** (1 / 3) - (1 - 2 / (9 * dof))) / math.sqrt(2 / (9 * dof))
+    return 0.5 * math.erfc(z / math.sqrt(2)), dof
+
+
+def exactness(model: Any, tok: Any, device: str, samples: int, chunk: int) -> dict:
+    """grammarspec's sampled enum answers against Hugging Face's: the same distribution (chi-square)."""
+    import torch
+
+    prompt = "Pick one:"
+    grammars = compile_for_hf(tok, model, [ENUM_SCHEMA])
+    ours_count: Counter = Counter()
+    hf_count: Counter = Counter()
+    gen = torch.Generator(device=device).manual_seed(11)
+    torch.manual_seed(11)
+    for first in range(0, samples, chunk):
+        n = min(chunk, samples - first)
+        ids, mask = batch_inputs(tok, [prompt] * n, device)
+        rows = ours(model, tok, ids, mask, [ENUM_SCHEMA] * n, 8, do_sample=True, temperature=1.5, generator=gen)
+        if "exactness" in BROKEN:
+            rows = [rows[0]] * n  # a broken sampler: always the first answer
+        ours_count.update(tok.decode(r, skip_special_tokens=True) for r in rows)
+        hf_rows = hf_generate(model, tok, ids, mask, [ENUM_SCHEMA] * n, 8, grammars=grammars * n, do_sample=True,
+                              temperature=1.5, top_k=0)  # fmt: skip
+        hf_count.update(tok.decode(r, skip_special_tokens=True) for r in hf_rows)
+    p, dof = chi_square_p(ours_count, hf_count)
+    return check("exactness: chi-square against HF sampling (enum schema)", p >= ALPHA,
+                 f"p = {p:.3g} ({dof} dof, {samples} samples per arm)", ours=dict(ours_count), hf=dict(hf_count))  # fmt: skip
+
+
+def trees_against_chains(model: Any, tok: Any, device: str, max_new: int) -> dict:
+    from proposers.presets import resolve_assistant
+    from proposers.tree import TreeProposer
+
+    same = 0
+    for prompt, schema in zip(PROMPTS, SCHEMAS):
+        ids, mask = batch_inputs(tok, [prompt], device)
+        chain = ours(model, tok, ids, mask, [schema], max_new)
+        tree = ours(model, tok, ids, mask, [schema], max_new,
+                    assistant=TreeProposer(resolve_assistant("auto"), width=4, size=32))  # fmt: skip
+        same += chain == tree
+    return check("trees against chains, greedy, batch 1", same == len(PROMPTS), f"{same}/{len(PROMPTS)} rows identical")
+
+
+def compaction(model: Any, tok: Any, device: str, max_new: int) -> dict:
+    """A batch of 4 long enough to compact its cache: still identical to HF."""
+    from grammarspec import kv
+
+    calls = []
+    original = kv.BatchKV.compact
+
+    def counting(self: Any) -> None:
+        calls.append(self.columns)
+        original(self)
+
+    kv.BatchKV.compact = counting  # type: ignore[method-assign]
+    try:
+        row = parity("greedy parity, batch 4, cache compacted", model, tok, device, PROMPTS, SCHEMAS, max_new, 4)
+    finally:
+        kv.BatchKV.compact = original  # type: ignore[method-assign]
+    row["ok"] = row["ok"] and bool(calls)
+    row["detail"] += f"; {len(calls)} compactions"
+    return row
+
+
+def throughput(tok: Any, device: str, new_tokens: int, sizes: tuple[int, ...], size: str) -> list[dict]:
+    """Tokens/s of both arms (bf16, random weights), compilation and warm-up outside the timed region."""
+    import warnings
+
+    import torch
+
+    import grammarspec
+
+    model = build_model(device, torch.bfloat16, size=size)
+    params = sum(p.numel() for p in model.parameters())
+    rows = []
+    for batch in sizes:
+        prompts, schemas = (PROMPTS * 8)[:batch], (SCHEMAS * 8)[:batch]
+        ids, mask = batch_inputs(tok, prompts, device)
+        grammars = compile_for_hf(tok, model, schemas)
+        arms: dict[str, Callable[[int], list]] = {
+            "hf": functools.partial(hf_generate, model, tok, ids, mask, schemas, grammars=grammars),
+            "grammarspec": functools.partial(ours, model, tok, ids, mask, schemas),
+        }
+        rates = {}
+        for arm, run in arms.items():
+            run(8)  # warm-up: kernels, grammarspec's compiled-grammar cache
+            if device == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            outputs = run(new_tokens)  # only generation is timed: the grammars are compiled above
+            if device == "cuda":
+                torch.cuda.synchronize()
+            rates[arm] = sum(map(len, outputs)) / (time.perf_counter() - t0)
+        syncs = passes = None
+        if device == "cuda":
+            out = None
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                torch.cuda.set_sync_debug_mode("warn")
+                try:
+                    out = grammarspec.generate(model, ids, attention_mask=mask, tokenizer=tok, schema=schemas,
+                                               assistant="auto", max_new_tokens=64, do_sample=False,
+                                               return_dict_in_generate=True)  # fmt: skip
+                finally:
+                    torch.cuda.set_sync_debug_mode(0)
+            syncs = sum("synchroniz" in str(w.message) for w in caught)
+            passes = max(s.target_forwards for s in out.stats)
+        rows.append({"batch": batch, "hf_tok_s": rates["hf"], "grammarspec_tok_s": rates["grammarspec"],
+                     "speedup": rates["grammarspec"] / rates["hf"], "host_syncs": syncs, "target_passes": passes,
+                     "parameters": params})  # fmt: skip
+    return rows
+
+
+# --- the run ---------------------------------------------------------------------------------------------------
+
+
+def run_checks(make_model: Callable[..., Any], tok: Any, device: str, max_new: int, samples: int,
+               draft: Any | None = None) -> list[dict]:  # fmt: skip
+    """Every pass/fail check; ``make_model(dtype, sliding_window=None)`` builds a target on ``device``."""
+    import torch
+
+    model = make_model(torch.float32)
+    draft = draft if draft is not None else make_model(torch.float32, seed=1)
+    rows = [
+        parity("greedy parity, batch 1", model, tok, device, PROMPTS, SCHEMAS, max_new, 1),
+        parity("greedy parity, batch 4", model, tok, device, PROMPTS, SCHEMAS, max_new, 4),
+        parity(
+            "greedy parity, batch 4, max_batch_size 2 (rows join)",
+            model,
+            tok,
+            device,
+            PROMPTS,
+            SCHEMAS,
+            max_new,
+            4,
+            max_batch_size=2,
+        ),  # fmt: skip
+        parity(
+            "greedy parity, batch 4, repetition_penalty 1.3",
+            model,
+            tok,
+            device,
+            PROMPTS,
+            SCHEMAS,
+            max_new,
+            4,
+            repetition_penalty=1.3,
+        ),  # fmt: skip
+        parity(
+            "greedy parity, batch 4, min_new_tokens 6",
+            model,
+            tok,
+            device,
+            PROMPTS,
+            SCHEMAS,
+            max_new,
+            4,
+            min_new_tokens=6,
+        ),  # fmt: skip
+        parity(
+            "greedy parity, draft-model assistant, batch 1",
+            model,
+            tok,
+            device,
+            PROMPTS,
+            SCHEMAS,
+            max_new,
+            1,
+            assistant_model=draft,
+        ),  # fmt: skip
+        compaction(model, tok, device, 4 * max_new),
+        trees_against_chains(model, tok, device, max_new),
+        sampled(f"sampling, top_p 0.9, {device} generator", model, tok, device, device, max_new),
+        sampled("sampling, top_p 0.9, cpu generator", model, tok, device, "cpu", max_new),
+        sampled(
+            f"sampling, draft-model assistant, {device} generator",
+            model,
+            tok,
+            device,
+            device,
+            max_new,
+            assistant_model=draft,
+        ),  # fmt: skip
+        exactness(model, tok, device, samples, min(samples, 100)),
+    ]
+    bf16 = make_model(torch.bfloat16)
+    rows.append(parity("greedy parity, bf16 target, batch 4", bf16, tok, device, PROMPTS, SCHEMAS, max_new, 4))
+    sliding = make_model(torch.float32, sliding_window=16)
+    rows.append(parity("greedy parity, sliding window 16, batch 1", sliding, tok, device, PROMPTS, SCHEMAS,
+                       2 * max_new, 1))  # fmt: skip
+    rows.append(parity("greedy parity, sliding window 16, batch 4", sliding, tok, device, PROMPTS, SCHEMAS,
+                       2 * max_new, 4))  # fmt: skip
+    return rows
+
+
+def write_report(out: Path, device_name: str, checks: list[dict], speed: list[dict]) -> str:
+    """``gpu_check.json`` and ``gpu_check.md`` in ``out``; returns the markdown."""
+    out.mkdir(parents=True, exist_ok=True)
+    ok = all(c["ok"] for c in checks)
+    (out / "gpu_check.json").write_text(json.dumps({"device": device_name, "ok": ok, "checks": checks,
+                                                     "throughput": speed}, indent=2, default=str))  # fmt: skip
+    lines = [f"| check ({device_name}, random weights) | result | |", "|---|---|---|"]
+    lines += [f"| {c['check']} | {'PASS' if c['ok'] else 'FAIL'} | {c['detail']} |" for c in checks]
+    if speed:
+        lines += ["", f"| throughput (bf16, {speed[0]['parameters'] / 1e9:.2f}B parameters) | HF + xgrammar tok/s | "
+                  "grammarspec tok/s | speedup | host syncs / target passes |", "|---|---|---|---|---|"]  # fmt: skip
+        lines += [f"| batch {s['batch']} | {s['hf_tok_s']:.0f} | {s['grammarspec_tok_s']:.0f} | {s['speedup']:.2f}x | "
+                  f"{s['host_syncs']} / {s['target_passes']} |" for s in speed]  # fmt: skip
+    text = "\n".join(lines) + "\n"
+    (out / "gpu_check.md").write_text(text)
+    return text
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--prepare", action="store_true", help="here: fetch what the GPU machine needs into .gpu/")
     parser.add_argument("--device", default="cuda")
-    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--out", default=os.environ.get("OUT", "gpu-check-out"), help="where the report goes")
+    parser.add_argument("--max-new-tokens", type=int, default=48, help="per parity row")
+    parser.add_argument("--samples", type=int, default=600, help="per arm, for the chi-square test")
+    parser.add_argument("--throughput-tokens", type=int, default=256, help="new tokens per timed row (0: skip)")
+    parser.add_argument("--throughput-model", default="1b", choices=["1b", "small"])
+    parser.add_argument("--break", dest="broken", action="append", default=[], choices=["parity", "exactness"],
+                        help="break grammarspec's arm on purpose (the check must then fail)")  # fmt: skip
     args = parser.parse_args(argv)
     if args.prepare:
         prepare()
         return 0
     install()
     import torch
-    from transformers import AutoTokenizer
 
     if args.device == "cuda" and not torch.cuda.is_available():
         print("no CUDA device: run on the GPU machine, or pass --device cpu")
         return 2
-    tokenizer = AutoTokenizer.from_pretrained(PREPARED / "model")
-    rows = []
-    model = build_model(args.device, torch.float32)
-    for size in (1, 4):
-        same = total = 0
-        for first in range(0, len(PROMPTS), size):
-            prompts, schemas = PROMPTS[first : first + size], SCHEMAS[first : first + size]
-            ids, mask = batch_inputs(tokenizer, prompts, args.device)
-            reference = [hf_generate(model, tokenizer, *batch_inputs(tokenizer, [p], args.device), [s],
-                                     args.max_new_tokens)[0] for p, s in zip(prompts, schemas)]  # fmt: skip
-            got = ours(model, tokenizer, ids, mask, schemas, args.max_new_tokens)
-            same += sum(a == b for a, b in zip(reference, got))
-            total += len(prompts)
-        rows.append(f"| parity fp32, batch {size} | {same}/{total} rows identical to HF + xgrammar | |")
-    model = build_model(args.device, torch.bfloat16)
-    for size in (1, 4, 16):
-        prompts = (PROMPTS * 4)[:size]
-        schemas = (SCHEMAS * 4)[:size]
-        ids, mask = batch_inputs(tokenizer, prompts, args.device)
-        rates = {}
-        for arm, run in (("hf", hf_generate), ("grammarspec", ours)):
-            run(model, tokenizer, ids, mask, schemas, 8)  # warm-up
-            if args.device == "cuda":
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            outputs = run(model, tokenizer, ids, mask, schemas, args.max_new_tokens)
-            if args.device == "cuda":
-                torch.cuda.synchronize()
-            rates[arm] = sum(map(len, outputs)) / (time.perf_counter() - t0)
-        rows.append(f"| throughput bf16, batch {size} | HF {rates['hf']:.0f} tok/s | grammarspec "
-                    f"{rates['grammarspec']:.0f} tok/s ({rates['grammarspec'] / rates['hf']:.2f}x) |")  # fmt: skip
-    name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
-    print(f"\n| check ({name}, random SmolLM2-135M weights) | result | |\n|---|---|---|")
-    print("\n".join(rows))
+    BROKEN.clear()
+    BROKEN.update(args.broken)
+    tok, make_model = load_parts(args.device)
+    checks = run_checks(make_model, tok, args.device, args.max_new_tokens, args.samples)
+    speed = []
+    if args.throughput_tokens > 0:
+        speed = throughput(tok, args.device, args.throughput_tokens, (1, 4, 16), args.throughput_model)
+    name = torch.cuda.get_device_name() if args.device == "cuda" else args.device
+    print(write_report(Path(args.out), name, checks, speed))
+    failed = [c["check"] for c in checks if not c["ok"]]
+    if failed:
+        print(f"FAILED: {'; '.join(failed)}")
+        return 1
     return 0
+
+
+def load_parts(device: str) -> tuple[Any, Callable[..., Any]]:
+    """The tokenizer and a model factory ``(dtype, sliding_window=None, seed=0) -> model`` (tests replace this)."""
+    import torch
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(PREPARED / "model")
+
+    def make(dtype: Any, sliding_window: int | None = None, seed: int = 0) -> Any:
+        model = build_model(device, dtype, sliding_window=sliding_window)
+        if seed:
+            torch.manual_seed(seed)
+            model = build_model(device, dtype, sliding_window=sliding_window)
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(0.01 * torch.randn_like(p))
+        return model
+
+    return tok, make
 
 
 if __name__ == "__main__":
