@@ -224,9 +224,9 @@ def _resolve_id_refs(schema: dict[str, Any]) -> None:
             found = resolver.lookup(node["$ref"]).contents
         except Exception:  # referencing.exceptions.Unresolvable and friends
             continue
-        pointer = next((p for obj, p in targets if obj is found), None)
-        if pointer is not None:
-            node["$ref"] = "#" + pointer
+        where = next((p for obj, p in targets if obj is found), None)
+        if where is not None:
+            node["$ref"] = "#" + where
 
 
 def _escape(key: Any) -> str:
