@@ -1,7 +1,9 @@
 """The main job: a schema-constrained speculative generation on the embedded model.
 
 Extracts a shipping notice into JSON with speculative decoding (the "auto"
-proposers), prints the complete, schema-valid answer and its statistics, then
+proposers), prints the complete, schema-valid answer, checks its values against what the
+notice says ("schema-valid" means it follows the schema, not that it is
+right), and its statistics, then
 decodes the same prompt with plain constrained decoding and reports the
 speedup measured on that answer (greedy: both outputs are identical token for
 token).  ``maxItems`` matches the notice's three items, so the model ends the
@@ -23,15 +25,16 @@ Subject: Your order BF-88213 has shipped
 
 Hi Priya,
 
-Good news: order BF-88213 left our Reno warehouse on 2025-03-14 with UPS
-(tracking 1Z999AA10123456784). It should arrive by 2025-03-19.
+Good news: order BF-88213 has shipped.
+Carrier: UPS
+Tracking number: 1Z999AA10123456784
+Ship date: 2025-03-14
 
 Items in this shipment:
-- Trail runner shoes, size 8: 1 @ $129.00
-- Merino hiking socks (3-pack): 2 @ $24.50
-- Collapsible water bottle: 1 @ $18.00
+- Trail runner shoes, quantity 1, price 129.00
+- Merino hiking socks, quantity 2, price 24.50
+- Collapsible water bottle, quantity 1, price 18.00
 
-Shipping: free. Questions? Reply to this email.
 Bluefin Outdoor Supply
 
 Extract the shipment as JSON."""
@@ -64,6 +67,28 @@ SCHEMA = {
     "additionalProperties": False,
 }
 
+#: What the notice says: the demo checks the answer against it ("schema-valid" alone says nothing of this).
+EXPECTED = {
+    "order_id": "BF-88213",
+    "customer_name": "Priya",
+    "carrier": "UPS",
+    "tracking_number": "1Z999AA10123456784",
+    "ship_date": "2025-03-14",
+    "items": [
+        {"description": "Trail runner shoes", "quantity": 1, "unit_price": 129.0},
+        {"description": "Merino hiking socks", "quantity": 2, "unit_price": 24.5},
+        {"description": "Collapsible water bottle", "quantity": 1, "unit_price": 18.0},
+    ],
+}
+
+
+def wrong_fields(value: object) -> list[str]:
+    """The top-level fields of ``value`` that differ from what the document says ([] when all are right)."""
+    if not isinstance(value, dict):
+        return sorted(EXPECTED)
+    return [name for name, want in EXPECTED.items() if value.get(name) != want]
+
+
 SYSTEM = "You extract data from documents. Copy values exactly as written."
 
 
@@ -84,7 +109,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n=== speculative (assistant={args.assistant!r})")
     print(json.dumps(spec.value, indent=2) if spec.value is not None else spec.text)
     print(
-        f"complete and valid: {spec.valid} (finish: {spec.finish_reason}{'; ' + '; '.join(spec.errors) if spec.errors else ''})"
+        f"complete and schema-valid: {spec.valid} (finish: {spec.finish_reason}"
+        f"{'; ' + '; '.join(spec.errors) if spec.errors else ''})"
+    )
+    wrong = wrong_fields(spec.value)
+    print(
+        "'schema-valid' means the JSON follows the schema, not that its values are right; checked against the "
+        "document: " + (f"wrong fields: {', '.join(wrong)}" if wrong else f"all {len(EXPECTED)} fields are right")
     )
     print(spec.stats.summary())
     if not spec.valid:

@@ -130,9 +130,17 @@ def _grammar_spec(
     return GrammarSpec("regex", _grammar_text(regex, "regex", "a regular expression such as '[0-9]{4}'"))
 
 
+#: Deepest nesting of subschemas accepted: the validator and the compilers recurse once per level.
+MAX_SCHEMA_DEPTH = 64
+#: An enum this long takes xgrammar seconds to compile (about 1.5 s at 20,000 values, a minute at 100,000).
+LONG_ENUM = 20_000
+
+
 def _json_spec(kind: GrammarKind, schema: dict[str, Any], any_whitespace: bool) -> GrammarSpec:
     check_json_schema(schema)
     _warn_unknown_keywords(schema)
+    _warn_long_enums(schema)
+    _resolve_id_refs(schema)
     try:
         source = json.dumps(schema, ensure_ascii=False)
     except (TypeError, ValueError) as e:
@@ -141,6 +149,89 @@ def _json_spec(kind: GrammarKind, schema: dict[str, Any], any_whitespace: bool) 
             "booleans and None in it"
         ) from None
     return GrammarSpec(kind, source, any_whitespace, schema=json.loads(source))
+
+
+def _check_depth(schema: Any) -> None:
+    """Refuse a schema nested deeper than :data:`MAX_SCHEMA_DEPTH` subschemas (counted without recursion)."""
+    stack: list[tuple[Any, bool, int]] = [(schema, True, 0)]  # (item, item is a schema, schemas around it)
+    while stack:
+        item, is_schema, depth = stack.pop()
+        if isinstance(item, Mapping) and is_schema and depth >= MAX_SCHEMA_DEPTH:
+            raise GrammarError(
+                f"the schema nests subschemas more than {MAX_SCHEMA_DEPTH} levels deep; grammarspec accepts at "
+                f"most {MAX_SCHEMA_DEPTH} (the validator and the grammar compilers go down one level at a time). "
+                "Flatten it, or put repeated parts under $defs and refer to them with a local $ref."
+            )
+        if isinstance(item, list):
+            stack.extend((x, True, depth) for x in item)
+        elif isinstance(item, Mapping) and not is_schema:
+            stack.extend((x, True, depth) for x in item.values())
+        elif isinstance(item, Mapping):
+            stack.extend((v, k not in _SCHEMA_MAPS, depth + 1) for k, v in item.items() if k not in _DATA_KEYWORDS)
+
+
+def _warn_long_enums(schema: dict[str, Any]) -> None:
+    """Say up front that a very long ``enum`` is slow to compile, and what bounds it."""
+    import warnings
+
+    from .base import GrammarWarning
+
+    longest = max((len(n["enum"]) for n in schema_nodes(schema) if isinstance(n.get("enum"), list)), default=0)
+    if longest >= LONG_ENUM:
+        warnings.warn(
+            f"the schema has an enum of {longest} values: xgrammar (the default backend) takes seconds to compile "
+            "one this long (about 1.5 s at 20,000 values, a minute at 100,000). Pass compile_timeout=<seconds> to "
+            "bound the wait, or shorten the enum (a pattern, or a string checked afterwards).",
+            GrammarWarning,
+            stacklevel=4,
+        )
+
+
+def _resolve_id_refs(schema: dict[str, Any]) -> None:
+    """Rewrite each ``$ref`` to a subschema's ``$id`` as the local ``#/...`` pointer to it.  Changes ``schema``.
+
+    Backends resolve ``#/...`` pointers, but not every one resolves ``$id``
+    (xgrammar left such a property unconstrained).  Only refs outside any
+    nested ``$id`` scope are rewritten, where ``#`` means the root; a ref
+    that does not resolve in the document stays as it is (the remote check
+    refuses it).
+    """
+    targets: list[tuple[dict[str, Any], str]] = []  # every schema object and its JSON pointer
+    refs: list[dict[str, Any]] = []
+    stack: list[tuple[Any, str, bool, bool]] = [(schema, "", True, False)]  # (item, pointer, is schema, in $id scope)
+    while stack:
+        item, pointer, is_schema, scoped = stack.pop()
+        if isinstance(item, list):
+            stack.extend((x, f"{pointer}/{i}", True, scoped) for i, x in enumerate(item))
+        elif isinstance(item, dict) and not is_schema:
+            stack.extend((v, f"{pointer}/{_escape(k)}", True, scoped) for k, v in item.items())
+        elif isinstance(item, dict):
+            targets.append((item, pointer))
+            ref = item.get("$ref")
+            if isinstance(ref, str) and not ref.startswith("#") and not scoped:
+                refs.append(item)
+            inner = scoped or (bool(pointer) and isinstance(item.get("$id"), str))
+            for key, value in item.items():
+                if key not in _DATA_KEYWORDS:
+                    stack.append((value, f"{pointer}/{_escape(key)}", key not in _SCHEMA_MAPS, inner))
+    if not refs:
+        return
+    resolver = _local_resolver(schema)
+    if resolver is None:
+        return
+    for node in refs:
+        try:
+            found = resolver.lookup(node["$ref"]).contents
+        except Exception:  # referencing.exceptions.Unresolvable and friends
+            continue
+        where = next((p for obj, p in targets if obj is found), None)
+        if where is not None:
+            node["$ref"] = "#" + where
+
+
+def _escape(key: Any) -> str:
+    """A JSON-pointer token (RFC 6901)."""
+    return str(key).replace("~", "~0").replace("/", "~1")
 
 
 def _warn_unknown_keywords(schema: dict[str, Any]) -> None:
@@ -176,8 +267,19 @@ def _grammar_text(text: Any, name: str, example: str) -> str:
 
 
 def _schema_dict(schema: Any) -> dict[str, Any]:
-    """A JSON Schema as a fresh dict, from a dict, a JSON string or a pydantic model class."""
+    """A JSON Schema as a fresh dict, from a dict, a boolean, a JSON string or a pydantic model class.
+
+    ``True`` (any JSON value) is ``{}``; ``False`` matches nothing, so it is refused.
+    """
+    if isinstance(schema, bool):
+        if not schema:
+            raise GrammarError(
+                "schema=False is a valid JSON Schema that no value matches, so no output could follow it; pass "
+                "a satisfiable schema (schema=True means any JSON value)"
+            )
+        return {}
     if isinstance(schema, Mapping):
+        _check_depth(schema)
         return copy.deepcopy(dict(schema))
     if isinstance(schema, (str, bytes)):
         try:
@@ -187,17 +289,21 @@ def _schema_dict(schema: Any) -> dict[str, Any]:
                 f"schema= is a string but not valid JSON ({e.msg} at line {e.lineno}, column {e.colno}); "
                 "pass the JSON Schema as a dict or as a JSON string"
             ) from None
+        if isinstance(parsed, bool):
+            return _schema_dict(parsed)
+        _check_depth(parsed)
         if not isinstance(parsed, dict):
             raise GrammarError(
-                f"schema= must describe a JSON object schema, but the JSON string holds a "
-                f'{type(parsed).__name__}; pass a JSON Schema object such as {{"type": "object"}}'
+                f"schema= is valid JSON but holds a {type(parsed).__name__}, and a JSON Schema must be an object "
+                'or a boolean; pass a JSON Schema object such as {"type": "object"}'
             )
         return parsed
     model_schema = _pydantic_schema(schema)
     if model_schema is not None:
         return model_schema
     raise GrammarError(
-        f"schema= must be a JSON Schema (dict or JSON string) or a pydantic model class, got {type(schema).__name__}"
+        f"schema= must be a JSON Schema (a dict, True, or a JSON string) or a pydantic model class, got "
+        f"{type(schema).__name__}"
     )
 
 
@@ -403,8 +509,8 @@ def grammar_spec(
 ) -> GrammarSpec | None:
     """The grammar for exactly one of the constraint arguments (``None`` if none is given).
 
-    See :func:`_grammar_spec` for the inputs.  A schema nested so deeply that
-    Python's recursion limit is reached raises :class:`GrammarError`.
+    See :func:`_grammar_spec` for the inputs.  A schema nested deeper than
+    :data:`MAX_SCHEMA_DEPTH` raises :class:`GrammarError`.
     """
     try:
         return _grammar_spec(
@@ -413,6 +519,6 @@ def grammar_spec(
         )  # fmt: skip
     except RecursionError:
         raise GrammarError(
-            "the schema is nested too deeply to process (Python's recursion limit was reached while "
-            "checking it); flatten it, or use $defs with local $refs for repeated parts"
+            "the schema is nested too deeply to check; flatten it, or put repeated parts under $defs and refer "
+            "to them with a local $ref"
         ) from None

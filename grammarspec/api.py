@@ -20,15 +20,17 @@ import torch
 from transformers import GenerationConfig
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-from grammars import GrammarError, compile_grammar, grammar_spec
+from grammars import compile_grammar
 from proposers.base import Request
 
 from .adaptive import AdaptiveController
 from .assistant import resolve_assistant
 from .cache import logits_device
+from .constraint import Constraint
 from .decoding import DecodeConfig, RowRequest, decode_batch, logits_width
 from .draft_model import DraftModelProposer
 from .inputs import (
+    REFUSED_ARGUMENTS,
     check_arguments,
     check_assistant,
     check_model_inputs,
@@ -45,14 +47,14 @@ from .sampling import SamplingParams
 from .settings import ACCEPTED_MODEL_INPUTS, max_new_tokens, resolve_config
 from .stats import GenerationStats
 
-__all__ = ["DEFAULT_MAX_DRAFT", "GenerationOutput", "enable", "generate"]
+__all__ = ["DEFAULT_MAX_DRAFT", "GenerationOutput", "enable", "check_options", "generate", "run_generate"]
 
 #: Longest proposal by default: verifying 16 tokens costs ~1.7x one step on CPU.
 DEFAULT_MAX_DRAFT = 16
 
 #: grammarspec's own keywords: after ``enable``, a call with any of them (whatever its value) is ours.
 _OUR_KWARGS = (
-    "schema", "tools", "grammar", "regex", "json_object", "parallel_tool_calls", "any_whitespace",
+    "schema", "tools", "tool_choice", "grammar", "regex", "json_object", "parallel_tool_calls", "any_whitespace",
     "assistant", "grammar_backend", "max_draft_tokens", "adaptive", "generator", "strict", "compile_timeout", "max_batch_size", "update_cache",
 )  # fmt: skip
 
@@ -81,6 +83,7 @@ def generate(
     tokenizer: Any = None,
     schema: Any = None,
     tools: list[dict[str, Any]] | None = None,
+    tool_choice: Any = None,
     grammar: str | None = None,
     regex: str | None = None,
     json_object: bool = False,
@@ -122,43 +125,55 @@ def generate(
     of ``input_ids`` (batch 1; the transformers "re-use a prompt cache" recipe):
     only the rest is prefilled.  It is copied unless ``update_cache=True`` (then it
     is extended in place and ends holding a prefix of prompt + output).  ``num_return_sequences=n`` (sampling) repeats each prompt n times.
+    ``tool_choice`` (with ``tools=``): ``"required"`` (the default: one call),
+    ``"auto"`` (text or a call), ``"none"`` (the tools are not used) or
+    ``{"type": "function", "function": {"name": ...}}``; read the calls with
+    :func:`grammarspec.tools.parse_tool_reply` (``complete`` does).
     """
+    constraint = Constraint(schema=schema, tools=tools, tool_choice=tool_choice, grammar=grammar, regex=regex,
+                            json_object=json_object, parallel_tool_calls=parallel_tool_calls,
+                            any_whitespace=any_whitespace)  # fmt: skip
+    return run_generate(model, input_ids, constraint, tokenizer=tokenizer, grammar_backend=grammar_backend,
+                        strict=strict, compile_timeout=compile_timeout, assistant=assistant,
+                        assistant_model=assistant_model, max_draft_tokens=max_draft_tokens, adaptive=adaptive,
+                        max_batch_size=max_batch_size, generation_config=generation_config, streamer=streamer,
+                        logits_processor=logits_processor, attention_mask=attention_mask, generator=generator,
+                        return_dict_in_generate=return_dict_in_generate, past_key_values=past_key_values,
+                        update_cache=update_cache, **generation_kwargs)  # fmt: skip
+
+
+def run_generate(model: torch.nn.Module, input_ids: Any, constraint: Constraint, *, streamer: Any = None,
+                 **options: Any) -> torch.LongTensor | GenerationOutput:  # fmt: skip
+    """:func:`generate` with the constraint given as one :class:`Constraint` (``complete`` and ``Conversation`` call this)."""
     try:
-        return _generate(model, input_ids, tokenizer=tokenizer, schema=schema, tools=tools, grammar=grammar,
-                         regex=regex, json_object=json_object, parallel_tool_calls=parallel_tool_calls,
-                         any_whitespace=any_whitespace, grammar_backend=grammar_backend, strict=strict,
-                         compile_timeout=compile_timeout, assistant=assistant,
-                         assistant_model=assistant_model, max_draft_tokens=max_draft_tokens, adaptive=adaptive,
-                         max_batch_size=max_batch_size,
-                         generation_config=generation_config, streamer=streamer, logits_processor=logits_processor,
-                         attention_mask=attention_mask, generator=generator,
-                         return_dict_in_generate=return_dict_in_generate, past_key_values=past_key_values,
-                         update_cache=update_cache, **generation_kwargs)  # fmt: skip
+        return _generate(model, input_ids, constraint, streamer=streamer, **options)
     finally:
         if streamer is not None:
             streamer.end()  # always: a TextIteratorStreamer consumer would otherwise block forever
 
 
 def _generate(
-    model: torch.nn.Module, input_ids: Any, *, tokenizer: Any, schema: Any, tools: Any, grammar: Any, regex: Any,
-    json_object: bool, parallel_tool_calls: bool, any_whitespace: bool, grammar_backend: str, strict: bool,
-    compile_timeout: float | None, assistant: Any,
-    assistant_model: Any, max_draft_tokens: int, adaptive: bool, max_batch_size: int | None,
-    generation_config: GenerationConfig | None,
-    streamer: Any, logits_processor: list[Any] | None, attention_mask: Any, generator: Any,
-    return_dict_in_generate: bool | None, past_key_values: Any, update_cache: bool, **generation_kwargs: Any,
+    model: torch.nn.Module, input_ids: Any, constraint: Constraint, *, tokenizer: Any = None,
+    grammar_backend: str = "xgrammar", strict: bool = False, compile_timeout: float | None = None,
+    assistant: Any = None, assistant_model: Any = None, max_draft_tokens: int = DEFAULT_MAX_DRAFT,
+    adaptive: bool = True, max_batch_size: int | None = None, generation_config: GenerationConfig | None = None,
+    streamer: Any = None, logits_processor: list[Any] | None = None, attention_mask: Any = None,
+    generator: Any = None, return_dict_in_generate: bool | None = None, past_key_values: Any = None,
+    update_cache: bool = False, **generation_kwargs: Any,
 ) -> torch.LongTensor | GenerationOutput:  # fmt: skip
     refuse_arguments(generation_kwargs)
-    check_arguments({**generation_kwargs, "strict": strict, "json_object": json_object, "regex": regex,
-                     "parallel_tool_calls": parallel_tool_calls, "any_whitespace": any_whitespace,
-                     "adaptive": adaptive, "update_cache": update_cache, "max_draft_tokens": max_draft_tokens,
-                     "max_batch_size": max_batch_size, "compile_timeout": compile_timeout, "generator": generator},
+    check_arguments({**generation_kwargs, "strict": strict, "adaptive": adaptive, "update_cache": update_cache,
+                     "max_draft_tokens": max_draft_tokens, "max_batch_size": max_batch_size,
+                     "compile_timeout": compile_timeout, "generator": generator,
+                     "json_object": constraint.json_object, "parallel_tool_calls": constraint.parallel_tool_calls,
+                     "any_whitespace": constraint.any_whitespace, "regex": constraint.regex},
                     generation_config)  # fmt: skip
     if generation_config is not None and not isinstance(generation_config, GenerationConfig):
         raise ValueError(
             f"generation_config must be a transformers GenerationConfig, got {type(generation_config).__name__}"
         )
     check_prompt_cache(past_key_values)
+    constraint = constraint.resolve()
     model_inputs = {k: generation_kwargs.pop(k) for k in ACCEPTED_MODEL_INPUTS if k in generation_kwargs}
     if return_dict_in_generate is not None:  # set beside output_scores, so transformers' flag check sees both
         generation_kwargs["return_dict_in_generate"] = return_dict_in_generate
@@ -189,20 +204,8 @@ def _generate(
             stacklevel=3,
         )
     repeat = int(config.num_return_sequences or 1)
-    schemas = [row_schema for row_schema in _row_schemas(schema, len(rows)) for _ in range(repeat)]
+    specs = [spec for spec in constraint.specs(len(rows)) for _ in range(repeat)]
     rows = [row for row in rows for _ in range(repeat)]  # HF: input_ids.repeat_interleave(n)
-    specs = [
-        grammar_spec(
-            schema=row_schema,
-            tools=tools,
-            grammar=grammar,
-            regex=regex,
-            json_object=json_object,
-            parallel_tool_calls=parallel_tool_calls,
-            any_whitespace=any_whitespace,
-        )  # fmt: skip
-        for row_schema in schemas
-    ]
     compiled = _compile_rows(specs, tokenizer, vocab, eos, grammar_backend, strict, compile_timeout)
     probe = resolve_assistant(assistant, draft_model=assistant_model)
     for member in getattr(probe, "proposers", None) or [probe]:
@@ -270,6 +273,38 @@ def _generate(
     )
 
 
+#: generate's own keyword arguments besides the constraint.
+_GENERATE_OPTIONS = frozenset({
+    "tokenizer", "grammar_backend", "strict", "compile_timeout", "assistant", "assistant_model", "max_draft_tokens",
+    "adaptive", "max_batch_size", "generation_config", "streamer", "logits_processor", "attention_mask", "generator",
+    "return_dict_in_generate", "past_key_values", "update_cache",
+})  # fmt: skip
+
+
+def check_options(model: torch.nn.Module, options: dict[str, Any], where: str = "generate()") -> None:
+    """Refuse ``generate`` options (not the constraint) that a call would refuse, without running it.  Pure.
+
+    Unknown names raise ``TypeError``; bad values ``ValueError`` (see :func:`check_arguments`).
+    """
+    settings = {k: v for k, v in options.items() if k not in _GENERATE_OPTIONS}
+    refuse_arguments(dict(settings))
+    config = options.get("generation_config")
+    check_arguments(dict(options), config)
+    for name in ACCEPTED_MODEL_INPUTS:
+        settings.pop(name, None)
+    settings = {k: v for k, v in settings.items() if k not in REFUSED_ARGUMENTS}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the call itself warns where Hugging Face would
+        _, unknown, _ = resolve_config(model, config, settings)
+    unknown = {k: v for k, v in unknown.items() if k not in ("output_scores", "output_logits")}
+    if unknown:
+        raise TypeError(
+            f"{where} got unknown arguments: {', '.join(sorted(unknown))}. Pass GenerationConfig fields "
+            "(max_new_tokens, do_sample, temperature, top_k, top_p, stop_strings, ...) or grammarspec's own "
+            "(assistant, max_draft_tokens, grammar_backend, ...)."
+        )
+
+
 def enable(model: torch.nn.Module) -> torch.nn.Module:
     """Route ``model.generate(...)`` through grammarspec when asked to.
 
@@ -320,18 +355,6 @@ def grammar_stats(stats: GenerationStats, compiled: Any, spec: Any, text: str) -
         stats.schema_errors = [
             f"the output ended with finish_reason {stats.finish_reason!r} before the grammar completed"
         ]
-
-
-def _row_schemas(schema: Any, batch: int) -> list[Any]:
-    """``schema=[s0, s1, ...]`` gives one schema per row; anything else applies to every row."""
-    if isinstance(schema, list):
-        if len(schema) != batch:
-            raise GrammarError(
-                f"schema= got list of {len(schema)} schemas for a batch of {batch} rows: pass one schema per "
-                "row, or a single schema (dict, JSON string or pydantic model) for every row"
-            )
-        return list(schema)
-    return [schema] * batch
 
 
 def _compile_rows(specs: list[Any], tokenizer: Any, vocab: int, eos: tuple[int, ...], backend: str, strict: bool,

@@ -345,6 +345,11 @@ def _cmd_generate(args: argparse.Namespace, command: str) -> int:
     from .completion import complete
 
     schema = _read_json(args.schema, "--schema") if args.schema else None
+    if args.schema and not isinstance(schema, (dict, bool)):
+        raise CliError(
+            f"--schema {args.schema}: the file is valid JSON but holds a {type(schema).__name__}; a JSON Schema "
+            'must be an object (such as {"type": "object"}) or a boolean'
+        )
     tools = _load_tools(args.tools) if args.tools else None
     if args.parallel_tool_calls and tools is None:
         raise CliError("--parallel-tool-calls needs --tools FILE")

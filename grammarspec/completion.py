@@ -16,9 +16,6 @@ from typing import Any
 
 import torch
 
-from grammars import grammar_spec
-
-from .api import generate
 from .stats import GenerationStats
 
 __all__ = ["Completion", "complete", "build_prompt", "describe_schema"]
@@ -26,26 +23,53 @@ __all__ = ["Completion", "complete", "build_prompt", "describe_schema"]
 
 @dataclass
 class Completion:
+    """One answer.  ``valid`` means *schema-valid* (complete and following the constraint), not correct.
+
+    ``value``: the parsed JSON (JSON constraints; a JSON ``null`` answer is
+    ``None`` with ``has_value=True``) or the text (``grammar=``/``regex=``,
+    text replies); ``None`` with ``has_value=False`` when there is no value
+    (cut by the token limit, or not JSON).  ``message``: the OpenAI assistant
+    message, with ``tool_calls`` when the answer is a call (``tools=``), the
+    shape :class:`~grammarspec.Reply` has too.
+    """
+
     text: str
-    value: Any  # the parsed JSON (JSON constraints) or the text (grammar=/regex=); None when incomplete
+    value: Any
     finish_reason: str
     stats: GenerationStats
     tokens: list[int] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)  # schema violations (should stay empty)
+    has_value: bool = False
+    message: dict[str, Any] = field(default_factory=dict)
 
     @property
     def valid(self) -> bool:
-        """Complete (the grammar finished), parsed when JSON, and valid against the schema if any."""
-        return self.finish_reason == "stop" and self.value is not None and not self.errors
+        """Complete (the grammar finished), parsed when JSON, and valid against the schema if any.
+
+        Schema-valid only: it says nothing of whether the values are right.
+        """
+        return self.finish_reason == "stop" and self.has_value and not self.errors
+
+    @property
+    def content(self) -> str | None:
+        return self.message.get("content")
+
+    @property
+    def tool_calls(self) -> list[dict[str, Any]]:
+        """OpenAI ``tool_calls`` (``{"id", "type": "function", "function": {"name", "arguments": <JSON>}}``)."""
+        return list(self.message.get("tool_calls") or [])
 
 
-def describe_schema(schema: dict[str, Any] | None, tools: list[dict[str, Any]] | None) -> str:
-    """The sentence that tells the model what to produce."""
+def describe_schema(
+    schema: dict[str, Any] | None, tools: list[dict[str, Any]] | None, text_allowed: bool = False
+) -> str:
+    """The sentence that tells the model what to produce (``text_allowed``: a call or plain text)."""
     if tools:
         listing = json.dumps([t.get("function", t) for t in tools], separators=(",", ":"), ensure_ascii=False)
+        tail = "; otherwise reply in plain text" if text_allowed else " for the call to make"
         return (
             "You can call these tools. Reply with one JSON object "
-            '{"name": <tool name>, "arguments": {...}} for the call to make.\nTools: ' + listing
+            '{"name": <tool name>, "arguments": {...}}' + tail + ".\nTools: " + listing
         )
     if schema is not None:
         return "Reply with a single JSON object that follows this JSON Schema:\n" + json.dumps(
@@ -62,10 +86,12 @@ def build_prompt(
     schema: dict[str, Any] | None = None,
     tools: list[dict[str, Any]] | None = None,
     describe: bool = True,
+    text_allowed: bool = False,
 ) -> list[int]:
     """Token ids of a chat prompt ready for generation (with the assistant turn opened)."""
-    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
-    extra = describe_schema(schema, tools) if describe else ""
+    _check_prompt(prompt)
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
+    extra = describe_schema(schema, tools, text_allowed) if describe else ""
     system_text = "\n\n".join(part for part in (system, extra) if part)
     if system_text:
         if messages and messages[0].get("role") == "system":
@@ -82,6 +108,22 @@ def build_prompt(
     return list(ids)
 
 
+def _check_prompt(prompt: Any) -> None:
+    """``prompt``: a string, or a list of chat messages (dicts with a ``role`` and a string ``content``)."""
+    if isinstance(prompt, str):
+        return
+    accepts = 'pass a string or a list of messages like [{"role": "user", "content": "..."}]'
+    if not isinstance(prompt, (list, tuple)) or not prompt:
+        raise ValueError(f"prompt must be a non-empty string or list of chat messages, got {prompt!r:.60}; {accepts}")
+    for i, message in enumerate(prompt):
+        if (not isinstance(message, dict) or message.get("role") not in ("system", "user", "assistant", "tool")
+                or not isinstance(message.get("content"), str)):  # fmt: skip
+            raise ValueError(
+                f"prompt[{i}] must be a dict with role 'system', 'user', 'assistant' or 'tool' and a string "
+                f"content, got {message!r:.80}; {accepts}"
+            )
+
+
 def complete(
     model: torch.nn.Module,
     tokenizer: Any,
@@ -90,6 +132,7 @@ def complete(
     system: str | None = None,
     schema: Any = None,
     tools: list[dict[str, Any]] | None = None,
+    tool_choice: Any = None,
     parallel_tool_calls: bool = False,
     grammar: str | None = None,
     regex: str | None = None,
@@ -100,23 +143,31 @@ def complete(
     describe: bool = True,
     **generate_kwargs: Any,
 ) -> Completion:
-    """Generate one constrained answer to a chat prompt and parse it (see :class:`Completion`)."""
-    spec = grammar_spec(schema=schema, tools=tools, grammar=grammar, regex=regex, json_object=json_object,
-                        parallel_tool_calls=parallel_tool_calls, any_whitespace=any_whitespace)  # fmt: skip
+    """Generate one constrained answer to a chat prompt and parse it (see :class:`Completion`).
+
+    ``tool_choice`` (with ``tools=``): as for :func:`grammarspec.generate`
+    (default ``"required"``); the calls come back OpenAI-shaped in
+    ``Completion.tool_calls``.
+    """
+    from .api import run_generate
+    from .constraint import Constraint
+    from .tools import parse_tool_reply
+
+    _check_prompt(prompt)
+    asked = Constraint(schema=schema, tools=tools, tool_choice=tool_choice, grammar=grammar, regex=regex,
+                       json_object=json_object, parallel_tool_calls=parallel_tool_calls,
+                       any_whitespace=any_whitespace)  # fmt: skip
+    constraint = asked.resolve()
+    (spec,) = constraint.specs(1)
     json_schema = spec.schema if spec is not None else None
-    ids = build_prompt(tokenizer, prompt, system=system, schema=json_schema if not tools else None,
-                       tools=tools, describe=describe)  # fmt: skip
-    out = generate(
+    offered = tools if tools is not None and tool_choice != "none" else None
+    ids = build_prompt(tokenizer, prompt, system=system, schema=json_schema if not offered else None,
+                       tools=offered, describe=describe, text_allowed=tool_choice == "auto")  # fmt: skip
+    out: Any = run_generate(
         model,
         torch.tensor([ids], device="cpu"),  # generate moves the prompt to the model
+        constraint,
         tokenizer=tokenizer,
-        schema=schema,
-        tools=tools,
-        parallel_tool_calls=parallel_tool_calls,
-        grammar=grammar,
-        regex=regex,
-        json_object=json_object,
-        any_whitespace=any_whitespace,
         assistant=assistant,
         max_new_tokens=max_new_tokens,
         return_dict_in_generate=True,
@@ -126,18 +177,24 @@ def complete(
     new = out.sequences[0, len(ids) :].tolist()
     new = new[: stats.new_tokens]
     text = tokenizer.decode(new, skip_special_tokens=True)
-    value, errors = None, []
+    value, errors, has_value = None, [], False
+    message: dict[str, Any] = {"role": "assistant", "content": text}
     if stats.finish_reason == "stop":
+        if offered:
+            message = parse_tool_reply(text, offered, "json", [f"call_{i}" for i in range(64)])
         if spec is not None and spec.kind in ("json_schema", "any_json"):
             try:
-                value = json.loads(text)
+                value, has_value = json.loads(text), True
             except json.JSONDecodeError as exc:
                 errors.append(f"not JSON: {exc}")
             else:
                 errors = _schema_errors(json_schema, value) if json_schema is not None else []
-        else:  # grammar=, regex= (the grammar finished) or no constraint (EOS)
-            value = text
-    return Completion(text=text, value=value, finish_reason=stats.finish_reason, stats=stats, tokens=new, errors=errors)
+        else:  # grammar=, regex=, a text reply under tool_choice="auto" (the grammar finished) or no constraint
+            value, has_value = text, True
+            if message.get("tool_calls"):
+                value = json.loads(text.strip())
+    return Completion(text=text, value=value, finish_reason=stats.finish_reason, stats=stats, tokens=new,
+                      errors=errors, has_value=has_value, message=message)  # fmt: skip
 
 
 def _schema_errors(schema: dict[str, Any], value: Any) -> list[str]:

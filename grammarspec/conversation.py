@@ -37,25 +37,31 @@ is cropped to what still matches).
 
 from __future__ import annotations
 
+import json
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from .api import DEFAULT_MAX_DRAFT, generate
+from .api import DEFAULT_MAX_DRAFT, check_options, run_generate
 from .assistant import resolve_assistant
 from .cache import cache_length, common_prefix_length, crop_cache, new_cache
+from .constraint import Constraint
 from .stats import GenerationStats
 from .tools import (
     ToolCallError,
     chat_messages,
     check_tools,
+    describe_tools,
     parse_tool_reply,
-    tool_constraint,
     tool_format_for,
 )
+
+#: The constraint keywords ``reply`` takes besides ``tool_choice`` / ``parallel_tool_calls``.
+_CONSTRAINT_KWARGS = ("schema", "grammar", "regex", "json_object", "any_whitespace")
 
 __all__ = ["ContextLimitError", "Conversation", "Reply", "common_prefix_length"]
 
@@ -133,6 +139,17 @@ class Conversation:
         self._assistant = assistant
         self._proposer = resolve_assistant(assistant)  # one per conversation; started every turn
         self._options = dict(max_draft_tokens=max_draft_tokens, grammar_backend=grammar_backend, **generation_kwargs)
+        check_options(model, {k: v for k, v in self._options.items() if k not in _CONSTRAINT_KWARGS},
+                      where="Conversation()")  # fmt: skip  # a bad default fails here, not at reply()
+        self._describe_tools = bool(self.tools) and self.tool_format != "json" and not self._template_renders_tools()
+        if self._describe_tools:
+            warnings.warn(
+                f"the chat template ignores tools=, so with tool_format={self.tool_format!r} the model would never "
+                "see the tool definitions; grammarspec describes them in the system message instead (or pass "
+                "tool_format='json')",
+                UserWarning,
+                stacklevel=2,
+            )
         self._cache = new_cache(model)
         self._cached: list[int] = []  # the token ids whose keys/values the cache holds
         self._calls = 0
@@ -140,24 +157,55 @@ class Conversation:
     # --- messages (these change the conversation, never the cache) ---------------------------
 
     def add_user(self, content: str) -> None:
-        """Append a user message."""
+        """Append a user message (``content``: a string).  A bad one is refused and nothing is appended."""
+        if not isinstance(content, str):
+            raise ValueError(f"add_user(content) must be a string, got {type(content).__name__}: {content!r:.60}")
         self.messages.append({"role": "user", "content": content})
 
     def add_tool_result(self, tool_call_id: str, content: Any) -> None:
-        """Append a ``tool`` message answering the call ``tool_call_id`` (content: a string or JSON value)."""
+        """Append a ``tool`` message answering the call ``tool_call_id`` (content: a string or JSON value).
+
+        A content that is neither is refused and nothing is appended.
+        """
         known = {c["id"] for m in self.messages for c in m.get("tool_calls") or []}
         if tool_call_id not in known:
             raise ToolCallError(f"no tool call has id {tool_call_id!r}; answer one of {sorted(known)}")
+        if not isinstance(content, str):
+            try:
+                json.dumps(content, ensure_ascii=False, allow_nan=False)
+            except (TypeError, ValueError) as e:
+                raise ValueError(
+                    f"add_tool_result(content) must be a string or a JSON value (dict, list, str, number, bool, "
+                    f"None), got {type(content).__name__}: {e}"
+                ) from None
         self.messages.append({"role": "tool", "tool_call_id": tool_call_id, "content": content})
 
     # --- the prompt --------------------------------------------------------------------------
 
-    def prompt_ids(self, messages: Sequence[Mapping[str, Any]] | None = None) -> list[int]:
-        """Token ids of the templated conversation with the assistant turn opened.  Does not change state."""
-        rendered = chat_messages(self.messages if messages is None else messages, self.tools, self.tool_format)
-        extra = {"tools": self.tools} if self.tools and self.tool_format != "json" else {}
+    def prompt_ids(
+        self, messages: Sequence[Mapping[str, Any]] | None = None, *, tool_choice: Any = "auto"
+    ) -> list[int]:
+        """Token ids of the templated conversation with the assistant turn opened.  Does not change state.
+
+        ``tool_choice="none"``: the tools are not described (the model is not to call them).
+        """
+        tools = self.tools if tool_choice != "none" else None
+        rendered = chat_messages(self.messages if messages is None else messages, tools, self.tool_format)
+        if tools and self._describe_tools:  # the template drops tools=: describe them ourselves
+            description = describe_tools(tools, text_allowed=tool_choice == "auto")
+            if rendered and rendered[0]["role"] == "system":
+                rendered[0]["content"] += "\n\n" + description
+            else:
+                rendered.insert(0, {"role": "system", "content": description})
+        extra = {"tools": tools} if tools and self.tool_format != "json" else {}
         text = self.tokenizer.apply_chat_template(rendered, tokenize=False, add_generation_prompt=True, **extra)
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def _template_renders_tools(self) -> bool:
+        """Whether the chat template writes ``tools=`` into the prompt (SmolLM2's does not)."""
+        probe = [{"role": "user", "content": "hi"}]
+        render = self.tokenizer.apply_chat_template
+        return bool(render(probe, tokenize=False, tools=self.tools) != render(probe, tokenize=False))
 
     @property
     def cached_tokens(self) -> int:
@@ -186,8 +234,12 @@ class Conversation:
         Changes state: the cache and (with ``append``) the messages.
         """
         t0 = time.perf_counter()
-        constraint = tool_constraint(self.tools, tool_choice, parallel_tool_calls, self.tool_format)
-        ids = self.prompt_ids()
+        options = {**self._options, **generation_kwargs}
+        own = {name: options.pop(name) for name in _CONSTRAINT_KWARGS if name in options}
+        check_options(self.model, options, where="reply()")
+        constraint = Constraint(tools=self.tools, tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls,
+                                tool_format=self.tool_format, **own).resolve()  # fmt: skip
+        ids = self.prompt_ids(tool_choice=tool_choice)
         if self.max_context is not None and len(ids) + max_new_tokens > self.max_context:
             raise ContextLimitError(
                 f"the conversation is {len(ids)} tokens and the turn may add {max_new_tokens}, more than "
@@ -198,17 +250,16 @@ class Conversation:
         keep = min(common_prefix_length(self._cached, ids), len(ids) - 1)
         crop_cache(self._cache, keep, "target model")
         self._cached = self._cached[:keep]
-        options = {**self._options, **generation_kwargs}
-        out: Any = generate(
+        out: Any = run_generate(
             self.model,
             ids,
+            constraint,
             tokenizer=self.tokenizer,
             assistant=self._proposer if self._proposer is not None else None,
             max_new_tokens=max_new_tokens,
             return_dict_in_generate=True,
             past_key_values=self._cache,
             update_cache=True,
-            **constraint,
             **options,
         )
         stats = out.stats[0]
@@ -217,8 +268,8 @@ class Conversation:
         text = self.tokenizer.decode(new, skip_special_tokens=True)
         call_ids = [f"call_{self._calls + i}" for i in range(64)]
         if stats.finish_reason in ("stop", "eos"):
-            message = parse_tool_reply(text, constraint.get("tools") or self.tools if constraint else None,
-                                       self.tool_format, call_ids)  # fmt: skip
+            offered = self.tools if tool_choice != "none" else None
+            message = parse_tool_reply(text, offered, self.tool_format, call_ids)
         else:  # cut by max_new_tokens: never claimed to be a call
             message = {"role": "assistant", "content": text}
         self._calls += len(message.get("tool_calls") or [])

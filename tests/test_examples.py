@@ -58,8 +58,10 @@ def test_the_agent_tools_are_real_functions():
 def test_the_agent_calls_tools_and_always_ends_with_an_answer(quick_examples):
     agent = load_example("tool_agent")
     model, tokenizer = quick_examples
-    run = agent.run_agent(model, tokenizer, "What is 12 * 11?", max_steps=2, max_new_tokens=64)
+    question = next(iter(agent.KNOWN_ANSWERS))  # the --quick question
+    run = agent.run_agent(model, tokenizer, question, max_steps=2, max_new_tokens=64)
     assert run.answer is not None and run.steps[-1].call["name"] == "final_answer"  # forced on the last step
+    assert run.steps[0].call["name"] == "calculator" and agent.is_right(question, run.answer), run.steps
     parameters = {t["function"]["name"]: t["function"]["parameters"] for t in agent.TOOLS}
     for step in run.steps:
         jsonschema.validate(step.call["arguments"], parameters[step.call["name"]])
@@ -119,7 +121,10 @@ def test_demo_shows_a_complete_valid_answer_and_the_speedup(quick_examples, caps
     demo = load_example("demo")
     assert demo.main([]) == 0
     out = capsys.readouterr().out
-    assert "complete and valid: True (finish: stop)" in out
-    answer = json.loads(out.split("\n=== speculative (assistant='auto')\n", 1)[1].split("\ncomplete and valid")[0])
+    assert "complete and schema-valid: True (finish: stop)" in out
+    answer = json.loads(out.split("\n=== speculative (assistant='auto')\n", 1)[1].split("\ncomplete and")[0])
     jsonschema.validate(answer, demo.SCHEMA)
+    assert answer == demo.EXPECTED  # right, not only schema-valid: the model reads this notice correctly
+    assert "'schema-valid' means the JSON follows the schema, not that its values are right" in out
+    assert "all 6 fields are right" in out
     assert "identical output: True" in out and "x faster" in out

@@ -5,6 +5,8 @@ Tiny random models and the toy tokenizer (no real model needed).
 
 from __future__ import annotations
 
+import copy
+import json
 import warnings
 
 import pytest
@@ -134,3 +136,117 @@ def test_output_scores_with_return_dict_gives_no_spurious_transformers_warning(m
         hf_logging.get_logger("transformers").removeHandler(handler)
     assert len(out.scores) == 3
     assert not [m for m in seen if "not valid" in m], seen
+
+
+# --- one constraint object: tool_choice wherever tools= is accepted, one output shape ---------------
+
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 3}}, "required": ["city"]}}},
+    {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}},
+]  # fmt: skip
+
+
+def test_generate_takes_tool_choice(model, tok, prompt):
+    named = {"type": "function", "function": {"name": "get_time"}}
+    out = gen(model, tok, prompt, tools=TOOLS, tool_choice=named, max_new_tokens=40, return_dict_in_generate=True)
+    text = tok.decode(out.sequences[0, prompt.shape[1] :][: out.stats[0].new_tokens], skip_special_tokens=True)
+    assert out.stats[0].finish_reason == "stop" and text == '{"name":"get_time","arguments":{}}'
+    free = gen(model, tok, prompt, tools=TOOLS, tool_choice="none", max_new_tokens=5, return_dict_in_generate=True)
+    assert not free.stats[0].grammar_backend  # "none": the tools do not constrain the output
+    with pytest.raises(grammarspec.GrammarError, match="tool_choice='none' to constrain this output with schema="):
+        gen(model, tok, prompt, tools=TOOLS, schema={"type": "object"})
+
+
+@pytest.fixture(scope="module")
+def chat(smol_tokenizer):
+    """The embedded model's tokenizer (its chat template) over a tiny random model."""
+    return tiny_llama(len(smol_tokenizer), seed=0), smol_tokenizer
+
+
+def test_complete_takes_tool_choice_and_returns_openai_tool_calls(chat):
+    model, tok = chat
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    result = grammarspec.complete(model, tok, "Weather in Oslo?", tools=TOOLS, tool_choice=named, assistant=None,
+                                  max_new_tokens=40)  # fmt: skip
+    assert result.valid, result
+    (call,) = result.tool_calls
+    assert call["type"] == "function" and call["function"]["name"] == "get_weather" and call["id"] == "call_0"
+    assert json.loads(call["function"]["arguments"]) == result.value["arguments"]
+    assert result.message["role"] == "assistant" and result.content is None
+    plain = grammarspec.complete(model, tok, "Hi", tools=TOOLS, tool_choice="none", assistant=None, max_new_tokens=3)
+    assert plain.tool_calls == [] and plain.content == plain.text
+
+
+def test_a_json_null_answer_is_a_value(chat):
+    model, tok = chat
+    result = grammarspec.complete(model, tok, "Nothing?", schema={"type": "null"}, assistant=None, max_new_tokens=8)
+    assert result.text == "null" and result.finish_reason == "stop"
+    assert result.value is None and result.has_value and result.valid and result.stats.valid
+    cut = grammarspec.complete(model, tok, "Nothing?", schema={"type": "string"}, assistant=None, max_new_tokens=1)
+    assert cut.finish_reason == "length" and not cut.has_value and not cut.valid
+
+
+def test_complete_refuses_a_prompt_that_is_not_text_or_messages(chat):
+    model, tok = chat
+    for bad, says in ((None, "prompt must be a non-empty string"), ([{"role": "user", "content": 5}], "prompt\\[0\\]")):
+        with pytest.raises(ValueError, match=says):
+            grammarspec.complete(model, tok, bad, schema={"type": "null"})
+
+
+# --- conversations: checked at the door, never corrupted --------------------------------------------
+
+
+def test_conversation_refuses_bad_messages_and_keeps_its_state(chat):
+    model, tok = chat
+    conv = grammarspec.Conversation(model, tok, tools=TOOLS, assistant=None)
+    with pytest.raises(ValueError, match="add_user\\(content\\) must be a string, got int"):
+        conv.add_user(123)
+    assert conv.messages == []
+    conv.add_user("Weather in Oslo?")
+    reply = conv.reply(tool_choice={"type": "function", "function": {"name": "get_time"}}, max_new_tokens=30)
+    call_id = reply.tool_calls[0]["id"]
+    before = copy.deepcopy(conv.messages)
+    with pytest.raises(ValueError, match="add_tool_result\\(content\\) must be a string or a JSON value.*set"):
+        conv.add_tool_result(call_id, {1, 2})
+    assert conv.messages == before
+    conv.add_tool_result(call_id, {"time": "12:00"})
+    assert conv.reply(tool_choice="none", max_new_tokens=2).finish_reason in ("stop", "length")
+
+
+def test_conversation_refuses_an_unknown_option_when_built(chat):
+    model, tok = chat
+    with pytest.raises(TypeError, match="Conversation\\(\\) got unknown arguments: foo"):
+        grammarspec.Conversation(model, tok, foo=1)
+    with pytest.raises(ValueError, match="max_draft_tokens must be an int"):
+        grammarspec.Conversation(model, tok, max_draft_tokens=0)
+
+
+def test_reply_with_a_schema_in_a_tool_conversation_names_the_real_conflict(chat):
+    model, tok = chat
+    conv = grammarspec.Conversation(model, tok, tools=TOOLS, assistant=None)
+    conv.add_user("Hi")
+    with pytest.raises(grammarspec.GrammarError) as info:
+        conv.reply(schema={"type": "object"}, max_new_tokens=4)
+    assert "grammar" not in str(info.value).split("tool_choice")[0] and "tool_choice='none'" in str(info.value)
+    assert conv.messages == [{"role": "user", "content": "Hi"}]
+    out = conv.reply(schema={"type": "null"}, tool_choice="none", max_new_tokens=4)
+    assert out.content == "null"
+
+
+def test_tool_choice_none_does_not_describe_the_tools(chat):
+    model, tok = chat
+    conv = grammarspec.Conversation(model, tok, tools=TOOLS, assistant=None)
+    conv.add_user("Hi")
+    assert "get_weather" in tok.decode(conv.prompt_ids())
+    assert "get_weather" not in tok.decode(conv.prompt_ids(tool_choice="none"))
+    reply = conv.reply(tool_choice="none", max_new_tokens=2)
+    assert reply.prompt_tokens == len(conv.prompt_ids(messages=conv.messages[:-1], tool_choice="none"))
+
+
+def test_tool_definitions_a_template_ignores_are_described_with_a_warning(chat):
+    model, tok = chat  # SmolLM2's chat template ignores tools=
+    with pytest.warns(UserWarning, match="the chat template ignores tools="):
+        conv = grammarspec.Conversation(model, tok, tools=TOOLS, tool_format="qwen_3", assistant=None)
+    conv.add_user("Hi")
+    assert "get_weather" in tok.decode(conv.prompt_ids())

@@ -1,0 +1,106 @@
+"""What the output must follow: the constraint arguments gathered in one value.
+
+``generate``, ``complete`` and :class:`~grammarspec.Conversation` take the same
+constraint keywords (``schema=``, ``tools=`` with ``tool_choice=`` and
+``parallel_tool_calls=``, ``grammar=``, ``regex=``, ``json_object=``,
+``any_whitespace=``).  Each builds one :class:`Constraint` from them and passes
+that along; :meth:`Constraint.resolve` applies ``tool_choice`` once, and
+:meth:`Constraint.specs` gives each row its :class:`~grammars.GrammarSpec`.
+
+    >>> tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    >>> Constraint(tools=tools, tool_choice="none").resolve().specs(1)
+    [None]
+    >>> Constraint(tools=tools).resolve().specs(1)[0].kind          # tool_choice=None: "required"
+    'json_schema'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from grammars import GrammarError, GrammarSpec, grammar_spec
+
+__all__ = ["Constraint"]
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """The user's constraint arguments for one call.  Frozen; methods return new values.
+
+    ``tool_choice``: with ``tools``, ``"required"`` (one call; the default
+    ``None`` means this for ``generate`` and ``complete``), ``"auto"`` (text or
+    a call), ``"none"`` (the tools are not used) or ``{"type": "function",
+    "function": {"name": ...}}``.  ``tool_format``: the call format
+    (:mod:`grammarspec.tools`); ``"json"`` outside a :class:`Conversation`.
+    ``schema``: a list gives one schema per row.
+    """
+
+    schema: Any = None
+    tools: Sequence[Mapping[str, Any]] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool = False
+    grammar: str | None = None
+    regex: str | None = None
+    json_object: bool = False
+    any_whitespace: bool = False
+    tool_format: str = "json"
+
+    @property
+    def others(self) -> list[str]:
+        """The constraint arguments other than ``tools`` that are set."""
+        given = (("schema", self.schema), ("grammar", self.grammar), ("regex", self.regex),
+                 ("json_object", self.json_object or None))  # fmt: skip
+        return [name for name, value in given if value is not None]
+
+    def resolve(self) -> Constraint:
+        """The constraint with ``tool_choice`` applied: tools as a call schema, as a grammar, or dropped.  Pure.
+
+        Raises :class:`~grammars.GrammarError` when ``tools`` and another
+        constraint would both shape the output.
+        """
+        from .tools import ToolCallError, tool_constraint
+
+        if self.tools is None:
+            if self.tool_choice not in (None, "none", "auto"):
+                raise ToolCallError(
+                    f"tool_choice={self.tool_choice!r} needs tools: pass tools=[...], or drop tool_choice="
+                )
+            return dataclasses.replace(self, tool_choice=None)
+        choice = "required" if self.tool_choice is None else self.tool_choice
+        if choice == "none":
+            return dataclasses.replace(self, tools=None, tool_choice=None, parallel_tool_calls=False)
+        if self.others:
+            raise GrammarError(
+                f"tools= with tool_choice={choice!r} makes the output a tool call, so {', '.join(self.others)}= "
+                "cannot shape it too; pass tool_choice='none' to constrain this output with "
+                f"{self.others[0]}= instead, or drop {self.others[0]}="
+            )
+        kwargs = tool_constraint(self.tools, choice, self.parallel_tool_calls, self.tool_format)
+        base = dataclasses.replace(self, tools=None, tool_choice=None, parallel_tool_calls=False)
+        return dataclasses.replace(base, **kwargs)
+
+    def specs(self, batch: int) -> list[GrammarSpec | None]:
+        """One :class:`GrammarSpec` per row (``None``: unconstrained), for a resolved constraint.  Pure."""
+        if isinstance(self.schema, list):
+            if len(self.schema) != batch:
+                raise GrammarError(
+                    f"schema= got list of {len(self.schema)} schemas for a batch of {batch} rows: pass one "
+                    "schema per row, or a single schema (dict, JSON string or pydantic model) for every row"
+                )
+            schemas = list(self.schema)
+        else:
+            schemas = [self.schema] * batch
+        built: dict[int, GrammarSpec | None] = {}
+        out = []
+        for schema in schemas:
+            if id(schema) not in built:
+                built[id(schema)] = grammar_spec(
+                    schema=schema, tools=self.tools, grammar=self.grammar, regex=self.regex,
+                    json_object=self.json_object, parallel_tool_calls=self.parallel_tool_calls,
+                    any_whitespace=self.any_whitespace,
+                )  # fmt: skip
+            out.append(built[id(schema)])
+        return out
