@@ -418,15 +418,10 @@ def _alternatives(
         gaps = unenforced(spec.schema, other) if spec.kind == "json_schema" else []
         compiles.append(f"backend='{other}'" + (f" (it does not enforce {', '.join(gaps)})" if gaps else ""))
     tried = ", ".join(b for b in PREFERENCE if b != failed)
+    detail = f" ({'; '.join(notes)})" if notes else ""
     if not compiles:
-        detail = f"; {'; '.join(notes)}" if notes else ""
-        return f"No other backend compiles it either (tried {tried}{detail})."
-    verb = "compiles" if len(compiles) == 1 else "compile"
-    return (
-        f"Try {' or '.join(compiles)}: tried, it {verb} this grammar."
-        if len(compiles) == 1
-        else (f"Try {' or '.join(compiles)}: tried, they {verb} this grammar.")
-    )
+        return f"No other backend compiles it either (tried {tried}){detail}."
+    return f"Try {' or '.join(compiles)}: tried, {'it compiles' if len(compiles) == 1 else 'they compile'} this grammar{detail}."
 
 
 def _compile_one(

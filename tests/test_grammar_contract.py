@@ -369,6 +369,7 @@ def assert_suggests_only_backends_that_compile(message, failed, kwargs, tokenize
     import re
 
     named = set(re.findall(r"backend='(\w+)'", message))
+    late = set(re.findall(r"(\w+) did not finish within", message))  # a slow machine: said so, not suggested
     compiles = set()
     for other in BACKENDS:
         if other != failed:
@@ -377,8 +378,8 @@ def assert_suggests_only_backends_that_compile(message, failed, kwargs, tokenize
                 compiles.add(other)
             except GrammarError:
                 pass
-    assert named == compiles, (message, compiles)
-    assert ("No other backend compiles it either" in message) == (not compiles), message
+    assert named <= compiles and compiles <= named | late, (message, compiles)
+    assert ("No other backend compiles it either" in message) == (not named), message
 
 
 #: Grammars some backend refuses; issue 26: a missing $ref, a backreference and an optional empty enum

@@ -82,9 +82,9 @@ def grammar_call(
     from grammars import CompileTimeout, GrammarError, allocate_bitmask, compile_grammar, grammar_spec
 
     try:
-        spec = grammar_spec(schema=record["schema"])
-        with warnings.catch_warnings():
+        with warnings.catch_warnings():  # unknown-keyword and unenforced-feature warnings: not the subject here
             warnings.simplefilter("ignore")
+            spec = grammar_spec(schema=record["schema"])
             compiled = compile_grammar(spec, tokenizer, backend=backend, compile_timeout=compile_timeout)
     except CompileTimeout:
         outcome.timed_out += 1
@@ -141,9 +141,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--generate", action="store_true", help="generate 16 tokens with the embedded model instead")
     parser.add_argument("--max-new-tokens", type=int, default=16)
     parser.add_argument("--plot", default=None, help="write RSS against calls to this image (matplotlib)")
+    parser.add_argument("--csv", default=None, help="append 'call,rss_mb' to this file after every call")
+    parser.add_argument("--plot-from", default=None,
+                        help="only plot a --csv file written by an earlier (possibly unfinished) run into --plot")  # fmt: skip
     parser.add_argument("--tokenizer", default="smollm2-135m", help="'smollm2-135m' (default) or 'toy' (tests)")
     args = parser.parse_args(argv)
     backends = tuple(b for b in args.backends.split(",") if b)
+    if args.plot_from:
+        rows = [line.split(",") for line in Path(args.plot_from).read_text().split()[1:]]
+        readings_from = [float(rss) for _, rss in rows]
+        warm_from = args.warm_up if args.warm_up is not None else max(1, len(readings_from) // 10)
+        plot(readings_from, warm_from, args.plot, f"{len(readings_from)} calls ({args.plot_from})")
+        return 0
 
     from grammars import CompileTimeout, GrammarError, set_cache_limits
 
@@ -171,6 +180,9 @@ def main(argv: list[str] | None = None) -> int:
     outcome = Outcome()
     readings: list[float] = []
     began = time.perf_counter()
+    log = open(args.csv, "w") if args.csv else None  # closed below
+    if log:
+        log.write("call,rss_mb\n")
     for i, (record, backend) in enumerate(calls(records, backends, args.calls)):
         if args.generate:
             import grammarspec
@@ -191,8 +203,13 @@ def main(argv: list[str] | None = None) -> int:
             slow = {"schema": slow_schema(i), "examples": []}
             grammar_call(slow, "outlines", tokenizer, 0.05, outcome)
         readings.append(rss_mb())
+        if log:
+            log.write(f"{i + 1},{readings[-1]:.1f}\n")
+            log.flush()
         if (i + 1) % 50 == 0:
             print(f"  call {i + 1:5d}: {readings[-1]:8.1f} MB RSS, peak {peak_mb():8.1f} MB", flush=True)
+    if log:
+        log.close()
     n = len(readings)
     warm = args.warm_up if args.warm_up is not None else max(1, n // 10)
     baseline = readings[min(warm, n) - 1]

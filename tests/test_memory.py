@@ -1,0 +1,72 @@
+"""Resident memory stays bounded over many grammar calls on every backend, timeouts included (issue 27).
+
+Each test runs in a fresh process (``tools/memory_check.py`` or a short
+script), so other tests' allocations do not blur the readings.  Bounds are in
+tens of MB: the leak the issue reported grew by gigabytes.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _run(args: list[str], timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+def test_memory_is_flat_after_a_warm_up_on_every_backend_with_timeouts():
+    """Two rounds over 8 sample schemas x (xgrammar, outlines, llguidance, auto), a small cache so that every
+    round compiles again, and a new outlines compile killed at a 0.05 s deadline every 8th call."""
+    result = _run([
+        "tools/memory_check.py", "--tokenizer", "toy", "--max-schemas", "8", "--calls", "64", "--warm-up", "32",
+        "--compile-timeout", "5", "--cache-mb", "4", "--cache-count", "8", "--slow-every", "8", "--limit-mb", "30",
+    ])  # fmt: skip
+    out = result.stdout + result.stderr
+    summary = re.search(r"(\d+) compiled, (\d+) refused, (\d+) timed out", out)
+    assert summary, out[-3000:]
+    compiled, _, timed_out = map(int, summary.groups())
+    assert compiled >= 32 and timed_out >= 8, summary.group(0)  # the loop really compiled and timed out
+    growth = re.search(r"growth after warm-up: ([-+][\d.]+) MB \(limit 30 MB\): (OK|FAIL)", out)
+    assert growth, out[-3000:]
+    assert result.returncode == 0 and growth.group(2) == "OK", out[-3000:]
+
+
+CLEAR_SCRIPT = """
+import gc, sys, warnings
+import psutil
+warnings.simplefilter("ignore")
+from grammarspec.bench.tasks import read_schema_records
+from grammarspec.loading import load_tokenizer
+from grammars import GrammarError, cache_info, clear_grammar_cache, compile_grammar, grammar_spec
+
+def rss():
+    gc.collect()
+    return psutil.Process().memory_info().rss / 2**20
+
+tok = load_tokenizer("smollm2-135m")
+compile_grammar(grammar_spec(schema={"type": "integer"}), tok, backend="outlines")
+base = rss()
+for record in read_schema_records()[:12]:
+    try:
+        compile_grammar(grammar_spec(schema=record["schema"]), tok, backend="outlines", compile_timeout=60)
+    except GrammarError:
+        pass
+full, held = rss(), cache_info()["grammar_bytes"]
+clear_grammar_cache()
+print(f"base {base:.1f} full {full:.1f} cleared {rss():.1f} estimated {held / 2**20:.1f}")
+"""
+
+
+def test_clear_grammar_cache_hands_the_memory_back():
+    result = _run(["-c", CLEAR_SCRIPT])
+    found = re.search(r"base ([\d.]+) full ([\d.]+) cleared ([\d.]+) estimated ([\d.]+)", result.stdout)
+    assert result.returncode == 0 and found, result.stdout + result.stderr[-3000:]
+    base, full, cleared, estimated = map(float, found.groups())
+    assert full - base >= 30, found.group(0)  # the outlines indexes took real memory
+    assert estimated >= 0.5 * (full - base), found.group(0)  # the cache's estimate is not far below it
+    assert cleared - base <= 0.25 * (full - base), found.group(0)  # and clearing gave (nearly) all of it back
