@@ -374,13 +374,6 @@ def _compile_rows(specs: list[Any], tokenizer: Any, vocab: int, eos: tuple[int, 
     return compiled
 
 
-def _device(model: torch.nn.Module) -> torch.device:
-    try:
-        return next(model.parameters()).device
-    except (StopIteration, AttributeError, TypeError):
-        return torch.device("cpu")
-
-
 def _per_step(rows: list[list[torch.Tensor]], vocab: int) -> tuple[torch.Tensor, ...]:
     """Per-row lists of ``[V]`` rows -> one ``[batch, V]`` tensor per generated position (``-inf`` past a row's end)."""
     steps = max((len(r) for r in rows), default=0)

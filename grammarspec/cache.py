@@ -23,7 +23,7 @@ except ImportError:  # transformers without per-layer caches
 
 __all__ = [
     "CacheError", "new_cache", "crop_cache", "cache_length", "require_croppable", "forward_with_cache", "cache_argument",
-    "common_prefix_length", "logits_device", "check_transformers", "TRANSFORMERS_FLOOR",
+    "common_prefix_length", "logits_device", "input_device", "check_transformers", "TRANSFORMERS_FLOOR",
     "has_sliding_window",
 ]  # fmt: skip
 
@@ -88,6 +88,21 @@ def cache_argument(model: torch.nn.Module) -> str:
         params = inspect.signature(model.forward).parameters
         _CACHE_ARG[kind] = "cache" if "cache" in params else "past_key_values"
     return _CACHE_ARG[kind]
+
+
+def input_device(model: torch.nn.Module) -> torch.device:
+    """The device ``model`` takes its inputs on (ids, positions, attention masks): ``model.device``, as HF places them.
+
+    With ``device_map`` this is the embeddings' device; the logits may come out elsewhere (:func:`logits_device`).
+    These two functions are the only places the runtime asks where a model lives.
+    """
+    device = getattr(model, "device", None)
+    if device is not None:
+        return torch.device(device)
+    try:
+        return next(model.parameters()).device
+    except (StopIteration, AttributeError, TypeError):
+        return torch.device("cpu")
 
 
 def logits_device(model: torch.nn.Module) -> torch.device:

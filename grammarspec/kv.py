@@ -31,9 +31,17 @@ from typing import Any
 
 import torch
 
-from .cache import CacheError, cache_argument, crop_cache, has_sliding_window, new_cache, require_croppable
+from .cache import (
+    CacheError,
+    cache_argument,
+    crop_cache,
+    has_sliding_window,
+    input_device,
+    new_cache,
+    require_croppable,
+)
 
-__all__ = ["BatchKV", "model_device"]
+__all__ = ["BatchKV"]
 
 #: Attention implementations that take a 4-D additive mask (token trees); None: a model without the setting.
 TREE_ATTENTION = frozenset({None, "eager", "sdpa"})
@@ -49,7 +57,7 @@ class BatchKV:
     def __init__(self, model: torch.nn.Module, batch_size: int, *, pad_token_id: int = 0) -> None:
         self.model = model
         self.cache: Any = new_cache(model)
-        self.device = model_device(model)
+        self.device = input_device(model)
         self.lengths: list[int] = [0] * batch_size
         self.valid = torch.zeros((batch_size, 0), dtype=torch.bool, device=self.device)  # [B, L]
         self.pad_token_id = pad_token_id
@@ -292,14 +300,3 @@ def _float_dtype(model: torch.nn.Module) -> torch.dtype:
     """The dtype the model computes attention in (float32 for parameter-free toys)."""
     param = next(iter(model.parameters()), None)
     return param.dtype if param is not None and param.dtype.is_floating_point else torch.float32
-
-
-def model_device(model: torch.nn.Module) -> torch.device:
-    """The device of the model's inputs and logits: the one rule the runtime uses to place new tensors."""
-    device = getattr(model, "device", None)
-    if device is not None:
-        return torch.device(device)
-    try:
-        return next(model.parameters()).device
-    except StopIteration:
-        return torch.device("cpu")
