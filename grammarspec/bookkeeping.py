@@ -17,13 +17,12 @@ __all__ = ["account", "account_tree", "finish", "record_scores"]
 
 def account(row: Any, step: Any, num_accepted: int, verify: float, commit_s: float, started: float,
             step_cost: Callable[[int], float] | None, alone: bool) -> None:  # fmt: skip
-    """Statistics, the cost model's measurement and the controller's view of one step.
+    """Statistics, the composite's cost measurement and the row's calibration after one step.
 
-    The pass cost model (``proposer.cost_model``, :class:`proposers.cost.PassCost`)
-    learns from the measured pass when the row had the pass to itself (``alone``:
-    batch 1); the controller is told the step's drafting time plus the modelled
-    cost of its pass, so both judge passes by one cost model.  ``step_cost``
-    (replays) replaces the whole step's cost.
+    The composite's pass cost model (``proposer.cost_model``) learns from the
+    measured pass when the row had the pass to itself (``alone``: batch 1);
+    ``step_cost`` (replays) means costs are modelled, so nothing is learned
+    from time.  The row's controller calibrates its estimates on what was accepted.
     """
     stats = row.stats
     stats.target_forwards += 1
@@ -40,17 +39,8 @@ def account(row: Any, step: Any, num_accepted: int, verify: float, commit_s: flo
     decoding = stats.target_forwards > 1  # the prefill pass is no decoding step
     if model is not None and alone and decoding and verify > 0 and step_cost is None:  # a replay models its costs
         model.update(rows, verify)
-    controller = row.controller
-    if controller is not None and decoding:
-        seconds = step.draft_seconds + verify + step.grammar_seconds + commit_s
-        if step_cost is not None:
-            seconds = step_cost(len(step.draft) + 1)
-        elif model is not None and model.unit_seconds is not None:
-            seconds = step.draft_seconds + step.grammar_seconds + commit_s + model.cost(rows) * model.unit_seconds
-        if len(step.draft):
-            controller.record_speculative_step(len(step.draft), num_accepted, seconds)
-        else:
-            controller.record_plain_step(seconds)
+    if row.controller is not None and decoding:
+        row.controller.record(step.draft, num_accepted)  # (policy) the calibration learns
 
 
 def finish(row: Any, seconds: float) -> None:
@@ -89,9 +79,5 @@ def account_tree(row: Any, step: Any, result: Any, seconds: float, started: floa
             on_path.append(node)
         order = on_path + [i for i in range(len(tree)) if i not in on_path]
         stats.count(tuple(sources[i] for i in order), len(on_path))
-    controller = row.controller
-    if controller is not None and stats.target_forwards > 1:
-        if longest > 0:
-            controller.record_speculative_step(longest, len(result.accepted), step.draft_seconds + seconds)
-        else:
-            controller.record_plain_step(step.draft_seconds + seconds)
+    if row.controller is not None and stats.target_forwards > 1:
+        row.controller.allocated(longest)  # (policy) a tree is verified whole

@@ -4,7 +4,8 @@ One step for the whole batch (numbers match the comments in :func:`_step`)::
 
     (+) forced  -- while a row's grammar allows exactly one token, commit it without
                    sampling; it reaches the target in the next forward pass
-    1. propose  -- each row's proposer offers up to k tokens (+ their draft distributions)
+    1. propose  -- each row's proposer offers up to k tokens (+ their draft distributions);
+                   one allocation over the batch cuts each draft to what pays at this batch
     2. mask     -- each row's matcher walks its draft: one bitmask per target row, the
                    draft is cut at its first grammar-illegal token, the matcher is restored
     3. verify   -- ONE target forward over every row's pending tokens plus its draft
@@ -15,7 +16,8 @@ One step for the whole batch (numbers match the comments in :func:`_step`)::
                    its committed tokens, every proposer is told what was accepted (a
                    draft model crops its own cache there), the target cache keeps each
                    row's accepted prefix; rejected positions leave no trace
-    6. adapt    -- each row's controller learns what the step cost and brought
+    6. adapt    -- the batch's pass cost model learns the pass; each row's calibration
+                   learns what its draft brought (grammarspec/policy.py)
 
 Rows finish independently (grammar end, EOS, stop string, token limit) and leave
 the batch, so the batch never waits for its longest row.  With no proposer every
@@ -39,6 +41,7 @@ from proposers.tree import DraftTree
 from .bookkeeping import account, account_tree, finish, record_scores
 from .kv import BatchKV
 from .masking import apply_masks, forced_token, walk_draft
+from .policy import batch_cost_model, plan_drafts
 from .processing import LogitsPipeline
 from .rejection import Segment, verify_greedy, verify_sampled
 from .rows import DecodeConfig, DecodeState, Processing, Row, RowRequest, Shared, Step
@@ -173,6 +176,15 @@ def _step(model: torch.nn.Module, active: list[Row], kv: BatchKV, shared: Shared
     steps = [_propose(row, config, trees=len(active) == 1) for row in active]
     if steps[0].tree is not None:  # batch 1, a token tree: one pass over the tree (grammarspec/tree_verify.py)
         return _tree_step(model, active, kv, steps[0], shared)
+    # (policy) One allocation over the batch cuts each draft to what pays at this batch (grammarspec/policy.py).
+    cost = shared.step_cost or batch_cost_model(model).cost
+    lengths = plan_drafts(
+        [s.draft for s in steps], [r.controller for r in active], sum(map(len, [r.pending for r in active])), cost
+    )
+    for row, step, n in zip(active, steps, lengths):
+        step.draft = step.draft.truncate(n)
+        if row.controller is not None:
+            row.controller.allocated(n)
 
     # 2. Masks for every target row; each draft is cut at its first illegal token.
     start = 0
@@ -201,6 +213,8 @@ def _step(model: torch.nn.Module, active: list[Row], kv: BatchKV, shared: Shared
     else:
         results = verify_sampled(probabilities(scores), segments, shared.generator)
     verify_seconds = time.perf_counter() - t0
+    if shared.step_cost is None and all(row.stats.target_forwards for row in active):  # (policy) not a prompt pass
+        batch_cost_model(model).update(sum(map(len, chunks)), verify_seconds)
 
     # 5. Commit: matchers, proposers and every KV cache move to the committed tokens together.
     t0 = time.perf_counter()
@@ -315,7 +329,7 @@ def _propose(row: Row, config: DecodeConfig, trees: bool) -> Step:
     step = Step()
     controller = row.controller
     budget = config.max_new_tokens - len(row.generated)
-    k = min(controller.k if controller is not None and controller.speculate else 0, budget - 1)
+    k = min(controller.ask() if controller is not None else 0, budget - 1)
     if row.proposer is not None and k > 0:
         t0 = time.perf_counter()
         view = GrammarView(row.matcher) if row.matcher is not None else None
