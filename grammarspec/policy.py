@@ -114,7 +114,7 @@ class Calibration:
     A token is filed under ``(source, opens, bin)``: the proposer that drafted
     it, whether it opens that proposer's run in the draft (a new guess, right
     or wrong as a whole; the tokens after it mostly follow), and the bin of
-    its own ``Draft.confidence`` (``None``: no estimate, bin -1).  Each
+    its own ``Draft.confidence`` (``None`` or negative: no estimate, bin -1).  Each
     record starts from ``prior_weight`` pseudo-observations at the proposer's
     estimate (``default_open`` / ``default_follow`` without one) and counts
     the tokens that reached verification (every token up to the first
@@ -153,7 +153,7 @@ class Calibration:
         for j, source in enumerate(sources):
             opens = j == 0 or sources[j - 1] != source
             raw = draft.confidence[j] if draft.confidence is not None else None
-            if raw is None:
+            if raw is None or raw < 0:
                 key, prior = (source, opens, -1), self.default_open if opens else self.default_follow
             else:
                 raw = min(max(float(raw), 0.0), 1.0)
