@@ -22,16 +22,15 @@ __all__ = ["account", "finish", "record_scores"]
 
 def account(row: Row, step: Step, path: Sequence[int], verify: float, commit_s: float, started: float,
             step_cost: Callable[[int], float] | None, alone: bool) -> None:  # fmt: skip
-    """Statistics, the cost model's measurement and the controller's view of one step (chain or tree).
+    """Statistics, the composite's cost measurement and the row's calibration after one step (chain or tree).
 
     The deepest path offered stands for the draft's length (a chain: its
     length); the accepted path's nodes count first among the proposed ones.
-    The pass cost model (a :class:`proposers.base.CostModelled` proposer's
-    ``cost_model``, :class:`proposers.cost.PassCost`) learns from the measured
-    pass when the row had the pass to itself (``alone``: batch 1); the
-    controller is told the step's drafting time plus the modelled cost of its
-    pass, so both judge passes by one cost model.  ``step_cost`` (replays)
-    replaces the whole step's cost.
+    The composite's pass cost model (a :class:`proposers.base.CostModelled`
+    proposer's ``cost_model``) learns from the measured pass when the row had
+    the pass to itself (``alone``: batch 1); ``step_cost`` (replays) means costs
+    are modelled, so nothing is learned from time.  The row's controller
+    calibrates its estimates on what was accepted (a tree is verified whole).
     """
     stats, tree, accepted = row.stats, step.tree, len(path)
     stats.target_forwards += 1
@@ -53,15 +52,10 @@ def account(row: Row, step: Step, path: Sequence[int], verify: float, commit_s: 
         model.update(rows, verify)
     controller = row.controller
     if controller is not None and decoding:
-        seconds = step.draft_seconds + verify + step.grammar_seconds + commit_s
-        if step_cost is not None:
-            seconds = step_cost(len(tree) + 1)
-        elif model is not None and model.unit_seconds is not None:
-            seconds = step.draft_seconds + step.grammar_seconds + commit_s + model.cost(rows) * model.unit_seconds
-        if len(tree):
-            controller.record_speculative_step(longest, accepted, seconds)
+        if step.is_tree:
+            controller.allocated(longest)  # (policy) a tree is verified whole
         else:
-            controller.record_plain_step(seconds)
+            controller.record(step.draft.truncate(len(tree)), accepted)  # (policy) the calibration learns
 
 
 def finish(row: Row, seconds: float) -> None:

@@ -6,7 +6,8 @@ One step for the whole batch (numbers match the comments in :func:`_step`)::
                    sampling; it reaches the target in the next forward pass
     1. propose  -- each row's proposer offers a draft tree of up to k levels: a chain
                    (parents -1, 0, 1, ...; + its draft distributions when sampled) or,
-                   from a :class:`~proposers.base.TreeDrafter`, a branching tree
+                   from a :class:`~proposers.base.TreeDrafter`, a branching tree; one
+                   allocation over the batch cuts each chain to what pays at this batch
     2. walk     -- each row's matcher walks its tree: one bitmask per scored row, a
                    grammar-illegal node is dropped with its subtree, the matcher is restored
     3. forward  -- ONE target forward over every row's pending tokens plus its tree
@@ -19,7 +20,8 @@ One step for the whole batch (numbers match the comments in :func:`_step`)::
                    its committed tokens, every proposer is told what was accepted (a
                    draft model crops its own cache there), and ``kv.keep`` -- the one
                    KV rollback -- keeps each row's pending tokens and accepted path
-    6. adapt    -- each row's controller learns what the step cost and brought
+    6. adapt    -- the batch's pass cost model learns the pass; each row's calibration
+                   learns what its draft brought (grammarspec/policy.py)
 
 Rows finish independently (grammar end, EOS, stop string, token limit) and leave
 the batch, so the batch never waits for its longest row.  With no proposer every
@@ -44,6 +46,7 @@ from .bookkeeping import account, finish, record_scores
 from .cache import logits_device as _logits_device
 from .kv import BatchKV
 from .masking import apply_masks, forced_token, walk
+from .policy import batch_cost_model, plan_drafts
 from .processing import LogitsPipeline
 from .rejection import Segment, target_choices
 from .rows import DecodeConfig, DecodeState, Processing, Row, RowRequest, Shared, Step
@@ -257,6 +260,8 @@ def _step(model: torch.nn.Module, active: list[Row], kv: BatchKV, shared: Shared
     # 1. Propose: a draft tree of up to k levels per row (k leaves room for the token the target adds).
     steps = [_propose(row, config, shared.trees) for row in active]
     phases.lap("propose")
+    # (policy) One allocation over the batch cuts each chain to what pays at this batch (grammarspec/policy.py).
+    _allocate(model, active, steps, shared)
 
     # 2. Walk: one mask per scored row; each tree loses its grammar-illegal nodes.
     masks = _masks(shared, sum(1 + len(step.tree) for step in steps))
@@ -286,6 +291,8 @@ def _step(model: torch.nn.Module, active: list[Row], kv: BatchKV, shared: Shared
     choices = target_choices(scores, config.sampling.greedy, sampled, shared.generator)
     results = [descend(step.tree, step.ends, choices[step.start : step.start + 1 + len(step.tree)]) for step in steps]
     verify_seconds = time.perf_counter() - t0
+    if shared.step_cost is None and all(row.stats.target_forwards for row in active):  # (policy) not a prompt pass
+        batch_cost_model(model).update(start, verify_seconds)
     phases.lap("verify")
 
     # 5. Commit: matchers, proposers and every KV cache move to the committed tokens together.
@@ -456,7 +463,7 @@ def _propose(row: Row, config: DecodeConfig, trees: bool) -> Step:
     step = Step()
     controller = row.controller
     budget = config.max_new_tokens - len(row.generated)
-    k = min(controller.k if controller is not None and controller.speculate else 0, budget - 1)
+    k = min(controller.ask() if controller is not None else 0, budget - 1)
     if row.proposer is not None and k > 0:
         t0 = time.perf_counter()
         view = GrammarView(row.matcher) if row.matcher is not None else None
@@ -471,6 +478,24 @@ def _propose(row: Row, config: DecodeConfig, trees: bool) -> Step:
             step.tree = _chain(step.draft)
         step.draft_seconds = time.perf_counter() - t0
     return step
+
+
+def _allocate(model: torch.nn.Module, active: list[Row], steps: list[Step], shared: Shared) -> None:
+    """Cut each row's chain to its share of one goodput allocation over the batch (:func:`policy.plan_drafts`).
+
+    A proposer's token tree is verified whole; its rows count in the batch's cost.  Changes ``steps``.
+    """
+    chains = [i for i, step in enumerate(steps) if not step.is_tree]
+    if not any(len(steps[i].draft) for i in chains):
+        return
+    base = sum(len(row.pending) for row in active) + sum(len(step.tree) for step in steps if step.is_tree)
+    cost = shared.step_cost or batch_cost_model(model).cost
+    lengths = plan_drafts([steps[i].draft for i in chains], [active[i].controller for i in chains], base, cost)
+    for i, n in zip(chains, lengths):
+        steps[i].draft = steps[i].draft.truncate(n)
+        steps[i].tree = _chain(steps[i].draft)
+        if active[i].controller is not None:
+            active[i].controller.allocated(n)
 
 
 def _chain(draft: Draft) -> DraftTree:

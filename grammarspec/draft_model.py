@@ -100,6 +100,7 @@ class DraftModelProposer:
         mask = allocate_bitmask(1, width) if matcher is not None else None
         tokens: list[int] = []
         rows: list[torch.Tensor] = []
+        confidence: list[float] = []
         fed = list(context[:keep])  # what the draft cache holds
         for _ in range(k):
             logits = self._forward(feed)[:, :width]  # [1, V_target]
@@ -120,6 +121,7 @@ class DraftModelProposer:
                 token = int(_draw(probs[0], self.generator))
                 rows.append(probs[0])
             tokens.append(token)
+            confidence.append(float(scores.softmax(-1)[0, token]))  # its own probability (the policy's estimate)
             feed = [token]
             if matcher is not None and (not matcher.accept(token) or matcher.is_terminated()):
                 break
@@ -127,8 +129,10 @@ class DraftModelProposer:
         self._base = len(context)
         if not tokens:
             return EMPTY_DRAFT
-        drafted = torch.stack(rows) if rows else None
-        return Draft(tokens=tuple(tokens), probs=drafted, sources=(self.name,) * len(tokens))
+        probs = torch.stack(rows) if rows else None
+        return Draft(
+            tokens=tuple(tokens), probs=probs, sources=(self.name,) * len(tokens), confidence=tuple(confidence)
+        )
 
     def commit(self, draft: Draft, num_accepted: int, committed: Sequence[int]) -> None:
         """Crop the draft cache to what it shares with the new context.  Changes state.

@@ -135,7 +135,7 @@ class JumpForwardProposer:
         tokens = forced_tokens(self._tokenizer, context, grammar.forced_text(), grammar, k)
         if not tokens:
             return EMPTY_DRAFT
-        return Draft(tokens=tuple(tokens), sources=(self.name,) * len(tokens))
+        return Draft(tokens=tuple(tokens), sources=(self.name,) * len(tokens), confidence=(1.0,) * len(tokens))
 
     def propose(self, context: Sequence[int], grammar: GrammarView | None, k: int) -> Draft:
         """The forced span, split as the target splits it, without an ambiguous last token.
@@ -158,7 +158,7 @@ class JumpForwardProposer:
         splits.remember(context, tokens)
         if not tokens:
             return EMPTY_DRAFT
-        return Draft(tokens=tuple(tokens), sources=(self.name,) * len(tokens))
+        return Draft(tokens=tuple(tokens), sources=(self.name,) * len(tokens), confidence=(1.0,) * len(tokens))
 
     def commit(self, draft: Draft, num_accepted: int, committed: Sequence[int]) -> None:
         """Learn from ``committed`` how the target split its draft (own splits only).  Changes state."""

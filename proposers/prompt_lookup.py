@@ -105,7 +105,9 @@ class PromptLookupProposer:
             tokens = tokens[: grammar.validate(tokens)]
         if not tokens:
             return EMPTY_DRAFT
-        return Draft(tokens=tuple(tokens), sources=(self.name,) * len(tokens), kind=f"n{min(n, 4)}")
+        # Its estimate: a match of n tokens is right about n times in n + 1 (calibrated by the policy).
+        return Draft(tokens=tuple(tokens), sources=(self.name,) * len(tokens), kind=f"n{min(n, 4)}",
+                     confidence=(n / (n + 1),) * len(tokens))  # fmt: skip
 
     def commit(self, draft: Draft, num_accepted: int, committed: Sequence[int]) -> None:
         """Stateless: nothing to learn."""

@@ -94,3 +94,18 @@ def test_end_to_end_keeps_the_prompt_pass_and_divides_the_decode_phase(script):
     baseline = {"seconds": 10.0, "first_step_seconds": 2.0}
     arm = {"seconds": 5.0, "first_step_seconds": 1.5}
     assert script.end_to_end(baseline, arm, 4.0) == pytest.approx(10.0 / (1.5 + 8.0 / 4.0))
+
+
+def test_a_flat_gpu_cost_curve_lengthens_the_chosen_drafts(script, smol_tokenizer):
+    """The same policy, the same estimates: where extra rows are nearly free, it verifies more."""
+    from proposers.cost import PassCost, flat_until
+
+    tok = smol_tokenizer
+    doc = {"items": [{"sku": "A-1", "qty": 2}, {"sku": "B-7", "qty": 3}, {"sku": "A-1", "qty": 5}]}
+    output = tok.encode(json.dumps(doc, separators=(",", ":")), add_special_tokens=False) + [tok.eos_token_id]
+    prompt = tok.encode("Order: A-1 twice, B-7 three.", add_special_tokens=False)
+    steep = PassCost(1.0, 0.3, 1).cost  # every row costs a third of a step: drafts must earn it
+    cpu = script.replay(tok, prompt, SCHEMA, output, "auto", cost=steep)
+    gpu = script.replay(tok, prompt, SCHEMA, output, "auto", cost=flat_until(64).cost)
+    assert cpu["tokens"] == gpu["tokens"] == len(output)  # the output never changes
+    assert gpu["drafted"] > cpu["drafted"]

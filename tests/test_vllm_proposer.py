@@ -263,3 +263,23 @@ def test_a_failing_drafter_gives_no_draft_and_the_engine_goes_on(smol_tokenizer)
     engine.add("b", [8, 9], None)
     assert engine.step(proposer, [[10], [11]]) == [[], []]
     assert proposer.errors == 2 and proposer.states == {}
+
+
+def test_drafts_are_sized_by_the_cost_at_the_engines_batch(smol_tokenizer):
+    """The same guesses: all sent where rows are free, none where each row costs a plain step."""
+    from proposers.cost import PassCost, flat_until
+
+    tok = smol_tokenizer
+    sent = {}
+    for name, cost in (("free", flat_until(64)), ("dear", PassCost(0.01, 1.0, 1))):
+        proposer = make(tok, None)
+        proposer.make_proposer = lambda: Recorder(ids(tok, " and then some more words"))
+        proposer.cost_model = cost
+        contexts = [ids(tok, f"request number {i} says hello") for i in range(8)]
+        width = max(map(len, contexts))
+        table = np.zeros((8, width + 8), dtype=np.int32)
+        for i, c in enumerate(contexts):
+            table[i, : len(c)] = c
+        out = proposer.propose([c[-1:] for c in contexts], np.array([len(c) for c in contexts]), table)
+        sent[name] = sum(map(len, out))
+    assert sent["free"] > 0 and sent["dear"] == 0

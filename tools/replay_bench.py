@@ -44,7 +44,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from proposers.cost import PRIOR_BASE, PRIOR_PER_ROW, PassCost  # noqa: E402  (after the path is set)
+from proposers.cost import PRIOR_BASE, PRIOR_PER_ROW, PassCost, flat_until  # noqa: E402  (after the path is set)
 
 
 def pass_cost(rows: int, base: float = PRIOR_BASE, per_row: float = PRIOR_PER_ROW) -> float:
@@ -127,8 +127,10 @@ def replay(
     passes = stats.target_forwards
     spent = sum(cost(proposed + 1) for proposed, _ in stats.steps)
     tokens = oracle.spelled_tokens(new)
+    drafted = sum(proposed for proposed, _ in stats.steps[1:]) / max(1, len(stats.steps) - 1)  # after the prompt
     return {"tokens": tokens, "passes": passes, "per_pass": tokens / max(1, passes),
-            "speedup": tokens / spent if spent else 0.0, "forced": stats.forced_tokens}  # fmt: skip
+            "speedup": tokens / spent if spent else 0.0, "forced": stats.forced_tokens,
+            "drafted": drafted}  # fmt: skip
 
 
 def time_passes(
@@ -307,6 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("results", nargs="?", help="a results.json of grammarspec bench (its baseline outputs)")
     parser.add_argument("--references", action="store_true", help="replay the task file's reference answers")
+    parser.add_argument("--gpu-flat", type=int, default=0, help="model a GPU: passes cost one step up to N rows")
     parser.add_argument("--tasks", default=None, help="default: $GRAMMARSPEC_TASKS or data/tasks/tasks.jsonl")
     parser.add_argument("--assistant", default="auto")
     parser.add_argument(
@@ -353,6 +356,8 @@ def main(argv: list[str] | None = None) -> int:
         outputs = [(task, r["tokens"]) for (task, arm), r in runs.items() if arm == "baseline" and "error" not in r]
     per_category: dict[str, list[dict[str, float]]] = defaultdict(list)
     cost = functools.partial(pass_cost, base=args.pass_base, per_row=args.row_cost)
+    if args.gpu_flat:  # a modelled GPU: a pass costs one plain step up to this many rows
+        cost = flat_until(args.gpu_flat).cost
     if args.trees:  # [tree16]
         return _trees_main(args, tokenizer, tasks, outputs, cost)
     for task_id, output in outputs:
@@ -367,7 +372,8 @@ def main(argv: list[str] | None = None) -> int:
             counts["end_to_end"] = end_to_end(runs[(task_id, "baseline")], measured, counts["speedup"])
         per_category[task.category].append(counts)
         print(f"{task_id:40s} {counts['tokens']:4.0f} tokens {counts['passes']:4.0f} passes "
-              f"{counts['per_pass']:5.2f} per pass, modelled {counts['speedup']:4.2f}x")  # fmt: skip
+              f"{counts['per_pass']:5.2f} per pass, {counts['drafted']:5.2f} drafted per step, "
+              f"modelled {counts['speedup']:4.2f}x")  # fmt: skip
     oracle = ", split oracle" if args.split_oracle else ""
     print(
         f"\nassistant={args.assistant!r}{oracle}, pass cost {args.pass_base} + {args.row_cost} per row (plain steps); "
@@ -376,7 +382,8 @@ def main(argv: list[str] | None = None) -> int:
     for category, rows in per_category.items():
         whole = [r["end_to_end"] for r in rows if "end_to_end" in r]
         print(f"  {category:12s} {len(rows):3d} tasks  {statistics.median(r['per_pass'] for r in rows):5.2f} tokens "
-              f"per pass  modelled {statistics.median(r['speedup'] for r in rows):4.2f}x"
+              f"per pass  {statistics.mean(r['drafted'] for r in rows):5.2f} drafted per step  "
+              f"modelled {statistics.median(r['speedup'] for r in rows):4.2f}x"
               + (f" (end to end {statistics.median(whole):4.2f}x with the bench's prompt passes)" if whole else ""))  # fmt: skip
     return 0
 

@@ -29,6 +29,16 @@ A state is dropped at the step its request ends (stop token, grammar
 complete, ``max_tokens``), else (a stop string, an abort) at the first call
 after the request left the runner.
 
+How much of each draft goes to vLLM: the batch drafting policy of the loop
+(:func:`grammarspec.policy.allocate`), over every running request at once.
+Each request's drafts are calibrated on what vLLM accepted
+(:class:`grammarspec.policy.Calibration`); the pass cost is learned online
+(:class:`proposers.cost.PassCost`) from the time between two ``propose``
+calls (one engine step, our drafting excluded) against the rows that step
+verified (one per running request plus the drafts we returned).  So a request
+gets draft tokens only where they pay at the engine's current batch, and
+none elsewhere; jump-forward's forced text is always sent.
+
 Exactness is vLLM's: every draft is verified by vLLM's target pass and
 rejection sampler and cut at the first token vLLM's own grammar rejects.
 """
@@ -38,6 +48,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import time
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -46,7 +57,10 @@ from typing import Any
 from grammars import GrammarError, compile_grammar, grammar_spec
 from grammars.base import Matcher
 from proposers.base import EMPTY_DRAFT, Draft, GrammarView, Proposer, Request
+from proposers.cost import PassCost
 from proposers.presets import resolve_assistant
+
+from ..policy import Calibration, allocate
 
 __all__ = ["GrammarspecProposer", "RequestInfo", "request_info", "find_model_runner"]
 
@@ -78,6 +92,7 @@ class _State:
     head: tuple[int, ...]  # first tokens of the context (identity when keyed by batch index)
     max_tokens: int | None = None
     draft: Draft = field(default=EMPTY_DRAFT)
+    calibration: Calibration = field(default_factory=Calibration)
 
 
 def find_model_runner(max_depth: int = 16) -> Any:
@@ -158,6 +173,11 @@ class GrammarspecProposer:
         self.drafts = 0  # drafts returned (non-empty), for logs and tests
         self.grammar_drops = 0  # requests whose grammar disagreed with vLLM's output
         self.errors = 0  # drafting failures (logged; that row got no draft)
+        #: The engine step's cost against the rows it verified, learned online (the policy's cost model).
+        self.cost_model = PassCost(prior_weight=8.0)
+        self.admitted = 0  # draft tokens sent to vLLM, over all calls
+        self._returned = 0.0  # when the last propose call returned (perf_counter)
+        self._rows = 0  # rows the engine verifies after the last call: one per request plus its draft
 
     @property
     def runner(self) -> Any:
@@ -178,15 +198,20 @@ class GrammarspecProposer:
         ``num_tokens_no_spec``: ``[max_num_reqs]`` int32 array; ``token_ids_cpu``:
         ``[max_num_reqs, max_model_len]`` int32 array (vLLM's input batch).
         """
+        started = time.perf_counter()
+        if self._rows and self._returned:  # the engine step since our last call verified self._rows rows
+            self.cost_model.update(self._rows, started - self._returned)
         runner = self.runner
         batch = getattr(runner, "input_batch", None)
         req_ids = list(batch.req_ids) if batch is not None else None
         requests = getattr(runner, "requests", None)
         out: list[list[int]] = []
+        keys: list[Any] = []
         seen: set[Any] = set()
         for i, sampled in enumerate(sampled_token_ids):
             key = req_ids[i] if req_ids is not None and i < len(req_ids) else i
             seen.add(key)
+            keys.append(key)
             n = int(num_tokens_no_spec[i])
             if not sampled or n >= self.max_model_len:
                 out.append([])
@@ -200,7 +225,33 @@ class GrammarspecProposer:
                 _log.exception("grammarspec drafter failed for request %s; drafting nothing for this step", key)
                 out.append([])
         self._forget(seen, requests if req_ids is not None else None)
+        out = self._allocate(out, keys)
+        self._rows = sum(1 + len(draft) for draft in out)
+        self._returned = time.perf_counter()
         return out
+
+    def _allocate(self, out: list[list[int]], keys: list[Any]) -> list[list[int]]:
+        """Cut every row's draft to what pays at this batch (:func:`grammarspec.policy.allocate`).
+
+        Changes each state's remembered draft to the part sent.
+        """
+        states = [self.states.get(key) if tokens else None for tokens, key in zip(out, keys)]
+        drafts = [state.draft if state is not None else EMPTY_DRAFT for state in states]
+        estimates = [state.calibration.estimate(d) if state is not None else [] for state, d in zip(states, drafts)]
+        forced = []
+        for draft in drafts:
+            lead = 0
+            while lead < len(draft) and draft.sources and draft.sources[lead] == "jump_forward":
+                lead += 1
+            forced.append(lead)
+        lengths = allocate(estimates, self.cost_model.cost, base_rows=len(out), forced=forced)
+        result = []
+        for state, draft, n in zip(states, drafts, lengths):
+            if state is not None:
+                state.draft = draft.truncate(n)
+            result.append(list(draft.tokens[:n]))
+            self.admitted += n
+        return result
 
     def _step(self, key: Any, context: list[int], sampled: Sequence[int], cached: Any) -> list[int]:
         """Learn from the last step of one request, then draft for it (``[]``: none).  Changes its state."""
@@ -252,6 +303,7 @@ class GrammarspecProposer:
             # vLLM appended the accepted draft prefix and one token of its own.
             accepted = min(matched, max(len(sampled) - 1, 0)) if len(new) == len(sampled) else matched
             state.proposer.commit(draft, accepted, new)
+            state.calibration.update(draft, accepted)
         elif new:
             state.proposer.commit(EMPTY_DRAFT, 0, new)
         state.draft = EMPTY_DRAFT
