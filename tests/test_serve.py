@@ -297,5 +297,7 @@ def test_the_openai_agent_example_runs_a_tool_loop(server):
     assert messages[-1]["role"] == "assistant"
     for message in messages:
         for call in message.get("tool_calls") or []:
-            spec_ = {t["function"]["name"]: t["function"]["parameters"] for t in example.TOOLS}[call["function"]["name"]]
+            spec_ = {t["function"]["name"]: t["function"]["parameters"] for t in example.TOOLS}[
+                call["function"]["name"]
+            ]
             jsonschema.validate(json.loads(call["function"]["arguments"]), spec_)
