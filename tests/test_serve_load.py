@@ -1,8 +1,9 @@
 """A bounded load test of ``grammarspec serve``: many requests from concurrent clients, random schemas.
 
 16 distinct requests (a prompt and a schema from the data sample each) are first
-answered one at a time; then ``GRAMMARSPEC_SERVE_LOAD`` requests (default 200)
-drawn from them are sent by 16 concurrent clients.  Every answer must equal its
+answered one at a time; then ``GRAMMARSPEC_SERVE_LOAD`` requests (default 64)
+drawn from them are sent by 16 concurrent clients (``GRAMMARSPEC_SERVE_LOAD=200`` is the
+issue's full run; the default keeps the suite's time modest).  Every answer must equal its
 request's solo answer (greedy: none lost, none mixed up), the process's memory
 must stay within a stated bound of what it was after a warm-up round, and the
 server must be healthy afterwards.
@@ -30,7 +31,7 @@ from grammarspec.serve import Engine, create_app
 
 pytestmark = pytest.mark.slow
 
-REQUESTS = int(os.environ.get("GRAMMARSPEC_SERVE_LOAD", "200"))
+REQUESTS = int(os.environ.get("GRAMMARSPEC_SERVE_LOAD", "64"))
 CLIENTS = 16
 #: RSS growth allowed between the warm-up round and the end: the prefix cache budget plus allocator slack
 PREFIX_BUDGET = 64 << 20
