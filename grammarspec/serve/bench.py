@@ -200,6 +200,19 @@ def run_serve_bench(model: torch.nn.Module, tokenizer: Any, model_name: str, con
                                                           api_key="-", max_retries=0, timeout=1800)  # fmt: skip
     grammars = _Grammars(tokenizer, logits_width(model))
     hf_tool_choice = True
+    from grammars import grammar_spec
+
+    from ..bench.agent_tasks import TOOLS, ModelTurn
+    from ..tools import tool_constraint
+
+    for script in conversations.values():  # compile every turn's grammar before timing (both servers' caches)
+        for step in script:
+            if isinstance(step, ModelTurn):
+                constraint = tool_constraint(TOOLS, step.tool_choice, False, grammar_server.engine.tool_format)
+                spec = grammar_spec(**constraint)
+                if spec is not None:
+                    grammar_server.engine._compile(spec)
+                grammars.get(constraint)
     try:
         first = next(iter(conversations.values()))
         for arm in [a for a in arms if a in ("serve", "transformers_serve")]:  # warm-up, untimed

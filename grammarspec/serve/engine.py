@@ -295,7 +295,7 @@ class Engine:
         return given
 
     def _rows_live(self) -> bool:
-        return any(c.row is None for c in self._rows.values())
+        return bool(self._rows)
 
     def cancelled(self, index: int) -> bool:
         choice = self._rows[index]
@@ -312,6 +312,7 @@ class Engine:
         if kv is not None:
             self._keep(choice, row, kv, slot)
         self._finish_choice(choice)
+        del self._rows[row.index]  # the loop asks no more about it; a busy loop never returns, so forget it now
 
     def _keep(self, choice: Choice, row: Row, kv: BatchKV, slot: int) -> None:
         """Store the row's cached prompt + answer (no token past the job's cut) in the prefix cache."""
