@@ -90,7 +90,7 @@ def test_a_prompt_cache_from_the_feed_prefills_only_the_rest(grammars):  # noqa:
     config = DecodeConfig(max_new_tokens=16, eos_token_ids=(0,))
     prompt = [2, 5, 9, 4, 7, 3, 3, 1]
     kv = BatchKV(model, 1)
-    kv.forward([prompt[:5]], [[4]])
+    kv.forward([prompt[:5]], [[]])  # the prompt pass: no draft tree
     kv.keep([5])
     cache = copy.deepcopy(kv.cache)
     crop_cache(cache, 5)
