@@ -187,12 +187,17 @@ class Conversation:
     ) -> list[int]:
         """Token ids of the templated conversation with the assistant turn opened.  Does not change state.
 
-        ``tool_choice="none"``: the tools are not described (the model is not to call them).
+        ``tool_choice="none"``: the tools stay described where they are (the kept
+        KV cache of every earlier turn stays valid), and the last user message
+        tells the model to answer in plain text (:data:`NO_TOOL_NOTE`); the note
+        is not kept in :attr:`messages`.
         """
-        tools = self.tools if tool_choice != "none" else None
+        tools = self.tools
         rendered = chat_messages(self.messages if messages is None else messages, tools, self.tool_format)
+        if tools and tool_choice == "none":
+            _add_note(rendered, NO_TOOL_NOTE)
         if tools and self._describe_tools:  # the template drops tools=: describe them ourselves
-            description = describe_tools(tools, text_allowed=tool_choice == "auto")
+            description = describe_tools(tools)  # one text for "auto" and "required": the turns share the cache
             if rendered and rendered[0]["role"] == "system":
                 rendered[0]["content"] += "\n\n" + description
             else:
@@ -288,3 +293,16 @@ class Conversation:
             crop_cache(self._cache, len(tokens), "target model")
             held = len(tokens)
         self._cached = tokens[:held]
+
+
+#: What the last user message says in a ``tool_choice="none"`` turn of a conversation with tools.
+NO_TOOL_NOTE = "Answer in plain text now; do not call a tool."
+
+
+def _add_note(rendered: list[dict[str, Any]], note: str) -> None:
+    """Append ``note`` to the last user message of ``rendered`` (a rendered copy; a system message if none)."""
+    for message in reversed(rendered):
+        if message.get("role") == "user" and isinstance(message.get("content"), str):
+            message["content"] += "\n\n" + note
+            return
+    rendered.append({"role": "system", "content": note})

@@ -217,7 +217,7 @@ class BatchKV:
         self.lengths = [length + k for length, k in zip(self.lengths, counts)]
         if self.columns >= COMPACT_MIN_COLUMNS and self.holes() > COMPACT_HOLE_SHARE * self.columns * self.batch_size:
             self.compact()
-        elif self._windowed and len(set(kept)) > 1:  # rows kept different numbers of columns: holes
+        elif self._windowed and len(set(counts)) > 1:  # rows kept different numbers of columns: holes
             self.compact()
 
     def holes(self) -> int:

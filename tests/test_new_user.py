@@ -16,6 +16,7 @@ from toy_models import tiny_llama
 from transformers import DynamicCache, GenerationConfig
 
 import grammarspec
+from grammarspec.cache import common_prefix_length
 
 
 @pytest.fixture(scope="module")
@@ -234,14 +235,19 @@ def test_reply_with_a_schema_in_a_tool_conversation_names_the_real_conflict(chat
     assert out.content == "null"
 
 
-def test_tool_choice_none_does_not_describe_the_tools(chat):
+def test_tool_choice_none_tells_the_model_not_to_call_and_keeps_the_cached_prefix(chat):
+    from grammarspec.conversation import NO_TOOL_NOTE
+
     model, tok = chat
     conv = grammarspec.Conversation(model, tok, tools=TOOLS, assistant=None)
     conv.add_user("Hi")
-    assert "get_weather" in tok.decode(conv.prompt_ids())
-    assert "get_weather" not in tok.decode(conv.prompt_ids(tool_choice="none"))
+    auto, none = conv.prompt_ids(), conv.prompt_ids(tool_choice="none")
+    assert NO_TOOL_NOTE in tok.decode(none) and NO_TOOL_NOTE not in tok.decode(auto)
+    before_last_user = conv.prompt_ids(messages=conv.messages[:-1])
+    assert common_prefix_length(auto, none) >= len(before_last_user) - 8  # only the last turn differs
     reply = conv.reply(tool_choice="none", max_new_tokens=2)
-    assert reply.prompt_tokens == len(conv.prompt_ids(messages=conv.messages[:-1], tool_choice="none"))
+    assert reply.prompt_tokens == len(none) and "tool_calls" not in reply.message
+    assert NO_TOOL_NOTE not in str(conv.messages)  # the note is not kept
 
 
 def test_tool_definitions_a_template_ignores_are_described_with_a_warning(chat):

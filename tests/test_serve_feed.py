@@ -91,7 +91,7 @@ def test_a_prompt_cache_from_the_feed_prefills_only_the_rest(grammars):  # noqa:
     prompt = [2, 5, 9, 4, 7, 3, 3, 1]
     kv = BatchKV(model, 1)
     kv.forward([prompt[:5]], [[]])  # the prompt pass: no draft tree
-    kv.keep([5])
+    kv.keep([list(range(5))])  # row 0 keeps its 5 new columns
     cache = copy.deepcopy(kv.cache)
     crop_cache(cache, 5)
     alone = decode(model, prompt, config, matcher=grammars[0].matcher())[0]

@@ -61,8 +61,8 @@ def test_what_cannot_be_honoured_is_refused_by_name(extra, param, status):
 
 def _kv_of(model, tokens):
     kv = BatchKV(model, 1)
-    kv.forward([tokens], [[len(tokens) - 1]])
-    kv.keep([len(tokens)])
+    kv.forward([tokens], [[]])  # the prompt pass: no draft tree
+    kv.keep([list(range(len(tokens)))])
     return kv
 
 

@@ -130,7 +130,7 @@ def play(
             message, tokens = reply.message, reply.tokens
             record = TurnRecord(tokens, reply.prompt_tokens, reply.prefilled_tokens, [], reply.stats.target_forwards)
         else:
-            ids = conv.prompt_ids()
+            ids = conv.prompt_ids(tool_choice=step.tool_choice)  # rendered as the conversation arm renders it
             constraint = tool_constraint(TOOLS, step.tool_choice, False, conv.tool_format)
             keep = 0
             if cache is not None:
