@@ -126,9 +126,9 @@ def test_a_draft_model_keeps_its_cache_across_turns(smol):
     drafter = conv._proposer
     original = drafter._forward
     drafter._forward = lambda ids: (fed.append(len(ids)), original(ids))[1]
-    replies = play(model, tok, conv, ["What is the weather in Oslo?", {"tool_choice": "required"},
+    first = play(model, tok, conv, ["What is the weather in Oslo?", {"tool_choice": "required"},
                                       {"tool_choice": "none"}], max_new_tokens=16)  # fmt: skip
-    assert fed and sum(fed) > 0
+    assert fed and sum(fed) > 0 and len(first) == 2
     fed.clear()
     third = play(model, tok, conv, ["Thanks. And in Lima?", {"tool_choice": "required"}], max_new_tokens=16)[0]
     # Only the new part of the conversation went through the draft model, not the whole prompt again: what the
