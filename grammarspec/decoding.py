@@ -20,8 +20,9 @@ One step for the whole batch (numbers match the comments in :func:`_step`)::
                    its committed tokens, every proposer is told what was accepted (a
                    draft model crops its own cache there), and ``kv.keep`` -- the one
                    KV rollback -- keeps each row's pending tokens and accepted path
-    6. adapt    -- the batch's pass cost model learns the pass; each row's calibration
-                   learns what its draft brought (grammarspec/policy.py)
+    6. adapt    -- each row's calibration learns what its draft brought (grammarspec/policy.py);
+                   the pass cost is not learned from wall time here, so draft lengths (and
+                   with them seeded samples) never depend on timing
 
 Rows finish independently (grammar end, EOS, stop string, token limit) and leave
 the batch, so the batch never waits for its longest row.  With no proposer every
@@ -291,8 +292,6 @@ def _step(model: torch.nn.Module, active: list[Row], kv: BatchKV, shared: Shared
     choices = target_choices(scores, config.sampling.greedy, sampled, shared.generator)
     results = [descend(step.tree, step.ends, choices[step.start : step.start + 1 + len(step.tree)]) for step in steps]
     verify_seconds = time.perf_counter() - t0
-    if shared.step_cost is None and all(row.stats.target_forwards for row in active):  # (policy) not a prompt pass
-        batch_cost_model(model).update(start, verify_seconds)
     phases.lap("verify")
 
     # 5. Commit: matchers, proposers and every KV cache move to the committed tokens together.

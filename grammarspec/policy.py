@@ -185,10 +185,11 @@ _COST_MODELS: dict[tuple[Any, ...], PassCost] = {}
 def batch_cost_model(model: Any) -> PassCost:
     """The pass cost model of ``model`` on its device, dtype and this process's thread count.
 
-    One :class:`PassCost` per such key for the life of the process, learned
-    online from every pass the loop measures, so a second ``generate`` call
-    starts from what the first learned.  Does not change state beyond
-    creating the model on first use.
+    One :class:`PassCost` per such key for the life of the process.  The HF
+    loop reads it and does not teach it measured times (a timing-dependent
+    cost would make draft lengths, and so seeded samples and floating-point
+    ties, differ from run to run); the vLLM proposer teaches its own.  Does
+    not change state beyond creating the model on first use.
     """
     import torch
 

@@ -46,10 +46,10 @@ def fresh_cache():
     clear_grammar_cache()
 
 
-def slow_schema(tag: str) -> dict:
-    """outlines-core needs far longer than 0.05 s for this (30 patterned strings), even on the toy vocabulary."""
+def slow_schema(tag: str, n: int = 30) -> dict:
+    """outlines-core needs far longer than 0.05 s for this (n patterned strings), even on the toy vocabulary."""
     return {"type": "object", "properties": {f"{tag}{i}": {"type": "string", "pattern": "^[a-z]{2,9}$"}
-                                             for i in range(30)}}  # fmt: skip
+                                             for i in range(n)}}  # fmt: skip
 
 
 class Spy:
@@ -86,7 +86,7 @@ def test_a_timed_out_compile_leaves_no_process_or_thread_and_spends_no_cpu(toy):
 
 def test_a_timed_out_grammar_is_not_compiled_again_within_the_same_deadline(toy, monkeypatch):
     spy = Spy(monkeypatch)
-    spec = grammar_spec(schema=slow_schema("b"))
+    spec = grammar_spec(schema=slow_schema("b", 300))  # slow enough that a quiet machine misses both deadlines
     for _ in range(3):
         with pytest.raises(CompileTimeout):
             compile_grammar(spec, toy, backend="outlines", compile_timeout=0.05)
