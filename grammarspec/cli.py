@@ -248,13 +248,7 @@ def _cmd_bench_serve(args: argparse.Namespace, command: str) -> int:
     unknown = [a for a in arms if a not in SERVE_ARMS]
     if unknown:
         raise CliError(f"--arms: unknown {', '.join(unknown)}; choose from {', '.join(SERVE_ARMS)}")
-    chosen = dict(CONVERSATIONS)
-    if args.conversations:
-        wanted = [n.strip() for n in args.conversations.split(",") if n.strip()]
-        missing = [n for n in wanted if n not in CONVERSATIONS]
-        if missing:
-            raise CliError(f"--conversations: unknown {', '.join(missing)}; choose from {', '.join(CONVERSATIONS)}")
-        chosen = {n: CONVERSATIONS[n] for n in wanted}
+    chosen = _chosen_conversations(args.conversations, CONVERSATIONS)
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise CliError(f"--out {out} exists and is not a folder")
@@ -548,13 +542,7 @@ def _cmd_bench_agent(args: argparse.Namespace, command: str) -> int:
     from .bench.agent import agent_markdown, run_agent_bench
     from .bench.agent_tasks import CONVERSATIONS
 
-    chosen = dict(CONVERSATIONS)
-    if args.conversations:
-        wanted = [n.strip() for n in args.conversations.split(",") if n.strip()]
-        unknown = [n for n in wanted if n not in CONVERSATIONS]
-        if unknown:
-            raise CliError(f"--conversations: unknown {', '.join(unknown)}; choose from {', '.join(CONVERSATIONS)}")
-        chosen = {n: CONVERSATIONS[n] for n in wanted}
+    chosen = _chosen_conversations(args.conversations, CONVERSATIONS)
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise CliError(f"--out {out} exists and is not a folder")
@@ -576,3 +564,14 @@ def _cmd_bench_agent(args: argparse.Namespace, command: str) -> int:
 
 if __name__ == "__main__":  # python -m grammarspec.cli
     sys.exit(main())
+
+
+def _chosen_conversations(names: str | None, conversations: dict[str, Any]) -> dict[str, Any]:
+    """``--conversations a,b`` -> those scripts (all when not given); an unknown name is a CliError."""
+    if not names:
+        return dict(conversations)
+    wanted = [n.strip() for n in names.split(",") if n.strip()]
+    unknown = [n for n in wanted if n not in conversations]
+    if unknown:
+        raise CliError(f"--conversations: unknown {', '.join(unknown)}; choose from {', '.join(conversations)}")
+    return {n: conversations[n] for n in wanted}
