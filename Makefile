@@ -39,7 +39,7 @@ test: $(STAMP) $(VLLM_STAMP)
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -ra -n 2 --dist load -m "not slow and not bench" tests
 
-# ruff (lint + format check) over the tree, mypy over grammars/ and proposers/ (pyproject.toml configures both)
+# ruff (lint + format check) over the tree, mypy over grammars/, proposers/ and grammarspec/ (pyproject.toml configures both)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .

@@ -17,6 +17,7 @@ from .base import (
     allocate_bitmask,
     bitmask_to_ids,
     bitmask_width,
+    fill_masks,
 )
 from .compile import (
     BACKEND_CHOICES,
@@ -48,4 +49,5 @@ __all__ = [
     "allocate_bitmask",
     "bitmask_width",
     "bitmask_to_ids",
+    "fill_masks",
 ]

@@ -113,6 +113,18 @@ class Matcher(ABC):
         matcher is terminated (a terminated grammar has no next token).
         """
 
+    @classmethod
+    def fill_masks(cls, matchers: Sequence[Matcher], bitmask: torch.Tensor, rows: Sequence[int]) -> None:
+        """Write ``matchers[i]``'s legal next tokens into ``bitmask[rows[i]]``, for matchers of this class.
+
+        One call for many requests (a batch's root masks).  This default fills
+        them one by one; a backend with a batched call overrides it (xgrammar:
+        ``BatchGrammarMatcher``).  Does not change any matcher's state.  Use
+        :func:`fill_masks` for matchers of mixed classes.
+        """
+        for matcher, row in zip(matchers, rows, strict=True):
+            matcher.fill_mask(bitmask, row)
+
     @abstractmethod
     def forced_text(self) -> str:
         """The text the grammar forces next, whatever the model does ("" if none).
@@ -142,6 +154,27 @@ class Matcher(ABC):
         mask = allocate_bitmask(1, self.vocab_size)
         self.fill_mask(mask, 0)
         return bitmask_to_ids(mask[0], self.vocab_size)
+
+
+def fill_masks(matchers: Sequence[Matcher], bitmask: torch.Tensor, rows: Sequence[int]) -> None:
+    """Write ``matchers[i]``'s legal next tokens into ``bitmask[rows[i]]``: one :meth:`Matcher.fill_masks` per class.
+
+    Does not change any matcher's state.  Raises :class:`GrammarError` as
+    :meth:`Matcher.fill_mask` does (a terminated matcher, a bad bitmask).
+    """
+    if len(matchers) != len(rows):
+        raise ValueError(f"fill_masks got {len(matchers)} matchers for {len(rows)} rows: pass one row per matcher")
+    groups: dict[type, tuple[list[Matcher], list[int]]] = {}
+    for matcher, row in zip(matchers, rows):
+        group = groups.setdefault(type(matcher), ([], []))
+        group[0].append(matcher)
+        group[1].append(row)
+    for cls, (members, where) in groups.items():
+        if issubclass(cls, Matcher):
+            cls.fill_masks(members, bitmask, where)
+        else:  # a duck-typed matcher (a wrapper, a test spy): its own fill_mask, row by row
+            for matcher, row in zip(members, where):
+                matcher.fill_mask(bitmask, row)
 
 
 def bitmask_to_ids(row: torch.Tensor, vocab_size: int) -> torch.Tensor:

@@ -31,7 +31,7 @@ import torch
 
 from ._bitmask import check_bitmask, clear_padding
 from ._window import RollbackWindow, WindowedMatcher
-from .base import CompiledGrammar, GrammarError
+from .base import CompiledGrammar, GrammarError, Matcher
 from .spec import GrammarSpec
 
 if TYPE_CHECKING:
@@ -246,6 +246,22 @@ class XGrammarMatcher(WindowedMatcher):
         self._matcher.fill_next_token_bitmask(bitmask, row)
         clear_padding(mask_row, self.vocab_size)
 
+    @classmethod
+    def fill_masks(cls, matchers: Sequence[Matcher], bitmask: torch.Tensor, rows: Sequence[int]) -> None:
+        """Fill every matcher's row in one ``xgrammar.BatchGrammarMatcher`` call.  Does not change state."""
+        inner = []
+        for matcher, row in zip(matchers, rows, strict=True):
+            if not isinstance(matcher, XGrammarMatcher) or matcher._matcher.is_terminated():
+                matcher.fill_mask(bitmask, row)  # raises the terminated matcher's error, or fills another kind
+                continue
+            check_bitmask(bitmask, row, matcher.vocab_size)
+            inner.append((matcher, row))
+        if not inner:
+            return
+        _batch_matcher().batch_fill_next_token_bitmask([m._matcher for m, _ in inner], bitmask, [r for _, r in inner])
+        for matcher, row in inner:
+            clear_padding(bitmask[row], matcher.vocab_size)
+
     def forced_text(self) -> str:
         """xgrammar's jump-forward string ("" if none).  Does not change state."""
         if self._matcher.is_terminated():
@@ -264,3 +280,15 @@ class XGrammarMatcher(WindowedMatcher):
     def fork(self) -> XGrammarMatcher:
         """An independent copy in the current state, with the same rollback window."""
         return XGrammarMatcher(self._matcher.fork(), self.vocab_size, self.stop_token_ids, self._window.copy())
+
+
+_BATCH: list[xgr.BatchGrammarMatcher] = []
+
+
+def _batch_matcher() -> xgr.BatchGrammarMatcher:
+    """The process's one ``BatchGrammarMatcher`` (its thread pool is made once)."""
+    if not _BATCH:
+        import xgrammar as xgr
+
+        _BATCH.append(xgr.BatchGrammarMatcher())
+    return _BATCH[0]

@@ -45,7 +45,9 @@ class AdaptiveController:
     ``allocated`` and ``record`` change state; ``ask`` and ``estimates`` do not.
     """
 
-    def __init__(self, k_min: int = 1, k_max: int = 16, *, adaptive: bool = True) -> None:
+    def __init__(
+        self, k_min: int = 1, k_max: int = 16, *, adaptive: bool = True, calibration: Calibration | None = None
+    ) -> None:
         if not 1 <= k_min <= k_max:
             raise ValueError(f"need 1 <= k_min <= k_max, got k_min={k_min}, k_max={k_max}")
         self.k_min, self.k_max, self.adaptive = k_min, k_max, adaptive
@@ -53,7 +55,8 @@ class AdaptiveController:
         self.k: int = k_max if not adaptive else 0
         #: Whether the last step verified any draft token of this row.
         self.speculate: bool = True
-        self.calibration = Calibration()
+        #: The survival records; ``calibration=``: ones carried over (a conversation's earlier turns), updated in place.
+        self.calibration = calibration if calibration is not None else Calibration()
         self.speculative_steps = 0
         self.plain_steps = 0
 

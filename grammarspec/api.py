@@ -13,8 +13,9 @@ from __future__ import annotations
 import copy
 import types
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from transformers import GenerationConfig
@@ -42,6 +43,7 @@ from .inputs import (
     refuse_arguments,
     warn_unmasked_padding,
 )
+from .policy import Calibration
 from .processing import build_pipeline, check_stateless
 from .sampling import SamplingParams
 from .settings import ACCEPTED_MODEL_INPUTS, max_new_tokens, resolve_config
@@ -78,7 +80,7 @@ class GenerationOutput(GenerateDecoderOnlyOutput):
 
 def generate(
     model: torch.nn.Module,
-    input_ids: torch.LongTensor | list[int] | None = None,
+    input_ids: torch.Tensor | list[int] | None = None,
     *,
     tokenizer: Any = None,
     schema: Any = None,
@@ -130,6 +132,12 @@ def generate(
     ``{"type": "function", "function": {"name": ...}}``; read the calls with
     :func:`grammarspec.tools.parse_tool_reply` (``complete`` does).
     """
+    internal = sorted({"calibration", "documents"} & set(generation_kwargs))  # Conversation's and serve's carry
+    if internal:
+        raise TypeError(
+            f"generate() got unknown arguments: {', '.join(internal)}. Drafting records and earlier documents "
+            "carry between turns inside grammarspec.Conversation and grammarspec serve; use those for a conversation."
+        )
     constraint = Constraint(schema=schema, tools=tools, tool_choice=tool_choice, grammar=grammar, regex=regex,
                             json_object=json_object, parallel_tool_calls=parallel_tool_calls,
                             any_whitespace=any_whitespace)  # fmt: skip
@@ -159,8 +167,11 @@ def _generate(
     adaptive: bool = True, max_batch_size: int | None = None, generation_config: GenerationConfig | None = None,
     streamer: Any = None, logits_processor: list[Any] | None = None, attention_mask: Any = None,
     generator: Any = None, return_dict_in_generate: bool | None = None, past_key_values: Any = None,
-    update_cache: bool = False, **generation_kwargs: Any,
+    update_cache: bool = False, calibration: Calibration | None = None, documents: Sequence[str] = (),
+    **generation_kwargs: Any,
 ) -> torch.LongTensor | GenerationOutput:  # fmt: skip
+    # calibration / documents (Conversation's carry): the row starts from these survival records, updated in
+    # place, and its proposer gets these earlier JSON documents (Request.documents).  Drafting policy only.
     refuse_arguments(generation_kwargs)
     check_arguments({**generation_kwargs, "strict": strict, "adaptive": adaptive, "update_cache": update_cache,
                      "max_draft_tokens": max_draft_tokens, "max_batch_size": max_batch_size,
@@ -221,6 +232,8 @@ def _generate(
         raise ValueError("streamers support batch size 1 only, as in Hugging Face generate")
     if past_key_values is not None and len(rows) > 1:
         raise ValueError("past_key_values (a prompt cache) supports batch size 1 only: pass one prompt row per call")
+    if calibration is not None and len(rows) > 1:  # rows decoding at once never share one
+        raise ValueError("a carried calibration serves one row: pass one prompt row per call")
     prompt_cache = past_key_values if update_cache or past_key_values is None else copy.deepcopy(past_key_values)
     decode_config = DecodeConfig(
         max_new_tokens=max_new,
@@ -241,10 +254,12 @@ def _generate(
         controller = None
         if proposer is not None:
             controller = AdaptiveController(
-                k_min=_k_min(proposer, max_draft_tokens), k_max=max_draft_tokens, adaptive=adaptive
-            )
+                k_min=_k_min(proposer, max_draft_tokens), k_max=max_draft_tokens, adaptive=adaptive,
+                calibration=calibration,
+            )  # fmt: skip
             proposer.start(Request(prompt_ids=tuple(prompt), tokenizer=tokenizer,
-                                   schema=spec.schema if spec is not None else None))  # fmt: skip
+                                   schema=spec.schema if spec is not None else None,
+                                   documents=tuple(documents)))  # fmt: skip
         matcher = grammar_.matcher(max_rollback=max_draft_tokens + 1) if grammar_ is not None else None
         requests.append(RowRequest(prompt, matcher, proposer, controller, pipeline))
     on_commit = None
@@ -265,10 +280,11 @@ def _generate(
     sequences = _assemble(input_ids, rows, outputs, config, eos, repeat)
     if not want_dict:
         return sequences
+    # transformers annotates scores/logits as tuple[Tensor] (one entry); they hold one tensor per step, as in HF
     return GenerationOutput(
         sequences=sequences,
-        scores=_per_step(scores, vocab) if want_scores else None,
-        logits=_per_step(raw, vocab) if want_logits else None,
+        scores=_per_step(scores, vocab) if want_scores else None,  # type: ignore[arg-type]
+        logits=_per_step(raw, vocab) if want_logits else None,  # type: ignore[arg-type]
         stats=all_stats,
     )
 
@@ -317,7 +333,8 @@ def enable(model: torch.nn.Module) -> torch.nn.Module:
     """
     if getattr(model, "_grammarspec_original_generate", None) is not None:
         return model
-    original = model.generate
+    hf: Any = model  # a Hugging Face model: its generate is no nn.Module attribute
+    original = hf.generate
 
     def patched(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
         if any(name in kwargs for name in _OUR_KWARGS) or kwargs.get("assistant_model") is not None:
@@ -332,8 +349,8 @@ def enable(model: torch.nn.Module) -> torch.nn.Module:
             return generate(self, **kwargs)
         return original(*args, **kwargs)
 
-    model._grammarspec_original_generate = original  # type: ignore[attr-defined]
-    model.generate = types.MethodType(patched, model)  # type: ignore[method-assign]
+    hf._grammarspec_original_generate = original
+    hf.generate = types.MethodType(patched, model)
     return model
 
 
@@ -427,4 +444,5 @@ def _assemble(
     new = torch.full((ids.shape[0], width), int(pad), dtype=torch.long, device="cpu")
     for i, out in enumerate(outputs):
         new[i, : len(out)] = torch.tensor(out, dtype=torch.long, device="cpu")
-    return torch.cat([ids, new.to(ids.device)], dim=1)  # on the caller's device, as they passed input_ids
+    # on the caller's device, as they passed input_ids; a long tensor (torch's ops are typed as returning Tensor)
+    return cast(torch.LongTensor, torch.cat([ids, new.to(ids.device)], dim=1))

@@ -12,8 +12,6 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from proposers.base import CostModelled
-
 if TYPE_CHECKING:
     from .rows import Row, Step
 
@@ -46,7 +44,7 @@ def account(row: Row, step: Step, path: Sequence[int], verify: float, commit_s: 
         order = list(path) + [i for i in range(len(tree)) if i not in path]
         stats.count(tuple(sources[i] for i in order), accepted)
     rows = 1 + len(tree) - sum(step.ends)  # scored rows a later token may read
-    model = row.proposer.cost_model if isinstance(row.proposer, CostModelled) else None
+    model = row.cost_model
     decoding = stats.target_forwards > 1  # the prefill pass is no decoding step
     if model is not None and alone and decoding and verify > 0 and step_cost is None:  # a replay models its costs
         model.update(rows, verify)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 import transformers
@@ -114,12 +115,14 @@ def logits_device(model: torch.nn.Module) -> torch.device:
 
     Every tensor the loop builds to meet the logits (processors' EOS ids, indices, masks) goes there.
     """
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    hf: Any = model  # a Hugging Face model (or a toy speaking its protocol)
+    head = hf.get_output_embeddings() if hasattr(hf, "get_output_embeddings") else None
     weight = getattr(head, "weight", None)
     if isinstance(weight, torch.Tensor):
         return weight.device
-    if isinstance(getattr(model, "device", None), torch.device):
-        return model.device
+    device = getattr(model, "device", None)
+    if isinstance(device, torch.device):
+        return device
     try:
         return next(model.parameters()).device
     except (StopIteration, AttributeError, TypeError):
@@ -133,7 +136,8 @@ def forward_with_cache(
 
     The logits stay on the model's device.
     """
-    device = model.device if isinstance(getattr(model, "device", None), torch.device) else logits_device(model)
+    own = getattr(model, "device", None)
+    device = own if isinstance(own, torch.device) else logits_device(model)
     ids = torch.tensor([input_ids], dtype=torch.long, device=device)  # the input embeddings' device
     kwargs = {cache_argument(model): cache, "use_cache": True, "logits_to_keep": logits_to_keep}
     with torch.inference_mode():
@@ -152,8 +156,9 @@ def new_cache(model: torch.nn.Module) -> DynamicCache:
     (nothing more while the sequence is shorter than the window).  Recurrent layers are left as they
     are and refused by :func:`require_croppable`.
     """
+    hf: Any = model  # a Hugging Face model (or a toy speaking its protocol)
     try:
-        cache = DynamicCache(config=model.config)
+        cache = DynamicCache(config=hf.config)
     except TypeError:  # older transformers
         return DynamicCache()
     layers = getattr(cache, "layers", None)

@@ -144,7 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
                             f"max_new_tokens {QUICK['max_new_tokens']} (explicit options win)")  # fmt: skip
     bench.add_argument("--batch-size", metavar="B,B",
                        help="throughput mode: cut the tasks into batches of B requests and run HF generate + "
-                            "xgrammar's processor and grammarspec 'auto' on each batch (e.g. 1,4,8,16); greedy")  # fmt: skip
+                            "xgrammar's processor on each batch, and grammarspec 'none' and 'auto' with "
+                            "max_batch_size=B (e.g. 1,4,8,16; --arms picks among baseline,none,auto); greedy")  # fmt: skip
     bench.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     bench.add_argument("--no-progress", action="store_true", help="no progress bar")
     bench.set_defaults(run=_cmd_bench)
@@ -523,7 +524,13 @@ def _cmd_batch_bench(args: argparse.Namespace, command: str, tasks: list[Any], o
           file=sys.stderr)  # fmt: skip
     _warn_if_busy()
     progress = None if args.no_progress else (lambda line: print(line, file=sys.stderr))
-    runs = run_batch_bench(model, tokenizer, tasks, sizes, max_new, progress=progress)
+    arms = [a for a in args.arms.split(",") if a] if args.arms else None
+    unknown = sorted(set(arms or ()) - {"baseline", "none", "auto"})
+    if unknown:
+        raise CliError(f"--batch-size runs the arms baseline, none and auto; not {', '.join(unknown)}")
+    if arms is not None and "auto" not in arms:
+        raise CliError("--batch-size needs the arm auto (the table compares it with the others)")
+    runs = run_batch_bench(model, tokenizer, tasks, sizes, max_new, progress=progress, arms=arms)
     out.mkdir(parents=True, exist_ok=True)
     table = batch_table(runs)
     (out / "batch.json").write_text(json.dumps({"command": command, "runs": [r.as_dict() for r in runs]}, indent=1))
@@ -533,6 +540,7 @@ def _cmd_batch_bench(args: argparse.Namespace, command: str, tasks: list[Any], o
 
         plot_batch_throughput(runs, out / "batch_throughput.png")
     print(table)
+    return 0
 
 
 def _cmd_bench_agent(args: argparse.Namespace, command: str) -> int:

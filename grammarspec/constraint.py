@@ -48,6 +48,14 @@ class Constraint:
     any_whitespace: bool = False
     tool_format: str = "json"
 
+    def __post_init__(self) -> None:
+        # Checked here, where complete() and Conversation.reply() build it: resolve() drops
+        # parallel_tool_calls, so generate's own check would never see a truthy "yes".
+        for name in ("parallel_tool_calls", "json_object", "any_whitespace"):
+            value = getattr(self, name)
+            if not isinstance(value, bool):
+                raise ValueError(f"{name}= must be True or False, got {value!r}")
+
     @property
     def others(self) -> list[str]:
         """The constraint arguments other than ``tools`` that are set."""

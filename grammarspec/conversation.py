@@ -22,11 +22,20 @@ Proposers: one proposer object per conversation (``assistant=`` is resolved
 once) and ``start`` once per turn, with that turn's prompt: every turn is a
 new generation with its own prompt and grammar.  What the drafters learn
 from earlier turns reaches them through the context, which holds every
-earlier turn (prompt lookup and the schema n-gram read it); a draft model
-keeps its KV cache across ``start`` and re-syncs by common prefix
-(``proposers/draft_model.py``).  Per-conversation acceptance records (the
-composite's tracks) are reset by ``start`` today -- TODO hook for the
-proposer protocol.
+earlier turn (prompt lookup reads all of it), and through two carries:
+
+* :attr:`Conversation.calibration`, one :class:`~grammarspec.policy.Calibration`
+  for the whole conversation (the survival records that size each row's
+  drafts): turn 2 starts from what turn 1 learned;
+* the earlier assistant messages' JSON (tool calls, JSON answers:
+  :func:`grammarspec.tools.earlier_documents`) as ``Request.documents``, which
+  the schema n-gram drafter reads as history (``past`` / ``past_value``).
+
+Both are drafting policy only: they change which tokens are verified, never
+the output distribution.  A draft model keeps its KV cache across ``start``
+and re-syncs by common prefix (``proposers/draft_model.py``).  The members'
+own per-request records (the composite's tracks, the schema n-gram's source
+scores) are still reset by ``start``.
 
 Memory is bounded by ``max_context`` tokens (default: the model's
 ``max_position_embeddings``): a turn whose prompt plus ``max_new_tokens``
@@ -50,12 +59,14 @@ from .api import DEFAULT_MAX_DRAFT, check_options, run_generate
 from .assistant import resolve_assistant
 from .cache import cache_length, common_prefix_length, crop_cache, new_cache
 from .constraint import Constraint
+from .policy import Calibration
 from .stats import GenerationStats
 from .tools import (
     ToolCallError,
     chat_messages,
     check_tools,
     describe_tools,
+    earlier_documents,
     parse_tool_reply,
     tool_format_for,
 )
@@ -152,6 +163,8 @@ class Conversation:
             )
         self._cache = new_cache(model)
         self._cached: list[int] = []  # the token ids whose keys/values the cache holds
+        #: The drafts' survival records, carried from turn to turn (each turn's row updates it in place).
+        self.calibration = Calibration()
         self._calls = 0
 
     # --- messages (these change the conversation, never the cache) ---------------------------
@@ -241,7 +254,7 @@ class Conversation:
         t0 = time.perf_counter()
         options = {**self._options, **generation_kwargs}
         own = {name: options.pop(name) for name in _CONSTRAINT_KWARGS if name in options}
-        check_options(self.model, options, where="reply()")
+        check_options(self.model, {**options, "max_new_tokens": max_new_tokens}, where="reply()")
         constraint = Constraint(tools=self.tools, tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls,
                                 tool_format=self.tool_format, **own).resolve()  # fmt: skip
         ids = self.prompt_ids(tool_choice=tool_choice)
@@ -265,6 +278,8 @@ class Conversation:
             return_dict_in_generate=True,
             past_key_values=self._cache,
             update_cache=True,
+            calibration=self.calibration if self._proposer is not None else None,
+            documents=earlier_documents(self.messages),
             **options,
         )
         stats = out.stats[0]

@@ -21,8 +21,10 @@ One step for the whole batch (numbers match the comments in :func:`_step`)::
                    draft model crops its own cache there), and ``kv.keep`` -- the one
                    KV rollback -- keeps each row's pending tokens and accepted path
     6. adapt    -- each row's calibration learns what its draft brought (grammarspec/policy.py);
-                   the pass cost is not learned from wall time here, so draft lengths (and
-                   with them seeded samples) never depend on timing
+                   the pass cost is not learned from wall time here: it is profiled once per
+                   model/device/dtype/thread count at first use and fixed afterwards, so draft
+                   lengths do not drift within a process (GRAMMARSPEC_PASS_COST=prior: draft
+                   lengths that never depend on the machine)
 
 Rows finish independently (grammar end, EOS, stop string, token limit) and leave
 the batch, so the batch never waits for its longest row.  With no proposer every
@@ -39,8 +41,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from grammars.base import Matcher, allocate_bitmask
-from proposers.base import EMPTY_DRAFT, Draft, GrammarView, Proposer, TreeDrafter, members
+from grammars.base import Matcher, allocate_bitmask, fill_masks
+from proposers.base import EMPTY_DRAFT, Draft, GrammarView, Proposer, members
 from proposers.tree import DraftTree
 
 from .bookkeeping import account, finish, record_scores
@@ -251,6 +253,7 @@ def _step(model: torch.nn.Module, active: list[Row], kv: BatchKV, shared: Shared
     phases = Phases()
     # (+) Forced: a grammar that allows exactly one token needs no sampling.
     if not config.record_scores:
+        _fill_roots(active, shared)
         for row in active:
             _commit_forced(row, shared)
     active = _leave(active, kv, shared.started)
@@ -286,6 +289,8 @@ def _step(model: torch.nn.Module, active: list[Row], kv: BatchKV, shared: Shared
     scores = logits.clone() if config.record_scores else logits
     apply_masks(scores, masks[:start])
     for row, step in zip(active, steps):
+        if isinstance(row.processing, LogitsPipeline) and row.processing.is_identity:
+            continue  # greedy with no processor: the masked float32 logits are the scores
         block = slice(step.start, step.start + 1 + len(step.tree))
         scores[block] = row.processing(scores[block], _prefixes(row, step))
     sampled = [_segment(step) for step in steps if step.draft.probs is not None and len(step.tree)]
@@ -394,8 +399,8 @@ def commit(
         committed = _commit_row(row, new, eos, config, tokenizer, on_commit)
         if row.proposer is not None:
             if step.is_tree:
-                assert isinstance(row.proposer, TreeDrafter)
-                row.proposer.commit_tree(step.tree, committed)
+                assert row.tree_drafter is not None
+                row.tree_drafter.commit_tree(step.tree, committed)
             else:
                 row.proposer.commit(step.draft.truncate(len(step.tree)), len(path), committed)
         keep = min(pending + len(path), len(row.tokens) - row.cached)
@@ -432,6 +437,25 @@ def _commit_row(
     return emitted
 
 
+def _fill_roots(active: Sequence[Row], shared: Shared) -> None:
+    """Each constrained row's mask for its current state, in one batched call per grammar backend.
+
+    :func:`grammars.base.fill_masks` (xgrammar: ``BatchGrammarMatcher``).  The
+    forced check reads it, and the walk reuses it as the tree's root row, so
+    no state's mask is filled twice.  Changes each row's ``root``.
+    """
+    pairs = [(row, row.matcher) for row in active if row.matcher is not None and row.finish_reason is None]
+    if not pairs:
+        return
+    t0 = time.perf_counter()
+    roots = torch.empty((len(pairs), shared.masks.shape[1]), dtype=torch.int32, device="cpu")  # host, as backends fill
+    fill_masks([matcher for _, matcher in pairs], roots, range(len(pairs)))
+    share = (time.perf_counter() - t0) / len(pairs)
+    for i, (row, _) in enumerate(pairs):
+        row.root, row.root_ready = roots[i : i + 1], True
+        row.stats.grammar_seconds += share
+
+
 def _commit_forced(row: Row, shared: Shared) -> None:
     """Commit every token the grammar forces (no target pass; the proposer is told).
 
@@ -441,11 +465,12 @@ def _commit_forced(row: Row, shared: Shared) -> None:
         t0 = time.perf_counter()
         if row.root is None:
             row.root = torch.zeros((1, shared.masks.shape[1]), dtype=torch.int32, device="cpu")  # host, as xgrammar
-        token = forced_token(row.matcher, row.root)
+        token = forced_token(row.matcher, row.root, filled=row.root_ready)
         row.stats.grammar_seconds += time.perf_counter() - t0
         if token is None:
             row.root_ready = True
             return
+        row.root_ready = False
         committed = _commit_row(row, [token], shared.eos, shared.config, shared.tokenizer, shared.on_commit)
         row.stats.forced_tokens += len(committed)
         if row.proposer is not None:
@@ -466,8 +491,8 @@ def _propose(row: Row, config: DecodeConfig, trees: bool) -> Step:
     if row.proposer is not None and k > 0:
         t0 = time.perf_counter()
         view = GrammarView(row.matcher) if row.matcher is not None else None
-        if trees and isinstance(row.proposer, TreeDrafter):
-            drafted: Draft | DraftTree = row.proposer.propose_tree(row.tokens, view, k)
+        if trees and row.tree_drafter is not None:
+            drafted: Draft | DraftTree = row.tree_drafter.propose_tree(row.tokens, view, k)
         else:
             drafted = row.proposer.propose(row.tokens, view, k)
         if isinstance(drafted, DraftTree):
@@ -493,8 +518,9 @@ def _allocate(model: torch.nn.Module, active: list[Row], steps: list[Step], shar
     for i, n in zip(chains, lengths):
         steps[i].draft = steps[i].draft.truncate(n)
         steps[i].tree = _chain(steps[i].draft)
-        if active[i].controller is not None:
-            active[i].controller.allocated(n)
+        controller = active[i].controller
+        if controller is not None:
+            controller.allocated(n)
 
 
 def _chain(draft: Draft) -> DraftTree:

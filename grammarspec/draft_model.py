@@ -129,9 +129,9 @@ class DraftModelProposer:
         self._base = len(context)
         if not tokens:
             return EMPTY_DRAFT
-        probs = torch.stack(rows) if rows else None
+        stacked = torch.stack(rows) if rows else None
         return Draft(
-            tokens=tuple(tokens), probs=probs, sources=(self.name,) * len(tokens), confidence=tuple(confidence)
+            tokens=tuple(tokens), probs=stacked, sources=(self.name,) * len(tokens), confidence=tuple(confidence)
         )
 
     def commit(self, draft: Draft, num_accepted: int, committed: Sequence[int]) -> None:

@@ -7,7 +7,7 @@ dependency.  Pure functions; nothing changes state.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 from transformers import GenerationConfig
@@ -63,7 +63,7 @@ _BOOL_SETTINGS = ("do_sample", "output_scores", "output_logits", "return_dict_in
                   "remove_invalid_values")  # fmt: skip
 
 
-def _is_int(value: Any) -> bool:
+def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -231,7 +231,8 @@ def _check_mask(attention_mask: Any, ids: torch.Tensor) -> torch.Tensor:
 
 def check_prompt(model: torch.nn.Module, rows: list[list[int]], vocab: int) -> None:
     """Token ids inside the vocabulary; prompts shorter than the model's context."""
-    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    hf: Any = model  # a Hugging Face model (or a toy speaking its protocol)
+    embeddings = hf.get_input_embeddings() if hasattr(hf, "get_input_embeddings") else None
     limit = int(getattr(embeddings, "num_embeddings", 0) or vocab)
     for i, row in enumerate(rows):
         bad = [t for t in row if t < 0 or t >= limit]
@@ -288,7 +289,8 @@ def check_assistant(model: torch.nn.Module, assistant: Any, tokenizer: Any) -> N
     """Refuse a draft model whose tokenizer cannot be the target's."""
     if not isinstance(assistant, torch.nn.Module):
         return
-    target_cfg, draft_cfg = model.config, assistant.config
+    target_cfg: Any = model.config  # Hugging Face configs (a model's own attributes, such as vocab_size)
+    draft_cfg: Any = assistant.config
     problems = []
     n_tokens = len(tokenizer) if tokenizer is not None else None
     if n_tokens is not None and draft_cfg.vocab_size < n_tokens:

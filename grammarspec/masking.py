@@ -80,12 +80,14 @@ def walk(
     return tree.keep(kept), ended
 
 
-def forced_token(matcher: Matcher, mask: torch.Tensor) -> int | None:
+def forced_token(matcher: Matcher, mask: torch.Tensor, *, filled: bool = False) -> int | None:
     """The only legal next token, if the grammar allows exactly one.  Does not change the matcher.
 
-    ``mask``: an int32 ``[1, ceil(V/32)]`` scratch row.
+    ``mask``: an int32 ``[1, ceil(V/32)]`` host row, filled here unless ``filled``
+    (it already holds the matcher's current mask, e.g. from a batched fill).
     """
-    matcher.fill_mask(mask, 0)
+    if not filled:
+        matcher.fill_mask(mask, 0)
     words = mask[0].numpy()  # the host buffer itself (a bitmask never lives on the device)
     set_words = words.nonzero()[0]
     if len(set_words) != 1:

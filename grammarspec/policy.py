@@ -32,12 +32,18 @@ Worked example, the CPU prior (``cost(1) = 1``, ``cost(rows) = 1.3 + 0.03 * max(
 
 On a curve that stays flat to 64 rows (a GPU, :func:`proposers.cost.flat_until`)
 every slot with ``S > 0`` pays until the pass passes 64 rows, so the same
-estimates give longer drafts.  Only which tokens are *verified* changes, never
-how they are verified: the output distribution is untouched.
+estimates give longer drafts.  The HF loop's curve (:func:`batch_cost_model`) is
+profiled once per model, device, dtype and thread count at first use
+(:mod:`grammarspec.pass_profile`) and fixed afterwards, so draft lengths do not
+drift within a process; ``GRAMMARSPEC_PASS_COST=prior`` keeps the CPU prior
+above, for draft lengths that never depend on the machine.  Only which tokens
+are *verified* changes, never how they are verified: the output distribution
+is untouched.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -180,19 +186,32 @@ class Calibration:
 
 
 _COST_MODELS: dict[tuple[Any, ...], PassCost] = {}
+PASS_COST_ENV = "GRAMMARSPEC_PASS_COST"
+_PASS_COST_MODES = ("profile", "prior")
 
 
 def batch_cost_model(model: Any) -> PassCost:
     """The pass cost model of ``model`` on its device, dtype and this process's thread count.
 
-    One :class:`PassCost` per such key for the life of the process.  The HF
-    loop reads it and does not teach it measured times (a timing-dependent
-    cost would make draft lengths, and so seeded samples and floating-point
-    ties, differ from run to run); the vLLM proposer teaches its own.  Does
-    not change state beyond creating the model on first use.
+    ``$GRAMMARSPEC_PASS_COST`` chooses it: ``profile`` (the default) times a
+    few passes once per such key at first use
+    (:func:`grammarspec.pass_profile.profile_pass_cost`) and keeps the curve on
+    disk for the next process (:func:`grammarspec.pass_profile.stored_profile`); ``prior`` takes the
+    CPU prior :class:`PassCost`, for draft lengths that never depend on the
+    machine.  Either way one :class:`PassCost` per key for the life of the
+    process, fixed afterwards: the HF loop does not teach it measured times (a
+    timing-dependent cost would make draft lengths, and so seeded samples and
+    floating-point ties, drift within a process); the vLLM proposer teaches
+    its own.  Raises ``ValueError`` for any other value.  Does not change
+    state beyond creating (and profiling) the model on first use.
     """
     import torch
 
+    mode = os.environ.get(PASS_COST_ENV, "profile").strip().lower() or "profile"
+    if mode not in _PASS_COST_MODES:
+        raise ValueError(
+            f"{PASS_COST_ENV}={os.environ[PASS_COST_ENV]!r}: expected one of {', '.join(_PASS_COST_MODES)}"
+        )
     try:
         parameter = next(model.parameters())
         device, dtype = str(parameter.device), str(parameter.dtype)
@@ -200,10 +219,20 @@ def batch_cost_model(model: Any) -> PassCost:
         device, dtype = "unknown", "unknown"
     config = getattr(model, "config", None)
     name = getattr(config, "name_or_path", "") or type(model).__name__
-    key = (name, id(model) if not name else None, device, dtype, torch.get_num_threads())
+    key = (mode, name, id(model) if not name else None, device, dtype, torch.get_num_threads())
     found = _COST_MODELS.get(key)
     if found is None:
-        found = _COST_MODELS[key] = PassCost(prior_weight=8.0)
+        if mode == "profile":
+            from .pass_profile import profile_pass_cost, stored_profile
+
+            if name and device != "unknown":  # a named model: one profile per machine, kept on disk
+                where = torch.cuda.get_device_name(parameter.device) if parameter.device.type == "cuda" else device
+                label = f"{name}|{where}|{dtype}|threads={torch.get_num_threads()}|torch={torch.__version__}"
+                found = _COST_MODELS[key] = stored_profile(model, label)
+            else:
+                found = _COST_MODELS[key] = profile_pass_cost(model)
+        else:
+            found = _COST_MODELS[key] = PassCost(prior_weight=8.0)
     return found
 
 

@@ -41,7 +41,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from transformers import GenerationConfig
@@ -50,7 +50,7 @@ from transformers.generation import logits_process as lp
 __all__ = ["PREFIX_FREE", "LogitsPipeline", "build_pipeline", "check_stateless"]
 
 #: Processor classes that read only the scores (never ``input_ids``): run on all rows at once.
-PREFIX_FREE: tuple[type, ...] = (
+PREFIX_FREE: tuple[type[lp.LogitsProcessor], ...] = (
     lp.TemperatureLogitsWarper, lp.TopHLogitsWarper, lp.TopKLogitsWarper, lp.TopPLogitsWarper,
     lp.MinPLogitsWarper, lp.TypicalLogitsWarper, lp.EpsilonLogitsWarper, lp.EtaLogitsWarper,
     lp.SuppressTokensLogitsProcessor, lp.InfNanRemoveLogitsProcessor, lp.LogitNormalization,
@@ -107,6 +107,11 @@ class LogitsPipeline:
         return self._run(self.final, ids, out)
 
     @property
+    def is_identity(self) -> bool:
+        """Whether the pipeline leaves float32 scores as they are (greedy, no processor): callers may skip it."""
+        return self.greedy and not (self.defaults or self.custom or self.final)
+
+    @property
     def reads_prefixes(self) -> bool:
         """Whether any processor reads the rows' prefixes (else callers may pass empty ones)."""
         everything = (*self.defaults, *self.custom, *self.warpers, *self.final)
@@ -131,7 +136,8 @@ class LogitsPipeline:
     def _run(processors: Sequence[Any], ids: list[torch.Tensor], scores: torch.Tensor) -> torch.Tensor:
         for proc in processors:
             if isinstance(proc, PREFIX_FREE):
-                scores = proc(ids[0].expand(scores.shape[0], -1), scores)
+                # transformers annotates input_ids as the legacy LongTensor class; torch's ops return Tensor
+                scores = proc(cast(torch.LongTensor, ids[0].expand(scores.shape[0], -1)), scores)
             else:
                 scores = torch.cat([proc(ids[i], scores[i : i + 1]) for i in range(scores.shape[0])])
         return scores.float()
@@ -174,6 +180,7 @@ def build_pipeline(
     # on the logits' device: the length processors torch.isin() the scores' vocabulary against it
     eos = torch.tensor(list(eos_token_ids), dtype=torch.long, device=device) if eos_token_ids else None
     eos_ids = list(eos_token_ids) or None  # host ids: bad words reads them as a list, the length penalty moves them
+    device_name = str(device)  # transformers annotates its processors' device as str (they hand it to torch.tensor)
     d: list[Any] = []
     if config.sequence_bias is not None:
         d.append(lp.SequenceBiasLogitsProcessor(sequence_bias=config.sequence_bias))
@@ -184,24 +191,32 @@ def build_pipeline(
     if config.bad_words_ids is not None:
         d.append(lp.NoBadWordsLogitsProcessor(config.bad_words_ids, eos_ids))
     if config.min_length is not None and eos is not None and config.min_length > 0:
-        d.append(lp.MinLengthLogitsProcessor(config.min_length, eos, device=device))
+        d.append(lp.MinLengthLogitsProcessor(config.min_length, eos, device=device_name))
     if config.min_new_tokens is not None and eos is not None and config.min_new_tokens > 0:
-        d.append(lp.MinNewTokensLengthLogitsProcessor(prompt_length, config.min_new_tokens, eos, device=device))
+        d.append(lp.MinNewTokensLengthLogitsProcessor(prompt_length, config.min_new_tokens, eos, device=device_name))
     if config.forced_bos_token_id is not None:
         d.append(lp.ForcedBOSTokenLogitsProcessor(config.forced_bos_token_id))
     if config.forced_eos_token_id is not None:
         d.append(
-            lp.ForcedEOSTokenLogitsProcessor(max_length or config.max_length, config.forced_eos_token_id, device=device)
+            lp.ForcedEOSTokenLogitsProcessor(
+                max_length or config.max_length, config.forced_eos_token_id, device=device_name
+            )
         )
     if config.remove_invalid_values is True:
         d.append(lp.InfNanRemoveLogitsProcessor())
     if config.exponential_decay_length_penalty is not None:
-        d.append(lp.ExponentialDecayLengthPenalty(config.exponential_decay_length_penalty, eos_ids, prompt_length))
+        # no EOS (None) fails inside transformers, as in Hugging Face's own generate (it passes None there too)
+        penalty = lp.ExponentialDecayLengthPenalty(
+            config.exponential_decay_length_penalty,
+            eos_ids,  # type: ignore[arg-type]
+            prompt_length,
+        )
+        d.append(penalty)
     if config.suppress_tokens is not None:
-        d.append(lp.SuppressTokensLogitsProcessor(config.suppress_tokens, device=device))
+        d.append(lp.SuppressTokensLogitsProcessor(config.suppress_tokens, device=device_name))
     if config.begin_suppress_tokens is not None:
         begin = prompt_length if (prompt_length > 1 or config.forced_bos_token_id is None) else prompt_length + 1
-        d.append(lp.SuppressTokensAtBeginLogitsProcessor(config.begin_suppress_tokens, begin, device=device))
+        d.append(lp.SuppressTokensAtBeginLogitsProcessor(config.begin_suppress_tokens, begin, device=device_name))
     defaults, custom = _merge(d, list(processors))
     w: list[Any] = []
     if config.do_sample:
@@ -220,7 +235,7 @@ def build_pipeline(
         if config.epsilon_cutoff is not None and 0.0 < config.epsilon_cutoff < 1.0:
             w.append(lp.EpsilonLogitsWarper(epsilon=config.epsilon_cutoff, min_tokens_to_keep=1))
         if config.eta_cutoff is not None and 0.0 < config.eta_cutoff < 1.0:
-            w.append(lp.EtaLogitsWarper(epsilon=config.eta_cutoff, min_tokens_to_keep=1, device=device))
+            w.append(lp.EtaLogitsWarper(epsilon=config.eta_cutoff, min_tokens_to_keep=1, device=device_name))
     final = (lp.LogitNormalization(),) if config.renormalize_logits is True else ()
     return LogitsPipeline(tuple(defaults), tuple(custom), tuple(w), final, greedy=not config.do_sample)
 

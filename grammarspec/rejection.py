@@ -70,10 +70,11 @@ def target_choices(
     """
     n_rows, vocab = scores.shape
     device = scores.device
-    empty = torch.isneginf(scores).all(dim=-1)  # [N]
     if greedy:
-        choice = scores.argmax(dim=-1)
+        best, choice = scores.max(dim=-1)  # one pass: the argmax and whether the row has any legal token
+        empty = torch.isneginf(best)  # [N]
     else:
+        empty = torch.isneginf(scores.amax(dim=-1))  # [N]: a row whose every token is -inf
         probs = torch.where(empty[:, None], torch.ones_like(scores), scores).softmax(dim=-1)  # [N, V]
         dist = probs
         accepted = torch.zeros(n_rows, dtype=torch.bool, device=device)

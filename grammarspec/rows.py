@@ -5,6 +5,7 @@ Plain holders, no logic: :mod:`grammarspec.decoding` runs the loop over them.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -12,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from grammars.base import Matcher
-from proposers.base import EMPTY_DRAFT, Draft, Proposer
+from proposers.base import EMPTY_DRAFT, CostModelled, Draft, Proposer, TreeDrafter
+from proposers.cost import PassCost
 from proposers.tree import EMPTY_TREE, DraftTree
 
 from .sampling import SamplingParams
@@ -73,6 +75,17 @@ class Row:
     @property
     def generated(self) -> list[int]:
         return self.tokens[self.prompt_length :]
+
+    @functools.cached_property
+    def tree_drafter(self) -> TreeDrafter | None:
+        """The proposer, if it drafts trees (its declared capability, checked once: a Protocol check is slow)."""
+        return self.proposer if self.proposer is not None and isinstance(self.proposer, TreeDrafter) else None
+
+    @functools.cached_property
+    def cost_model(self) -> PassCost | None:
+        """The proposer's own pass cost model, if it keeps one (checked once, as :attr:`tree_drafter`)."""
+        proposer = self.proposer
+        return proposer.cost_model if proposer is not None and isinstance(proposer, CostModelled) else None
 
     @property
     def pending(self) -> list[int]:

@@ -56,6 +56,7 @@ __all__ = [
     "call_json",
     "chat_messages",
     "describe_tools",
+    "earlier_documents",
     "parse_tool_reply",
     "tool_constraint",
     "tool_format_for",
@@ -293,6 +294,37 @@ def call_json(tool_calls: Sequence[Mapping[str, Any]]) -> str:
         calls.append({"name": function.get("name"), "arguments": parsed})
     value: Any = calls[0] if len(calls) == 1 else calls
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def earlier_documents(messages: Sequence[Any]) -> tuple[str, ...]:
+    """The JSON documents of the assistant messages in ``messages``, oldest first.  Pure.
+
+    A message's ``tool_calls`` give their :func:`call_json` (the text the
+    ``"json"`` format's grammar writes); a ``content`` that is a JSON object or
+    array gives itself.  What the schema n-gram drafter copies from in the
+    next turn (``Request.documents``); anything else is skipped.
+
+    >>> earlier_documents([{"role": "user", "content": "{}"}, {"role": "assistant", "content": ' {"a": 1}'},
+    ...     {"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": '{"x": 1}'}}]}])
+    ('{"a": 1}', '{"name":"f","arguments":{"x":1}}')
+    """
+    out = []
+    for message in messages:
+        if not isinstance(message, Mapping) or message.get("role") != "assistant":
+            continue
+        content = message.get("content")
+        if message.get("tool_calls"):
+            try:
+                out.append(call_json(message["tool_calls"]))
+            except (ToolCallError, TypeError, AttributeError):
+                pass
+        elif isinstance(content, str) and content.strip()[:1] in ("{", "["):
+            try:
+                json.loads(content)
+            except ValueError:
+                continue
+            out.append(content.strip())
+    return tuple(out)
 
 
 def describe_tools(tools: Sequence[Mapping[str, Any]], text_allowed: bool = True) -> str:

@@ -96,11 +96,14 @@ class Request:
     from one (tools are turned into a schema too), else ``None``.  (How a
     draft model samples is the runtime's business: it builds that drafter
     with the row's processing, see :mod:`grammarspec.draft_model`.)
+    ``documents``: JSON texts the conversation's earlier turns produced (tool
+    calls, JSON answers; oldest first), for drafters that copy from them.
     """
 
     prompt_ids: tuple[int, ...]
     tokenizer: PreTrainedTokenizerBase | None
     schema: dict[str, Any] | None = None
+    documents: tuple[str, ...] = ()
 
 
 class GrammarView:

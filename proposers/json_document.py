@@ -101,7 +101,9 @@ class Document:
     ``prompt_cursor``: escaped-prompt offset after the latest value found in
     the prompt.  ``endings``: per value path, how often each delimiter ended
     a copied value or occurred inside one.  ``token_bytes``: the bytes of each
-    token id; ``skip``: ids that add no text (special tokens).
+    token id; ``skip``: ids that add no text (special tokens).  ``past``:
+    earlier documents of the conversation (most recent first, read only; see
+    :meth:`of_text`), whose decision points the history sources also consult.
     """
 
     def __init__(
@@ -123,7 +125,20 @@ class Document:
         self.values: dict[Path, list[bytes]] = {}
         self.endings: dict[Path, Counter[tuple[bytes, str]]] = {}
         self.prompt_cursor = prompt.start
+        self.past: tuple[Document, ...] = ()
         self._undo: list[tuple[int, Callable[[], object]]] = []  # (index of the token that did it, how to undo)
+
+    @classmethod
+    def of_text(cls, text: str) -> Document:
+        """A finished document from its JSON ``text`` (an earlier turn's call or answer), one token per byte.
+
+        >>> doc = Document.of_text('{"city":"Oslo"}')
+        >>> doc.values[(b"city",)]
+        [b'"Oslo"']
+        """
+        doc = cls(SchemaIndex(None), Prompt.from_text(b""))
+        doc.feed(list(text.encode("utf-8")))
+        return doc
 
     @property
     def cursor(self) -> Cursor:

@@ -12,7 +12,9 @@ see :mod:`proposers.json_cursor`) and drafts from three kinds of source:
   ``[{"``.  ``history`` covers keys and punctuation; ``history_value`` a
   value seen at the same path (weighted by how often values repeat there);
   ``sibling`` the value of the nearest earlier member of the same object and
-  type (``"strength":10,"dexterity":10``).
+  type (``"strength":10,"dexterity":10``).  ``past`` / ``past_value``: the
+  same from the conversation's earlier documents (``Request.documents``: the
+  last turns' tool calls and JSON answers).
 * **prompt** -- spans of the prompt that fit the current value (see
   :mod:`proposers.prompt_spans`).  ``prompt``: once a string or number has
   started, the prompt text that continues it, up to a likely end and the
@@ -65,7 +67,11 @@ SOURCE_PRIORS = {
     "sibling": 0.3,
     "prompt_near": 0.3,
     "schema_guess": 0.3,
+    "past": 0.6,
+    "past_value": 0.3,
 }
+#: How many of the conversation's earlier documents (``Request.documents``, the latest) the history sources read.
+MAX_PAST_DOCUMENTS = 4
 _PRIOR_WEIGHT = 8.0  # pseudo-tokens behind each prior
 
 
@@ -119,6 +125,8 @@ class SchemaNgramProposer:
         helper = token_text(request.tokenizer)
         prompt = Prompt.from_ids(request.prompt_ids, helper.vocab_bytes, helper.special_ids)
         self._doc = Document(SchemaIndex(request.schema), prompt, helper.vocab_bytes, helper.special_ids)
+        recent = getattr(request, "documents", ())[-MAX_PAST_DOCUMENTS:]
+        self._doc.past = tuple(Document.of_text(text) for text in reversed(recent))
         self._prompt_len = len(request.prompt_ids)
         self.stats = {source: [0.0, 0.0] for source in SOURCE_PRIORS}
         if self._owns_splits:

@@ -135,12 +135,14 @@ def follow_length(cursor: Cursor, data: bytes, schema: SchemaIndex | None = None
 
 
 def from_history(c: Cursor, doc: Document, planned: bytes) -> list[Candidate]:
-    """What followed the same decision point earlier in the document (at most two).
+    """What followed the same decision point earlier in the document, then in ``doc.past`` (at most two).
 
     Positions compare by path with array indices erased, so the second item
     of an array copies the first.  A scalar copy (``history_value``) is
     weighted by how often values repeat at that path, and skipped when the
-    array it goes into already holds it.
+    array it goes into already holds it.  The conversation's earlier
+    documents (:attr:`Document.past`) come after this one's, as ``past`` /
+    ``past_value``: the next call of a tool repeats the last one's keys.
 
     Worked example::
 
@@ -158,10 +160,13 @@ def from_history(c: Cursor, doc: Document, planned: bytes) -> list[Candidate]:
         top = c.stack[-1]
         array_text = bytes(doc.text[top.start :]) + planned[max(0, top.start - known) :]
     out: list[Candidate] = []
-    for offset in doc.earlier(sig, c.anchor):
-        if doc.text[offset : offset + len(typed)] != typed:
+    earlier = [(doc.text, offset, "history") for offset in doc.earlier(sig, c.anchor)]
+    for past in doc.past:  # a past document is finished: every point in it counts
+        earlier += [(past.text, offset, "past") for offset in past.earlier(sig, len(past.text) + 1)]
+    for text, offset, source in earlier:
+        if text[offset : offset + len(typed)] != typed:
             continue
-        rest = bytes(doc.text[offset + len(typed) : offset + len(typed) + MAX_SPAN])
+        rest = bytes(text[offset + len(typed) : offset + len(typed) + MAX_SPAN])
         n = follow_length(c, rest, doc.schema)
         if n == 0:
             continue
@@ -171,8 +176,9 @@ def from_history(c: Cursor, doc: Document, planned: bytes) -> list[Candidate]:
             value = typed + rest[: _scalar_length(typed + rest)]
             if array_text and value in array_text:
                 continue
-            weight *= 2 * doc.repeat_rate(sig[1])
-        out.append(Candidate("history_value" if scalar else "history", rest[:n], weight))
+            if source == "history":
+                weight *= 2 * doc.repeat_rate(sig[1])
+        out.append(Candidate(source + "_value" if scalar else source, rest[:n], weight))
         if len(out) == 2:
             break
     return out

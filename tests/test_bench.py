@@ -310,11 +310,12 @@ def test_the_batch_bench_serves_every_task_in_both_arms_with_identical_greedy_ou
     tasks = select_tasks(load_tasks(default_tasks_path()), categories=["tool_call"], limit=3)
     runs = run_batch_bench(model, tokenizer, tasks, [1, 2], max_new_tokens=10)
     by = {(r.arm, r.batch_size): r for r in runs}
-    assert set(by) == {("baseline", 1), ("auto", 1), ("baseline", 2), ("auto", 2)}
+    assert set(by) == {(arm, size) for arm in ("baseline", "none", "auto") for size in (1, 2)}
     for size in (1, 2):
-        base, auto = by[("baseline", size)], by[("auto", size)]
+        base, auto, none = by[("baseline", size)], by[("auto", size)], by[("none", size)]
         assert set(auto.outputs) == {t.id for t in tasks} == set(base.outputs)
-        assert auto.outputs == base.outputs  # greedy: the same tokens, row by row
+        assert auto.outputs == base.outputs == none.outputs  # greedy: the same tokens, row by row
+        assert none.drafted == 0 and none.row_passes == none.tokens  # no speculation: one token a pass
         assert auto.tokens == base.tokens == sum(len(o) for o in auto.outputs.values())
         assert auto.row_passes <= base.row_passes  # speculation never needs more passes than tokens
         assert len(auto.latencies) == len(tasks) and auto.categories["tool_call"][0] == auto.tokens

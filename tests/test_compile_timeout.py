@@ -75,7 +75,7 @@ def test_a_timed_out_compile_leaves_no_process_or_thread_and_spends_no_cpu(toy):
     me = psutil.Process()
     threads_before = threading.active_count()
     with pytest.raises(CompileTimeout, match=r"outlines did not compile the grammar within compile_timeout=0.05 s"):
-        compile_grammar(grammar_spec(schema=slow_schema("a")), toy, backend="outlines", compile_timeout=0.05)
+        compile_grammar(grammar_spec(schema=slow_schema("a", 300)), toy, backend="outlines", compile_timeout=0.05)
     assert me.children(recursive=True) == []  # the worker was killed and reaped
     assert threading.active_count() == threads_before  # no compile thread left behind
     cpu = _cpu_seconds()

@@ -126,6 +126,7 @@ def prepare_grammars(model: torch.nn.Module, tokenizer: Any, baseline: BaselineG
     Raises :class:`grammarspec.GrammarError` when the schema cannot be compiled.
     """
     spec = grammar_spec(schema=schema)
+    assert spec is not None  # a schema always gives a spec
     compile_grammar(spec, tokenizer, vocab_size=logits_width(model), stop_token_ids=(tokenizer.eos_token_id,))
     try:
         return baseline.compile(spec.source)
@@ -206,6 +207,7 @@ def run_arm(
         **kwargs,
     )
     seconds = time.perf_counter() - t0
+    assert isinstance(out, grammarspec.GenerationOutput) and out.stats is not None  # return_dict_in_generate=True
     stats = out.stats[0]
     tokens = out.sequences[0, input_ids.shape[1] :].tolist()[: stats.new_tokens]
     finish = "stop" if stats.finish_reason in ("stop", "eos") else stats.finish_reason
@@ -217,15 +219,16 @@ def run_arm(
 
 
 def _run_baseline(
-    model: torch.nn.Module, input_ids: torch.LongTensor, compiled: Any, eos: int, kwargs: dict[str, Any]
+    model: torch.nn.Module, input_ids: torch.Tensor, compiled: Any, eos: int, kwargs: dict[str, Any]
 ) -> RunResult:
     from transformers import LogitsProcessorList
     from xgrammar.contrib.hf import LogitsProcessor
 
     processor = _TimedProcessor(LogitsProcessor(compiled))  # single use: one per generate call
+    hf: Any = model  # a Hugging Face model: its generate is no nn.Module attribute
     t0 = time.perf_counter()
     with torch.inference_mode():
-        out = model.generate(
+        out = hf.generate(
             input_ids,
             attention_mask=torch.ones_like(input_ids),
             logits_processor=LogitsProcessorList([processor]),

@@ -1,20 +1,26 @@
 """Throughput at batch size B: grammarspec's batched loop against batched plain constrained decoding.
 
-For each batch size ``B`` both arms serve the whole task list, back to back
-(the arm order alternates from size to size, so machine noise hits both alike):
+For each batch size ``B`` every arm serves the whole task list, back to back
+(the arm order alternates from size to size, so machine noise hits them alike),
+after one untimed warm-up call per arm (first calls pay one-off costs: kernels,
+vocabulary tables, the pass cost profile of :mod:`grammarspec.pass_profile`):
 
 * ``baseline`` -- what transformers users run today: the list cut, in order, into
   batches of ``B``, each run by Hugging Face ``model.generate`` on the
   left-padded batch with xgrammar's HF logits processor holding one compiled
   grammar per row (a batch runs until its longest row ends);
-* ``auto`` -- one :func:`grammarspec.generate` call over the whole list with
-  ``max_batch_size=B`` and ``assistant="auto"``: at most ``B`` rows decode
-  together, a row leaves the batch when it finishes and a waiting request joins.
+* ``none`` -- one :func:`grammarspec.generate` call over the whole list with
+  ``max_batch_size=B`` and ``assistant="none"``: grammarspec's batched loop
+  without speculation (at most ``B`` rows decode together, a row leaves the
+  batch when it finishes and a waiting request joins);
+* ``auto`` -- the same call with ``assistant="auto"``: drafts sized by the
+  goodput policy over the whole batch (:mod:`grammarspec.policy`).
 
 Throughput is committed tokens (each row's tokens up to and including its
 stop token) over the arm's wall time; a request's latency is the time from
 the start of the arm to its own end (its batch's end for the baseline).
-Greedy outputs of the two arms are compared row by row.
+Greedy outputs of the arms are compared row by row.  For ``auto`` the run
+also counts the draft tokens verified per row and step (``drafted_per_row``).
 """
 
 from __future__ import annotations
@@ -35,7 +41,9 @@ from .tasks import BenchTask
 
 __all__ = ["BatchRun", "run_batch_bench", "batch_table"]
 
-ARMS = ("baseline", "auto")
+ARMS = ("baseline", "none", "auto")
+#: Tokens of each arm's untimed warm-up call.
+WARMUP_TOKENS = 16
 
 
 @dataclass
@@ -51,6 +59,7 @@ class BatchRun:
     latencies: list[float] = field(default_factory=list)
     outputs: dict[str, list[int]] = field(default_factory=dict)
     categories: dict[str, list[float]] = field(default_factory=dict)  # category -> [tokens, seconds]
+    drafted: int = 0  # draft tokens verified, over every row and step (grammarspec arms)
 
     @property
     def throughput(self) -> float:
@@ -61,10 +70,15 @@ class BatchRun:
         """Committed tokens per target pass of a request (1 for plain decoding)."""
         return self.tokens / self.row_passes if self.row_passes else 0.0
 
+    @property
+    def drafted_per_row(self) -> float:
+        """Draft tokens verified per row per step (0 without speculation)."""
+        return self.drafted / self.row_passes if self.row_passes else 0.0
+
     def as_dict(self) -> dict[str, Any]:
         return {"arm": self.arm, "batch_size": self.batch_size, "seconds": round(self.seconds, 3),
                 "tokens": self.tokens, "throughput": round(self.throughput, 2), "target_passes": self.target_passes,
-                "tokens_per_pass": round(self.tokens_per_pass, 3),
+                "tokens_per_pass": round(self.tokens_per_pass, 3), "drafted_per_row": round(self.drafted_per_row, 3),
                 "latency_p50": round(statistics.median(self.latencies), 3) if self.latencies else 0.0,
                 "latency_max": round(max(self.latencies), 3) if self.latencies else 0.0,
                 "categories": {c: round(v[0] / v[1], 2) if v[1] else 0.0 for c, v in self.categories.items()}}  # fmt: skip
@@ -107,8 +121,9 @@ def run_batch_bench(
     batch_sizes: Sequence[int],
     max_new_tokens: int,
     progress: Callable[[str], None] | None = None,
+    arms: Sequence[str] | None = None,
 ) -> list[BatchRun]:
-    """Both arms at every batch size over ``tasks`` (greedy); one :class:`BatchRun` per arm and size."""
+    """Every arm at every batch size over ``tasks`` (greedy); one :class:`BatchRun` per arm and size."""
     eos = tokenizer.eos_token_id
     baseline = BaselineGrammars(tokenizer, logits_width(model), eos)
     prepared = []
@@ -121,19 +136,29 @@ def run_batch_bench(
     for item in prepared:
         by_category.setdefault(item[0].category, []).append(item)
     runs = []
+    arms = tuple(a for a in ARMS if a in (arms or ARMS))
+    if prepared:  # warm-up: one untimed short call per arm
+        for arm in arms:
+            _serve(arm)(model, tokenizer, prepared[:1], 1, eos, WARMUP_TOKENS, BatchRun(arm, 1))
     for n, size in enumerate(batch_sizes):
-        order = ARMS if n % 2 == 0 else ARMS[::-1]
+        order = arms if n % 2 == 0 else arms[::-1]
         for arm in order:
             run = BatchRun(arm, size)
             for category, items in by_category.items():  # each category is served on its own: its throughput
-                seconds = (_serve_baseline if arm == "baseline" else _serve_auto)(model, tokenizer, items, size, eos,
-                                                                                 max_new_tokens, run)  # fmt: skip
+                seconds = _serve(arm)(model, tokenizer, items, size, eos, max_new_tokens, run)
                 run.seconds += seconds
                 run.categories.setdefault(category, [0.0, 0.0])[1] += seconds
             if progress is not None:
                 progress(f"B={size} {arm}: {run.tokens} tokens in {run.seconds:.1f}s ({run.throughput:.1f} tokens/s)")
             runs.append(run)
     return runs
+
+
+def _serve(arm: str) -> Callable[..., float]:
+    """The function that serves a task list under ``arm``."""
+    if arm == "baseline":
+        return _serve_baseline
+    return lambda *args: _serve_grammarspec(arm, *args)
 
 
 def _serve_baseline(model: Any, tokenizer: Any, items: list[Any], size: int, eos: int, max_new: int,
@@ -150,19 +175,21 @@ def _serve_baseline(model: Any, tokenizer: Any, items: list[Any], size: int, eos
     return elapsed - start
 
 
-def _serve_auto(model: Any, tokenizer: Any, items: list[Any], size: int, eos: int, max_new: int,
-                run: BatchRun) -> float:  # fmt: skip
-    """One grammarspec call over ``items`` with ``max_batch_size=size``; returns the seconds."""
+def _serve_grammarspec(assistant: str, model: Any, tokenizer: Any, items: list[Any], size: int, eos: int,
+                       max_new: int, run: BatchRun) -> float:  # fmt: skip
+    """One grammarspec call over ``items`` with ``max_batch_size=size`` and ``assistant``; returns the seconds."""
     ids, mask = _left_pad([p for _, p, _ in items], eos)
     t0 = time.perf_counter()
     out = grammarspec.generate(model, ids, attention_mask=mask, tokenizer=tokenizer, schema=[t.schema for t, _, _ in items],
-                               assistant="auto", max_batch_size=size, max_new_tokens=max_new, do_sample=False,
+                               assistant=assistant, max_batch_size=size, max_new_tokens=max_new, do_sample=False,
                                return_dict_in_generate=True)  # fmt: skip
     seconds = time.perf_counter() - t0
+    assert isinstance(out, grammarspec.GenerationOutput) and out.stats is not None  # return_dict_in_generate=True
     setup = seconds - max(s.total_seconds for s in out.stats)
     outputs = [out.sequences[i, ids.shape[1] :].tolist()[: s.new_tokens] for i, s in enumerate(out.stats)]
     _add(run, [t for t, _, _ in items], outputs, [setup + s.total_seconds for s in out.stats],
          max(s.target_forwards for s in out.stats), sum(s.target_forwards for s in out.stats))  # fmt: skip
+    run.drafted += sum(longest for s in out.stats for longest, _ in s.steps)
     return seconds
 
 
@@ -179,23 +206,28 @@ def _add(run: BatchRun, tasks: Sequence[BenchTask], outputs: list[list[int]], la
 
 
 def batch_table(runs: Sequence[BatchRun]) -> str:
-    """Markdown: throughput, latency, tokens per pass and ratios per batch size."""
+    """Markdown: throughput, ratios, tokens per pass, drafted tokens, latency and agreement per batch size."""
     by = {(r.arm, r.batch_size): r for r in runs}
     sizes = sorted({r.batch_size for r in runs})
     auto1 = by.get(("auto", 1))
-    lines = ["| B | baseline tok/s | auto tok/s | auto / baseline | auto / auto at B=1 | auto tokens per pass "
-             "| latency p50 baseline / auto (s) | lowest category (auto / baseline) | identical outputs |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    lines = ["| B | baseline tok/s | none tok/s | auto tok/s | auto / baseline | auto / none | auto / auto at B=1 "
+             "| auto tokens per pass | auto drafted per row-step | latency p50 baseline / auto (s) "
+             "| lowest category (auto / baseline) | identical outputs |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     for size in sizes:
-        base, auto = by[("baseline", size)], by[("auto", size)]
-        same = sum(base.outputs.get(k) == v for k, v in auto.outputs.items())
+        base, auto, none = by[("baseline", size)], by[("auto", size)], by.get(("none", size))
+        same = sum(base.outputs.get(k) == v and (none is None or none.outputs.get(k) == v)
+                   for k, v in auto.outputs.items())  # fmt: skip
         ratios = {c: (auto.categories[c][0] / auto.categories[c][1]) / (base.categories[c][0] / base.categories[c][1])
                   for c in auto.categories if base.categories.get(c, [0, 0])[1] and auto.categories[c][1]}  # fmt: skip
         low = min(ratios.items(), key=lambda kv: kv[1]) if ratios else ("-", 0.0)
         vs1 = f"{auto.throughput / auto1.throughput:.2f}x" if auto1 and auto1.throughput else "-"
+        none_tps = f"{none.throughput:.1f}" if none else "-"
+        vs_none = f"{auto.throughput / none.throughput:.2f}x" if none and none.throughput else "-"
         lines.append(
-            f"| {size} | {base.throughput:.1f} | {auto.throughput:.1f} | {auto.throughput / base.throughput:.2f}x | "
-            f"{vs1} | {auto.tokens_per_pass:.2f} | "
+            f"| {size} | {base.throughput:.1f} | {none_tps} | {auto.throughput:.1f} | "
+            f"{auto.throughput / base.throughput:.2f}x | {vs_none} | {vs1} | {auto.tokens_per_pass:.2f} | "
+            f"{auto.drafted_per_row:.2f} | "
             f"{statistics.median(base.latencies):.2f} / {statistics.median(auto.latencies):.2f} | "
             f"{low[0]} {low[1]:.2f}x | {same}/{len(auto.outputs)} |"
         )

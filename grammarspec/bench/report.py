@@ -90,8 +90,8 @@ def task_speedups(runs: Sequence[dict[str, Any]], arm: str, rate_key: str = "tok
 
     ``rate_key``: ``"tokens_per_second"`` (end to end) or ``"decode_tokens_per_second"``.
     """
-    rate = {(r["task"], r["repeat"]): r.get(rate_key) for r in _ok(runs) if r["arm"] == arm and r.get(rate_key)}
-    base = {(r["task"], r["repeat"]): r.get(rate_key) for r in _ok(runs) if r["arm"] == "baseline" and r.get(rate_key)}
+    rate = {(r["task"], r["repeat"]): r[rate_key] for r in _ok(runs) if r["arm"] == arm and r.get(rate_key)}
+    base = {(r["task"], r["repeat"]): r[rate_key] for r in _ok(runs) if r["arm"] == "baseline" and r.get(rate_key)}
     per_task: dict[str, list[float]] = {}
     for (task, _), ratio in pairwise_speedups(rate, base).items():
         per_task.setdefault(task, []).append(ratio)

@@ -195,6 +195,7 @@ def load_tasks(path: str | Path | None = None) -> list[BenchTask]:
             raise TaskFileError(f"{where}: needs a 'schema' or 'tools' to constrain the output")
         parallel = isinstance(record.get("reference"), list) and tools is not None
         if schema is None:
+            assert tools is not None  # refused above otherwise
             schema = tools_schema(tools, parallel=parallel)
         category = str(record.get("kind") or record.get("category") or "tasks")
         tasks.append(

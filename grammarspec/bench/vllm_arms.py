@@ -112,9 +112,11 @@ def collect(
     answer: dict[str, Any], prepared: Sequence[tuple[Any, Any]], arms: Sequence[str], config: Any, tokenizer: Any
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """The worker's ``answer`` as bench records (batch 1) and the throughput summary (``all``).  Pure."""
-    records, throughput = [], {"vllm": answer.get("vllm"), "ld_preload": answer.get("ld_preload"),
-                               "load_average": [answer.get("load_average_at_start"), answer.get("load_average_at_end")],
-                               "num_speculative_tokens": NUM_SPECULATIVE_TOKENS, "arms": {}}  # fmt: skip
+    records: list[dict[str, Any]] = []
+    throughput: dict[str, Any] = {"vllm": answer.get("vllm"), "ld_preload": answer.get("ld_preload"),
+                                  "load_average": [answer.get("load_average_at_start"),
+                                                   answer.get("load_average_at_end")],
+                                  "num_speculative_tokens": NUM_SPECULATIVE_TOKENS, "arms": {}}  # fmt: skip
     for arm in arms:
         got = answer["arms"].get(arm) or {"error": answer.get("failure", "the vLLM worker returned nothing")}
         runs = {r["task"]: r for r in got.get("batch1", [])}

@@ -148,9 +148,11 @@ async def _stream(job: Job, events: asyncio.Queue, engine: Engine, model_name: s
                     yield _chunk(job, model_name, [{"index": choice.index, "delta": {"content": rest},
                                                     "finish_reason": None}])  # fmt: skip
                 for n, call in enumerate(message.get("tool_calls") or []):
-                    delta = {"tool_calls": [{"index": n, "id": call["id"], "type": "function",
-                                             "function": {"name": call["function"]["name"],
-                                                          "arguments": call["function"]["arguments"]}}]}  # fmt: skip
+                    delta: dict[str, Any] = {
+                        "tool_calls": [{"index": n, "id": call["id"], "type": "function",
+                                        "function": {"name": call["function"]["name"],
+                                                     "arguments": call["function"]["arguments"]}}]
+                    }  # fmt: skip
                     if n == 0:
                         delta["content"] = None
                     yield _chunk(job, model_name, [{"index": choice.index, "delta": delta, "finish_reason": None}])

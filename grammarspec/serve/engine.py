@@ -10,6 +10,15 @@ as places free up, each with the KV of its longest cached prefix
 (:class:`~grammarspec.serve.prefix.PrefixCache`), and every ended row's KV goes
 back into that cache.
 
+What the drafters learned carries into a conversation's next request: each
+cache entry keeps, beside the KV, a copy of its row's survival records (the
+:class:`~grammarspec.policy.Calibration` that sizes drafts), and a row that
+joins with a cache hit starts from a copy of the hit entry's records (never
+the stored object: rows decoding at once never share one; the records live
+and die with their entry).  The earlier assistant messages' JSON
+(:func:`~grammarspec.tools.earlier_documents`) goes to the proposer as
+``Request.documents``.  Drafting policy only: outputs are unchanged.
+
 Per-request settings the shared loop does not hold are applied to each row:
 temperature / top_p by the row's processing (a greedy row's processing keeps
 only its argmax, so sampled verification accepts exactly the greedy tokens);
@@ -20,6 +29,7 @@ that disconnects cancels its rows.
 
 from __future__ import annotations
 
+import copy
 import json
 import queue
 import threading
@@ -42,10 +52,19 @@ from ..assistant import resolve_assistant
 from ..decoding import DecodeConfig, Row, RowRequest, decode_batch, logits_width
 from ..inputs import eos_ids
 from ..kv import BatchKV
+from ..policy import Calibration
 from ..processing import build_pipeline
 from ..sampling import SamplingParams
 from ..settings import resolve_config
-from ..tools import ToolCallError, chat_messages, check_tools, parse_tool_reply, tool_constraint, tool_format_for
+from ..tools import (
+    ToolCallError,
+    chat_messages,
+    check_tools,
+    earlier_documents,
+    parse_tool_reply,
+    tool_constraint,
+    tool_format_for,
+)
 from .prefix import PrefixCache, row_cache
 from .protocol import ChatRequest, RequestError
 
@@ -121,11 +140,12 @@ class Engine:
                  prefix_cache_bytes: int = 1 << 30, max_tokens: int = 1024, grammar_backend: str = "xgrammar",
                  grammar_cache_size: int = 128, tool_format: str = "auto") -> None:  # fmt: skip
         self.model, self.tokenizer = model, tokenizer
+        hf: Any = model  # a Hugging Face model (or a toy speaking its protocol)
         self.max_batch_size, self.max_tokens, self.grammar_backend = max_batch_size, max_tokens, grammar_backend
         self.context = getattr(model.config, "max_position_embeddings", None)
         self.tool_format = tool_format_for(tokenizer, tool_format)
         self.vocab = logits_width(model)
-        self.eos = eos_ids(model.generation_config, tokenizer)
+        self.eos = eos_ids(hf.generation_config, tokenizer)
         self.prefix = PrefixCache(model, prefix_cache_bytes)
         self._grammars: OrderedDict[str, Any] = OrderedDict()
         self._grammar_cache_size = grammar_cache_size
@@ -205,6 +225,7 @@ class Engine:
             config, _unknown, _ = resolve_config(self.model, None, overrides)
         except ValueError as e:
             raise RequestError(str(e), code="invalid_value") from None
+        documents = earlier_documents(request.messages)
         for index in range(request.n):
             pipeline: Any = build_pipeline(config, prompt_length=len(ids), eos_token_ids=self.eos,
                                            max_length=len(ids) + max_tokens, device=self._device())  # fmt: skip
@@ -215,7 +236,8 @@ class Engine:
             if proposer is not None:
                 controller = AdaptiveController(k_min=_k_min(proposer, k_max), k_max=k_max, adaptive=True)
                 proposer.start(Request(prompt_ids=tuple(ids), tokenizer=self.tokenizer,
-                                       schema=spec.schema if spec is not None else None))  # fmt: skip
+                                       schema=spec.schema if spec is not None else None,
+                                       documents=documents))  # fmt: skip
             matcher = compiled.matcher(max_rollback=k_max + 1) if compiled is not None else None
             row_request = RowRequest(ids, matcher, proposer, controller, pipeline)
             job.choices.append(Choice(job, index, ids, row_request, compiled, spec))
@@ -279,13 +301,16 @@ class Engine:
                 self._stop = True
                 break
             self._take(job)
-        given = []
+        given: list[tuple[RowRequest, Any]] = []
         self._pending = [c for c in self._pending if not c.job.cancelled]
         while self._pending and len(given) < free:
             choice = self._pending.pop(0)
             if choice.job.request.seed is not None and not self._rows_live():
                 self.generator.manual_seed(choice.job.request.seed + choice.index)  # alone: reproducible
-            cache, length, _extra = self.prefix.lookup(choice.prompt)
+            cache, length, extra = self.prefix.lookup(choice.prompt)
+            controller = choice.row_request.controller
+            if isinstance(extra, Calibration) and controller is not None:  # a copy: never shared by two rows
+                controller.calibration = copy.deepcopy(extra)
             if choice.index == 0:
                 choice.job.reused_tokens = length
             self._rows[self._next] = choice
@@ -311,6 +336,9 @@ class Engine:
             self.counters["cancelled"] += 1
         if kv is not None:
             self._keep(choice, row, kv, slot)
+        elif choice.row_request.controller is not None:  # no KV to store: its records join its prompt's entry
+            records = copy.deepcopy(choice.row_request.controller.calibration)
+            self.prefix.annotate(row.tokens, records, min_length=max(len(choice.prompt) - 1, 1))
         self._finish_choice(choice)
         del self._rows[row.index]  # the loop asks no more about it; a busy loop never returns, so forget it now
 
@@ -318,7 +346,9 @@ class Engine:
         """Store the row's cached prompt + answer (no token past the job's cut) in the prefix cache."""
         length = min(row.cached, len(choice.prompt) + len(choice.tokens))
         if length > 0 and self.prefix.budget > 0:
-            self.prefix.store(row.tokens[:length], row_cache(kv, slot, length))
+            controller = choice.row_request.controller
+            records = copy.deepcopy(controller.calibration) if controller is not None else None  # a snapshot
+            self.prefix.store(row.tokens[:length], row_cache(kv, slot, length), extra=records)
 
     def _on_commit(self, index: int, tokens: list[int]) -> None:
         choice = self._rows[index]

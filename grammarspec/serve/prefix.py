@@ -118,6 +118,21 @@ class PrefixCache:
                 self._drop(next(iter(self._entries)))
                 self.stats.evicted += 1
 
+    def annotate(self, tokens: Sequence[int], extra: Any, min_length: int = 1) -> bool:
+        """Set ``extra`` on the longest entry (``min_length`` tokens or more) that is a prefix of ``tokens``.
+
+        For a row that ended without its KV (cut at the start of a step): its
+        records go to the entry its prompt stored.  Returns whether there was
+        one.  Changes the cache.
+        """
+        key = tuple(tokens)
+        with self._lock:
+            found = [k for k in self._entries if min_length <= len(k) <= len(key) and key[: len(k)] == k]
+            if not found:
+                return False
+            self._entries[max(found, key=len)].extra = extra
+            return True
+
     def _drop(self, key: tuple[int, ...]) -> None:
         self._entries.pop(key, None)
         for h in self._hashes(key):

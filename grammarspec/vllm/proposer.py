@@ -52,6 +52,7 @@ import time
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from types import FrameType
 from typing import Any
 
 from grammars import GrammarError, compile_grammar, grammar_spec
@@ -101,7 +102,7 @@ def find_model_runner(max_depth: int = 16) -> Any:
     Walks the call stack for a ``self`` whose class derives from vLLM's ``GPUModelRunner``
     (the CPU runner does).  Does not change state.
     """
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     for _ in range(max_depth):
         if frame is None:
             return None
@@ -124,7 +125,7 @@ def request_info(state: Any, any_whitespace: bool) -> RequestInfo:
     params = getattr(state, "sampling_params", None)
     outputs = getattr(params, "structured_outputs", None)
     max_tokens = getattr(params, "max_tokens", None)
-    info = {"prompt_ids": tuple(prompt) if prompt is not None else None, "max_tokens": max_tokens}
+    info: dict[str, Any] = {"prompt_ids": tuple(prompt) if prompt is not None else None, "max_tokens": max_tokens}
     if outputs is None:
         return RequestInfo(**info)
     flexible = any_whitespace and not getattr(outputs, "disable_any_whitespace", False)

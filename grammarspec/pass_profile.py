@@ -1,0 +1,219 @@
+"""What one target pass costs by the rows it verifies, measured in a few timed passes on this machine.
+
+The rule.  Prefill a ``DynamicCache`` with ``context`` tokens; for each row
+count ``n`` run one untimed pass of ``n`` new tokens over it, then ``repeats``
+timed ones (the device synchronized before each; the cache cropped back after
+each pass), and keep the median ``t[n]``.  A timed pass is what a step spends
+on its rows: the forward, then the verification's device work on the ``n``
+rows of logits (float32, a bitmask applied, each row's best token, one host
+read, which waits for the device).  The unit is ``t[1]``.  With
+``y[n] = t[n] / t[1]`` for ``n > 1``, fit ``y = base + per_row * max(n, min_rows)``
+by least squares (``per_row >= 0``, ``base > 0``) for each measured ``min_rows``
+and keep the one with the lowest squared error (the smallest on near-ties).
+``base`` and ``per_row`` are then rounded to 2 significant digits
+(``per_row`` at least 0.001 plain steps a row) so that profiles repeated on
+one machine give the same curve as often as possible.
+
+On a CPU extra rows cost real time (a steep ``per_row``); on a GPU a pass of
+tens of rows costs about one plain step (``per_row`` near 0.001, ``min_rows``
+at the knee), and the goodput policy (:mod:`grammarspec.policy`) drafts longer.
+
+:func:`stored_profile` keeps each fitted curve on disk (``pass_cost.json`` in
+``$GRAMMARSPEC_CACHE_DIR``, else ``~/.cache/grammarspec``), keyed by the model,
+the device (with its name), the dtype, the thread count and the torch version:
+a machine profiles a model once, and later processes size drafts exactly as the
+first did.  Delete the file to profile again.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import time
+import warnings
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from proposers.cost import PassCost
+
+from .cache import cache_argument, crop_cache, input_device, new_cache
+
+__all__ = ["fit_pass_cost", "profile_pass_cost", "stored_profile", "profile_file"]
+
+
+def profile_file() -> Path:
+    """Where fitted profiles are kept: ``$GRAMMARSPEC_CACHE_DIR/pass_cost.json`` (default ``~/.cache/grammarspec``)."""
+    folder = os.environ.get("GRAMMARSPEC_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "grammarspec")
+    return Path(folder) / "pass_cost.json"
+
+
+def stored_profile(model: Any, key: str) -> PassCost:
+    """The profile stored under ``key`` on this machine, else :func:`profile_pass_cost` stored there.
+
+    ``key`` names the model, device, dtype, thread count and torch version
+    (:func:`grammarspec.policy.batch_cost_model` builds it).  A file that
+    cannot be read or written is ignored (the profile is then this process's
+    only).  Changes the file on first use of a key.
+    """
+    path = profile_file()
+    try:
+        stored = json.loads(path.read_text())
+        entry = stored[key]
+        return PassCost(float(entry["base"]), float(entry["per_row"]), int(entry["min_rows"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    try:
+        cost = fit_pass_cost(_median_seconds(model, 128, list(DEFAULT_ROWS), DEFAULT_REPEATS))
+    except Exception as error:  # the model refused: the prior, and nothing stored (the next process tries again)
+        return _fallback(model, error)
+    try:
+        try:
+            stored = json.loads(path.read_text())
+            stored = stored if isinstance(stored, dict) else {}
+        except (OSError, ValueError):
+            stored = {}
+        stored[key] = {"base": cost.base, "per_row": cost.per_row, "min_rows": cost.min_rows}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        temporary.write_text(json.dumps(stored, indent=1, sort_keys=True))
+        os.replace(temporary, path)  # atomic: a reader sees the old file or the new one
+    except OSError:
+        pass
+    return cost
+
+
+DEFAULT_ROWS = (1, 2, 4, 8, 16, 32, 64)
+DEFAULT_REPEATS = 2
+
+
+def profile_pass_cost(
+    model: Any, *, context: int = 128, rows: Sequence[int] = DEFAULT_ROWS, repeats: int = DEFAULT_REPEATS
+) -> PassCost:
+    """Time ``model``'s passes over ``rows`` new tokens on a ``context``-token cache; the fitted :class:`PassCost`.
+
+    See the module docstring for the rule.  ``rows`` must include 1 and a
+    larger count.  Does not change the model (a cache of its own, under
+    ``torch.inference_mode()``).  When the model's forward (or its cache)
+    refuses, warns why and returns the prior ``PassCost()``.
+    """
+    if 1 not in rows or max(rows) < 2 or repeats < 1 or context < 1:
+        raise ValueError(
+            f"profile_pass_cost needs 1 and a larger count in rows, repeats >= 1 and context >= 1; got {rows}, {repeats}, {context}"
+        )
+    try:
+        return fit_pass_cost(_median_seconds(model, context, sorted(set(rows)), repeats))
+    except Exception as error:  # the model refused: draft as before rather than fail the request
+        return _fallback(model, error)
+
+
+def _fallback(model: Any, error: Exception) -> PassCost:
+    """The prior :class:`PassCost`, with a warning saying why the profile failed."""
+    name = getattr(getattr(model, "config", None), "name_or_path", "") or type(model).__name__
+    warnings.warn(
+        f"grammarspec could not profile the pass cost of {name} ({type(error).__name__}: {error}); "
+        "sizing drafts with the CPU prior PassCost() instead",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+    return PassCost()
+
+
+def _median_seconds(model: Any, context: int, rows: list[int], repeats: int) -> dict[int, float]:
+    """``rows -> median seconds`` of a pass of that many new tokens over a ``context``-token cache."""
+    config = getattr(model, "config", None)
+    vocab = int(getattr(config, "vocab_size", 2))
+    limit = getattr(config, "max_position_embeddings", None)
+    if isinstance(limit, int):  # the context and the widest pass must fit the model's positions
+        rows = [n for n in rows if n < limit]
+        context = max(1, min(context, limit - max(rows)))
+    device = input_device(model)
+    backend = getattr(torch, device.type, None)
+    synchronize = getattr(backend, "synchronize", None) if device.type != "cpu" else None
+
+    def ids(start: int, n: int) -> torch.Tensor:
+        return torch.tensor([[(7 * i + 3) % vocab for i in range(start, start + n)]], dtype=torch.long, device=device)
+
+    cache = new_cache(model)
+    argument = cache_argument(model)
+    medians: dict[int, float] = {}
+    with torch.inference_mode():
+        model(input_ids=ids(0, context), **{argument: cache}, use_cache=True, logits_to_keep=1)
+        for n in rows:
+            new, positions = ids(context, n), torch.arange(context, context + n, device=device).unsqueeze(0)
+            seconds = []
+            for _ in range(repeats + 1):  # the first pass warms up and is not timed
+                if synchronize is not None:
+                    synchronize()
+                start = time.perf_counter()
+                out = model(
+                    input_ids=new,
+                    **{argument: cache},
+                    position_ids=positions,
+                    use_cache=True,
+                    logits_to_keep=n,
+                )
+                _verify_rows(out.logits[0])
+                seconds.append(time.perf_counter() - start)
+                crop_cache(cache, context, "target model")
+            medians[n] = statistics.median(seconds[1:])
+    return medians
+
+
+def _verify_rows(logits: torch.Tensor) -> None:
+    """What the loop does with a pass's ``[n, V]`` logits besides the forward: float32, a grammar bitmask
+    applied on their device (every token allowed here), the best token of every row, one host read."""
+    import xgrammar
+
+    scores = logits.float()
+    vocab = scores.shape[-1]
+    masks = torch.full((scores.shape[0], (vocab + 31) // 32), -1, dtype=torch.int32)
+    xgrammar.apply_token_bitmask_inplace(scores, masks.to(scores.device), vocab_size=vocab)
+    scores.max(dim=-1)[1].tolist()  # the loop's one host transfer (it waits for the device)
+
+
+def fit_pass_cost(medians: Mapping[int, float]) -> PassCost:
+    """The :class:`PassCost` of measured ``rows -> seconds`` (1 row included), by the module's rule.  Pure.
+
+    >>> c = fit_pass_cost({1: 0.085, 2: 0.12, 4: 0.12, 8: 0.13, 16: 0.146, 32: 0.176})
+    >>> c.base, c.per_row, c.min_rows
+    (1.3, 0.023, 4)
+    >>> c = fit_pass_cost({1: 0.01, 2: 0.01, 8: 0.01, 32: 0.01, 64: 0.012})  # flat to 32 rows: a GPU
+    >>> c.base, c.per_row, c.min_rows, c.cost(32), round(c.cost(64), 2)
+    (0.8, 0.0062, 32, 1.0, 1.2)
+    """
+    unit = medians[1]
+    points = [(n, seconds / unit) for n, seconds in sorted(medians.items()) if n > 1]
+    best: tuple[float, float, float, int] | None = None  # (error, base, per_row, min_rows)
+    for min_rows in sorted(medians):
+        xs, ys = [float(max(n, min_rows)) for n, _ in points], [y for _, y in points]
+        base, per_row = _line(xs, ys)
+        error = sum((base + per_row * x - y) ** 2 for x, y in zip(xs, ys))
+        if best is None or error < best[0] - 1e-9:
+            best = (error, base, per_row, min_rows)
+    assert best is not None, "fit_pass_cost needs 1 and a larger row count"
+    _, base, per_row, min_rows = best
+    return PassCost(max(_two_digits(base), 0.01), max(_two_digits(per_row), 0.001), min_rows)
+
+
+def _line(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    """Least-squares ``y = base + per_row * x`` with ``per_row >= 0`` and ``base > 0``."""
+    mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
+    spread = sum((x - mean_x) ** 2 for x in xs)
+    per_row = max(0.0, sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / spread) if spread else 0.0
+    base = mean_y - per_row * mean_x
+    if base <= 0.0:  # through the smallest allowed base instead
+        base = 0.01
+        per_row = max(0.0, sum(x * (y - base) for x, y in zip(xs, ys)) / sum(x * x for x in xs))
+    return base, per_row
+
+
+def _two_digits(value: float) -> float:
+    """``value`` rounded to 2 significant digits (0 stays 0)."""
+    if value <= 0.0:
+        return 0.0
+    return round(value, 1 - math.floor(math.log10(value)))

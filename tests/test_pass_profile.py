@@ -1,0 +1,164 @@
+"""The pass cost profile: a few timed passes at first use, cached per model, device, dtype and threads.
+
+Fake targets sleep a few milliseconds per pass, so these tests assert shapes
+(flat or steep, longer or shorter drafts) with generous margins, never times.
+"""
+
+from __future__ import annotations
+
+import doctest
+import json
+import time
+from types import SimpleNamespace
+
+import pytest
+import torch
+from toy_models import ToyCausalLM, tiny_llama
+from transformers import LlamaConfig
+
+import grammarspec.pass_profile
+import grammarspec.policy
+from grammarspec.pass_profile import fit_pass_cost, profile_file, profile_pass_cost, stored_profile
+from grammarspec.policy import allocate, batch_cost_model
+from proposers.cost import PassCost
+
+ESTIMATES = [[0.6] * 16] * 16  # 16 rows, each offering 16 tokens of 0.6
+
+
+class SleepyTarget(torch.nn.Module):
+    """Speaks the HF forward protocol; a pass of ``n`` new tokens sleeps ``fixed + per_token * n`` seconds."""
+
+    def __init__(self, name: str, fixed: float, per_token: float, fail: bool = False) -> None:
+        super().__init__()
+        self.config = LlamaConfig(vocab_size=32, hidden_size=8, num_hidden_layers=1, num_attention_heads=1,
+                                  num_key_value_heads=1, intermediate_size=8, max_position_embeddings=512)  # fmt: skip
+        self.config.name_or_path = name
+        self.fixed, self.per_token, self.fail, self.calls = fixed, per_token, fail, 0
+        self.weight = torch.nn.Parameter(torch.zeros(1))  # a device and a dtype, as a real model has
+
+    def forward(self, input_ids, past_key_values=None, use_cache=True, logits_to_keep=0, position_ids=None):
+        self.calls += 1
+        if self.fail:
+            raise RuntimeError("this target refuses extra rows")
+        n = input_ids.shape[1]
+        time.sleep(self.fixed + self.per_token * n)
+        states = torch.zeros(1, 1, n, 1)
+        past_key_values.update(states, states, 0)
+        return SimpleNamespace(logits=torch.zeros(1, logits_to_keep or n, 32))
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One torch thread: a parallel region (the bitmask kernel) waiting for a busy second core would add
+    milliseconds that are no part of the curve these fakes model."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def profile_mode(monkeypatch, tmp_path):
+    """``GRAMMARSPEC_PASS_COST=profile`` (the suite runs with ``prior``), an empty cache of cost models, and
+    profiles stored under ``tmp_path``."""
+    monkeypatch.setenv("GRAMMARSPEC_PASS_COST", "profile")
+    monkeypatch.setenv("GRAMMARSPEC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(grammarspec.policy, "_COST_MODELS", {})
+
+
+def drafted(cost: PassCost) -> int:
+    return sum(allocate(ESTIMATES, cost.cost, base_rows=16))
+
+
+def test_docstring_examples_hold():
+    assert doctest.testmod(grammarspec.pass_profile).failed == 0
+
+
+def test_a_flat_target_profiles_flat_and_drafts_longer_than_the_cpu_prior():
+    gpu_like = profile_pass_cost(SleepyTarget("flat", fixed=0.005, per_token=0.0), context=16, repeats=5)
+    assert gpu_like.cost(32) < 1.5 and gpu_like.cost(64) < 1.6
+    assert drafted(gpu_like) > drafted(PassCost()) == 32  # the prior takes 2 tokens a row here
+
+
+def test_a_target_paying_per_row_profiles_steep_and_drafts_shorter():
+    steep = profile_pass_cost(
+        SleepyTarget("steep", fixed=0.002, per_token=0.002), context=16, rows=(1, 2, 4, 8, 16, 32), repeats=5
+    )
+    assert steep.per_row > 0.1 and steep.cost(64) > 8.0  # 0.5 a row and 32.5 at 64 rows, unloaded
+    assert drafted(steep) < drafted(PassCost())
+
+
+def test_the_fit_recovers_known_curves_and_is_coarse():
+    prior = PassCost()
+    cpu = fit_pass_cost({n: 0.1 * prior.cost(n) for n in (1, 2, 4, 8, 16, 32, 64)})
+    assert (cpu.base, cpu.per_row, cpu.min_rows) == (1.3, 0.03, 4)
+    noisy = fit_pass_cost({n: 0.1 * prior.cost(n) * (1.001 if n % 3 else 0.999) for n in (1, 2, 4, 8, 16, 32, 64)})
+    assert (noisy.base, noisy.per_row, noisy.min_rows) == (1.3, 0.03, 4)  # 0.1% noise does not move it
+    flat = fit_pass_cost({n: 0.02 for n in (1, 2, 4, 8, 16, 32, 64)})
+    assert flat.per_row == 0.001 and flat.cost(64) == pytest.approx(1.064)  # never quite free
+
+
+def test_profiling_leaves_the_model_as_it_was():
+    model = tiny_llama(64, seed=0)
+    ids = torch.tensor([[5, 9, 11, 3]])
+    before = model(ids).logits
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    profile_pass_cost(model, context=24, rows=(1, 2, 8), repeats=1)
+    assert torch.equal(model(ids).logits, before) and not model.training
+    assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
+
+
+def test_batch_cost_model_profiles_once_per_model(profile_mode):
+    fake = SleepyTarget("cached", fixed=0.002, per_token=0.0)
+    profiled = batch_cost_model(fake)
+    calls = fake.calls
+    assert calls > 0 and batch_cost_model(fake) is profiled and fake.calls == calls  # cached: no re-timing
+
+
+def test_prior_mode_times_nothing(monkeypatch):
+    monkeypatch.setenv("GRAMMARSPEC_PASS_COST", "prior")
+    monkeypatch.setattr(grammarspec.policy, "_COST_MODELS", {})
+    fake = SleepyTarget("prior", fixed=0.0, per_token=0.0)
+    cost = batch_cost_model(fake)
+    assert fake.calls == 0 and (cost.base, cost.per_row, cost.min_rows) == (1.3, 0.03, 4)
+
+
+def test_a_bad_mode_is_refused_by_name(monkeypatch):
+    monkeypatch.setenv("GRAMMARSPEC_PASS_COST", "fastest")
+    with pytest.raises(ValueError, match="GRAMMARSPEC_PASS_COST.*profile, prior"):
+        batch_cost_model(SleepyTarget("bad", fixed=0.0, per_token=0.0))
+
+
+def test_a_target_that_refuses_falls_back_to_the_prior_with_a_warning(profile_mode):
+    with pytest.warns(RuntimeWarning, match="refuses extra rows"):
+        cost = batch_cost_model(SleepyTarget("refuses", fixed=0.0, per_token=0.0, fail=True))
+    assert (cost.base, cost.per_row, cost.min_rows) == (1.3, 0.03, 4)
+
+
+def test_the_toy_models_profile_to_a_valid_curve():
+    for model in (ToyCausalLM(40, seed=1), tiny_llama(40, seed=1)):
+        cost = profile_pass_cost(model, context=24, rows=(1, 4, 16), repeats=1)
+        assert cost.base > 0 and cost.per_row >= 0.001 and cost.min_rows in (1, 4, 16)
+        assert cost.cost(1) == 1.0 and cost.cost(64) >= cost.cost(2) >= 1.0
+
+
+def test_a_profile_is_kept_on_disk_for_the_next_process(profile_mode, monkeypatch):
+    fake = SleepyTarget("kept", fixed=0.003, per_token=0.0)
+    first = batch_cost_model(fake)
+    stored = json.loads(profile_file().read_text())
+    (label,) = stored
+    assert label.startswith("kept|cpu|torch.float32|threads=") and stored[label]["min_rows"] == first.min_rows
+    monkeypatch.setattr(grammarspec.policy, "_COST_MODELS", {})  # a new process: nothing in memory
+    calls = fake.calls
+    again = batch_cost_model(fake)
+    assert fake.calls == calls  # read from the file, no pass timed
+    assert (again.base, again.per_row, again.min_rows) == (first.base, first.per_row, first.min_rows)
+
+
+def test_a_failed_profile_is_not_stored_and_a_broken_file_is_ignored(profile_mode):
+    with pytest.warns(RuntimeWarning, match="refuses extra rows"):
+        stored_profile(SleepyTarget("refuses", fixed=0.0, per_token=0.0, fail=True), "refuses-key")
+    assert not profile_file().exists()  # the next process tries again
+    profile_file().write_text("{not json")
+    cost = stored_profile(SleepyTarget("after", fixed=0.002, per_token=0.0), "after-key")
+    assert json.loads(profile_file().read_text())["after-key"]["min_rows"] == cost.min_rows
