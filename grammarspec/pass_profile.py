@@ -171,7 +171,7 @@ def _verify_rows(logits: torch.Tensor) -> None:
 
     scores = logits.float()
     vocab = scores.shape[-1]
-    masks = torch.full((scores.shape[0], (vocab + 31) // 32), -1, dtype=torch.int32)
+    masks = torch.full((scores.shape[0], (vocab + 31) // 32), -1, dtype=torch.int32, device="cpu")  # host
     xgrammar.apply_token_bitmask_inplace(scores, masks.to(scores.device), vocab_size=vocab)
     scores.max(dim=-1)[1].tolist()  # the loop's one host transfer (it waits for the device)
 
