@@ -19,6 +19,8 @@ import json
 import sys
 
 import grammarspec
+from grammarspec.policy import batch_cost_model
+from proposers.cost import PassCost
 
 DOCUMENT = """From: orders@bluefinoutdoor.com
 Subject: Your order BF-88213 has shipped
@@ -92,6 +94,11 @@ def wrong_fields(value: object) -> list[str]:
 SYSTEM = "You extract data from documents. Copy values exactly as written."
 
 
+def describe_cost(cost: PassCost) -> str:
+    """A pass of ``rows`` rows in plain steps, in one line."""
+    return f"{cost.cost(8):.2f} plain steps for 8 rows, {cost.cost(32):.2f} for 32"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description="Schema-constrained speculative decoding on the embedded SmolLM2-135M: one extraction, its "
@@ -104,6 +111,11 @@ def main(argv: list[str] | None = None) -> int:
 
     print("loading the embedded SmolLM2-135M-Instruct ...", flush=True)
     model, tokenizer = grammarspec.load_model("smollm2-135m")
+    # The drafting policy sizes drafts by what a pass of n rows costs on this machine: profiled once per
+    # model, device, dtype and thread count, and kept on disk (grammarspec/pass_profile.py).  Done here,
+    # before the timed runs, so the first run's statistics do not include it.
+    print("pass cost on this machine (profiled once, then read from ~/.cache/grammarspec): "
+          f"{describe_cost(batch_cost_model(model))}", flush=True)  # fmt: skip
     kwargs = {"system": SYSTEM, "schema": SCHEMA, "max_new_tokens": args.max_new_tokens}
     spec = grammarspec.complete(model, tokenizer, DOCUMENT, assistant=args.assistant, **kwargs)
     print(f"\n=== speculative (assistant={args.assistant!r})")
