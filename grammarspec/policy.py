@@ -218,8 +218,9 @@ def batch_cost_model(model: Any) -> PassCost:
     except (AttributeError, StopIteration, TypeError):
         device, dtype = "unknown", "unknown"
     config = getattr(model, "config", None)
-    name = getattr(config, "name_or_path", "") or type(model).__name__
-    key = (mode, name, id(model) if not name else None, device, dtype, torch.get_num_threads())
+    name = getattr(config, "name_or_path", "") or ""  # an unnamed model (built in code) is only itself
+    key = (mode, name or type(model).__name__, id(model) if not name else None, device, dtype,
+           torch.get_num_threads())  # fmt: skip
     found = _COST_MODELS.get(key)
     if found is None:
         if mode == "profile":

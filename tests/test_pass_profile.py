@@ -162,3 +162,9 @@ def test_a_failed_profile_is_not_stored_and_a_broken_file_is_ignored(profile_mod
     profile_file().write_text("{not json")
     cost = stored_profile(SleepyTarget("after", fixed=0.002, per_token=0.0), "after-key")
     assert json.loads(profile_file().read_text())["after-key"]["min_rows"] == cost.min_rows
+
+
+def test_an_unnamed_model_is_profiled_for_itself_and_never_stored(profile_mode):
+    first, second = SleepyTarget("", fixed=0.002, per_token=0.0), SleepyTarget("", fixed=0.002, per_token=0.0)
+    assert batch_cost_model(first) is not batch_cost_model(second)  # two models built in code: two profiles
+    assert not profile_file().exists()  # a class name is no identity to keep on disk
