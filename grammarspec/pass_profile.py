@@ -61,23 +61,18 @@ def stored_profile(model: Any, key: str) -> PassCost:
     only).  Changes the file on first use of a key.
     """
     path = profile_file()
+    entry: Any = _read_profiles(path).get(key)
     try:
-        stored = json.loads(path.read_text())
-        entry = stored[key]
         return PassCost(float(entry["base"]), float(entry["per_row"]), int(entry["min_rows"]))
-    except (OSError, ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError):  # none stored (entry is None), or an entry that is not a curve
         pass
     try:
-        cost = fit_pass_cost(_median_seconds(model, 128, list(DEFAULT_ROWS), DEFAULT_REPEATS))
+        cost = fit_pass_cost(_median_seconds(model, DEFAULT_CONTEXT, list(DEFAULT_ROWS), DEFAULT_REPEATS))
     except Exception as error:  # the model refused: the prior, and nothing stored (the next process tries again)
         return _fallback(model, error)
+    stored = _read_profiles(path)  # read again: another process may have stored a key since
+    stored[key] = {"base": cost.base, "per_row": cost.per_row, "min_rows": cost.min_rows}
     try:
-        try:
-            stored = json.loads(path.read_text())
-            stored = stored if isinstance(stored, dict) else {}
-        except (OSError, ValueError):
-            stored = {}
-        stored[key] = {"base": cost.base, "per_row": cost.per_row, "min_rows": cost.min_rows}
         path.parent.mkdir(parents=True, exist_ok=True)
         temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
         temporary.write_text(json.dumps(stored, indent=1, sort_keys=True))
@@ -87,12 +82,22 @@ def stored_profile(model: Any, key: str) -> PassCost:
     return cost
 
 
+DEFAULT_CONTEXT = 128
 DEFAULT_ROWS = (1, 2, 4, 8, 16, 32, 64)
 DEFAULT_REPEATS = 2
 
 
+def _read_profiles(path: Path) -> dict[str, Any]:
+    """The stored profiles, or {} when the file is missing, unreadable or not a JSON object."""
+    try:
+        stored = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return stored if isinstance(stored, dict) else {}
+
+
 def profile_pass_cost(
-    model: Any, *, context: int = 128, rows: Sequence[int] = DEFAULT_ROWS, repeats: int = DEFAULT_REPEATS
+    model: Any, *, context: int = DEFAULT_CONTEXT, rows: Sequence[int] = DEFAULT_ROWS, repeats: int = DEFAULT_REPEATS
 ) -> PassCost:
     """Time ``model``'s passes over ``rows`` new tokens on a ``context``-token cache; the fitted :class:`PassCost`.
 
