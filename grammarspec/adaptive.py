@@ -11,11 +11,16 @@ This holder keeps, per request:
 * the cap ``k_max`` and what to ask the proposer for::
 
       ask = k_max                                   cheap drafters (k_min = k_max)
+      ask = min(2 * last_allocation + 2, k_max)     cheap, after the policy cut the last draft inside
       ask = clamp(last_allocation + 1, k_min, k_max)  otherwise (a draft model pays per token)
 
   so a drafter whose every token costs a model pass is asked for one token
   more than the policy last admitted, and grows by one a step while the
-  policy keeps admitting all of it;
+  policy keeps admitting all of it.  A cheap drafter's tokens cost host time
+  to plan (about 0.1 ms each, in Python): where the batch's pass cost cut its
+  last draft after ``n > 0`` tokens, planning 16 would mostly be thrown away,
+  so it is asked for twice that and two more (a cut to nothing is the
+  estimates' doing, not the length's, and changes nothing);
 * the :class:`grammarspec.policy.Calibration` of its drafts' survival.
 
 ``adaptive=False`` fixes the draft length at ``k_max``: the row's drafts are
@@ -41,6 +46,11 @@ class AdaptiveController:
     2
     >>> c.allocated(0); c.k, c.speculate, c.ask()
     (0, False, 1)
+    >>> cheap = AdaptiveController(k_min=16, k_max=16)
+    >>> cheap.allocated(3, offered=16); cheap.ask()  # cut inside: the batch's cost binds
+    8
+    >>> cheap.allocated(8, offered=8); cheap.ask()  # all of it admitted: the cap again
+    16
 
     ``allocated`` and ``record`` change state; ``ask`` and ``estimates`` do not.
     """
@@ -55,6 +65,8 @@ class AdaptiveController:
         self.k: int = k_max if not adaptive else 0
         #: Whether the last step verified any draft token of this row.
         self.speculate: bool = True
+        #: Whether the policy cut the last draft after some but not all of its tokens.
+        self.cut: bool = False
         #: The survival records; ``calibration=``: ones carried over (a conversation's earlier turns), updated in place.
         self.calibration = calibration if calibration is not None else Calibration()
         self.speculative_steps = 0
@@ -64,23 +76,49 @@ class AdaptiveController:
         """How many tokens to ask the proposer for this step.  Does not change state."""
         if not self.adaptive:
             return self.k_max
-        return min(max(self.k + 1, self.k_min), self.k_max)
+        if self.k_min < self.k_max:  # every drafted token costs a draft model pass
+            return min(max(self.k + 1, self.k_min), self.k_max)
+        return min(2 * self.k + 2, self.k_max) if self.cut else self.k_max
 
     def estimates(self, draft: Draft) -> list[float]:
         """Calibrated chance, per token of ``draft``, that it survives given the ones before did."""
         return self.calibration.estimate(draft)
 
-    def allocated(self, k: int) -> None:
-        """The policy admitted ``k`` draft tokens of this row this step.  Changes state."""
-        self.k, self.speculate = k, k > 0
+    def allocated(self, k: int, offered: int | None = None) -> None:
+        """The policy admitted ``k`` of the ``offered`` draft tokens of this row this step.  Changes state.
 
-    def record(self, draft: Draft, num_accepted: int) -> None:
-        """A verified step: ``draft`` reached the target, ``num_accepted`` of it was accepted.  Changes state."""
-        if len(draft):
+        ``offered=None``: the draft was verified whole (a tree).
+        """
+        self.k, self.speculate = k, k > 0
+        self.cut = offered is not None and 0 < k < offered
+
+    def record(
+        self, draft: Draft, num_accepted: int, offered: Draft | None = None, next_token: int | None = None
+    ) -> None:
+        """A verified step: ``draft`` reached the target, ``num_accepted`` of it was accepted.  Changes state.
+
+        ``offered``: the draft before the policy cut it (``draft`` is its
+        verified prefix) and ``next_token`` the target's own token after the
+        accepted ones.  When every verified token was accepted and ``offered``
+        goes on, its next token is judged too: a deterministic draft's token
+        survives exactly when the target's choice there equals it (greedy, or
+        drawn: the same draw), and the target made that choice at that very
+        position.  Without it a source the policy stops admitting is never
+        observed again, and its estimate stays low for the rest of the request
+        (and, carried, of the conversation) however well it would do.  A draft
+        with distributions (a draft model) is accepted by residual rejection,
+        not by equality, so it is judged on its verified tokens only.
+        """
+        n = len(draft)
+        if n:
             self.speculative_steps += 1
-            self.calibration.update(draft, num_accepted)
         else:
             self.plain_steps += 1
+        if (offered is not None and next_token is not None and offered.probs is None and num_accepted == n
+                and len(offered) > n and offered.tokens[:n] == draft.tokens):  # fmt: skip
+            draft, num_accepted = offered.truncate(n + 1), n + int(offered.tokens[n] == next_token)
+        if len(draft):
+            self.calibration.update(draft, num_accepted)
 
     def __repr__(self) -> str:
         return f"AdaptiveController(k={self.k}, k_max={self.k_max}, adaptive={self.adaptive})"

@@ -18,8 +18,8 @@ if TYPE_CHECKING:
 __all__ = ["account", "finish", "record_scores"]
 
 
-def account(row: Row, step: Step, path: Sequence[int], verify: float, commit_s: float, started: float,
-            step_cost: Callable[[int], float] | None, alone: bool) -> None:  # fmt: skip
+def account(row: Row, step: Step, path: Sequence[int], next_token: int | None, verify: float, commit_s: float,
+            started: float, step_cost: Callable[[int], float] | None, alone: bool) -> None:  # fmt: skip
     """Statistics, the composite's cost measurement and the row's calibration after one step (chain or tree).
 
     The deepest path offered stands for the draft's length (a chain: its
@@ -28,7 +28,9 @@ def account(row: Row, step: Step, path: Sequence[int], verify: float, commit_s: 
     proposer's ``cost_model``) learns from the measured pass when the row had
     the pass to itself (``alone``: batch 1); ``step_cost`` (replays) means costs
     are modelled, so nothing is learned from time.  The row's controller
-    calibrates its estimates on what was accepted (a tree is verified whole).
+    calibrates its estimates on what was accepted (a tree is verified whole),
+    and on the first token the policy cut, judged by the target's own
+    ``next_token`` (:meth:`grammarspec.adaptive.AdaptiveController.record`).
     """
     stats, tree, accepted = row.stats, step.tree, len(path)
     stats.target_forwards += 1
@@ -53,7 +55,7 @@ def account(row: Row, step: Step, path: Sequence[int], verify: float, commit_s: 
         if step.is_tree:
             controller.allocated(longest)  # (policy) a tree is verified whole
         else:
-            controller.record(step.draft.truncate(len(tree)), accepted)  # (policy) the calibration learns
+            controller.record(step.draft.truncate(len(tree)), accepted, step.offered, next_token)  # (policy) it learns
 
 
 def finish(row: Row, seconds: float) -> None:

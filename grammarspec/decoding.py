@@ -308,8 +308,8 @@ def _step(model: torch.nn.Module, active: list[Row], kv: BatchKV, shared: Shared
     phases.lap("commit")
 
     # 6. Adapt: statistics and the controllers learn what the step cost and brought.
-    for row, step, (path, _) in zip(active, steps, results):
-        account(row, step, path, verify_seconds, commit_seconds, shared.started, shared.step_cost,
+    for row, step, (path, next_token) in zip(active, steps, results):
+        account(row, step, path, next_token, verify_seconds, commit_seconds, shared.started, shared.step_cost,
                 len(active) == 1)  # fmt: skip
         phases.add_to(row.stats.phases)
     if shared.on_step is not None:
@@ -498,7 +498,7 @@ def _propose(row: Row, config: DecodeConfig, trees: bool) -> Step:
         if isinstance(drafted, DraftTree):
             step.tree, step.is_tree = drafted, True
         else:
-            step.draft = drafted.truncate(k)
+            step.draft = step.offered = drafted.truncate(k)
             step.tree = _chain(step.draft)
         step.draft_seconds = time.perf_counter() - t0
     return step
@@ -516,11 +516,12 @@ def _allocate(model: torch.nn.Module, active: list[Row], steps: list[Step], shar
     cost = shared.step_cost or batch_cost_model(model).cost
     lengths = plan_drafts([steps[i].draft for i in chains], [active[i].controller for i in chains], base, cost)
     for i, n in zip(chains, lengths):
+        offered = len(steps[i].draft)
         steps[i].draft = steps[i].draft.truncate(n)
         steps[i].tree = _chain(steps[i].draft)
         controller = active[i].controller
         if controller is not None:
-            controller.allocated(n)
+            controller.allocated(n, offered)
 
 
 def _chain(draft: Draft) -> DraftTree:

@@ -115,9 +115,11 @@ class Step:
     draft is the one-branch tree and ``draft`` keeps it with its distributions.
     ``is_tree``: the tree came from ``propose_tree`` (the proposer hears ``commit_tree``).
     ``start``: the row of the tree's root in the stacked logits; ``ends[i]``: node ``i`` ends generation.
+    ``offered``: the chain the proposer offered, before the policy cut it to ``draft``.
     """
 
     draft: Draft = EMPTY_DRAFT
+    offered: Draft = EMPTY_DRAFT
     tree: DraftTree = EMPTY_TREE
     is_tree: bool = False
     start: int = 0

@@ -524,12 +524,36 @@ def _find_typed(prompt: Prompt, typed: bytes, cursor: int) -> tuple[int, bytes]:
 
     Exact case first, then ignoring case; if the whole is not there, its
     last words (at least 3 bytes) -- the model may paraphrase the start.
+    The longest such suffix that occurs wins.  Whether a suffix occurs (in
+    either case) only gets likelier as it gets shorter (a longer one's every
+    occurrence holds the shorter one), so the longest is found by bisection:
+    O(log words) searches, not one per word of a long string the prompt
+    does not hold.
     """
-    suffixes = [typed] + [typed[i:] for i in range(1, len(typed) - 2) if typed[i - 1 : i] == b" "]
-    for used in suffixes:
+    starts, space = [0], typed.find(b" ", 0, len(typed) - 3)
+    while space >= 0:  # a word starts after each space, leaving at least 3 bytes
+        starts.append(space + 1)
+        space = typed.find(b" ", space + 1, len(typed) - 3)
+
+    def found(i: int) -> tuple[int, bytes]:
+        used = typed[starts[i] :]
         pos = find_near(prompt.text, used, cursor)
         if pos < 0:
             pos = find_near(prompt.lower, used.lower(), cursor)
-        if pos >= 0:
-            return pos, used
-    return -1, b""
+        return pos, used
+
+    first = found(0)
+    if first[0] >= 0:
+        return first
+    last = found(len(starts) - 1) if len(starts) > 1 else (-1, b"")
+    if last[0] < 0:
+        return -1, b""
+    low, high, best = 0, len(starts) - 1, last  # found(low) fails, found(high) succeeds
+    while high - low > 1:
+        mid = (low + high) // 2
+        got = found(mid)
+        if got[0] >= 0:
+            high, best = mid, got
+        else:
+            low = mid
+    return best

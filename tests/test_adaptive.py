@@ -50,3 +50,82 @@ def test_record_calibrates_the_estimates():
 def test_bad_settings_are_refused():
     with pytest.raises(ValueError, match="k_min <= k_max"):
         AdaptiveController(k_min=5, k_max=2)
+
+
+def test_a_cheap_drafter_cut_inside_is_asked_for_twice_the_cut_plus_two():
+    c = AdaptiveController(k_min=16, k_max=16)
+    asked = []
+    for admitted, offered in [(3, 16), (8, 8), (0, 16), (5, 9), (16, 16)]:
+        asked.append(c.ask())
+        c.allocated(admitted, offered)
+    # after 3 of 16: 8; all 8 admitted: the cap; cut to nothing (the estimates' doing): the cap; 5 of 9: 12
+    assert asked == [16, 8, 16, 16, 12] and c.ask() == 16
+    c.allocated(4)  # a tree: verified whole, never a cut
+    assert c.ask() == 16
+
+
+def _lookup(*tokens):
+    return Draft(tokens=tokens, sources=("prompt_lookup",) * len(tokens))
+
+
+def test_the_first_cut_token_is_judged_by_the_targets_own_token():
+    offered = _lookup(7, 8, 9)
+    fresh = AdaptiveController().estimates(offered)[0]
+    right, wrong, blind = AdaptiveController(), AdaptiveController(), AdaptiveController()
+    for _ in range(10):  # the policy cut the draft to nothing each time
+        right.record(Draft(), 0, offered, next_token=7)
+        wrong.record(Draft(), 0, offered, next_token=5)
+        blind.record(Draft(), 0)  # without the observation nothing is learned
+    assert right.estimates(offered)[0] > fresh + 0.3
+    assert wrong.estimates(offered)[0] < fresh - 0.3
+    assert blind.estimates(offered) == AdaptiveController().estimates(offered)
+    assert right.plain_steps == 10 and right.speculative_steps == 0  # still plain steps in the statistics
+
+
+def test_the_cut_token_is_judged_only_after_every_verified_token_was_accepted():
+    offered = Draft(tokens=(7, 8, 9), sources=("prompt_lookup", "prompt_lookup", "schema"))  # the 3rd: its own record
+    after_rejection, after_two = AdaptiveController(), AdaptiveController()
+    for _ in range(10):
+        after_rejection.record(offered.truncate(2), 1, offered, next_token=9)  # token 2 rejected: 3rd not reached
+        after_two.record(offered.truncate(2), 2, offered, next_token=9)  # both accepted: the 3rd is judged
+    third = AdaptiveController().estimates(offered)[2]
+    assert after_rejection.estimates(offered)[2] == pytest.approx(third)
+    assert after_two.estimates(offered)[2] > third + 0.3
+
+
+def test_a_draft_models_cut_token_is_not_judged_by_equality():
+    import torch
+
+    offered = Draft(tokens=(7, 8), sources=("draft_model",) * 2, probs=torch.full((2, 10), 0.1))
+    c = AdaptiveController()
+    for _ in range(10):
+        c.record(Draft(), 0, offered, next_token=7)
+    assert c.estimates(offered) == AdaptiveController().estimates(offered)
+
+
+def test_in_the_loop_a_source_cut_to_nothing_is_judged_and_comes_back():
+    """A right but under-confident drafter: cut to nothing at first, admitted once the target keeps agreeing.
+
+    Without judging the cut token (``record``'s ``offered``/``next_token``) it is never verified at all.
+    """
+    from proposer_fakes import ScriptedProposer
+    from toy import toy_vocab_size
+    from toy_models import ToyCausalLM
+
+    from grammarspec.decoding import DecodeConfig, decode
+
+    model = ToyCausalLM(toy_vocab_size(), seed=3)
+    config = DecodeConfig(max_new_tokens=40, eos_token_ids=())
+    prompt = [2, 3]
+    alone, _ = decode(model, prompt, config)
+
+    def oracle(context, grammar, k):  # the target's own continuation, with a low confidence of its own
+        done = len(context) - len(prompt)
+        tokens = tuple(alone[done : done + k])
+        return Draft(tokens=tokens, sources=("guess",) * len(tokens), confidence=(0.05,) * len(tokens))
+
+    controller = AdaptiveController(k_min=4, k_max=4)
+    out, stats = decode(model, prompt, config, proposer=ScriptedProposer("guess", oracle), controller=controller)
+    assert out == alone
+    assert stats.target_forwards < len(alone) * 0.6  # the drafts came back and were accepted
+    assert controller.estimates(oracle(prompt, None, 1))[0] > 0.5

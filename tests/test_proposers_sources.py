@@ -190,3 +190,36 @@ def test_token_sources_name_the_segment_holding_each_tokens_first_byte():
     assert token_sources(list(b"abc"), table, [("key", 1), ("value", 3)]) == ["key", "value", "value"]
     assert token_sources([256, ord("c")], table, [("x", 1), ("y", 3)]) == ["x", "y"]  # 'ab' starts in x
     assert token_sources([1, 2], table, [], "default") == ["default", "default"]
+
+
+def test_prompt_continuation_matches_the_longest_suffix_by_bisection():
+    """The bisection over word starts finds what trying every suffix, longest first, finds."""
+    import random
+
+    from proposers.prompt_spans import find_near
+    from proposers.schema_sources import _find_typed
+
+    def every_suffix(prompt, typed, cursor):  # the plain reading of the rule
+        for used in [typed] + [typed[i:] for i in range(1, len(typed) - 2) if typed[i - 1 : i] == b" "]:
+            pos = find_near(prompt.text, used, cursor)
+            if pos < 0:
+                pos = find_near(prompt.lower, used.lower(), cursor)
+            if pos >= 0:
+                return pos, used
+        return -1, b""
+
+    rng = random.Random(7)
+    words = [b"ab", b"Ab", b"cd", b"Cd", b"e", b"xyz", b"ab cd", b" ", b"q"]
+    found = 0
+    for _ in range(3000):
+        prompt = Prompt.from_text(b" ".join(rng.choice(words) for _ in range(rng.randint(0, 12))))
+        typed = b" ".join(rng.choice(words) for _ in range(rng.randint(1, 8)))
+        cursor = rng.randint(0, len(prompt.text))
+        expected = every_suffix(prompt, typed, cursor)
+        assert _find_typed(prompt, typed, cursor) == expected, (prompt.text, typed, cursor)
+        found += expected[0] >= 0
+    assert 300 < found < 2700  # both outcomes were exercised
+    # A paraphrased start: the last words are found; a long string the prompt lacks is not.
+    prompt = Prompt.from_text(b"Ship to Priya Raman at 4 Elm St.")
+    assert _find_typed(prompt, b"Ms Priya Ram", 0) == (8, b"Priya Ram")
+    assert _find_typed(prompt, b"word " * 200 + b"zzz", 0) == (-1, b"")
