@@ -202,15 +202,19 @@ def _add_serve_commands(commands: Any) -> None:
         "bench-serve",
         help="time agent conversations through the openai client: grammarspec serve against other servers",
         description="Run the agent benchmark's conversations through the openai client against grammarspec serve "
-        "(1 conversation, then --concurrency at once), transformers serve (where it starts; its invalid calls are "
-        "counted) and HF generate + xgrammar re-sending, interleaved; write serve.md and serve.json to --out.",
+        "(1 conversation, then --concurrency at once), transformers serve (it cannot constrain; its invalid calls are "
+        "counted), vllm serve (structured outputs + n-gram speculation, where .venv-vllm exists) and HF generate + "
+        "xgrammar re-sending, interleaved; every call is compared with HF re-sending's; write serve.md and "
+        "serve.json (every call's output) to --out.",
     )
     bench.add_argument("--model", default=DEFAULT_MODEL, metavar="NAME_OR_DIR")
-    bench.add_argument("--arms", default="serve,serve_concurrent,hf_resend,transformers_serve", metavar="A,B",
-                       help="arms (default: serve,serve_concurrent,hf_resend,transformers_serve)")  # fmt: skip
+    bench.add_argument("--arms", default="serve,serve_concurrent,hf_resend,transformers_serve,vllm_serve",
+                       metavar="A,B", help="arms (default: serve,serve_concurrent,hf_resend,transformers_serve,"
+                       "vllm_serve; vllm_serve is skipped with a note without .venv-vllm)")  # fmt: skip
     bench.add_argument("--concurrency", type=_positive_int, default=8, metavar="N",
                        help="conversations at once for serve_concurrent (default: 8)")  # fmt: skip
-    bench.add_argument("--conversations", metavar="A,B", help="only these conversations (comma-separated)")
+    bench.add_argument("--conversations", metavar="A,B",
+                       help="only these conversations (comma-separated: weather, orders, shopping, mixed)")  # fmt: skip
     bench.add_argument("--repeat", type=_positive_int, default=1, metavar="N")
     bench.add_argument("--max-new-tokens", type=_positive_int, metavar="N",
                        help="cap every turn's max_tokens (default: the scripts' own; for smoke runs)")  # fmt: skip

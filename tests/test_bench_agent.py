@@ -41,3 +41,17 @@ def test_every_arm_makes_the_same_calls(smol):
     assert second["hf_cache"].prefilled == second["conversation"].prefilled < second["hf_resend"].prefilled
     table = agent_markdown(runs, "grammarspec bench-agent")
     assert "| tiny | 2 | 1 |" in table and "| yes |" in table
+
+
+@pytest.mark.slow
+def test_bench_serve_answers_equal_hf_resending_call_by_call(smol):
+    """grammarspec serve and HF re-sending read the same prompts (tool_choice="none" included): identical calls."""
+    from grammarspec.serve.bench import run_serve_bench, serve_markdown
+
+    model, tok = smol
+    script = ["How much is the desk lamp?", ModelTurn("required", 32), ModelTurn("none", 12)]
+    result = run_serve_bench(model, tok, "smollm2-135m", {"tiny": script}, ["serve", "hf_resend"], concurrency=1)
+    by = {r["arm"]: r for r in result["runs"]}
+    assert by["serve"]["outputs"] == [dict(o, finish_reason=by["serve"]["outputs"][i]["finish_reason"])
+                                      for i, o in enumerate(by["hf_resend"]["outputs"])]  # fmt: skip
+    assert "| 2/2 |" in serve_markdown(result, "cmd")

@@ -103,3 +103,106 @@ def test_serve_help_documents_every_flag(capsys):
             for flag in action.option_strings:
                 assert flag in text
     assert main(["bench-serve", "--arms", "nope"]) == 2
+
+
+# --- bench-serve's pure parts (issue 25's three gaps) ------------------------------------
+
+
+def test_the_server_renders_tool_choice_none_as_conversation_does(smol_tokenizer):
+    """The shopping mismatch: a ``tool_choice="none"`` turn's prompt carries Conversation's plain-text note."""
+    from grammarspec.conversation import NO_TOOL_NOTE
+    from grammarspec.serve.engine import prompt_ids
+
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}]
+    messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "hi"}]
+    none = smol_tokenizer.decode(prompt_ids(smol_tokenizer, messages, tools, "json", "none"))
+    auto = smol_tokenizer.decode(prompt_ids(smol_tokenizer, messages, tools, "json", "auto"))
+    assert NO_TOOL_NOTE in none and NO_TOOL_NOTE not in auto
+    assert NO_TOOL_NOTE not in smol_tokenizer.decode(prompt_ids(smol_tokenizer, messages, None, "json", "none"))
+
+
+def test_outputs_are_compared_call_by_call():
+    from grammarspec.serve.bench import compare_outputs
+
+    call = {"content": None, "tool_calls": [["f", '{"a": 1}']], "tokens": 9}
+    text = {"content": "ok", "tool_calls": [], "tokens": 3}
+    assert compare_outputs([call, text], [dict(call, tool_calls=[["f", '{"a":1}']]), text]) == (2, 2, None)
+    assert compare_outputs([call, dict(text, tokens=4)], [call, text]) == (1, 2, 1)
+    assert compare_outputs([call], [call, text]) == (1, 2, 1)  # a missing call is a difference
+    assert compare_outputs([text], [call]) == (0, 1, 0)
+
+
+def test_the_table_reports_identical_calls_and_the_first_difference():
+    from grammarspec.serve.bench import serve_markdown
+
+    a = {"content": "x", "tool_calls": [], "tokens": 2}
+    b = {"content": "y", "tool_calls": [], "tokens": 2}
+    run = {"turns": 2, "tokens": 4, "calls": 0, "invalid": 0, "ttft": [0.1], "seconds": 1.0}
+    result = {"notes": [], "runs": [
+        {"conversation": "c", "arm": "hf_resend", "repeat": 0, **run, "outputs": [a, a]},
+        {"conversation": "c", "arm": "serve", "repeat": 0, **run, "outputs": [a, b]},
+        {"conversation": "2 at once", "arm": "serve_concurrent", "repeat": 0, **run,
+         "conversations": [{"conversation": "c", "outputs": [a, a]}, {"conversation": "c", "outputs": [a, a]}]},
+    ]}  # fmt: skip
+    table = serve_markdown(result, "cmd")
+    assert "| 1/2 |" in table and "| 4/4 |" in table
+    assert 'serve, c #0: 1/2 identical; first difference at call 2: "y" (2 tokens)' in table
+
+
+def test_foreign_servers_get_grammarspecs_rendering_and_text_calls_are_read():
+    from grammarspec.bench.agent_tasks import TOOLS
+    from grammarspec.conversation import NO_TOOL_NOTE
+    from grammarspec.serve.bench import _text_calls, foreign_messages
+
+    messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "q"},
+                {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function",
+                 "function": {"name": "calculator", "arguments": '{"expression": "1+1"}'}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": '{"result": 2}'}]  # fmt: skip
+    sent = foreign_messages(messages, TOOLS, "none")
+    assert "calculator" in sent[0]["content"] and sent[0]["content"].startswith("s")  # tools described
+    assert sent[2] == {"role": "assistant", "content": '{"name":"calculator","arguments":{"expression":"1+1"}}'}
+    assert sent[3]["tool_call_id"] == "c1" and NO_TOOL_NOTE in sent[1]["content"]
+    assert NO_TOOL_NOTE not in foreign_messages(messages, TOOLS, "auto")[1]["content"]
+    cut = dict(messages[2], tool_calls=[{"id": "c1", "function": {"name": "calculator", "arguments": '{"expr'}}])
+    assert foreign_messages([messages[1], cut], TOOLS, "auto")[2]["content"].endswith('"arguments":{"expr}')
+    assert _text_calls(' {"name": "calculator", "arguments": {"expression": "2*3"}}', TOOLS)[0]["name"] == "calculator"
+    assert _text_calls("The lamp costs 39.90 EUR.", TOOLS) == []
+
+
+def test_transformers_serve_gets_a_model_dir_naming_its_architecture(tmp_path):
+    import json
+
+    from grammarspec.serve.bench import servable_model_dir
+
+    source = tmp_path / "src"
+    source.mkdir()
+    (source / "config.json").write_text(json.dumps({"architectures": None, "model_type": "llama"}))
+    (source / "model.safetensors").write_bytes(b"weights")
+    copy = servable_model_dir(source, "LlamaForCausalLM", tmp_path / "dest")
+    assert json.loads((copy / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
+    assert (copy / "model.safetensors").is_symlink() and (copy / "model.safetensors").read_bytes() == b"weights"
+    assert json.loads((source / "config.json").read_text())["architectures"] is None  # the source is untouched
+
+
+def test_the_vllm_serve_command_speculates_with_ngrams_and_parses_tool_calls():
+    import json
+
+    from grammarspec.bench.agent_tasks import ModelTurn
+    from grammarspec.serve.bench import capped, vllm_serve_command
+
+    cmd = vllm_serve_command("/v/python", "/m", 1234, "smol")
+    assert cmd[:3] == ["/v/python", "-m", "vllm.entrypoints.openai.api_server"]
+    assert cmd[cmd.index("--model") + 1] == "/m" and cmd[cmd.index("--port") + 1] == "1234"
+    assert json.loads(cmd[cmd.index("--speculative-config") + 1])["method"] == "ngram"
+    assert json.loads(cmd[cmd.index("--structured-outputs-config") + 1])["backend"] == "xgrammar"
+    assert "--enable-auto-tool-choice" in cmd and cmd[cmd.index("--tool-call-parser") + 1] == "pythonic"
+    assert capped(["u", ModelTurn("none", 40), ModelTurn("auto", 8)], 12) == ["u", ModelTurn("none", 12),
+                                                                                ModelTurn("auto", 8)]  # fmt: skip
+
+
+def test_bench_serve_skips_vllm_without_its_environment(monkeypatch):
+    from grammarspec.serve import bench
+
+    monkeypatch.setenv("GRAMMARSPEC_VLLM_PYTHON", "/nonexistent/python")
+    why = bench._start_vllm_serve("/m", "smol")
+    assert isinstance(why, str) and "make vllm-env" in why

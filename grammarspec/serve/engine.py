@@ -49,6 +49,7 @@ from proposers.base import Request
 from ..adaptive import AdaptiveController
 from ..api import DEFAULT_MAX_DRAFT, _k_min, grammar_stats
 from ..assistant import resolve_assistant
+from ..conversation import NO_TOOL_NOTE, _add_note
 from ..decoding import DecodeConfig, Row, RowRequest, decode_batch, logits_width
 from ..inputs import eos_ids
 from ..kv import BatchKV
@@ -60,6 +61,7 @@ from ..tools import (
     ToolCallError,
     chat_messages,
     check_tools,
+    describe_tools,
     earlier_documents,
     parse_tool_reply,
     tool_constraint,
@@ -72,15 +74,35 @@ __all__ = ["Choice", "Engine", "Job", "prompt_ids"]
 
 
 def prompt_ids(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-               tool_format: str) -> list[int]:  # fmt: skip
+               tool_format: str, tool_choice: Any = "auto") -> list[int]:  # fmt: skip
     """The token ids of ``messages`` as the chat template renders them (assistant turn opened).  Pure.
 
-    The same rendering as :meth:`grammarspec.Conversation.prompt_ids`.
+    The same rendering as :meth:`grammarspec.Conversation.prompt_ids`, so a
+    conversation sent to the server reads exactly the prompt it would read in
+    process: with ``tools`` and ``tool_choice="none"`` the tools stay described
+    and the last user message gets :data:`~grammarspec.conversation.NO_TOOL_NOTE`
+    (answer in plain text); tools in a non-JSON format whose template drops
+    ``tools=`` are described in the system message.
     """
     rendered = chat_messages(messages, tools, tool_format)
+    if tools and tool_choice == "none":
+        _add_note(rendered, NO_TOOL_NOTE)
+    if tools and tool_format != "json" and not _template_renders_tools(tokenizer, tools):
+        description = describe_tools(tools)
+        if rendered and rendered[0]["role"] == "system":
+            rendered[0]["content"] += "\n\n" + description
+        else:
+            rendered.insert(0, {"role": "system", "content": description})
     extra = {"tools": tools} if tools and tool_format != "json" else {}
     text = tokenizer.apply_chat_template(rendered, tokenize=False, add_generation_prompt=True, **extra)
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def _template_renders_tools(tokenizer: Any, tools: list[dict[str, Any]]) -> bool:
+    """Whether the chat template writes ``tools=`` into the prompt (as ``Conversation`` probes it)."""
+    probe = [{"role": "user", "content": "hi"}]
+    render = tokenizer.apply_chat_template
+    return bool(render(probe, tokenize=False, tools=tools) != render(probe, tokenize=False))
 
 
 class _Argmax:
@@ -190,7 +212,7 @@ class Engine:
             constraint = tool_constraint(request.tools, request.tool_choice, request.parallel_tool_calls,
                                          self.tool_format)  # fmt: skip
             offered = constraint.get("tools") or (request.tools if constraint else None)
-            ids = prompt_ids(self.tokenizer, request.messages, request.tools, self.tool_format)
+            ids = prompt_ids(self.tokenizer, request.messages, request.tools, self.tool_format, request.tool_choice)
         except ToolCallError as e:
             raise RequestError(str(e), param="tools", code="invalid_value") from None
         except Exception as e:  # a template that cannot render these messages
