@@ -15,17 +15,24 @@ the embedded model.  The grammar cache is bounded (``--cache-mb``), so the
 calls keep compiling.
 
 Resident memory (psutil RSS) is read after every call; the peak is the
-kernel's high-water mark (``ru_maxrss``).  The verdict compares the readings
-after the warm-up (``--warm-up`` calls, default: the first tenth) with the
-reading at its end: growth of ``--limit-mb`` (50) or more fails (exit 1), as
-does a peak over ``--peak-limit-mb`` when given.  ``--plot FILE`` draws RSS
-against calls (matplotlib).  A script, not a timed test: tests/test_memory.py
+kernel's high-water mark (``ru_maxrss``); ``--csv`` also writes the caches'
+entries and estimated MB (``grammars.cache_info``) and glibc's heap in use and
+free (``mallinfo2``; free pages may or may not be resident).  At the end of
+the warm-up (``--warm-up`` calls, default: the first tenth) and at the end,
+the caches are emptied (``clear_grammar_cache``) and RSS read: that floor
+growing by ``--limit-mb`` (50) or more fails (exit 1), as does a reading after
+the warm-up more than ``--limit-mb`` above the floor plus the caches'
+estimated bytes for two calls in a row (the caches' contents move RSS within
+their bound; nothing else may), and a peak over ``--peak-limit-mb`` when
+given.  ``--plot FILE`` draws RSS against calls (matplotlib), with the floor
+plus the caches' estimate.  A script, not a timed test: tests/test_memory.py
 runs a short version of the same loop.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import gc
 import json
 import resource
@@ -52,6 +59,43 @@ def rss_mb() -> float:
 
 def peak_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost",
+    )]  # fmt: skip
+
+
+def heap_mb() -> tuple[float, float]:
+    """glibc's heap (``mallinfo2``, every arena): MB in use (``uordblks + hblkhd``), MB free but kept (``fordblks``).
+
+    ``(nan, nan)`` where there is no ``mallinfo2`` (not glibc, or glibc before 2.33).
+    """
+    try:
+        info = ctypes.CDLL(None).mallinfo2
+    except (OSError, AttributeError):
+        return float("nan"), float("nan")
+    info.restype = _Mallinfo2
+    m = info()
+    return (m.uordblks + m.hblkhd) / 2**20, m.fordblks / 2**20
+
+
+#: The columns ``--csv`` writes after every call.
+CSV_COLUMNS = (
+    "call", "rss_mb", "backend", "grammars", "grammar_mb", "tokenizers", "tokenizer_mb", "heap_used_mb",
+    "heap_free_mb",
+)  # fmt: skip
+
+
+def csv_row(call: int, rss: float, backend: str) -> str:
+    """One ``--csv`` line: RSS, the caches' entries and estimated MB (``grammars.cache_info``), the glibc heap."""
+    from grammars import cache_info
+
+    info = cache_info()
+    used, free = heap_mb()
+    return (f"{call},{rss:.1f},{backend},{info['grammars']},{info['grammar_bytes'] / 2**20:.1f},"
+            f"{info['tokenizers']},{info['tokenizer_bytes'] / 2**20:.1f},{used:.1f},{free:.1f}")  # fmt: skip
 
 
 @dataclass
@@ -144,7 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--generate", action="store_true", help="generate 16 tokens with the embedded model instead")
     parser.add_argument("--max-new-tokens", type=int, default=16)
     parser.add_argument("--plot", default=None, help="write RSS against calls to this image (matplotlib)")
-    parser.add_argument("--csv", default=None, help="append 'call,rss_mb' to this file after every call")
+    parser.add_argument("--csv", default=None,
+                        help="write a line after every call to this file (columns: CSV_COLUMNS)")  # fmt: skip
     parser.add_argument("--plot-from", default=None,
                         help="only plot a --csv file written by an earlier (possibly unfinished) run into --plot")  # fmt: skip
     parser.add_argument("--tokenizer", default="smollm2-135m", help="'smollm2-135m' (default) or 'toy' (tests)")
@@ -152,12 +197,12 @@ def main(argv: list[str] | None = None) -> int:
     backends = tuple(b for b in args.backends.split(",") if b)
     if args.plot_from:
         rows = [line.split(",") for line in Path(args.plot_from).read_text().split()[1:]]
-        readings_from = [float(rss) for _, rss in rows]
+        readings_from = [float(row[1]) for row in rows]
         warm_from = args.warm_up if args.warm_up is not None else max(1, len(readings_from) // 10)
         plot(readings_from, warm_from, args.plot, f"{len(readings_from)} calls ({args.plot_from})")
         return 0
 
-    from grammars import CompileTimeout, GrammarError, set_cache_limits
+    from grammars import CompileTimeout, GrammarError, cache_info, clear_grammar_cache, set_cache_limits
 
     set_cache_limits(grammar_mb=args.cache_mb, grammar_count=args.cache_count)
     start = rss_mb()
@@ -182,11 +227,16 @@ def main(argv: list[str] | None = None) -> int:
     records = schema_records(args.schemas, args.max_schemas)
     outcome = Outcome()
     readings: list[float] = []
+    held: list[float] = []  # the caches' estimated MB after each call
+    warm = max(1, min(args.warm_up if args.warm_up is not None else args.calls // 10, args.calls))
+    floor_warm = floor_end = 0.0
+    first_eviction = None
     began = time.perf_counter()
     log = open(args.csv, "w") if args.csv else None  # closed below
     if log:
-        log.write("call,rss_mb\n")
+        log.write(",".join(CSV_COLUMNS) + "\n")
     for i, (record, backend) in enumerate(calls(records, backends, args.calls)):
+        before = cache_info()
         if args.generate:
             import grammarspec
 
@@ -206,18 +256,32 @@ def main(argv: list[str] | None = None) -> int:
             slow = {"schema": slow_schema(i), "examples": []}
             grammar_call(slow, "outlines", tokenizer, 0.05, outcome)
         readings.append(rss_mb())
+        info = cache_info()
+        held.append((info["grammar_bytes"] + info["tokenizer_bytes"]) / 2**20)
+        shrank = info["grammars"] < before["grammars"] or info["grammar_bytes"] < before["grammar_bytes"]
+        if first_eviction is None and shrank:  # the grammar cache reached a bound
+            first_eviction = i + 1
         if log:
-            log.write(f"{i + 1},{readings[-1]:.1f}\n")
+            log.write(csv_row(i + 1, readings[-1], backend) + "\n")
             log.flush()
         if (i + 1) % 50 == 0:
             print(f"  call {i + 1:5d}: {readings[-1]:8.1f} MB RSS, peak {peak_mb():8.1f} MB", flush=True)
+        if i + 1 == warm:  # the memory that is not the caches': what must not grow from here on
+            clear_grammar_cache()
+            floor_warm = rss_mb()
+    clear_grammar_cache()
+    floor_end = rss_mb()
     if log:
         log.close()
     n = len(readings)
-    warm = args.warm_up if args.warm_up is not None else max(1, n // 10)
-    baseline = readings[min(warm, n) - 1]
+    baseline = readings[warm - 1]
     end = readings[-1]
     after = readings[warm:] or [end]
+    # After the warm-up every reading should be the emptied floor plus the caches' contents, which their estimate
+    # covers: what stays above that for two readings in a row (a grammar the call itself still held, such as one
+    # larger than the whole cache bound -- returned, not kept -- is trimmed by the next call).
+    above = [r - floor_warm - h for r, h in zip(readings[warm:], held[warm:])]
+    beyond = max((min(a, b) for a, b in zip(above, above[1:])), default=above[0] if above else 0.0)
     minutes = (time.perf_counter() - began) / 60
     print()
     print(f"memory check: {n} calls over {len(records)} schemas x {', '.join(backends)}; "
@@ -226,30 +290,42 @@ def main(argv: list[str] | None = None) -> int:
           f"{outcome.compiled} compiled, {outcome.refused} refused, {outcome.timed_out} timed out; {minutes:.1f} min")  # fmt: skip
     print(f"RSS: process start {start:.1f} MB, after loading {loaded:.1f} MB, after the warm-up ({warm} calls) "
           f"{baseline:.1f} MB, max after it {max(after):.1f} MB, at the end {end:.1f} MB; peak {peak_mb():.1f} MB")  # fmt: skip
-    growth = end - baseline
-    ok = growth < args.limit_mb and (args.peak_limit_mb is None or peak_mb() < args.peak_limit_mb)
+    print(f"grammar cache: first eviction at call {first_eviction or '-'}; caches' estimate after the warm-up "
+          f"{min(held[warm:] or [0]):.1f} to {max(held[warm:] or [0]):.1f} MB")  # fmt: skip
+    print(f"RSS with the caches emptied (clear_grammar_cache): after the warm-up {floor_warm:.1f} MB, "
+          f"at the end {floor_end:.1f} MB")  # fmt: skip
+    growth = floor_end - floor_warm
+    bounded = beyond < args.limit_mb
+    ok = growth < args.limit_mb and bounded and (args.peak_limit_mb is None or peak_mb() < args.peak_limit_mb)
+    print(f"after the warm-up, RSS above the emptied floor plus the caches' estimated bytes: at most {max(above or [0]):+.1f} MB, "
+          f"{beyond:+.1f} MB for two calls in a row (limit {args.limit_mb:.0f} MB): {'OK' if bounded else 'FAIL'}")  # fmt: skip
     print(f"growth after warm-up: {growth:+.1f} MB (limit {args.limit_mb:.0f} MB)"
           + (f"; peak limit {args.peak_limit_mb:.0f} MB" if args.peak_limit_mb else "") + f": {'OK' if ok else 'FAIL'}")  # fmt: skip
     if args.plot:
-        plot(readings, warm, args.plot, f"{n} calls, {len(records)} schemas x {len(backends)} backends")
+        ceiling = [floor_warm + h for h in held]
+        plot(readings, warm, args.plot, f"{n} calls, {len(records)} schemas x {len(backends)} backends", ceiling)
     return 0 if ok else 1
 
 
-def plot(readings: list[float], warm: int, path: str, title: str) -> None:
-    """RSS against calls, the warm-up shaded."""
+def plot(readings: list[float], warm: int, path: str, title: str, ceiling: list[float] | None = None) -> None:
+    """RSS against calls, the warm-up shaded; ``ceiling``: the emptied floor plus the caches' estimated bytes."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 3.5))
-    ax.plot(range(1, len(readings) + 1), readings, lw=1.2)
+    ax.plot(range(1, len(readings) + 1), readings, lw=1.2, label="RSS")
+    if ceiling:
+        calls_after = range(warm + 1, len(ceiling) + 1)
+        ax.plot(calls_after, ceiling[warm:], lw=0.8, ls="--", color="0.4",
+                label="floor after warm-up + caches' estimate")  # fmt: skip
     ax.axvspan(0, warm, color="0.9", label="warm-up")
     ax.set_xlabel("call")
     ax.set_ylabel("resident memory (MB)")
-    ax.set_ylim(0, max(readings) * 1.15)
+    ax.set_ylim(0, max(readings + (ceiling or [])) * 1.15)
     ax.set_title(f"tools/memory_check.py: {title}")
-    ax.legend(loc="lower right")
+    ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
