@@ -48,6 +48,7 @@ class TokenText:
         self._cache: OrderedDict[str, tuple[int, ...]] = OrderedDict()
         self._bytes: list[bytes] | None = None
         self._sorted: tuple[list[bytes], list[int]] | None = None
+        self._extensions: dict[int, tuple[int, ...]] = {}  # token -> extensions(token)
         self.special_ids: frozenset[int] = frozenset(int(t) for t in (tokenizer.all_special_ids or ()))
 
     @property
@@ -65,17 +66,20 @@ class TokenText:
             table = self.vocab_bytes
             order = sorted((i for i in range(len(table)) if i not in self.special_ids), key=table.__getitem__)
             self._sorted = ([table[i] for i in order], order)  # a race builds it twice, harmlessly
+        found = self._extensions.get(token)
+        if found is not None:
+            return list(found)
         keys, ids = self._sorted
         table = self.vocab_bytes
         prefix = table[token] if 0 <= token < len(table) else b""
         if not prefix:
             return []
-        out = []
-        for j in range(bisect.bisect_right(keys, prefix), len(keys)):
-            if not keys[j].startswith(prefix):
-                break
-            out.append(ids[j])
-        return out
+        start = bisect.bisect_right(keys, prefix)
+        end = bisect.bisect_left(keys, prefix + b"\xff" * 8, start)  # every longer key with this prefix sorts before
+        while end < len(keys) and keys[end].startswith(prefix):  # ... unless it goes on with more 0xff bytes
+            end += 1
+        found = self._extensions[token] = tuple(ids[start:end])  # one entry per token at most
+        return list(found)
 
     def bytes_of(self, ids: Sequence[int]) -> bytes:
         """The bytes ``ids`` spell (ids outside the vocabulary spell nothing)."""
