@@ -22,7 +22,12 @@ schema a backend refuses is not compiled again, and a compile that ran past
 When several threads ask for the same missing entry, one compiles and the
 others wait for its result.
 
-**Deadlines** (``compile_timeout=``) stop the work, per backend:
+**Deadlines** (``compile_timeout=T``) bound one call: ``T`` seconds are shared by everything the call
+compiles -- the backend asked for, the other backends tried to suggest one after a refusal, and
+``backend="auto"``'s fallbacks -- each compile getting the time the ones before it left (at most
+:data:`SUGGESTION_TIMEOUT` for a suggestion).  Once ``T`` is spent, nothing more is compiled (cached
+grammars and remembered errors still answer), and the message says which backends were not tried.  Within a
+compile the work is stopped per backend:
 
 * xgrammar and outlines-core compile in a forked worker process (it inherits
   the tokenizer-level state, so it starts in milliseconds) that sends the
@@ -79,7 +84,8 @@ GRAMMAR_CACHE_BYTES = 512 * _MIB
 TOKENIZER_CACHE_BYTES = 256 * _MIB
 #: How many compile errors are remembered (messages only; a few hundred bytes each).
 FAILURE_CACHE_SIZE = 512
-#: How long a backend may take to compile when it is tried in order to suggest it (a failed compile's advice).
+#: How long a backend may take to compile when it is tried in order to suggest it (a failed compile's advice);
+#: with ``compile_timeout`` set, at most what the call has left of it.
 SUGGESTION_TIMEOUT = 30.0
 #: From how many values an ``enum`` makes xgrammar slow to compile (about 1.5 s at 20,000, 62 s at 100,000).
 LARGE_ENUM = 10_000
@@ -103,6 +109,33 @@ class CompileTimeout(GrammarError):
 
 class _CompileFailed(GrammarError):
     """A backend refused the grammar (the message says why)."""
+
+
+class _NotTried(CompileTimeout):
+    """A backend was not tried: the call's ``compile_timeout`` was spent before it (nothing is remembered)."""
+
+
+class _Budget:
+    """The compile time one :func:`compile_grammar` call has left (``compile_timeout``), over every backend it tries.
+
+    Spent by each compile as it runs (wall time); building a tokenizer-level
+    state is given back (it is not the grammar's work, and it is built once
+    per tokenizer).  ``total=None``: no deadline.  One call's own: not shared.
+    """
+
+    def __init__(self, total: float | None) -> None:
+        self.total = total
+        self.spent = 0.0
+
+    def left(self, limit: float | None = None) -> float | None:
+        """Seconds left (``None``: no deadline), at most ``limit``."""
+        if self.total is None:
+            return limit
+        left = max(0.0, self.total - self.spent)
+        return left if limit is None else min(left, limit)
+
+    def spend(self, seconds: float) -> None:
+        self.spent += seconds
 
 
 class _LRU(Generic[T]):
@@ -358,10 +391,13 @@ def compile_grammar(
     :mod:`grammars.select`).
     ``strict``: a schema keyword the backend does not enforce is a
     :class:`GrammarError` instead of a :class:`GrammarWarning`.
-    ``compile_timeout``: seconds one backend may take to compile (the
-    tokenizer-level state, built once per tokenizer, does not count); past
-    it, a :class:`CompileTimeout` (a :class:`GrammarError`) and the compile
-    is stopped: see the module docstring.  Default: no limit.
+    ``compile_timeout``: seconds this call may spend compiling, over every
+    backend it tries (after a refusal, the other backends it tries in order
+    to suggest one; ``"auto"``'s fallbacks), each getting what the ones
+    before left; the tokenizer-level state, built once per tokenizer, does
+    not count.  Past it, a :class:`CompileTimeout` (a :class:`GrammarError`)
+    and the compile is stopped; backends not tried for lack of time are
+    named in the message: see the module docstring.  Default: no limit.
 
     The result's ``backend``, ``backend_reason`` and ``unenforced`` say which
     backend compiled it, why, and which schema features it does not enforce.
@@ -389,8 +425,14 @@ def compile_grammar(
     vocab_size = _vocab_size(vocab_size, tok_size)
     stops = _stop_ids(stop_token_ids, eos, vocab_size)
 
-    def compile_with(backend_name: str, timeout: float | None = compile_timeout) -> CompiledGrammar:
-        return _compile_one(backend_name, spec, tokenizer, tok_key, vocab_size, stops, timeout)
+    budget = _Budget(compile_timeout)
+
+    def compile_with(backend_name: str, limit: float | None = None) -> CompiledGrammar:
+        started = time.monotonic()
+        try:
+            return _compile_one(backend_name, spec, tokenizer, tok_key, vocab_size, stops, budget, limit)
+        finally:
+            budget.spend(time.monotonic() - started)
 
     if name == "auto":
         from .select import choose
@@ -403,7 +445,7 @@ def compile_grammar(
         except _CompileFailed as e:
             if _NO_VALUE in str(e):  # no backend can help
                 raise
-            raise GrammarError(f"{e} {_alternatives(name, spec, compile_with, compile_timeout)}") from None
+            raise GrammarError(f"{e} {_alternatives(name, spec, compile_with, budget)}") from None
     _report_unenforced(result, strict)
     return result
 
@@ -412,40 +454,62 @@ def compile_grammar(
 _NO_VALUE = "accepts no value"
 
 
-def _alternatives(
-    failed: str, spec: GrammarSpec, compile_with: Callable[..., CompiledGrammar], timeout: float | None
-) -> str:
-    """Which other backends compile ``spec``, found by compiling it on each (cached, so switching is free)."""
+def _alternatives(failed: str, spec: GrammarSpec, compile_with: Callable[..., CompiledGrammar], budget: _Budget) -> str:
+    """Which other backends compile ``spec``, found by compiling it on each (cached, so switching is free).
+
+    Each gets what the call has left of its ``compile_timeout`` (at most
+    :data:`SUGGESTION_TIMEOUT`); once that is spent the rest are not tried,
+    and the advice says so.
+    """
     from .capabilities import unenforced
     from .select import PREFERENCE
 
-    limit = min(timeout, SUGGESTION_TIMEOUT) if timeout is not None else SUGGESTION_TIMEOUT
     compiles: list[str] = []
     notes: list[str] = []
+    tried: list[str] = []
+    untried: list[str] = []
     for other in PREFERENCE:
         if other == failed:
             continue
+        limit = budget.left(SUGGESTION_TIMEOUT)
         try:
-            compile_with(other, limit)
+            compile_with(other, SUGGESTION_TIMEOUT)
+        except _NotTried:
+            untried.append(other)
+            continue
         except CompileTimeout:
-            notes.append(f"{other} did not finish within {limit:g} s")
+            tried.append(other)
+            notes.append(f"{other} did not finish within {limit:.3g} s")
             continue
         except GrammarError:
+            tried.append(other)
             continue
+        tried.append(other)
         gaps = unenforced(spec.schema, other) if spec.kind == "json_schema" else []
         compiles.append(f"backend='{other}'" + (f" (it does not enforce {', '.join(gaps)})" if gaps else ""))
-    tried = ", ".join(b for b in PREFERENCE if b != failed)
+    if untried:
+        notes.append(
+            f"{', '.join(untried)} not tried: compile_timeout={budget.total:g} s was spent; raise it to find out "
+            f"whether {'it compiles' if len(untried) == 1 else 'they compile'} this grammar"
+        )
     detail = f" ({'; '.join(notes)})" if notes else ""
     if not compiles:
-        return f"No other backend compiles it either (tried {tried}){detail}."
+        if not tried:
+            return f"No other backend was tried{detail}."
+        return f"No other backend compiles it either (tried {', '.join(tried)}){detail}."
     return f"Try {' or '.join(compiles)}: tried, {'it compiles' if len(compiles) == 1 else 'they compile'} this grammar{detail}."
 
 
 def _compile_one(
     name: str, spec: GrammarSpec, tokenizer: Any, tok_key: Hashable, vocab_size: int, stops: tuple[int, ...],
-    timeout: float | None,
+    budget: _Budget, limit: float | None = None,
 ) -> CompiledGrammar:  # fmt: skip
-    """The cached grammar of ``spec`` on backend ``name``, compiled under ``timeout`` when missing."""
+    """The cached grammar of ``spec`` on backend ``name``, compiled when missing within what ``budget`` has left.
+
+    ``limit``: at most this many seconds (also without a deadline).  A
+    missing grammar is not compiled once the budget is spent
+    (:class:`_NotTried`, not remembered).
+    """
     module = _backend_module(name)
     prepared_key = (name, tok_key, vocab_size, stops)
     key = prepared_key + (spec,)
@@ -453,12 +517,20 @@ def _compile_one(
     def build() -> CompiledGrammar:
         from .capabilities import unenforced
 
+        timeout = budget.left(limit)
         _failures.check(key, timeout)  # compiled before, and refused or ran past this deadline
+        if timeout is not None and timeout <= 0:
+            raise _NotTried(
+                f"{name} was not tried: compile_timeout={budget.total:g} s was spent on the backends before it; "
+                "raise compile_timeout"
+            )
+        started = time.monotonic()
         prepared = _prepared.get(prepared_key, lambda: module.prepare(tokenizer, vocab_size, stops))
+        budget.spend(started - time.monotonic())  # the tokenizer-level state does not count
         if timeout is None:
             _warn_if_slow(name, spec)
         try:
-            compiled = _run(module, name, prepared, spec, vocab_size, stops, timeout)
+            compiled = _run(module, name, prepared, spec, vocab_size, stops, timeout, total=budget.total)
         except CompileTimeout as e:
             _failures.add(key, str(e), timeout)
             raise
@@ -474,19 +546,22 @@ def _compile_one(
 
 def _run(
     module: Any, name: str, prepared: Any, spec: GrammarSpec, vocab_size: int, stops: tuple[int, ...],
-    timeout: float | None,
+    timeout: float | None, total: float | None = None,
 ) -> CompiledGrammar:  # fmt: skip
-    """Compile ``spec`` on one backend within ``timeout`` seconds (see the module docstring for how)."""
+    """Compile ``spec`` on one backend within ``timeout`` seconds (see the module docstring for how).
+
+    ``total``: the call's whole ``compile_timeout``, when ``timeout`` is what is left of it (for the message).
+    """
     if timeout is None:
         return module.compile_spec(prepared, spec, vocab_size, stops)
     if not hasattr(module, "serialize") or not hasattr(os, "fork"):  # llguidance: bounded by its own limits
         started = time.monotonic()
         compiled = module.compile_spec(prepared, spec, vocab_size, stops)
         if time.monotonic() - started > timeout:
-            raise CompileTimeout(_timeout_message(name, spec, timeout, "it finished late and was dropped"))
+            raise CompileTimeout(_timeout_message(name, spec, timeout, "it finished late and was dropped", total))
         return compiled
     payload = _in_worker(lambda: module.serialize(module.compile_spec(prepared, spec, vocab_size, stops)),
-                         timeout, name, spec)  # fmt: skip
+                         timeout, name, spec, total)  # fmt: skip
     compiled = module.deserialize(prepared, payload, vocab_size, stops)
     if int(getattr(compiled, "nbytes", 0)) < len(payload):
         # A grammar read back from its serialised form holds about that many bytes: xgrammar's deserialised
@@ -496,7 +571,9 @@ def _run(
     return compiled
 
 
-def _in_worker(work: Callable[[], bytes], timeout: float, name: str, spec: GrammarSpec) -> bytes:
+def _in_worker(
+    work: Callable[[], bytes], timeout: float, name: str, spec: GrammarSpec, total: float | None = None
+) -> bytes:
     """``work()`` in a forked child process; its bytes, or :class:`CompileTimeout` after killing it at the deadline.
 
     The child inherits the parent's memory (the tokenizer-level state is
@@ -536,7 +613,7 @@ def _in_worker(work: Callable[[], bytes], timeout: float, name: str, spec: Gramm
                 os.kill(pid, signal.SIGKILL)
                 os.waitpid(pid, 0)
                 reaped = True
-                raise CompileTimeout(_timeout_message(name, spec, timeout, "its worker process was killed"))
+                raise CompileTimeout(_timeout_message(name, spec, timeout, "its worker process was killed", total))
             chunk = os.read(read_end, 1 << 20)
             if not chunk:
                 break
@@ -568,7 +645,8 @@ def _in_worker(work: Callable[[], bytes], timeout: float, name: str, spec: Gramm
     raise GrammarError(f"{name} failed while compiling the grammar: {body.decode(errors='replace')}")
 
 
-def _timeout_message(name: str, spec: GrammarSpec, timeout: float, how: str) -> str:
+def _timeout_message(name: str, spec: GrammarSpec, timeout: float, how: str, total: float | None = None) -> str:
+    """Why ``name`` stopped; ``total``: the call's ``compile_timeout`` when ``timeout`` was only what it had left."""
     hint = ""
     values = _largest_enum(spec.schema) if spec.is_json else 0
     if name == "xgrammar" and values >= LARGE_ENUM:
@@ -576,8 +654,13 @@ def _timeout_message(name: str, spec: GrammarSpec, timeout: float, how: str) -> 
             f" This schema has an enum of {values:,} values, and xgrammar's compile time grows fast with it "
             "(about 1.5 s at 20,000 values, 62 s at 100,000)."
         )
+    within = f"compile_timeout={timeout:g} s"
+    if total is not None and timeout < total:
+        within = (
+            f"the {timeout:.3g} s left of compile_timeout={total:g} s (the backends tried before it spent the rest)"
+        )
     return (
-        f"{name} did not compile the grammar within compile_timeout={timeout:g} s ({how}; it uses no more CPU "
+        f"{name} did not compile the grammar within {within} ({how}; it uses no more CPU "
         f"or memory).{hint} Raise compile_timeout, or simplify the schema."
     )
 

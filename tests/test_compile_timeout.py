@@ -59,9 +59,15 @@ class Spy:
         self.calls: list[tuple[str, float | None]] = []
         real = compile_module._run
 
-        def run(module, name, prepared, spec, vocab_size, stops, timeout):
+        def run(module, name, prepared, spec, vocab_size, stops, timeout, **kwargs):
             self.calls.append((name, timeout))
-            return real(module, name, prepared, spec, vocab_size, stops, timeout)
+            started = time.monotonic()
+            try:
+                return real(module, name, prepared, spec, vocab_size, stops, timeout, **kwargs)
+            finally:
+                self.seconds.append(time.monotonic() - started)
+
+        self.seconds: list[float] = []  # how long each compile ran
 
         monkeypatch.setattr(compile_module, "_run", run)
 
@@ -193,3 +199,27 @@ def test_a_timeout_on_a_large_enum_says_why(monkeypatch):
     assert (
         "enum of 20,000 values" in message and "compile_timeout=5 s" in message and "Raise compile_timeout" in message
     )
+
+
+def test_one_deadline_covers_every_backend_a_call_compiles(toy, monkeypatch):
+    """Issue 27: after a refusal, the backends tried to suggest one each got the whole compile_timeout again.
+
+    llguidance refuses uniqueItems at once; xgrammar and outlines-core (slow: 300 patterned strings) are then
+    compiled to suggest one, each with only what the ones before left of the same deadline.
+    """
+    spy = Spy(monkeypatch)
+    schema = slow_schema("d", 300)
+    schema["properties"]["tags"] = {"type": "array", "items": {"type": "string"}, "uniqueItems": True}
+    deadline = 0.5
+    with pytest.raises(GrammarError, match=r"llguidance cannot compile .*uniqueItems") as info:
+        compile_grammar(grammar_spec(schema=schema), toy, backend="llguidance", compile_timeout=deadline)
+    assert [name for name, _ in spy.calls][:1] == ["llguidance"] and spy.calls[0][1] == deadline
+    spent = 0.0
+    for (name, given), took in zip(spy.calls, spy.seconds):
+        assert given is not None and given <= deadline - spent + 1e-9, (name, given, spent, spy.calls)
+        spent += took
+    if [name for name, _ in spy.calls] != ["llguidance", "xgrammar", "outlines"]:  # the deadline was spent first
+        assert "not tried: compile_timeout=0.5 s was spent" in str(info.value)
+    else:
+        assert "outlines did not finish within" in str(info.value)  # it got the rest, not 0.5 s again
+    assert psutil.Process().children(recursive=True) == []
