@@ -536,8 +536,8 @@ def _cmd_batch_bench(args: argparse.Namespace, command: str, tasks: list[Any], o
         raise CliError("--batch-size needs the arm auto (the table compares it with the others)")
     runs = run_batch_bench(model, tokenizer, tasks, sizes, max_new, progress=progress, arms=arms)
     out.mkdir(parents=True, exist_ok=True)
-    table = batch_table(runs)
     (out / "batch.json").write_text(json.dumps({"command": command, "runs": [r.as_dict() for r in runs]}, indent=1))
+    table = batch_table(runs)
     (out / "batch.md").write_text(f"`{command}`\n\n{table}\n", encoding="utf-8")
     if not args.no_plots:
         from .bench.plots import plot_batch_throughput

@@ -321,3 +321,20 @@ def test_the_batch_bench_serves_every_task_in_both_arms_with_identical_greedy_ou
         assert len(auto.latencies) == len(tasks) and auto.categories["tool_call"][0] == auto.tokens
     table = batch_table(runs)
     assert table.count("\n") == 3 and "3/3" in table
+
+
+def test_the_batch_table_reads_runs_without_the_baseline_arm_and_counts_agreement_over_the_arms_that_ran():
+    from grammarspec.bench.batch import BatchRun, batch_table
+
+    def run(arm: str, size: int, outputs: dict[str, list[int]], seconds: float) -> BatchRun:
+        tokens = sum(map(len, outputs.values()))
+        return BatchRun(arm, size, seconds=seconds, tokens=tokens, row_passes=tokens // 2, latencies=[seconds],
+                        outputs=outputs, categories={"tool_call": [tokens, seconds]}, drafted=tokens)  # fmt: skip
+
+    same, other = {"a": [1, 2, 3, 4], "b": [5, 6]}, {"a": [1, 2, 3, 4], "b": [5, 7]}
+    alone = batch_table([run("auto", 1, same, 2.0), run("auto", 4, same, 1.0)])
+    rows = alone.splitlines()[2:]
+    assert len(rows) == 2 and rows[1].startswith("| 4 | - | - | 6.0 | - | - | 2.00x | 2.00 |")
+    assert rows[1].rstrip().endswith("| - | - |")  # no baseline: no category ratio, no agreement to count
+    with_none = batch_table([run("auto", 1, same, 2.0), run("none", 1, other, 3.0)])
+    assert "| 1 | - | 2.0 | 3.0 | - | 1.50x |" in with_none and with_none.rstrip().endswith("| - | 1/2 |")

@@ -6,11 +6,13 @@
 The target is a 1-layer random Llama (hidden 64) with the embedded
 tokenizer's vocabulary, built here (no download): it stands for a small model
 on a GPU, where the host is the limit.  Arms, interleaved (the order
-alternates from batch size to batch size): ``baseline`` (Hugging Face
+alternates from batch to batch): ``baseline`` (Hugging Face
 ``generate`` with xgrammar's logits processor), grammarspec ``none`` and
 ``auto``.  The task list is cut, in order, into batches of ``B``; each batch is
-one call of each arm.  Reported per arm and ``B``: tokens/s, ms per target
-pass, and for grammarspec the seconds of each phase of the step (forced,
+one call of each arm, the three calls back to back, so a slow spell of the
+machine falls on every arm alike.  The whole run is repeated ``--repeat``
+times; the table gives medians over the repeats (and every repeat's ratio).
+Reported per arm and ``B``: tokens/s, ms per target pass, and for grammarspec the seconds of each phase of the step (forced,
 propose, walk, forward, verify, commit: ``GenerationStats.phases``, taken from
 the row that stayed longest in each call, which took part in every step).
 Greedy outputs of the arms are compared row by row (they must be identical).
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -79,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit", type=int, default=None, help="the first N tasks only")
     parser.add_argument("--batch-sizes", default="1,16")
     parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--repeat", type=int, default=3, help="repeats of the whole run (the table: medians)")
     parser.add_argument("--out", default=None, help="directory for overhead.json and overhead.md")
     args = parser.parse_args(argv)
     sizes = [int(x) for x in args.batch_sizes.split(",")]
@@ -92,23 +96,32 @@ def main(argv: list[str] | None = None) -> int:
             items.append((task, _prompt(tokenizer, task), prepare_grammars(model, tokenizer, baseline, task.schema)))
         except grammarspec.GrammarError:
             continue
-    results: dict[str, dict[str, Any]] = {}
+    if args.repeat < 1:
+        parser.error(f"--repeat must be at least 1, got {args.repeat}")
+    results: dict[str, list[dict[str, Any]]] = {}
     for arm in ARMS:  # warm-up, untimed: first calls pay one-off costs (kernels, tables, the pass cost profile)
         run_arm(arm, model, tokenizer, items[:1], eos, 8)
-    for n, size in enumerate(sizes):
-        order = ARMS if n % 2 == 0 else ARMS[::-1]
-        for arm in order:
-            total = {"tokens": 0, "seconds": 0.0, "passes": 0, "phases": dict.fromkeys(PHASES, 0.0), "outputs": []}
+    turn = 0
+    for repeat in range(args.repeat):
+        for size in sizes:
+            totals = {arm: {"tokens": 0, "seconds": 0.0, "passes": 0, "phases": dict.fromkeys(PHASES, 0.0),
+                            "outputs": []} for arm in ARMS}  # fmt: skip
             for first in range(0, len(items), size):
-                got = run_arm(arm, model, tokenizer, items[first : first + size], eos, args.max_new_tokens)
-                total["tokens"] += sum(map(len, got["outputs"]))
-                total["seconds"] += got["seconds"]
-                total["passes"] += got["passes"]
-                total["outputs"] += got["outputs"]
-                for phase, seconds in got["phases"].items():
-                    total["phases"][phase] = total["phases"].get(phase, 0.0) + seconds
-            results[f"{arm}@{size}"] = total
-            print(f"B={size} {arm}: {total['tokens']} tokens in {total['seconds']:.2f}s", file=sys.stderr)
+                for arm in ARMS if turn % 2 == 0 else ARMS[::-1]:
+                    got = run_arm(arm, model, tokenizer, items[first : first + size], eos, args.max_new_tokens)
+                    total = totals[arm]
+                    total["tokens"] += sum(map(len, got["outputs"]))
+                    total["seconds"] += got["seconds"]
+                    total["passes"] += got["passes"]
+                    total["outputs"] += got["outputs"]
+                    for phase, seconds in got["phases"].items():
+                        total["phases"][phase] = total["phases"].get(phase, 0.0) + seconds
+                turn += 1
+            for arm in ARMS:
+                results.setdefault(f"{arm}@{size}", []).append(totals[arm])
+            print(f"repeat {repeat + 1} B={size}: " + ", ".join(
+                f"{arm} {totals[arm]['tokens']} tokens in {totals[arm]['seconds']:.2f}s" for arm in ARMS),
+                file=sys.stderr)  # fmt: skip
     table = overhead_table(results, sizes)
     print(table)
     if args.out:
@@ -128,25 +141,34 @@ def _per_pass(run: dict[str, Any]) -> float:
     return 1e3 * run["seconds"] / run["passes"] if run["passes"] else 0.0
 
 
-def _phases(run: dict[str, Any]) -> str:
-    passes = run["passes"] or 1
-    return " / ".join(f"{1e3 * run['phases'].get(p, 0.0) / passes:.2f}" for p in PHASES)
+def _phases(runs: list[dict[str, Any]]) -> str:
+    """Each phase's milliseconds per target pass, over all repeats."""
+    passes = sum(r["passes"] for r in runs) or 1
+    return " / ".join(f"{1e3 * sum(r['phases'].get(p, 0.0) for r in runs) / passes:.2f}" for p in PHASES)
 
 
-def overhead_table(results: dict[str, dict[str, Any]], sizes: list[int]) -> str:
-    """Markdown: tokens/s per arm, ms per target pass, the phases per pass, identical outputs."""
+def overhead_table(results: dict[str, list[dict[str, Any]]], sizes: list[int]) -> str:
+    """Markdown: medians over the repeats of tokens/s per arm and ms per target pass; phases; identical outputs."""
     lines = ["| B | baseline tok/s | none tok/s | auto tok/s | ms/pass none | ms/pass auto | auto / none per pass "
-             "| none: " + " / ".join(PHASES) + " (ms/pass) | auto: same | identical |",
-             "|---:|---:|---:|---:|---:|---:|---:|---|---|---:|"]  # fmt: skip
+             "| each repeat | none: " + " / ".join(PHASES) + " (ms/pass) | auto: same | identical |",
+             "|---:|---:|---:|---:|---:|---:|---:|---|---|---|---:|"]  # fmt: skip
     for size in sizes:
         r = {arm: results[f"{arm}@{size}"] for arm in ARMS}
+        ratios = [_per_pass(a) / _per_pass(n) if _per_pass(n) else 0.0 for a, n in zip(r["auto"], r["none"])]
+        same = total = 0
+        for base, none, auto in zip(r["baseline"], r["none"], r["auto"]):
+            same += sum(a == b == c for a, b, c in zip(base["outputs"], none["outputs"], auto["outputs"]))
+            total += len(auto["outputs"])
 
-        same = sum(a == b == c for a, b, c in zip(r["baseline"]["outputs"], r["none"]["outputs"], r["auto"]["outputs"]))
-        none, auto = _per_pass(r["none"]), _per_pass(r["auto"])
-        ratio = auto / none if none else 0.0
-        lines.append(f"| {size} | {_rate(r['baseline']):.1f} | {_rate(r['none']):.1f} | {_rate(r['auto']):.1f} | "
-                     f"{none:.2f} | {auto:.2f} | {ratio:.2f}x | {_phases(r['none'])} | "
-                     f"{_phases(r['auto'])} | {same}/{len(r['auto']['outputs'])} |")  # fmt: skip
+        def median(values: list[float]) -> float:
+            return statistics.median(values) if values else 0.0
+
+        rate = {arm: median([_rate(x) for x in r[arm]]) for arm in ARMS}
+        per_pass = {arm: median([_per_pass(x) for x in r[arm]]) for arm in ("none", "auto")}
+        lines.append(f"| {size} | {rate['baseline']:.1f} | {rate['none']:.1f} | {rate['auto']:.1f} | "
+                     f"{per_pass['none']:.2f} | {per_pass['auto']:.2f} | {median(ratios):.2f}x | "
+                     f"{', '.join(f'{x:.2f}' for x in ratios)} | {_phases(r['none'])} | {_phases(r['auto'])} | "
+                     f"{same}/{total} |")  # fmt: skip
     return "\n".join(lines)
 
 

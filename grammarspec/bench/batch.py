@@ -205,8 +205,20 @@ def _add(run: BatchRun, tasks: Sequence[BenchTask], outputs: list[list[int]], la
         run.categories.setdefault(task.category, [0.0, 0.0])[0] += len(out)
 
 
+def _rate(run: BatchRun | None) -> str:
+    return f"{run.throughput:.1f}" if run is not None else "-"
+
+
+def _over(auto: BatchRun, run: BatchRun | None) -> str:
+    return f"{auto.throughput / run.throughput:.2f}x" if run is not None and run.throughput else "-"
+
+
 def batch_table(runs: Sequence[BatchRun]) -> str:
-    """Markdown: throughput, ratios, tokens per pass, drafted tokens, latency and agreement per batch size."""
+    """Markdown: throughput, ratios, tokens per pass, drafted tokens, latency and agreement per batch size.
+
+    An arm left out (``--arms auto``) shows ``-`` in its columns; identical outputs are counted against
+    the arms that ran (``-`` when auto ran alone).
+    """
     by = {(r.arm, r.batch_size): r for r in runs}
     sizes = sorted({r.batch_size for r in runs})
     auto1 = by.get(("auto", 1))
@@ -215,20 +227,20 @@ def batch_table(runs: Sequence[BatchRun]) -> str:
              "| lowest category (auto / baseline) | identical outputs |",
              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     for size in sizes:
-        base, auto, none = by[("baseline", size)], by[("auto", size)], by.get(("none", size))
-        same = sum(base.outputs.get(k) == v and (none is None or none.outputs.get(k) == v)
-                   for k, v in auto.outputs.items())  # fmt: skip
+        base, auto, none = by.get(("baseline", size)), by[("auto", size)], by.get(("none", size))
+        others = [r for r in (base, none) if r is not None]
+        same = sum(all(r.outputs.get(k) == v for r in others) for k, v in auto.outputs.items())
         ratios = {c: (auto.categories[c][0] / auto.categories[c][1]) / (base.categories[c][0] / base.categories[c][1])
-                  for c in auto.categories if base.categories.get(c, [0, 0])[1] and auto.categories[c][1]}  # fmt: skip
-        low = min(ratios.items(), key=lambda kv: kv[1]) if ratios else ("-", 0.0)
+                  for c in auto.categories
+                  if base is not None and base.categories.get(c, [0, 0])[1] and auto.categories[c][1]}  # fmt: skip
+        low = f"{min(ratios.items(), key=lambda kv: kv[1])[0]} {min(ratios.values()):.2f}x" if ratios else "-"
         vs1 = f"{auto.throughput / auto1.throughput:.2f}x" if auto1 and auto1.throughput else "-"
-        none_tps = f"{none.throughput:.1f}" if none else "-"
-        vs_none = f"{auto.throughput / none.throughput:.2f}x" if none and none.throughput else "-"
+        base_latency = f"{statistics.median(base.latencies):.2f}" if base is not None and base.latencies else "-"
         lines.append(
-            f"| {size} | {base.throughput:.1f} | {none_tps} | {auto.throughput:.1f} | "
-            f"{auto.throughput / base.throughput:.2f}x | {vs_none} | {vs1} | {auto.tokens_per_pass:.2f} | "
-            f"{auto.drafted_per_row:.2f} | "
-            f"{statistics.median(base.latencies):.2f} / {statistics.median(auto.latencies):.2f} | "
-            f"{low[0]} {low[1]:.2f}x | {same}/{len(auto.outputs)} |"
+            f"| {size} | {_rate(base)} | {_rate(none)} | {auto.throughput:.1f} | {_over(auto, base)} | {_over(auto, none)} | "
+            f"{vs1} | "
+            f"{auto.tokens_per_pass:.2f} | {auto.drafted_per_row:.2f} | "
+            f"{base_latency} / {statistics.median(auto.latencies):.2f} | {low} | "
+            f"{f'{same}/{len(auto.outputs)}' if others else '-'} |"
         )
     return "\n".join(lines)
