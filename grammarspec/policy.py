@@ -16,9 +16,8 @@ The (row, position) slots are taken in order of ``S`` (highest first; ``S``
 never rises along a row, so a row's slots come in prefix order), and the
 allocation is the prefix of that order with the highest goodput (the
 shortest on ties).  ``k = 0`` for a row is an ordinary outcome; so is ``k = 0``
-for every row (a plain step).  Leading tokens a row must verify
-(``forced[r]``: a fixed-length row's whole draft) are always taken: they
-count in the rows and the tokens, never in the order.
+for every row (a plain step).  Grammar-forced leading tokens (``forced[r]``)
+are always taken: they count in the rows and the tokens, never in the order.
 
 Worked example, the CPU prior (``cost(1) = 1``, ``cost(rows) = 1.3 + 0.03 * max(rows, 4)``)::
 
@@ -239,17 +238,17 @@ def batch_cost_model(model: Any) -> PassCost:
 
 
 def plan_drafts(drafts: Sequence[Draft], controllers: Sequence[Any], base_rows: int,
-                cost: Callable[[int], float]) -> list[int]:  # fmt: skip
+                cost: Callable[[int], float], forced_source: str = "jump_forward") -> list[int]:  # fmt: skip
     """The loop's one call: how many tokens of each row's draft this step verifies.  Pure.
 
     ``controllers[r]``: row ``r``'s :class:`grammarspec.adaptive.AdaptiveController`
-    (``None``, or ``adaptive=False``: its draft is verified whole).  Every
-    other token is admitted by :func:`allocate` on its calibrated estimate,
-    jump-forward text included: the grammar forces its *text*, not its
-    tokens, and a target that splits that text otherwise rejects the draft's
-    split (a random target's choice among the splits survived 23% of the time
-    on the overhead bench; SmolLM2's, nearly always), so the estimate, which
-    starts at the drafter's confidence of 1.0, decides as for any source.
+    (``None``, or ``adaptive=False``: its draft is verified whole).  A draft's
+    leading tokens from ``forced_source`` (jump-forward: text the grammar
+    forces) are always taken; every other token is admitted by :func:`allocate`.
+    Calibrating them like any source instead (the grammar forces their text,
+    not its split) was measured and dropped: on SmolLM2 at batch 8 it cut the
+    tails of forced text and lost 6% of the tokens per pass (3.45 -> 3.25,
+    BENCHMARKS.md, stop 15) for no pass saved at batch 1.
     """
     estimates, forced = [], []
     for draft, controller in zip(drafts, controllers):
@@ -258,5 +257,8 @@ def plan_drafts(drafts: Sequence[Draft], controllers: Sequence[Any], base_rows: 
             forced.append(len(draft))
             continue
         estimates.append(controller.estimates(draft))
-        forced.append(0)
+        lead = 0
+        while lead < len(draft) and draft.sources and draft.sources[lead] == forced_source:
+            lead += 1
+        forced.append(lead)
     return allocate(estimates, cost, base_rows, forced)

@@ -53,20 +53,17 @@ def test_forced_tokens_are_always_taken():
         allocate([[0.5]], cost, 1, forced=[1, 1])
 
 
-def test_plan_drafts_judges_jump_forward_text_by_its_record_and_takes_fixed_rows_whole():
+def test_plan_drafts_takes_jump_forward_text_and_fixed_rows_whole():
     from grammarspec.adaptive import AdaptiveController
 
     cost = PassCost().cost
-    forced = Draft(tokens=(1, 2, 3), sources=("jump_forward", "jump_forward", "schema_ngram"),
-                   confidence=(1.0, 1.0, None))  # fmt: skip
+    forced = Draft(tokens=(1, 2, 3), sources=("jump_forward", "jump_forward", "schema_ngram"))
     fixed = Draft(tokens=(4, 5, 6, 7), sources=("prompt_lookup",) * 4)
-    takes, resplits = AdaptiveController(), AdaptiveController()
+    c = AdaptiveController()
     for _ in range(40):
-        takes.record(forced, 2)  # the target writes the forced text as drafted; the guess after it never survives
-        resplits.record(forced, 0)  # the target splits the forced text its own way
-    lengths = plan_drafts([forced, forced, fixed], [takes, resplits, AdaptiveController(adaptive=False)],
-                          base_rows=3, cost=cost)  # fmt: skip
-    assert lengths == [2, 0, 4]
+        c.record(forced, 0)  # the guess after the forced text never survives
+    lengths = plan_drafts([forced, fixed], [c, AdaptiveController(adaptive=False)], base_rows=2, cost=cost)
+    assert lengths == [2, 4]
 
 
 def test_calibration_tells_openings_from_followers_and_uses_the_proposers_estimate():
