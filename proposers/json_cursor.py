@@ -87,7 +87,7 @@ class Cursor(NamedTuple):
 
 def normalize(path: Path) -> Path:
     """Array indices -> ``None``: every element of an array shares a path."""
-    return tuple(None if isinstance(p, int) else p for p in path)
+    return tuple([None if isinstance(p, int) else p for p in path])
 
 
 def value_path(cursor: Cursor) -> Path:
@@ -136,13 +136,34 @@ Events = Callable[..., None]
 
 
 def advance(cursor: Cursor, data: bytes, schema: SchemaIndex | None = None, on_event: Events | None = None) -> Cursor:
-    """The cursor after ``data``.  Pure; events go to ``on_event`` if given."""
+    """The cursor after ``data``.  Pure; events go to ``on_event`` if given.
+
+    Byte by byte (:func:`_step`), except that a run of plain bytes inside a
+    key or string (no quote, no backslash, no pending escape) is taken at
+    once: byte by byte it would only append to ``tok`` and move ``offset``.
+    """
     c = cursor
-    for b in data:
-        if c.mode == ERROR:
+    i, n = 0, len(data)
+    while i < n:
+        mode = c.mode
+        if mode == ERROR:
             return c
-        c = _step(c, b, schema, on_event)
+        if (mode == STRING or mode == KEY) and not c.esc:
+            j = _string_run_end(data, i)
+            if j > i:
+                c = c._replace(tok=c.tok + data[i:j], offset=c.offset + (j - i))
+                i = j
+                continue
+        c = _step(c, data[i], schema, on_event)
+        i += 1
     return c
+
+
+def _string_run_end(data: bytes, i: int) -> int:
+    """The end of the run of bytes from ``i`` that are neither a quote nor a backslash."""
+    quote, backslash = data.find(b'"', i), data.find(b"\\", i)
+    ends = [e for e in (quote, backslash) if e >= 0]
+    return min(ends) if ends else len(data)
 
 
 def end_scalar(cursor: Cursor, schema: SchemaIndex | None = None) -> Cursor:

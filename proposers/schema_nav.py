@@ -16,12 +16,15 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 __all__ = ["SchemaIndex", "Nodes", "json_text", "escape_key"]
 
 Nodes = tuple[dict[str, Any], ...]
 _MAX_DEPTH = 16
+_MEMO_SIZE = 4096  # entries of a SchemaIndex's memo before it starts afresh
+_T = TypeVar("_T")
 
 
 def json_text(value: Any) -> bytes:
@@ -35,20 +38,54 @@ def escape_key(key: str) -> bytes:
 
 
 class SchemaIndex:
-    """Read-only lookups over one schema (``None``: no schema, every lookup is empty)."""
+    """Read-only lookups over one schema (``None``: no schema, every lookup is empty).
+
+    One per request.  Every lookup is a pure function of the schema and its
+    arguments, so answers are memoized (:meth:`_memo`): a drafter asks the
+    same ones at every step (the value under the same key, the names of the
+    same object).  Node tuples are keyed by the ids of their nodes, and each
+    entry keeps its nodes alive, so an id in a key cannot be reused by another
+    node while the entry stands: a hit is an answer for the very same nodes.
+    The schema is never modified (callers must not modify it either).  At
+    most ``_MEMO_SIZE`` entries: a full memo starts afresh.
+    """
 
     def __init__(self, schema: dict[str, Any] | None) -> None:
         self.schema = schema if isinstance(schema, dict) else None
+        self._memo_table: dict[tuple[Any, ...], tuple[Any, Any]] = {}  # key -> (what keeps its ids alive, answer)
+        self._props: dict[int, tuple[dict[str, Any], dict[bytes, Any]]] = {}  # id -> (node, its properties)
         self.root: Nodes = self.resolve(self.schema) if self.schema is not None else ()
-        self._props: dict[int, dict[bytes, Any]] = {}
-        self._texts: dict[tuple[int, ...], list[tuple[str, bytes]]] = {}
+
+    def _memo(self, kind: str, held: Any, key: tuple[Any, ...], compute: Callable[[], _T]) -> _T:
+        """The memoized answer of lookup ``kind`` for ``key`` (ids of ``held``, plus plain values)."""
+        full = (kind,) + key
+        hit = self._memo_table.get(full)
+        if hit is not None:
+            answer: _T = hit[1]
+            return answer
+        answer = compute()
+        if len(self._memo_table) >= _MEMO_SIZE:
+            self._memo_table.clear()
+            self._props.clear()
+        self._memo_table[full] = (held, answer)
+        return answer
 
     # -- resolution ---------------------------------------------------------
 
     def resolve(self, node: Any, depth: int = 0) -> Nodes:
-        """Expand ``$ref``/``anyOf``/``oneOf``/``allOf`` into candidate nodes."""
+        """Expand ``$ref``/``anyOf``/``oneOf``/``allOf`` into candidate nodes.
+
+        Memoized from the top (``depth`` 0): the same node resolves to the
+        very same tuple, so the nodes built here for a ``$ref`` with
+        siblings keep their ids, and lookups keyed by them hit.
+        """
         if not isinstance(node, dict) or depth > _MAX_DEPTH:
             return ()
+        if depth == 0:
+            return self._memo("resolve", node, (id(node),), lambda: self._resolve(node, 0))
+        return self._resolve(node, depth)
+
+    def _resolve(self, node: dict[str, Any], depth: int) -> Nodes:
         ref = node.get("$ref")
         if isinstance(ref, str):
             target = self._pointer(ref)
@@ -85,16 +122,20 @@ class SchemaIndex:
     # -- children -----------------------------------------------------------
 
     def properties(self, node: dict[str, Any]) -> dict[bytes, Any]:
-        """Escaped property name -> property schema, in declaration order."""
-        cached = self._props.get(id(node))
-        if cached is None:
-            props = node.get("properties")
-            cached = {escape_key(k): v for k, v in props.items()} if isinstance(props, dict) else {}
-            self._props[id(node)] = cached
+        """Escaped property name -> property schema, in declaration order (cached; the entry keeps ``node``)."""
+        hit = self._props.get(id(node))
+        if hit is not None:
+            return hit[1]
+        props = node.get("properties")
+        cached = {escape_key(k): v for k, v in props.items()} if isinstance(props, dict) else {}
+        self._props[id(node)] = (node, cached)
         return cached
 
     def property_names(self, nodes: Nodes) -> list[bytes]:
         """Declared property names of an object (union over candidates, in order)."""
+        return list(self._memo("names", nodes, _ids(nodes), lambda: self._property_names(nodes)))
+
+    def _property_names(self, nodes: Nodes) -> list[bytes]:
         seen: dict[bytes, None] = {}
         for node in nodes:
             for key in self.properties(node):
@@ -103,6 +144,9 @@ class SchemaIndex:
 
     def required(self, nodes: Nodes) -> set[bytes]:
         """Required property names (union over candidates)."""
+        return set(self._memo("required", nodes, _ids(nodes), lambda: self._required(nodes)))
+
+    def _required(self, nodes: Nodes) -> set[bytes]:
         out: set[bytes] = set()
         for node in nodes:
             req = node.get("required")
@@ -112,6 +156,9 @@ class SchemaIndex:
 
     def object_child(self, nodes: Nodes, key: bytes) -> Nodes:
         """Candidate schemas of the value under ``key`` in an object described by ``nodes``."""
+        return self._memo("object", nodes, _ids(nodes) + (key,), lambda: self._object_child(nodes, key))
+
+    def _object_child(self, nodes: Nodes, key: bytes) -> Nodes:
         out: list[dict[str, Any]] = []
         name = _unescape(key)
         for node in nodes:
@@ -136,6 +183,9 @@ class SchemaIndex:
 
     def array_child(self, nodes: Nodes, index: int) -> Nodes:
         """Candidate schemas of element ``index`` of an array described by ``nodes``."""
+        return self._memo("array", nodes, _ids(nodes) + (index,), lambda: self._array_child(nodes, index))
+
+    def _array_child(self, nodes: Nodes, index: int) -> Nodes:
         out: list[dict[str, Any]] = []
         for node in nodes:
             prefix = node.get("prefixItems")
@@ -157,6 +207,9 @@ class SchemaIndex:
         """Candidates that allow property ``key`` (all of them if none does)."""
         if len(nodes) < 2:
             return nodes
+        return self._memo("by_key", nodes, _ids(nodes) + (key,), lambda: self._filter_by_key(nodes, key))
+
+    def _filter_by_key(self, nodes: Nodes, key: bytes) -> Nodes:
         kept = tuple(
             n for n in nodes
             if key in self.properties(n) or n.get("additionalProperties") is not False and not self.properties(n)
@@ -167,6 +220,10 @@ class SchemaIndex:
         """Candidates whose ``const``/``enum`` for ``key`` admits the JSON text ``value``."""
         if len(nodes) < 2:
             return nodes
+        memo_key = _ids(nodes) + (key, value)
+        return self._memo("by_value", nodes, memo_key, lambda: self._filter_by_value(nodes, key, value))
+
+    def _filter_by_value(self, nodes: Nodes, key: bytes, value: bytes) -> Nodes:
         kept = []
         for node in nodes:
             sub = self.properties(node).get(key)
@@ -177,6 +234,10 @@ class SchemaIndex:
 
     def fixed_values(self, nodes: Nodes) -> set[bytes] | None:
         """The JSON texts a value may take when ``const``/``enum`` pin it, else ``None``."""
+        found = self._memo("fixed", nodes, _ids(nodes), lambda: self._fixed_values(nodes))
+        return set(found) if found is not None else None
+
+    def _fixed_values(self, nodes: Nodes) -> set[bytes] | None:
         out: set[bytes] = set()
         for node in nodes:
             if "const" in node:
@@ -190,11 +251,10 @@ class SchemaIndex:
     # -- what a value may look like -----------------------------------------
 
     def value_texts(self, nodes: Nodes) -> list[tuple[str, bytes]]:
-        """``(kind, json_text)`` for const, enum, default and examples values, in that order."""
-        cache_key = tuple(id(n) for n in nodes)
-        cached = self._texts.get(cache_key)
-        if cached is not None:
-            return cached
+        """``(kind, json_text)`` for const, enum, default and examples values, in that order (shared: do not modify)."""
+        return self._memo("texts", nodes, _ids(nodes), lambda: self._value_texts(nodes))
+
+    def _value_texts(self, nodes: Nodes) -> list[tuple[str, bytes]]:
         found: dict[bytes, str] = {}
         for kind in ("const", "enum", "default", "examples"):
             for node in nodes:
@@ -208,12 +268,13 @@ class SchemaIndex:
                         found.setdefault(json_text(value), kind)
                     except (TypeError, ValueError):
                         continue
-        cached = [(kind, text) for text, kind in found.items()]
-        self._texts[cache_key] = cached
-        return cached
+        return [(kind, text) for text, kind in found.items()]
 
     def types(self, nodes: Nodes) -> set[str]:
         """JSON types the value may have (empty: unknown, anything goes)."""
+        return set(self._memo("types", nodes, _ids(nodes), lambda: self._types(nodes)))
+
+    def _types(self, nodes: Nodes) -> set[str]:
         out: set[str] = set()
         for node in nodes:
             declared = node.get("type")
@@ -241,6 +302,10 @@ class SchemaIndex:
         low = min((x for x in lows if isinstance(x, int)), default=0)
         high = None if any(h is None for h in highs) or not highs else max(h for h in highs if h is not None)
         return low, high
+
+
+def _ids(nodes: Nodes) -> tuple[int, ...]:
+    return tuple(map(id, nodes))
 
 
 def _has_content(node: dict[str, Any]) -> bool:

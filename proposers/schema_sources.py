@@ -33,8 +33,10 @@ JSON-escaped.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from itertools import accumulate, count
+from operator import add
 from typing import Any
 
 from .json_cursor import (
@@ -47,7 +49,6 @@ from .json_cursor import (
     OBJ_FIRST,
     SCALAR,
     STRING,
-    VALUE,
     VALUE_MODES,
     Cursor,
     advance,
@@ -155,15 +156,11 @@ def from_history(c: Cursor, doc: Document, planned: bytes) -> list[Candidate]:
     known = len(doc.text)
     typed = bytes(doc.text[c.anchor : c.offset]) + planned[max(0, c.anchor - known) : max(0, c.offset - known)]
     in_value = c.mode in (STRING, SCALAR) or c.mode in VALUE_MODES
-    array_text = b""
-    if in_value and c.stack and c.stack[-1].kind == 0x5B:  # an array element: skip values it already has
-        top = c.stack[-1]
-        array_text = bytes(doc.text[top.start :]) + planned[max(0, top.start - known) :]
+    # An array element: skip values the array already has (its text, built when first needed).
+    array_start = c.stack[-1].start if in_value and c.stack and c.stack[-1].kind == 0x5B else -1
+    array_text: bytes | None = None
     out: list[Candidate] = []
-    earlier = [(doc.text, offset, "history") for offset in doc.earlier(sig, c.anchor)]
-    for past in doc.past:  # a past document is finished: every point in it counts
-        earlier += [(past.text, offset, "past") for offset in past.earlier(sig, len(past.text) + 1)]
-    for text, offset, source in earlier:
+    for text, offset, source in _earlier_points(doc, sig, c.anchor):
         if text[offset : offset + len(typed)] != typed:
             continue
         rest = bytes(text[offset + len(typed) : offset + len(typed) + MAX_SPAN])
@@ -174,6 +171,8 @@ def from_history(c: Cursor, doc: Document, planned: bytes) -> list[Candidate]:
         weight = 1.0 - 0.1 * len(out)
         if scalar:
             value = typed + rest[: _scalar_length(typed + rest)]
+            if array_start >= 0 and array_text is None:
+                array_text = bytes(doc.text[array_start:]) + planned[max(0, array_start - known) :]
             if array_text and value in array_text:
                 continue
             if source == "history":
@@ -470,12 +469,31 @@ def labels(label: str | None, prompt: Prompt, at: int) -> list[int]:
 
 
 def _anchor_signature(c: Cursor) -> tuple[Any, ...] | None:
-    """The signature of the decision point the current token started at."""
+    """The signature of the decision point the current token started at.
+
+    In a key: :func:`signature` of the cursor in mode ``OBJ_FIRST``; in a
+    string or scalar value: in mode ``VALUE`` (written out, without the copies).
+    """
     if c.mode == KEY:
-        return signature(c._replace(mode=OBJ_FIRST))
+        if not c.stack:
+            return None
+        top = c.stack[-1]
+        return ("K", normalize(top.path), top.keys[-1] if top.keys else None)
     if c.mode in (STRING, SCALAR):
-        return signature(c._replace(mode=VALUE))
+        return ("V", normalize(value_path(c)))
     return signature(c)
+
+
+def _earlier_points(doc: Document, sig: tuple[Any, ...], before: int) -> Iterator[tuple[bytearray, int, str]]:
+    """``(text, offset, source)`` of each earlier ``sig``: this document's before ``before``, then ``doc.past``'s.
+
+    Lazily: :func:`from_history` stops after two candidates.
+    """
+    for offset in doc.earlier(sig, before):
+        yield doc.text, offset, "history"
+    for past in doc.past:  # a past document is finished: every point in it counts
+        for offset in past.earlier(sig, len(past.text) + 1):
+            yield past.text, offset, "past"
 
 
 def _remaining(names: Sequence[bytes], seen: tuple[bytes, ...]) -> list[bytes]:
@@ -528,12 +546,8 @@ def _find_typed(prompt: Prompt, typed: bytes, cursor: int) -> tuple[int, bytes]:
     either case) only gets likelier as it gets shorter (a longer one's every
     occurrence holds the shorter one), so the longest is found by bisection:
     O(log words) searches, not one per word of a long string the prompt
-    does not hold.
+    does not hold.  The word starts are only listed when the whole is not there.
     """
-    starts, space = [0], typed.find(b" ", 0, len(typed) - 3)
-    while space >= 0:  # a word starts after each space, leaving at least 3 bytes
-        starts.append(space + 1)
-        space = typed.find(b" ", space + 1, len(typed) - 3)
 
     def found(i: int) -> tuple[int, bytes]:
         used = typed[starts[i] :]
@@ -542,9 +556,14 @@ def _find_typed(prompt: Prompt, typed: bytes, cursor: int) -> tuple[int, bytes]:
             pos = find_near(prompt.lower, used.lower(), cursor)
         return pos, used
 
+    starts = [0]
     first = found(0)
     if first[0] >= 0:
         return first
+    # A word starts after each space that leaves at least 3 bytes (a space in typed[: len(typed) - 3]):
+    # after the k-th such space, at the lengths of the first k words plus k.
+    words = typed[: len(typed) - 3].split(b" ")[:-1]
+    starts += map(add, accumulate(map(len, words)), count(1))
     last = found(len(starts) - 1) if len(starts) > 1 else (-1, b"")
     if last[0] < 0:
         return -1, b""

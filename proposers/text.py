@@ -26,10 +26,11 @@ from typing import Any
 __all__ = ["TokenText", "token_text", "continuation_tokens", "token_sources", "SplitPreferences"]
 
 _ENCODE_CACHE_SIZE = 4096
+_CONTINUATION_CACHE_SIZE = 4096
 
 
 class TokenText:
-    """Per-tokenizer helper: token bytes and a small encode cache.
+    """Per-tokenizer helper: token bytes, a small encode cache and a cache of :func:`continuation_tokens`.
 
     Build it with :func:`token_text`, which keeps one per tokenizer.  Nothing
     here changes the tokenizer.  Safe to share between threads.
@@ -46,6 +47,8 @@ class TokenText:
         self._backend = getattr(tokenizer, "_tokenizer", None)
         self._lock = threading.Lock()
         self._cache: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        # (context tail, text) -> continuation_tokens' answer: a pure function of them and the tokenizer.
+        self._continuations: OrderedDict[tuple[tuple[int, ...], str], tuple[int, ...]] = OrderedDict()
         self._bytes: list[bytes] | None = None
         self._sorted: tuple[list[bytes], list[int]] | None = None
         self._extensions: dict[int, tuple[int, ...]] = {}  # token -> extensions(token)
@@ -103,6 +106,48 @@ class TokenText:
             if len(self._cache) > _ENCODE_CACHE_SIZE:
                 self._cache.popitem(last=False)
         return ids
+
+    def continuation(self, tail: tuple[int, ...], text: str) -> list[int]:
+        """:func:`continuation_tokens` after the context tail ``tail`` (its last ``lookback`` tokens), cached.
+
+        The answer depends on nothing else (the tokenizer's encoding and bytes
+        are fixed), so a cached one is exact.  A drafter tokenises the same
+        candidate text after the same tail again within a step and across
+        steps; at most ``_CONTINUATION_CACHE_SIZE`` answers (least recently
+        used dropped).
+        """
+        key = (tail, text)
+        with self._lock:
+            found = self._continuations.get(key)
+            if found is not None:
+                self._continuations.move_to_end(key)
+                return list(found)
+        found = self._continuation(tail, text)
+        with self._lock:
+            self._continuations[key] = found
+            if len(self._continuations) > _CONTINUATION_CACHE_SIZE:
+                self._continuations.popitem(last=False)
+        return list(found)
+
+    def _continuation(self, context: tuple[int, ...], text: str) -> tuple[int, ...]:
+        """The uncached rule of :func:`continuation_tokens`, after the tail ``context``."""
+        target = text.encode("utf-8")
+        specials = self.special_ids
+        n = len(context)
+        for lb in range(n, -1, -1):
+            tail = context[n - lb :]
+            if any(t in specials for t in tail):
+                continue
+            try:
+                tail_text = self.bytes_of(tail).decode("utf-8")
+            except UnicodeDecodeError:
+                continue
+            encoded = self.encode(tail_text + text)
+            if encoded[:lb] == tail:
+                rest = encoded[lb:]
+                if self.bytes_of(rest) == target:
+                    return rest
+        return ()
 
 
 def _decoded_vocab(tokenizer: Any) -> list[bytes]:
@@ -171,24 +216,11 @@ def continuation_tokens(tokenizer: Any, context_ids: Sequence[int], text: str, l
     """
     if not text:
         return []
-    helper = token_text(tokenizer)
-    target = text.encode("utf-8")
-    specials = helper.special_ids
     n = len(context_ids)
-    for lb in range(min(lookback, n), -1, -1):
-        tail = [int(t) for t in context_ids[n - lb :]] if lb else []
-        if any(t in specials for t in tail):
-            continue
-        try:
-            tail_text = helper.bytes_of(tail).decode("utf-8")
-        except UnicodeDecodeError:
-            continue
-        encoded = helper.encode(tail_text + text)
-        if list(encoded[:lb]) == tail:
-            rest = list(encoded[lb:])
-            if helper.bytes_of(rest) == target:
-                return rest
-    return []
+    lb = min(lookback, n)
+    if lb < 0:
+        return []
+    return token_text(tokenizer).continuation(tuple(int(t) for t in context_ids[n - lb :]), text)
 
 
 def token_sources(

@@ -89,6 +89,26 @@ def test_events_report_points_and_values():
     assert ("A", (b"a", None), b"b") in points  # after its "b" value
 
 
+def test_advance_takes_string_runs_as_byte_by_byte():
+    """Plain runs inside keys and strings are taken at once: same cursors and events as one byte at a time."""
+    import random
+
+    schema = SchemaIndex({"type": "object", "additionalProperties": {"type": "array", "items": {"type": "string"}}})
+    rng = random.Random(3)
+    pieces = [b'{"', b'k\\"ey', b'":["', b"plain words", b"\\\\", b'\\"', b"\\u00e9", b'","', b"\xc3\xa9", b'"],"',
+              b"x"]  # fmt: skip
+    for _ in range(300):
+        text = b"".join(rng.choice(pieces) for _ in range(rng.randint(1, 12)))
+        whole_events: list[tuple[object, ...]] = []
+        whole = advance(Cursor(), text, schema, lambda *event, out=whole_events: out.append(event))
+        step, step_events = Cursor(), []
+        for i in range(len(text)):
+            step = advance(step, text[i : i + 1], schema, lambda *event, out=step_events: out.append(event))
+        assert whole == step and whole_events == step_events, text
+        cut = rng.randint(0, len(text))  # any split point: the second part may start inside a run
+        assert advance(advance(Cursor(), text[:cut], schema), text[cut:], schema) == whole, (text, cut)
+
+
 def test_end_scalar_answers_what_if_the_number_ended():
     c = advance(Cursor(), b'{"a":12')
     ended = end_scalar(c)
@@ -142,6 +162,35 @@ def test_recursive_refs_terminate():
     node = {"anyOf": [{"$ref": "#/$defs/node"}, {"type": "null"}]}
     schema = SchemaIndex({"$ref": "#/$defs/node", "$defs": {"node": node}})
     assert schema.types(schema.root) == {"null"}
+
+
+def test_schema_index_memo_answers_for_the_very_same_nodes():
+    """A memoized lookup is keyed by node ids and keeps its nodes alive: a new node never gets an old answer."""
+    schema = SchemaIndex(TOOLS)
+    for i in range(200):  # fresh, short-lived nodes: their ids would be reused if the memo did not hold them
+        kind = ("string", "integer", "boolean")[i % 3]
+        nodes = ({"type": kind, "enum": [i]},)
+        expected = {kind, "number"} if kind == "integer" else {kind}
+        assert schema.types(nodes) == expected
+        assert schema.fixed_values(nodes) == {json_text(i)}
+        assert schema.object_child(({"properties": {f"p{i}": {"const": i}}},), f"p{i}".encode()) == ({"const": i},)
+    fresh = SchemaIndex(TOOLS)
+    c = advance(Cursor(), b'{"name":"send_mail","arguments":{', schema)
+    assert schema.property_names(c.stack[-1].nodes) == fresh.property_names(c.stack[-1].nodes) == [b"to", b"urgent"]
+    names = schema.property_names(c.stack[-1].nodes)
+    names.append(b"changed")  # answers are copies: changing one changes no later answer
+    assert schema.property_names(c.stack[-1].nodes) == [b"to", b"urgent"]
+    assert schema.resolve(TOOLS["$defs"]["mail"]) is schema.resolve(TOOLS["$defs"]["mail"])
+
+
+def test_schema_index_memo_is_bounded(monkeypatch):
+    import proposers.schema_nav as nav
+
+    monkeypatch.setattr(nav, "_MEMO_SIZE", 8)
+    schema = SchemaIndex({"type": "object", "additionalProperties": {"type": "string"}})
+    for i in range(50):
+        assert schema.types(schema.object_child(schema.root, f"k{i}".encode())) == {"string"}
+        assert len(schema._memo_table) <= 8
 
 
 def test_no_schema_means_no_knowledge():

@@ -75,6 +75,20 @@ def test_lookback_zero_still_spells_text(smol_tokenizer, lookback):
     assert token_text(tok).bytes_of(out) == b'alue"}'
 
 
+def test_continuation_cache_is_the_rule_and_hands_out_copies(smol_tokenizer):
+    """Cached answers equal the uncached rule for the same context tail; changing one changes no later answer."""
+    tok = smol_tokenizer
+    helper = token_text(tok)
+    ids = tok.encode(DOC, add_special_tokens=False)
+    for cut in range(1, len(ids), 3):
+        context, text = ids[:cut], helper.bytes_of(ids[cut:]).decode("utf-8", "ignore")
+        first = continuation_tokens(tok, context, text)
+        assert first == list(helper._continuation(tuple(context[-4:]), text))
+        first.append(-1)
+        assert continuation_tokens(tok, context, text) == list(helper._continuation(tuple(context[-4:]), text))
+        assert continuation_tokens(tok, [7] + list(context[-4:]), text) == first[:-1]  # only the tail counts
+
+
 # -- learned splits -----------------------------------------------------------------
 
 
