@@ -35,8 +35,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from itertools import accumulate, count
-from operator import add
 from typing import Any
 
 from .json_cursor import (
@@ -49,6 +47,7 @@ from .json_cursor import (
     OBJ_FIRST,
     SCALAR,
     STRING,
+    VALUE,
     VALUE_MODES,
     Cursor,
     advance,
@@ -469,18 +468,11 @@ def labels(label: str | None, prompt: Prompt, at: int) -> list[int]:
 
 
 def _anchor_signature(c: Cursor) -> tuple[Any, ...] | None:
-    """The signature of the decision point the current token started at.
-
-    In a key: :func:`signature` of the cursor in mode ``OBJ_FIRST``; in a
-    string or scalar value: in mode ``VALUE`` (written out, without the copies).
-    """
+    """The signature of the decision point the current token started at."""
     if c.mode == KEY:
-        if not c.stack:
-            return None
-        top = c.stack[-1]
-        return ("K", normalize(top.path), top.keys[-1] if top.keys else None)
+        return signature(c._replace(mode=OBJ_FIRST))
     if c.mode in (STRING, SCALAR):
-        return ("V", normalize(value_path(c)))
+        return signature(c._replace(mode=VALUE))
     return signature(c)
 
 
@@ -560,10 +552,10 @@ def _find_typed(prompt: Prompt, typed: bytes, cursor: int) -> tuple[int, bytes]:
     first = found(0)
     if first[0] >= 0:
         return first
-    # A word starts after each space that leaves at least 3 bytes (a space in typed[: len(typed) - 3]):
-    # after the k-th such space, at the lengths of the first k words plus k.
-    words = typed[: len(typed) - 3].split(b" ")[:-1]
-    starts += map(add, accumulate(map(len, words)), count(1))
+    space = typed.find(b" ", 0, len(typed) - 3)
+    while space >= 0:  # a word starts after each space, leaving at least 3 bytes
+        starts.append(space + 1)
+        space = typed.find(b" ", space + 1, len(typed) - 3)
     last = found(len(starts) - 1) if len(starts) > 1 else (-1, b"")
     if last[0] < 0:
         return -1, b""

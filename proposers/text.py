@@ -77,9 +77,8 @@ class TokenText:
         prefix = table[token] if 0 <= token < len(table) else b""
         if not prefix:
             return []
-        start = bisect.bisect_right(keys, prefix)
-        end = bisect.bisect_left(keys, prefix + b"\xff" * 8, start)  # every longer key with this prefix sorts before
-        while end < len(keys) and keys[end].startswith(prefix):  # ... unless it goes on with more 0xff bytes
+        start = end = bisect.bisect_right(keys, prefix)  # the longer keys with this prefix follow it in order
+        while end < len(keys) and keys[end].startswith(prefix):
             end += 1
         found = self._extensions[token] = tuple(ids[start:end])  # one entry per token at most
         return list(found)

@@ -12,9 +12,10 @@ alternates from batch to batch): ``baseline`` (Hugging Face
 one call of each arm, the three calls back to back, so a slow spell of the
 machine falls on every arm alike.  The whole run is repeated ``--repeat``
 times; the table gives medians over the repeats (and every repeat's ratio).
-Reported per arm and ``B``: tokens/s, ms per target pass, and for grammarspec the seconds of each phase of the step (forced,
-propose, walk, forward, verify, commit: ``GenerationStats.phases``, taken from
-the row that stayed longest in each call, which took part in every step).
+Reported per arm and ``B``: tokens/s, ms per target pass, and for grammarspec
+the seconds of each phase of the step (forced, propose, walk, forward,
+verify, commit: ``GenerationStats.phases``, taken from the row that stayed
+longest in each call, which took part in every step).
 Greedy outputs of the arms are compared row by row (they must be identical).
 Grammars are compiled before timing, for every arm, and each arm makes one
 untimed warm-up call (the pass cost profile of :mod:`grammarspec.pass_profile`
@@ -85,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3, help="repeats of the whole run (the table: medians)")
     parser.add_argument("--out", default=None, help="directory for overhead.json and overhead.md")
     args = parser.parse_args(argv)
+    if args.repeat < 1:
+        parser.error(f"--repeat must be at least 1, got {args.repeat}")
     sizes = [int(x) for x in args.batch_sizes.split(",")]
     tokenizer = load_tokenizer()
     eos = tokenizer.eos_token_id
@@ -96,8 +99,6 @@ def main(argv: list[str] | None = None) -> int:
             items.append((task, _prompt(tokenizer, task), prepare_grammars(model, tokenizer, baseline, task.schema)))
         except grammarspec.GrammarError:
             continue
-    if args.repeat < 1:
-        parser.error(f"--repeat must be at least 1, got {args.repeat}")
     results: dict[str, list[dict[str, Any]]] = {}
     for arm in ARMS:  # warm-up, untimed: first calls pay one-off costs (kernels, tables, the pass cost profile)
         run_arm(arm, model, tokenizer, items[:1], eos, 8)
@@ -159,14 +160,10 @@ def overhead_table(results: dict[str, list[dict[str, Any]]], sizes: list[int]) -
         for base, none, auto in zip(r["baseline"], r["none"], r["auto"]):
             same += sum(a == b == c for a, b, c in zip(base["outputs"], none["outputs"], auto["outputs"]))
             total += len(auto["outputs"])
-
-        def median(values: list[float]) -> float:
-            return statistics.median(values) if values else 0.0
-
-        rate = {arm: median([_rate(x) for x in r[arm]]) for arm in ARMS}
-        per_pass = {arm: median([_per_pass(x) for x in r[arm]]) for arm in ("none", "auto")}
+        rate = {arm: statistics.median([_rate(x) for x in r[arm]]) for arm in ARMS}
+        per_pass = {arm: statistics.median([_per_pass(x) for x in r[arm]]) for arm in ("none", "auto")}
         lines.append(f"| {size} | {rate['baseline']:.1f} | {rate['none']:.1f} | {rate['auto']:.1f} | "
-                     f"{per_pass['none']:.2f} | {per_pass['auto']:.2f} | {median(ratios):.2f}x | "
+                     f"{per_pass['none']:.2f} | {per_pass['auto']:.2f} | {statistics.median(ratios):.2f}x | "
                      f"{', '.join(f'{x:.2f}' for x in ratios)} | {_phases(r['none'])} | {_phases(r['auto'])} | "
                      f"{same}/{total} |")  # fmt: skip
     return "\n".join(lines)

@@ -233,7 +233,8 @@ def batch_table(runs: Sequence[BatchRun]) -> str:
         ratios = {c: (auto.categories[c][0] / auto.categories[c][1]) / (base.categories[c][0] / base.categories[c][1])
                   for c in auto.categories
                   if base is not None and base.categories.get(c, [0, 0])[1] and auto.categories[c][1]}  # fmt: skip
-        low = f"{min(ratios.items(), key=lambda kv: kv[1])[0]} {min(ratios.values()):.2f}x" if ratios else "-"
+        lowest = min(ratios.items(), key=lambda kv: kv[1]) if ratios else None
+        low = f"{lowest[0]} {lowest[1]:.2f}x" if lowest else "-"
         vs1 = f"{auto.throughput / auto1.throughput:.2f}x" if auto1 and auto1.throughput else "-"
         base_latency = f"{statistics.median(base.latencies):.2f}" if base is not None and base.latencies else "-"
         lines.append(
