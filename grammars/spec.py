@@ -20,8 +20,11 @@ Worked example (tools -> the schema of one call)::
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import re
+import threading
+from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -385,12 +388,52 @@ def _local_resolver(node: Any) -> Any:
         return None
 
 
+#: Digests of schemas that passed :func:`check_json_schema` lately (at most this many, 32 bytes each).
+_CHECKED_LIMIT = 1024
+_CHECKED: OrderedDict[bytes, None] = OrderedDict()
+_CHECKED_LOCK = threading.Lock()
+
+
+def _digest(schema: Any) -> bytes | None:
+    """SHA-256 of ``schema``'s canonical JSON (keys sorted), or ``None`` when it is not plain JSON.
+
+    Plain means it reads back equal: a tuple, a non-string key or a NaN (which
+    the check may judge differently from their JSON forms) gives ``None``.
+    """
+    try:
+        text = json.dumps(schema, sort_keys=True, ensure_ascii=False, allow_nan=False)
+        if json.loads(text) != schema:
+            return None
+    except (TypeError, ValueError, RecursionError):
+        return None
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
+
+
 def check_json_schema(schema: Any, *, where: str = "the schema") -> None:
     """Raise :class:`GrammarError` unless ``schema`` is a valid JSON Schema object.
 
     Uses the validator class named by ``$schema`` (latest draft by default).
-    Does not change ``schema``.
+    Does not change ``schema``.  A schema that passed lately (the same
+    canonical JSON, keys in any order) passes again without the meta-schema
+    walk, which costs tens of milliseconds for a large schema on every call
+    otherwise; a failing one is checked, and refused, every time.
     """
+    digest = _digest(schema) if isinstance(schema, dict) else None
+    if digest is not None:
+        with _CHECKED_LOCK:
+            if digest in _CHECKED:
+                _CHECKED.move_to_end(digest)
+                return
+    _check_json_schema(schema, where)
+    if digest is not None:
+        with _CHECKED_LOCK:
+            _CHECKED[digest] = None
+            while len(_CHECKED) > _CHECKED_LIMIT:
+                _CHECKED.popitem(last=False)
+
+
+def _check_json_schema(schema: Any, where: str) -> None:
+    """:func:`check_json_schema` without the memo."""
     if not isinstance(schema, dict):
         raise GrammarError(
             f"{where} must be a JSON object (a dict), got {type(schema).__name__}; "

@@ -8,6 +8,7 @@ Triton).  A matcher is always left as it was found, except by the commit path.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import xgrammar
 
@@ -100,11 +101,43 @@ def forced_token(matcher: Matcher, mask: torch.Tensor, *, filled: bool = False) 
     return token if token < matcher.vocab_size else None
 
 
+#: A row whose nonzero words are at most this share of its bitmask is masked by copying its few legal scores.
+SPARSE_SHARE = 1 / 8
+_BITS = np.arange(32, dtype=np.int32)
+
+
 def apply_masks(logits: torch.Tensor, masks: torch.Tensor) -> None:
     """Set illegal tokens of ``logits`` ``[N, V]`` (float32, any device) to -inf.  Changes ``logits``.
 
     ``masks``: int32 ``[N, ceil(V/32)]`` on the host; copied to the logits' device once.
+    On a GPU this is xgrammar's kernel.  On a CPU that kernel writes each
+    illegal score one by one (about 0.2 ms for a row of 49,152 that allows
+    nothing, 0.01 ms for one that allows nearly everything), and JSON rows are
+    mostly one or the other: a row where at most :data:`SPARSE_SHARE` of the
+    words allow anything keeps its few legal scores, is filled with -inf in
+    one vectorized write and gets them back; the other rows go to the kernel.
+    The result is the same tensor bit for bit (about half the time on the
+    overhead bench's masks at batch 16).  The split reads the host bitmask
+    (numpy), never the logits.
     """
-    xgrammar.apply_token_bitmask_inplace(
-        logits, masks.to(logits.device, non_blocking=True), vocab_size=logits.shape[-1]
-    )
+    vocab = logits.shape[-1]
+    if logits.device.type != "cpu":
+        xgrammar.apply_token_bitmask_inplace(logits, masks.to(logits.device, non_blocking=True), vocab_size=vocab)
+        return
+    words = masks.numpy()  # the host buffer itself
+    nonzero = words != 0  # [N, W]
+    sparse = nonzero.sum(axis=1) <= SPARSE_SHARE * words.shape[1]  # [N]
+    sparse_rows = np.flatnonzero(sparse)
+    if len(sparse_rows) < logits.shape[0]:  # the kernel for the dense rows (all rows when none is sparse)
+        dense = None if not len(sparse_rows) else np.flatnonzero(~sparse).tolist()
+        xgrammar.apply_token_bitmask_inplace(logits, masks, vocab_size=vocab, indices=dense)
+    if len(sparse_rows):
+        where = np.argwhere(nonzero & sparse[:, None])  # [m, 2]: (row, word) of every word that allows something
+        bits = (words[where[:, 0], where[:, 1]][:, None] >> _BITS) & 1  # [m, 32]
+        tokens = where[:, 1:2] * 32 + _BITS  # [m, 32]
+        legal = (bits != 0) & (tokens < vocab)
+        rows = torch.from_numpy(np.broadcast_to(where[:, 0:1], tokens.shape)[legal])
+        columns = torch.from_numpy(tokens[legal])
+        kept = logits[rows, columns]
+        logits.index_fill_(0, torch.from_numpy(sparse_rows), float("-inf"))
+        logits[rows, columns] = kept

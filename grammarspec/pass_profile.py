@@ -42,6 +42,7 @@ import torch
 from proposers.cost import PassCost
 
 from .cache import cache_argument, crop_cache, input_device, new_cache
+from .sampling import row_max
 
 __all__ = ["fit_pass_cost", "profile_pass_cost", "stored_profile", "profile_file"]
 
@@ -178,7 +179,7 @@ def _verify_rows(logits: torch.Tensor) -> None:
     vocab = scores.shape[-1]
     masks = torch.full((scores.shape[0], (vocab + 31) // 32), -1, dtype=torch.int32, device="cpu")  # host
     xgrammar.apply_token_bitmask_inplace(scores, masks.to(scores.device), vocab_size=vocab)
-    scores.max(dim=-1)[1].tolist()  # the loop's one host transfer (it waits for the device)
+    row_max(scores)[1].tolist()  # the loop's argmax and one host transfer (it waits for the device)
 
 
 def fit_pass_cost(medians: Mapping[int, float]) -> PassCost:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .sampling import NoLegalTokenError
+from .sampling import NoLegalTokenError, row_max
 
 __all__ = ["Segment", "target_choices", "verify_greedy", "verify_sampled", "rejection_sample", "greedy_verify"]
 
@@ -71,7 +71,7 @@ def target_choices(
     n_rows, vocab = scores.shape
     device = scores.device
     if greedy:
-        best, choice = scores.max(dim=-1)  # one pass: the argmax and whether the row has any legal token
+        best, choice = row_max(scores)  # the argmax and whether the row has any legal token
         empty = torch.isneginf(best)  # [N]
     else:
         empty = torch.isneginf(scores.amax(dim=-1))  # [N]: a row whose every token is -inf
@@ -112,7 +112,7 @@ def verify_greedy(scores: torch.Tensor, segments: Sequence[Segment]) -> list[tup
     ``scores``: processed ``[N, V]``.  ``next_token`` is the argmax at the first
     mismatch (or after the draft), ``None`` when all were accepted and no bonus row was given.
     """
-    best = scores.argmax(dim=-1).tolist()  # [N]: the one host transfer
+    best = row_max(scores)[1].tolist()  # [N]: the one host transfer
     out = []
     for seg in segments:
         rows = best[seg.start : seg.start + seg.rows]

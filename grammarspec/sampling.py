@@ -13,7 +13,15 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["SamplingParams", "unpack_bitmask", "apply_bitmask", "probabilities", "sample", "NoLegalTokenError"]
+__all__ = [
+    "SamplingParams",
+    "unpack_bitmask",
+    "apply_bitmask",
+    "probabilities",
+    "sample",
+    "row_max",
+    "NoLegalTokenError",
+]
 
 #: A stateless Hugging Face logits processor: (input_ids [1, L], scores [1, V]) -> scores.
 LogitsProcessorFn = Callable[[torch.LongTensor, torch.FloatTensor], torch.FloatTensor]
@@ -69,6 +77,26 @@ def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor | None) -> torch.T
         assert bitmask.shape[0] == scores.shape[0], "one bitmask row per logits row"
         scores.masked_fill_(~unpack_bitmask(bitmask, scores.shape[-1]), float("-inf"))
     return scores
+
+
+def row_max(scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's largest score and its first index: ``scores.max(dim=-1)``, the same values, faster on a CPU.
+
+    On a CPU ``torch.max(dim=-1)`` (and ``argmax``) walks a row element by
+    element: 0.67 ms for 16 rows of 49,152 scores on one core, against
+    0.06 ms for numpy's vectorized ``argmax`` over the same memory (no copy).
+    numpy's ``argmax``, like ``torch.max``, returns the first maximal index,
+    the first NaN where there is one, and 0 for a row of ``-inf``.  Other
+    devices and dtypes numpy lacks (bfloat16) call ``torch.max``.  Pure.
+
+    >>> row_max(torch.tensor([[0.0, 2.0, 2.0], [float("-inf")] * 3]))
+    (tensor([2., -inf]), tensor([1, 0]))
+    """
+    if scores.device.type != "cpu" or scores.dtype not in (torch.float32, torch.float64, torch.float16):
+        best, index = scores.max(dim=-1)
+        return best, index
+    index = torch.from_numpy(scores.detach().numpy().argmax(axis=-1))
+    return scores.gather(-1, index[:, None])[:, 0], index
 
 
 def probabilities(scores: torch.Tensor) -> torch.Tensor:

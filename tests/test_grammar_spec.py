@@ -558,3 +558,31 @@ def test_output_errors_checks_the_full_request():
     )
     assert output_errors(grammar_spec(json_object=True), "[1]") == ["[1] is not of type 'object'"]
     assert output_errors(grammar_spec(grammar='root ::= "a"'), "a") == []
+
+
+def test_a_schema_that_passed_is_not_walked_again_but_a_bad_one_always_is(monkeypatch):
+    from grammars import spec as spec_module
+
+    walked = []
+    real = spec_module._check_json_schema
+    monkeypatch.setattr(spec_module, "_check_json_schema", lambda s, where: (walked.append(1), real(s, where)))
+    monkeypatch.setattr(spec_module, "_CHECKED", type(spec_module._CHECKED)())
+    good = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}}}
+    reordered = {"properties": {"b": {"type": "string"}, "a": {"type": "integer"}}, "type": "object"}
+    spec_module.check_json_schema(good)
+    spec_module.check_json_schema(reordered)  # the same canonical JSON
+    assert len(walked) == 1
+    bad = {"type": "object", "properties": {"a": {"type": 5}}}
+    for _ in range(2):
+        with pytest.raises(GrammarError, match="not a valid JSON Schema"):
+            spec_module.check_json_schema(bad)
+    assert len(walked) == 3
+    tupled = {"type": "object", "required": ("a",)}  # not plain JSON: checked as given, never remembered
+    for _ in range(2):
+        with pytest.raises(GrammarError):
+            spec_module.check_json_schema(tupled)
+    assert len(walked) == 5
+    monkeypatch.setattr(spec_module, "_CHECKED_LIMIT", 2)
+    for n in range(4):
+        spec_module.check_json_schema({"type": "object", "maxProperties": n})
+    assert len(spec_module._CHECKED) == 2

@@ -85,3 +85,22 @@ def test_greedy_verify_worked_examples():
     assert greedy_verify(scores, torch.tensor([1, 2])) == (1, 0)  # mismatch at 1 -> argmax there
     assert greedy_verify(scores[:2], torch.tensor([1, 0])) == (2, None)  # no bonus row
     assert greedy_verify(scores[:1], torch.tensor([], dtype=torch.long)) == (0, 1)
+
+
+@pytest.mark.parametrize("width", [7, 513, 49152, 50001])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 3, 40])
+def test_row_max_equals_torch_max_with_ties_nans_and_empty_rows(rows, width, dtype):
+    from grammarspec.sampling import row_max
+
+    g = torch.Generator().manual_seed(rows * 100_003 + width)
+    scores = torch.randint(-3, 4, (rows, width), generator=g).to(dtype)  # many ties
+    scores[:, ::3] = float("-inf")
+    scores[0] = float("-inf")  # a row with no legal token
+    if rows > 2:
+        scores[1, width // 2] = scores[1, width // 3] = float("nan")  # the first NaN wins
+        scores[2, -1] = 10.0  # the maximum at the very end
+    best, index = row_max(scores)
+    want_best, want_index = scores.max(dim=-1)
+    assert torch.equal(index, want_index)
+    assert torch.equal(best.nan_to_num(nan=123.0), want_best.nan_to_num(nan=123.0))
