@@ -7,7 +7,7 @@ calls these after its commit.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -19,18 +19,16 @@ __all__ = ["account", "finish", "record_scores"]
 
 
 def account(row: Row, step: Step, path: Sequence[int], next_token: int | None, verify: float, commit_s: float,
-            started: float, step_cost: Callable[[int], float] | None, alone: bool) -> None:  # fmt: skip
-    """Statistics, the composite's cost measurement and the row's calibration after one step (chain or tree).
+            started: float) -> None:  # fmt: skip
+    """Statistics and the row's calibration after one step (chain or tree).
 
     The deepest path offered stands for the draft's length (a chain: its
     length); the accepted path's nodes count first among the proposed ones.
-    The composite's pass cost model (a :class:`proposers.base.CostModelled`
-    proposer's ``cost_model``) learns from the measured pass when the row had
-    the pass to itself (``alone``: batch 1); ``step_cost`` (replays) means costs
-    are modelled, so nothing is learned from time.  The row's controller
-    calibrates its estimates on what was accepted (a tree is verified whole),
-    and on the first token the policy cut, judged by the target's own
-    ``next_token`` (:meth:`grammarspec.adaptive.AdaptiveController.record`).
+    The row's controller calibrates its estimates on what was accepted (a
+    tree is verified whole), and on the first token the policy cut, judged
+    by the target's own ``next_token``
+    (:meth:`grammarspec.adaptive.AdaptiveController.record`).  Nothing here
+    learns from measured times: draft lengths never follow the wall clock.
     """
     stats, tree, accepted = row.stats, step.tree, len(path)
     stats.target_forwards += 1
@@ -45,11 +43,7 @@ def account(row: Row, step: Step, path: Sequence[int], next_token: int | None, v
         sources = tree.sources or ("draft",) * len(tree)
         order = list(path) + [i for i in range(len(tree)) if i not in path]
         stats.count(tuple(sources[i] for i in order), accepted)
-    rows = 1 + len(tree) - sum(step.ends)  # scored rows a later token may read
-    model = row.cost_model
     decoding = stats.target_forwards > 1  # the prefill pass is no decoding step
-    if model is not None and alone and decoding and verify > 0 and step_cost is None:  # a replay models its costs
-        model.update(rows, verify)
     controller = row.controller
     if controller is not None and decoding:
         if step.is_tree:

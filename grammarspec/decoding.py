@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 from grammars.base import Matcher, allocate_bitmask, fill_masks
-from proposers.base import EMPTY_DRAFT, Draft, GrammarView, Proposer, members
+from proposers.base import EMPTY_DRAFT, CostModelled, Draft, GrammarView, Proposer, members
 from proposers.tree import DraftTree
 
 from .bookkeeping import account, finish, record_scores
@@ -164,7 +164,7 @@ def decode_batch(
     ``feed``: requests joining while the loop runs, and cancellation (:class:`Feed`);
     the loop then returns when the feed has nothing more and every row ended.
     """
-    rows = [_new_row(i, request, config, _logits_device(model)) for i, request in enumerate(requests)]
+    rows = [_new_row(i, request, config, model, step_cost) for i, request in enumerate(requests)]
     _check_own_proposers(rows)
     if feed is not None and max_batch_size is None:
         raise ValueError("a feed (continuous batching) needs max_batch_size")
@@ -194,7 +194,7 @@ def decode_batch(
         if feed is not None:  # serve25: new requests take the places that are free
             free = limit - sum(row.finish_reason is None for row in active) - len(waiting)
             for request, cache in feed.more(free) if free > 0 else ():
-                row = _new_row(next_index, request, config, _logits_device(model))
+                row = _new_row(next_index, request, config, model, step_cost)
                 next_index += 1
                 speculating = speculating or row.proposer is not None
                 caches[row.index] = cache
@@ -309,8 +309,7 @@ def _step(model: torch.nn.Module, active: list[Row], kv: BatchKV, shared: Shared
 
     # 6. Adapt: statistics and the controllers learn what the step cost and brought.
     for row, step, (path, next_token) in zip(active, steps, results):
-        account(row, step, path, next_token, verify_seconds, commit_seconds, shared.started, shared.step_cost,
-                len(active) == 1)  # fmt: skip
+        account(row, step, path, next_token, verify_seconds, commit_seconds, shared.started)
         phases.add_to(row.stats.phases)
     if shared.on_step is not None:
         shared.on_step(active, kv)
@@ -560,10 +559,17 @@ def _leave(active: list[Row], kv: BatchKV, started: float) -> list[Row]:
     return [active[slot] for slot in keep]
 
 
-def _new_row(index: int, request: RowRequest, config: DecodeConfig, device: torch.device) -> Row:
+def _new_row(index: int, request: RowRequest, config: DecodeConfig, model: torch.nn.Module,
+             step_cost: Callable[[int], float] | None) -> Row:  # fmt: skip
+    """The row of ``request``.  A proposer that sizes its choices by the pass cost gets the target's
+    profiled one (:func:`policy.batch_cost_model`; a replay's ``step_cost`` models costs instead)."""
     if not request.prompt_ids:
         raise ValueError("the prompt is empty: pass at least one token (e.g. the BOS token or a chat template)")
-    processing = request.processing or sampling_processing(config, (), len(request.prompt_ids), device=device)
+    if step_cost is None and isinstance(request.proposer, CostModelled):
+        request.proposer.use_cost_model(batch_cost_model(model))
+    processing = request.processing or sampling_processing(
+        config, (), len(request.prompt_ids), device=_logits_device(model)
+    )
     return Row(index, list(request.prompt_ids), len(request.prompt_ids), request.matcher, request.proposer,
                request.controller, processing)  # fmt: skip
 

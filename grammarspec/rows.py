@@ -13,8 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from grammars.base import Matcher
-from proposers.base import EMPTY_DRAFT, CostModelled, Draft, Proposer, TreeDrafter
-from proposers.cost import PassCost
+from proposers.base import EMPTY_DRAFT, Draft, Proposer, TreeDrafter
 from proposers.tree import EMPTY_TREE, DraftTree
 
 from .sampling import SamplingParams
@@ -80,12 +79,6 @@ class Row:
     def tree_drafter(self) -> TreeDrafter | None:
         """The proposer, if it drafts trees (its declared capability, checked once: a Protocol check is slow)."""
         return self.proposer if self.proposer is not None and isinstance(self.proposer, TreeDrafter) else None
-
-    @functools.cached_property
-    def cost_model(self) -> PassCost | None:
-        """The proposer's own pass cost model, if it keeps one (checked once, as :attr:`tree_drafter`)."""
-        proposer = self.proposer
-        return proposer.cost_model if proposer is not None and isinstance(proposer, CostModelled) else None
 
     @property
     def pending(self) -> list[int]:

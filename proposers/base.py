@@ -214,9 +214,19 @@ class ModelDrafter(Proposer, Protocol):
 
 @runtime_checkable
 class CostModelled(Protocol):
-    """A proposer that keeps a model of the target's pass cost; the loop teaches it measured passes."""
+    """A proposer that sizes its own choices by the target's pass cost (:class:`proposers.cost.PassCost`).
+
+    The Hugging Face loop hands it the target's cost model before the
+    request's first step (:meth:`use_cost_model`: the curve profiled once per
+    model, device, dtype and thread count, :func:`grammarspec.policy.batch_cost_model`),
+    and never teaches it measured times, so its choices do not follow the
+    wall clock.  A model given at construction is kept.
+    """
 
     cost_model: PassCost
+
+    def use_cost_model(self, cost: PassCost) -> None:
+        """Size choices by ``cost`` from now on, unless built with a model of its own.  Changes state."""
 
 
 @runtime_checkable

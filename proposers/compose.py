@@ -47,10 +47,6 @@ from .track import Track
 __all__ = ["CompositeProposer", "concat_drafts", "is_model_proposer"]
 
 
-#: Weight of the measured prior against the loop's online measurements (each fades by ``PassCost.decay``).
-LEARNED_PRIOR_WEIGHT = 40.0
-
-
 def is_model_proposer(proposer: Proposer) -> bool:
     """Whether ``proposer`` runs a draft model (expensive: asked only as a fallback).
 
@@ -105,14 +101,13 @@ class CompositeProposer:
     for which a cheap draft alone is verified, or continues another; ``None``
     (the default): what a pass of ``typical_rows`` rows costs beyond a plain
     step (``cost_model.break_even(typical_rows)``: 0.6 with the prior, the
-    value tuned on replayed benchmark outputs; it rises as measured passes
-    turn out dearer).  A per-length bar (``Track.worth`` without a floor)
+    value tuned on replayed benchmark outputs; lower where extra rows are
+    cheap, as on a GPU).  A per-length bar (``Track.worth`` without a floor)
     replayed slightly worse: 3.873 against 3.878 modelled speedup.
-    ``cost_model``: the :class:`proposers.cost.PassCost` of the target (a
-    fresh prior if ``None``), exposed as :attr:`cost_model`: the loop may
-    ``cost_model.update(rows, seconds)`` after each measured target pass and
-    read ``cost_model.cost(rows)`` (plain steps) for its own decisions; the
-    composite only reads it.
+    ``cost_model``: the :class:`proposers.cost.PassCost` of the target,
+    exposed as :attr:`cost_model`, read only.  ``None``: the prior until the
+    loop hands over the target's profiled curve (:meth:`use_cost_model`);
+    one given here is kept.
     ``splits``: the learned splits of this request; the composite owns them
     (starts them and teaches them, from its own drafts, once per
     :meth:`commit`), and members built with the same object only read them.
@@ -135,10 +130,11 @@ class CompositeProposer:
         self.name = name
         self.short = short
         self.min_expected = min_expected
-        # The loop teaches the model from measured passes; a strong prior keeps one noisy pass (a busy
-        # machine) from moving the hold-back threshold: measured with prior_weight=2, a loaded machine cost
-        # 26 extra target passes on the task file's extraction answers (BENCHMARKS.md, issue 13).
-        self.cost_model = cost_model if cost_model is not None else PassCost(prior_weight=LEARNED_PRIOR_WEIGHT)
+        # Never taught measured times: a hold-back threshold that followed the wall clock moved the task
+        # file's target passes from run to run (892 to 896, BENCHMARKS.md, stop 15) and on a loaded machine
+        # cost 26 extra passes (issue 13).
+        self.cost_model = cost_model if cost_model is not None else PassCost()
+        self._cost_given = cost_model is not None
         self.typical_rows = typical_rows
         self.proposers = list(proposers)
         self.leaders = [p for p in self.proposers if isinstance(p, JumpForwardProposer)]
@@ -150,6 +146,12 @@ class CompositeProposer:
         # The last draft's parts: (proposer, its draft, first byte, bytes per token).
         self._parts: list[tuple[Proposer, Draft, int, list[int]]] = []
         self._token_bytes: list[int] = []  # bytes of each token of the last draft
+
+    def use_cost_model(self, cost: PassCost) -> None:
+        """Size the hold-back threshold and the tracks by ``cost``, unless built with a model.  Changes state."""
+        if not self._cost_given:
+            self.cost_model = cost
+            self._tracks = {}
 
     def start(self, request: Request) -> None:
         """Start every member for the new request."""

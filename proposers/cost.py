@@ -27,10 +27,12 @@ stays defined when every pass has the same width.  Older measurements fade
 by ``decay`` per update.  Pure Python, no clocks: the caller times the passes.
 
 Who uses it: the drafting policy (:mod:`grammarspec.policy`) sizes every
-step's drafts over the whole batch from ``cost(rows)``; the loop and the vLLM
-proposer feed it measured passes; :class:`proposers.compose.CompositeProposer`
+step's drafts over the whole batch from ``cost(rows)``, with the curve
+profiled once per model (:mod:`grammarspec.pass_profile`, never updated); the
+vLLM proposer feeds its own measured passes; :class:`proposers.compose.CompositeProposer`
 verifies a cheap draft alone only when its expected accepted tokens reach
-:meth:`PassCost.break_even` (via :class:`proposers.track.Track`);
+:meth:`PassCost.break_even` (via :class:`proposers.track.Track`), on the
+curve the loop hands it;
 ``tools/replay_bench.py`` models seconds with its prior, or with a GPU curve.
 """
 

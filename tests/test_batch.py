@@ -159,35 +159,47 @@ def test_a_schema_list_must_match_the_batch():
 
 
 class Costed(Noisy):
-    """A scripted drafter that carries a pass cost model, as the composite does, and logs its updates."""
+    """A scripted drafter that sizes its choices by a pass cost model, as the composite does; logs updates."""
 
-    def __init__(self, script, every, log):
+    def __init__(self, script, every, own=None):
         from proposers.cost import PassCost
 
         super().__init__(script, every)
-        self.cost_model = PassCost()
-        real = self.cost_model.update
-        self.cost_model.update = lambda rows, seconds: (log.append(rows), real(rows, seconds))[1]
+        self.cost_model = own if own is not None else PassCost()
+        self.given = own is not None
+
+    def use_cost_model(self, cost) -> None:
+        if not self.given:
+            self.cost_model = cost
 
 
-def test_the_cost_model_learns_from_passes_a_row_has_to_itself(grammars):
+def test_the_loop_hands_over_the_profiled_cost_model_and_never_teaches_wall_time(grammars, monkeypatch):
+    from grammarspec.policy import batch_cost_model
+    from proposers.compose import CompositeProposer
+    from proposers.cost import PassCost
+
     model = ToyCausalLM(V, seed=3)
     config = DecodeConfig(max_new_tokens=40, eos_token_ids=(0,))
-    alone = [decode(model, p, config, matcher=g.matcher())[0] for p, g in zip(PROMPTS, grammars)]
     log: list[int] = []
-    single = Costed([], 0, log)  # drafts nothing: every step is a plain 1-row pass
-    decode_batch(model, [_request(PROMPTS[1], grammars[1].matcher(), single, 4, config)], config)
-    assert log and single.cost_model.unit_seconds is not None  # measured 1-row passes set the unit
-    log.clear()
-    sizes: list[tuple[int, int]] = []  # (rows in the batch, cost-model updates so far) after every step
-    shared = [Costed([], 0, log) for _ in alone]
-    requests = [_request(p, g.matcher(), prop, 4, config) for p, g, prop in zip(PROMPTS, grammars, shared)]
-    decode_batch(model, requests, config, on_step=lambda rows, kv: sizes.append((len(rows), len(log))))
-    before = 0
-    for batch, updates in sizes:
-        assert batch == 1 or updates == before  # a pass shared by several rows measures none of them
-        before = updates
-    assert sizes[0][0] == 3
+    monkeypatch.setattr(PassCost, "update", lambda self, rows, seconds: log.append(rows))  # must never be called
+    own = PassCost(1.1, 0.01, 2)
+    handed, kept = Costed([], 0), Costed([], 0, own=own)
+    requests = [_request(PROMPTS[i], grammars[i].matcher(), p, 4, config) for i, p in enumerate((handed, kept))]
+    decode_batch(model, requests, config)
+    decode_batch(model, [_request(PROMPTS[2], grammars[2].matcher(), Costed([], 0), 4, config)], config)  # alone
+    assert handed.cost_model is batch_cost_model(model) and kept.cost_model is own
+    assert log == []  # no measured pass moved any cost model, at batch 1 or 2
+    composite = CompositeProposer([Noisy([], 0)])
+    assert composite.cost_model is not batch_cost_model(model)
+    composite.use_cost_model(batch_cost_model(model))
+    assert composite.cost_model is batch_cost_model(model)
+    fixed = CompositeProposer([Noisy([], 0)], cost_model=own)
+    fixed.use_cost_model(batch_cost_model(model))
+    assert fixed.cost_model is own
+    replayed = Costed([], 0)  # a replay's modelled step cost: its own prior stays
+    decode_batch(model, [_request(PROMPTS[0], grammars[0].matcher(), replayed, 4, config)], config,
+                 step_cost=lambda rows: 1.0)  # fmt: skip
+    assert replayed.cost_model is not batch_cost_model(model)
 
 
 @pytest.mark.parametrize("every", [0, 3])
