@@ -50,7 +50,7 @@ from .cache import logits_device as _logits_device
 from .kv import BatchKV
 from .masking import apply_masks, forced_token, walk
 from .policy import batch_cost_model, plan_drafts
-from .processing import LogitsPipeline
+from .processing import LogitsPipeline, prefix_tensors
 from .rejection import Segment, target_choices
 from .rows import DecodeConfig, DecodeState, Processing, Row, RowRequest, Shared, Step
 from .sampling import LogitsProcessorFn
@@ -288,11 +288,7 @@ def _step(model: torch.nn.Module, active: list[Row], kv: BatchKV, shared: Shared
     # 4. Accept: each row's processing for its rows, the target's choices in one transfer, each row descends.
     scores = logits.clone() if config.record_scores else logits
     apply_masks(scores, masks[:start])
-    for row, step in zip(active, steps):
-        if isinstance(row.processing, LogitsPipeline) and row.processing.is_identity:
-            continue  # greedy with no processor: the masked float32 logits are the scores
-        block = slice(step.start, step.start + 1 + len(step.tree))
-        scores[block] = row.processing(scores[block], _prefixes(row, step))
+    _process(active, steps, scores[:start])
     sampled = [_segment(step) for step in steps if step.draft.probs is not None and len(step.tree)]
     choices = target_choices(scores, config.sampling.greedy, sampled, shared.generator)
     results = [descend(step.tree, step.ends, choices[step.start : step.start + 1 + len(step.tree)]) for step in steps]
@@ -338,6 +334,33 @@ def _masks(shared: Shared, rows: int) -> torch.Tensor:
     if shared.masks.shape[0] < rows:
         shared.masks = allocate_bitmask(rows, shared.masks.shape[1] * 32)
     return shared.masks
+
+
+def _process(active: Sequence[Row], steps: Sequence[Step], scores: torch.Tensor) -> None:
+    """Each row's processing on its scored rows of ``scores`` (changed in place).
+
+    Pipelines that read no prefix and process alike (:attr:`LogitsPipeline.batch_key`:
+    the rows of one ``generate`` call with sampling warpers) run once over all the
+    step's rows; otherwise each row's pipeline runs on its own rows, with their
+    prefixes: for every pipeline that reads them, views of one tensor built once
+    a step (:func:`processing.prefix_tensors`), so one copy to the device serves them all.
+    """
+    first = active[0].processing
+    if isinstance(first, LogitsPipeline) and first.batch_key is not None:
+        if all(isinstance(r.processing, LogitsPipeline) and r.processing.batch_key == first.batch_key for r in active):
+            if not first.is_identity:  # greedy with no processor: the masked float32 logits are the scores
+                scores[:] = first(scores, [[]] * scores.shape[0])
+            return
+    todo = [(row, step) for row, step in zip(active, steps)
+            if not (isinstance(row.processing, LogitsPipeline) and row.processing.is_identity)]  # fmt: skip
+    prefixes = [_prefixes(row, step) for row, step in todo]
+    readers = [isinstance(row.processing, LogitsPipeline) and row.processing.reads_prefixes for row, _ in todo]
+    flat = [p for rows, reads in zip(prefixes, readers) if reads for p in rows]
+    views = iter(prefix_tensors(flat, scores.device) if flat else [])  # every reader's prefixes: one copy a step
+    for (row, step), rows, reads in zip(todo, prefixes, readers):
+        block = slice(step.start, step.start + 1 + len(step.tree))
+        given: list[Any] = [next(views) for _ in rows] if reads else rows
+        scores[block] = row.processing(scores[block], given)
 
 
 def _prefixes(row: Row, step: Step) -> list[list[int]]:

@@ -47,7 +47,7 @@ import torch
 from transformers import GenerationConfig
 from transformers.generation import logits_process as lp
 
-__all__ = ["PREFIX_FREE", "LogitsPipeline", "build_pipeline", "check_stateless"]
+__all__ = ["PREFIX_FREE", "LogitsPipeline", "build_pipeline", "check_stateless", "prefix_tensors"]
 
 #: Processor classes that read only the scores (never ``input_ids``): run on all rows at once.
 PREFIX_FREE: tuple[type[lp.LogitsProcessor], ...] = (
@@ -76,11 +76,15 @@ class LogitsPipeline:
     final: tuple[Any, ...] = ()
     greedy: bool = True
 
-    def __call__(self, scores: torch.Tensor, prefixes: Sequence[Sequence[int]]) -> torch.Tensor:
+    def __call__(
+        self, scores: torch.Tensor, prefixes: Sequence[Sequence[int]] | Sequence[torch.Tensor]
+    ) -> torch.Tensor:
         """Process grammar-masked ``scores`` ``[N, V]``; returns float32 ``[N, V]``.
 
         ``prefixes[i]``: the token ids row ``i`` conditions on (prompt +
-        committed + ``draft[:i]``).  Does not modify ``scores``.  Example: with
+        committed + ``draft[:i]``), as ints or as a ``[1, L]`` tensor on the
+        scores' device (:func:`prefix_tensors`: views of one tensor, one copy
+        to the device for many rows).  Does not modify ``scores``.  Example: with
         ``repetition_penalty=2`` a row whose prefix holds token 5 gets
         ``scores[i, 5] / 2`` (or ``* 2`` when negative); other rows are untouched.
         """
@@ -91,8 +95,10 @@ class LogitsPipeline:
         assert len(prefixes) == out.shape[0], f"{len(prefixes)} prefixes for {out.shape[0]} rows"
         if not self.reads_prefixes:  # warpers only: no prefix is read
             ids = [torch.zeros((1, 1), dtype=torch.long, device=out.device)] * out.shape[0]
+        elif all(isinstance(p, torch.Tensor) for p in prefixes):
+            ids = [cast(torch.Tensor, p) for p in prefixes]
         else:
-            ids = [torch.tensor([list(p)], dtype=torch.long, device=out.device) for p in prefixes]  # [1, L_i] each
+            ids = prefix_tensors([cast(Sequence[int], p) for p in prefixes], out.device)
         if self.defaults or self.custom:
             entry, out = out, out.clone()  # a processor that writes in place must not change the fallback rows
             if self.defaults:
@@ -116,6 +122,31 @@ class LogitsPipeline:
         """Whether any processor reads the rows' prefixes (else callers may pass empty ones)."""
         everything = (*self.defaults, *self.custom, *self.warpers, *self.final)
         return not all(isinstance(p, PREFIX_FREE) for p in everything)
+
+    @functools.cached_property
+    def batch_key(self) -> tuple[Any, ...] | None:
+        """Equal for pipelines that process any row alike, so one call may serve all their rows; ``None``
+        when a processor reads prefixes.
+
+        Every processor here then works row by row on the scores alone
+        (:data:`PREFIX_FREE`), so equal settings give equal rows.  A processor
+        counts by its type and its plain attributes; a tensor attribute by the
+        tensor object itself (reading its values would wait for the device).
+        Computed once per pipeline; does not change state.
+        """
+        if self.reads_prefixes:
+            return None
+
+        def settings(processor: Any) -> tuple[Any, ...]:
+            fields = []
+            for name, value in sorted(vars(processor).items()):
+                plain = value is None or isinstance(value, (bool, int, float, str))
+                fields.append((name, value if plain else ("object", id(value))))
+            return (type(processor), tuple(fields))
+
+        return (self.greedy,) + tuple(
+            tuple(settings(p) for p in group) for group in (self.defaults, self.custom, self.warpers, self.final)
+        )
 
     @classmethod
     def from_sampling(
@@ -141,6 +172,20 @@ class LogitsPipeline:
             else:
                 scores = torch.cat([proc(ids[i], scores[i : i + 1]) for i in range(scores.shape[0])])
         return scores.float()
+
+
+def prefix_tensors(prefixes: Sequence[Sequence[int]], device: torch.device | str) -> list[torch.Tensor]:
+    """Each prefix as a ``[1, L_i]`` int64 view of one right-padded ``[N, max L]`` tensor: one copy to ``device``.
+
+    A processor reading ``ids[i]`` sees exactly row ``i``'s tokens (the
+    padding lies outside its view).  Pure.
+
+    >>> [t.tolist() for t in prefix_tensors([[5, 6, 7], [5]], "cpu")]
+    [[[5, 6, 7]], [[5]]]
+    """
+    width = max((len(p) for p in prefixes), default=0)
+    padded = torch.tensor([list(p) + [0] * (width - len(p)) for p in prefixes], dtype=torch.long, device=device)
+    return [padded[i : i + 1, : len(p)] for i, p in enumerate(prefixes)]
 
 
 def _sampling_config(params: Any, min_new_tokens: int) -> GenerationConfig:

@@ -221,3 +221,64 @@ def test_waiting_requests_join_as_rows_finish(grammars, every):
 def test_max_batch_size_must_be_positive(grammars):
     with pytest.raises(ValueError, match="max_batch_size"):
         decode_batch(ToyCausalLM(V), [RowRequest([2, 3])], DecodeConfig(max_new_tokens=3), max_batch_size=0)
+
+
+def test_alike_prefix_free_pipelines_run_once_per_step_over_every_row(grammars, monkeypatch):
+    """Rows whose processing reads no prefix and is alike (sampling warpers) are processed in one call a step."""
+    from grammarspec.processing import LogitsPipeline
+
+    model = ToyCausalLM(V, seed=3)
+    params = SamplingParams(True, 0.8, top_k=6, top_p=0.9)
+    config = DecodeConfig(max_new_tokens=12, sampling=params, eos_token_ids=(0,))
+
+    def run(batched: bool) -> tuple[list[list[int]], list[int]]:
+        calls: list[int] = []
+        real = LogitsPipeline.__call__
+
+        def spy(self, scores, prefixes):
+            calls.append(scores.shape[0])
+            return real(self, scores, prefixes)
+
+        monkeypatch.setattr(LogitsPipeline, "__call__", spy)
+        if not batched:  # every pipeline its own key: the row-by-row path
+            monkeypatch.setattr(LogitsPipeline, "batch_key", property(lambda self: None))
+        requests = [RowRequest(p, g.matcher(), None, None, sampling_processing(config, (), len(p)))
+                    for p, g in zip(PROMPTS, grammars)]  # fmt: skip
+        rows = decode_batch(model, requests, config, generator=torch.Generator().manual_seed(11))
+        monkeypatch.undo()
+        return [row.generated for row in rows], calls
+
+    together, batched_calls = run(True)
+    alone, row_calls = run(False)
+    assert together == alone  # the same scores, so the same draws
+    assert len(row_calls) > len(batched_calls) and max(batched_calls) == len(PROMPTS)
+
+
+def test_prefix_readers_get_views_of_one_tensor_per_step_and_decode_as_alone(grammars, monkeypatch):
+    """repetition_penalty reads each row's prefix: one host-to-device copy a step serves every row's."""
+    from transformers.generation import logits_process as lp
+
+    from grammarspec.processing import LogitsPipeline
+
+    model = ToyCausalLM(V, seed=3)
+    config = DecodeConfig(max_new_tokens=16, eos_token_ids=(0,))
+    pipeline = LogitsPipeline(defaults=(lp.RepetitionPenaltyLogitsProcessor(1.7),))
+    alone = [decode_batch(model, [RowRequest(p, g.matcher(), None, None, pipeline)], config)[0].generated
+             for p, g in zip(PROMPTS, grammars)]  # fmt: skip
+    storages: list[set[int]] = [set()]
+    real = lp.RepetitionPenaltyLogitsProcessor.__call__
+
+    def spy(self, input_ids, scores):
+        storages[-1].add(input_ids.untyped_storage().data_ptr())
+        return real(self, input_ids, scores)
+
+    monkeypatch.setattr(lp.RepetitionPenaltyLogitsProcessor, "__call__", spy)
+    requests = []
+    for p, g, script in zip(PROMPTS, grammars, alone):  # drafts from the plain outputs, every 3rd one spoiled
+        proposer = Noisy(script, 3)
+        proposer.start(Request(prompt_ids=tuple(p), tokenizer=None))
+        requests.append(RowRequest(p, g.matcher(), proposer, AdaptiveController(3, 3, adaptive=False), pipeline))
+    rows = decode_batch(model, requests, config, on_step=lambda rows, kv: storages.append(set()))
+    assert [row.generated for row in rows] == alone
+    steps = [s for s in storages if s]
+    assert steps and all(len(s) == 1 for s in steps)  # one tensor a step, however many rows read it
