@@ -14,7 +14,7 @@ from .conversation import ContextLimitError, Conversation, Reply
 from .loading import ModelNotFoundError, load_model, load_tokenizer
 from .sampling import SamplingParams
 from .stats import GenerationStats
-from .tools import ToolCallError
+from .tool_calls import ToolCallError
 
 __all__ = [
     "generate",

@@ -130,7 +130,7 @@ def generate(
     ``tool_choice`` (with ``tools=``): ``"required"`` (the default: one call),
     ``"auto"`` (text or a call), ``"none"`` (the tools are not used) or
     ``{"type": "function", "function": {"name": ...}}``; read the calls with
-    :func:`grammarspec.tools.parse_tool_reply` (``complete`` does).
+    :func:`grammarspec.tool_calls.parse_tool_reply` (``complete`` does).
     """
     internal = sorted({"calibration", "documents"} & set(generation_kwargs))  # Conversation's and serve's carry
     if internal:

@@ -229,7 +229,7 @@ def _cmd_serve(args: argparse.Namespace, command: str) -> int:
         if importlib.util.find_spec(package) is None:
             raise CliError(f"serve needs {package}: pip install 'grammarspec[serve]'")
     from .serve import Engine, serve
-    from .tools import ToolCallError
+    from .tool_calls import ToolCallError
 
     _quiet_transformers()
     model, tokenizer = _load(args.model)

@@ -151,7 +151,7 @@ def complete(
     """
     from .api import run_generate
     from .constraint import Constraint
-    from .tools import parse_tool_reply
+    from .tool_calls import parse_tool_reply
 
     _check_prompt(prompt)
     asked = Constraint(schema=schema, tools=tools, tool_choice=tool_choice, grammar=grammar, regex=regex,

@@ -34,7 +34,7 @@ class Constraint:
     ``None`` means this for ``generate`` and ``complete``), ``"auto"`` (text or
     a call), ``"none"`` (the tools are not used) or ``{"type": "function",
     "function": {"name": ...}}``.  ``tool_format``: the call format
-    (:mod:`grammarspec.tools`); ``"json"`` outside a :class:`Conversation`.
+    (:mod:`grammarspec.tool_calls`); ``"json"`` outside a :class:`Conversation`.
     ``schema``: a list gives one schema per row.
     """
 
@@ -69,7 +69,7 @@ class Constraint:
         Raises :class:`~grammars.GrammarError` when ``tools`` and another
         constraint would both shape the output.
         """
-        from .tools import ToolCallError, tool_constraint
+        from .tool_calls import ToolCallError, tool_constraint
 
         if self.tools is None:
             if self.tool_choice not in (None, "none", "auto"):

@@ -28,7 +28,7 @@ earlier turn (prompt lookup reads all of it), and through two carries:
   for the whole conversation (the survival records that size each row's
   drafts): turn 2 starts from what turn 1 learned;
 * the earlier assistant messages' JSON (tool calls, JSON answers:
-  :func:`grammarspec.tools.earlier_documents`) as ``Request.documents``, which
+  :func:`grammarspec.tool_calls.earlier_documents`) as ``Request.documents``, which
   the schema n-gram drafter reads as history (``past`` / ``past_value``).
 
 Both are drafting policy only: they change which tokens are verified, never
@@ -61,7 +61,7 @@ from .cache import cache_length, common_prefix_length, crop_cache, new_cache
 from .constraint import Constraint
 from .policy import Calibration
 from .stats import GenerationStats
-from .tools import (
+from .tool_calls import (
     ToolCallError,
     chat_messages,
     check_tools,
@@ -114,7 +114,7 @@ class Conversation:
     per turn picks among them).  ``system``: a system message to start with.
     ``tool_format``: ``"auto"`` (the template's native format, else
     ``"json"``), ``"json"`` or an xgrammar model format (see
-    :mod:`grammarspec.tools`).  ``assistant``/``max_draft_tokens``/
+    :mod:`grammarspec.tool_calls`).  ``assistant``/``max_draft_tokens``/
     ``grammar_backend``: as for :func:`grammarspec.generate`.
     ``generation_kwargs``: defaults for every turn (``do_sample``, ...).
 

@@ -56,7 +56,7 @@ from .rows import DecodeConfig, DecodeState, Processing, Row, RowRequest, Shared
 from .sampling import LogitsProcessorFn
 from .stats import GenerationStats
 from .stopping import stop_reason
-from .tree_verify import descend
+from .tree_layout import descend
 
 if TYPE_CHECKING:
     from .adaptive import AdaptiveController

@@ -148,11 +148,11 @@ class BatchKV:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The 4-D additive mask ``[B, 1, n, L + n]`` and the position ids ``[B, n]`` of a tree pass.
 
-        Each row's new part is :func:`grammarspec.tree_verify.tree_attention_inputs`'
+        Each row's new part is :func:`grammarspec.tree_layout.tree_attention_inputs`'
         (past 0); its cached part is the row's valid columns.  A pad query attends
         to itself only (its logits are never read).
         """
-        from .tree_verify import tree_allowed
+        from .tree_layout import tree_allowed
 
         allowed, positions = [], []
         for r, (p, rows) in enumerate(zip(pending, parents)):

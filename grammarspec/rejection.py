@@ -61,7 +61,7 @@ def target_choices(
     (``draft_probs``), where the choice is the draft token if residual
     rejection accepts it (``u * q(d) < p(d)``) and else a draw from
     ``normalize(max(0, p - q))``.  Either way the choice at a row is
-    distributed as ``p``; :func:`grammarspec.tree_verify.descend` follows the
+    distributed as ``p``; :func:`grammarspec.tree_layout.descend` follows the
     choices down each row's tree.  A row that allows no token raises
     :class:`~grammarspec.sampling.NoLegalTokenError` (checked inside the same transfer).
 

@@ -2,13 +2,13 @@
 
 (About 530 lines: the tree value type, the three sources of branches and the
 :class:`TreeProposer` that combines them are one job -- building a tree -- and
-are tested together; the loop's side is :mod:`grammarspec.tree_verify`.)
+are tested together; the loop's side is :mod:`grammarspec.tree_layout`.)
 
 A chain draft bets on one continuation.  Where the guess forks -- the target
 splits the same text two ways (``'":"'`` or ``'":'`` + ``'"'``), several schema
 candidates are plausible (which earlier item repeats, which enum value comes)
 -- a :class:`DraftTree` carries every branch, and one target pass under a tree
-attention mask (:mod:`grammarspec.tree_verify`) scores them all.
+attention mask (:mod:`grammarspec.tree_layout`) scores them all.
 
 The value type::
 
@@ -138,7 +138,7 @@ class DraftTree:
     def as_draft(self) -> Draft:
         """The tree as a chain :class:`Draft`; raises ``ValueError`` if it branches."""
         if not self.is_chain:
-            raise ValueError("this DraftTree branches; verify it with grammarspec.tree_verify")
+            raise ValueError("this DraftTree branches; verify it with grammarspec.tree_layout")
         return Draft(tokens=self.tokens, sources=self.sources, kind=self.kind)
 
     @staticmethod

@@ -23,7 +23,7 @@ from grammarspec.adaptive import AdaptiveController
 from grammarspec.policy import Calibration
 from grammarspec.serve import Engine
 from grammarspec.serve.protocol import ChatRequest
-from grammarspec.tools import earlier_documents
+from grammarspec.tool_calls import earlier_documents
 from proposers.base import Draft, Request
 from proposers.schema_ngram import SchemaNgramProposer
 

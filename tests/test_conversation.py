@@ -10,7 +10,7 @@ import torch
 import grammarspec
 from grammarspec.cache import cache_length
 from grammarspec.conversation import common_prefix_length
-from grammarspec.tools import tool_constraint
+from grammarspec.tool_calls import tool_constraint
 
 pytestmark = pytest.mark.slow
 

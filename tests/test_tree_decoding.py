@@ -51,6 +51,6 @@ def test_greedy_tree_decoding_equals_plain_greedy_on_the_embedded_model(smol):
     out = grammarspec.generate(model, torch.tensor([ids]), tokenizer=tok, schema=SCHEMA, assistant=proposer,
                                max_new_tokens=60, return_dict_in_generate=True)  # fmt: skip
     assert out.sequences[0].tolist() == plain[0].tolist()
-    assert proposer.trees > 0  # branching trees went through tree_verify
+    assert proposer.trees > 0  # branching trees went through tree_layout
     stats = out.stats[0]
     assert stats.target_forwards < stats.new_tokens

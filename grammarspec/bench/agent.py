@@ -10,7 +10,7 @@ Arms (greedy, the same prompts, the same grammar per turn, the same tools):
 * ``conversation`` -- :class:`grammarspec.Conversation` with ``assistant="auto"``.
 
 Every arm renders the conversation the same way (:meth:`Conversation.prompt_ids`),
-reads replies the same way (:func:`grammarspec.tools.parse_tool_reply`) and
+reads replies the same way (:func:`grammarspec.tool_calls.parse_tool_reply`) and
 runs the same Python tools (:mod:`.agent_tasks`).  The time of a conversation
 is the wall clock from its first model turn to its last (tool calls and
 templating included, grammars compiled before).  Arms run back to back per
@@ -32,7 +32,7 @@ import torch
 from grammarspec.cache import cache_length, crop_cache, new_cache
 from grammarspec.conversation import Conversation, common_prefix_length
 from grammarspec.decoding import logits_width
-from grammarspec.tools import parse_tool_reply, tool_constraint
+from grammarspec.tool_calls import parse_tool_reply, tool_constraint
 
 from .agent_tasks import CONVERSATIONS, SYSTEM, TOOLS, ModelTurn, run_tool
 

@@ -83,7 +83,7 @@ def foreign_messages(messages: list[dict[str, Any]], tools: list[dict[str, Any]]
     servers want it; the template does not print it).
     """
     from ..conversation import NO_TOOL_NOTE, _add_note
-    from ..tools import chat_messages
+    from ..tool_calls import chat_messages
 
     rendered = chat_messages([_unparsed_calls_as_text(m) for m in messages], tools, "json")
     ids = [m.get("tool_call_id") for m in messages]
@@ -111,7 +111,7 @@ def _unparsed_calls_as_text(message: dict[str, Any]) -> dict[str, Any]:
 
 def _text_calls(text: str, tools: list[dict[str, Any]]) -> list[dict[str, str]]:
     """The calls in ``text`` when it is a JSON call in grammarspec's format (else none).  Pure."""
-    from ..tools import ToolCallError, parse_tool_reply
+    from ..tool_calls import ToolCallError, parse_tool_reply
 
     try:
         message = parse_tool_reply(text, tools, "json", [f"text_call_{i}" for i in range(64)])
@@ -436,7 +436,7 @@ def run_serve_bench(model: torch.nn.Module, tokenizer: Any, model_name: str, con
         from grammars import grammar_spec
 
         from ..bench.agent_tasks import TOOLS, ModelTurn
-        from ..tools import tool_constraint
+        from ..tool_calls import tool_constraint
 
         for script in conversations.values():  # compile every turn's grammar before timing (both servers' caches)
             for step in script:

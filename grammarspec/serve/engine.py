@@ -16,7 +16,7 @@ cache entry keeps, beside the KV, a copy of its row's survival records (the
 joins with a cache hit starts from a copy of the hit entry's records (never
 the stored object: rows decoding at once never share one; the records live
 and die with their entry).  The earlier assistant messages' JSON
-(:func:`~grammarspec.tools.earlier_documents`) goes to the proposer as
+(:func:`~grammarspec.tool_calls.earlier_documents`) goes to the proposer as
 ``Request.documents``.  Drafting policy only: outputs are unchanged.
 
 Per-request settings the shared loop does not hold are applied to each row:
@@ -57,7 +57,7 @@ from ..policy import Calibration
 from ..processing import build_pipeline
 from ..sampling import SamplingParams
 from ..settings import resolve_config
-from ..tools import (
+from ..tool_calls import (
     ToolCallError,
     chat_messages,
     check_tools,

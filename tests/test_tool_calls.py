@@ -7,7 +7,7 @@ import json
 import pytest
 
 from grammars import compile_grammar, grammar_spec
-from grammarspec.tools import (
+from grammarspec.tool_calls import (
     ToolCallError,
     call_json,
     chat_messages,

@@ -1,4 +1,4 @@
-"""grammarspec/tree_verify.py: tree attention equals chain attention, the cache keeps only the path,
+"""grammarspec/tree_layout.py: tree attention equals chain attention, the cache keeps only the path,
 the grammar prunes node by node."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from grammars.base import allocate_bitmask
 from grammarspec.cache import cache_length, forward_with_cache, new_cache
 from grammarspec.kv import BatchKV
 from grammarspec.masking import walk
-from grammarspec.tree_verify import descend, tree_attention_inputs
+from grammarspec.tree_layout import descend, tree_attention_inputs
 from proposers.tree import DraftTree
 
 # A tree with three branches of different depths, in depth-first order.
