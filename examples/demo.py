@@ -114,8 +114,11 @@ def main(argv: list[str] | None = None) -> int:
     # The drafting policy sizes drafts by what a pass of n rows costs on this machine: profiled once per
     # model, device, dtype and thread count, and kept on disk (grammarspec/pass_profile.py).  Done here,
     # before the timed runs, so the first run's statistics do not include it.
-    print("pass cost on this machine (profiled once, then read from ~/.cache/grammarspec): "
-          f"{describe_cost(batch_cost_model(model))}", flush=True)  # fmt: skip
+    print(
+        "pass cost on this machine (profiled once, then read from ~/.cache/grammarspec): "
+        f"{describe_cost(batch_cost_model(model))}",
+        flush=True,
+    )
     kwargs = {"system": SYSTEM, "schema": SCHEMA, "max_new_tokens": args.max_new_tokens}
     spec = grammarspec.complete(model, tokenizer, DOCUMENT, assistant=args.assistant, **kwargs)
     print(f"\n=== speculative (assistant={args.assistant!r})")

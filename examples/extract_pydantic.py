@@ -61,9 +61,15 @@ def extract(model: Any, tokenizer: Any, document: str, *, assistant: Any = "auto
     already enforces it, and a 135M model follows a short instruction better.
     """
     result = grammarspec.complete(
-        model, tokenizer, "Extract the contact details from this message:\n\n" + document, system=SYSTEM,
-        schema=Contact, describe=False, assistant=assistant, max_new_tokens=max_new_tokens,
-    )  # fmt: skip
+        model,
+        tokenizer,
+        "Extract the contact details from this message:\n\n" + document,
+        system=SYSTEM,
+        schema=Contact,
+        describe=False,
+        assistant=assistant,
+        max_new_tokens=max_new_tokens,
+    )
     contact = Contact.model_validate(result.value) if result.valid else None
     return contact, result
 

@@ -23,16 +23,21 @@ import openai
 from grammarspec.bench.agent_tasks import SYSTEM, TOOLS, run_tool
 
 
-def agent(client: openai.OpenAI, model: str, question: str, *, max_turns: int = 4,
-          max_tokens: int = 64) -> list[dict[str, Any]]:  # fmt: skip
+def agent(
+    client: openai.OpenAI, model: str, question: str, *, max_turns: int = 4, max_tokens: int = 64
+) -> list[dict[str, Any]]:
     """Run the loop; returns the conversation (the last message is the model's text answer, if it gave one)."""
     messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
     for turn in range(max_turns):
         last = turn == max_turns - 1
         reply = client.chat.completions.create(
-            model=model, messages=messages, tools=TOOLS, tool_choice="none" if last else "auto",
-            temperature=0, max_tokens=max_tokens,
-        )  # fmt: skip
+            model=model,
+            messages=messages,
+            tools=TOOLS,
+            tool_choice="none" if last else "auto",
+            temperature=0,
+            max_tokens=max_tokens,
+        )
         choice = reply.choices[0]
         message = choice.message.model_dump(include={"role", "content", "tool_calls"}, exclude_none=True)
         messages.append(message)

@@ -86,7 +86,7 @@ TASKS: list[dict[str, Any]] = [
                 },
             },
         ],
-    },  # fmt: skip
+    },
     {
         "name": "generation",
         "prompt": "List three European capitals with their country and a famous landmark.",
@@ -137,9 +137,14 @@ def compare(model: Any, tokenizer: Any, tasks=TASKS, arms=ARMS, *, max_new_token
     for task in tasks:
         for arm, assistant in arms:
             completion = grammarspec.complete(
-                model, tokenizer, task["prompt"], schema=task.get("schema"), tools=task.get("tools"),
-                assistant=assistant, max_new_tokens=max_new_tokens,
-            )  # fmt: skip
+                model,
+                tokenizer,
+                task["prompt"],
+                schema=task.get("schema"),
+                tools=task.get("tools"),
+                assistant=assistant,
+                max_new_tokens=max_new_tokens,
+            )
             rows.append(Row(task["name"], arm, completion))
     return rows
 
@@ -175,8 +180,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{task['name']}: {next(r.completion.text for r in rows if r.task == task['name'])}")
     print()
     print(table(rows))
-    diverged = [r for r in rows if r.completion.tokens != next(p.completion.tokens for p in rows
-                                                                 if p.task == r.task and p.arm == "plain")]  # fmt: skip
+    diverged = [
+        r
+        for r in rows
+        if r.completion.tokens != next(p.completion.tokens for p in rows if p.task == r.task and p.arm == "plain")
+    ]
     if diverged:
         print(f"\n{len(diverged)} arm(s) diverged from plain greedy decoding (near-tied logits can do this)")
     return 0

@@ -95,9 +95,15 @@ def stream_tokens(model: Any, tokenizer: Any, *, max_new_tokens: int, assistant:
     ids = torch.tensor([grammarspec.build_prompt(tokenizer, PROMPT, schema=SCHEMA)])
     printer = TokenPrinter(tokenizer, **({"write": write} if write is not None else {}))
     out = grammarspec.generate(
-        model, ids, tokenizer=tokenizer, schema=SCHEMA, assistant=assistant, max_new_tokens=max_new_tokens,
-        streamer=printer, return_dict_in_generate=True,
-    )  # fmt: skip
+        model,
+        ids,
+        tokenizer=tokenizer,
+        schema=SCHEMA,
+        assistant=assistant,
+        max_new_tokens=max_new_tokens,
+        streamer=printer,
+        return_dict_in_generate=True,
+    )
     stats = out.stats[0]
     text = tokenizer.decode(out.sequences[0, ids.shape[1] : ids.shape[1] + stats.new_tokens], skip_special_tokens=True)
     return printer, text, stats
@@ -112,9 +118,15 @@ def stream_chunks(model: Any, tokenizer: Any, *, max_new_tokens: int, assistant:
     def work() -> None:
         try:
             result["out"] = grammarspec.generate(
-                model, ids, tokenizer=tokenizer, schema=SCHEMA, assistant=assistant, max_new_tokens=max_new_tokens,
-                streamer=streamer, return_dict_in_generate=True,
-            )  # fmt: skip
+                model,
+                ids,
+                tokenizer=tokenizer,
+                schema=SCHEMA,
+                assistant=assistant,
+                max_new_tokens=max_new_tokens,
+                streamer=streamer,
+                return_dict_in_generate=True,
+            )
         except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
             result["error"] = e
             streamer.end()

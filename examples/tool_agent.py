@@ -128,9 +128,15 @@ def get_weather(city: str, unit: str) -> dict[str, Any]:
 
 
 _OPERATORS: dict[type, Callable[..., Any]] = {
-    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-    ast.Pow: operator.pow, ast.Mod: operator.mod, ast.USub: operator.neg, ast.UAdd: operator.pos,
-}  # fmt: skip
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.Pow: operator.pow,
+    ast.Mod: operator.mod,
+    ast.USub: operator.neg,
+    ast.UAdd: operator.pos,
+}
 
 
 def calculator(expression: str) -> dict[str, Any]:
@@ -219,9 +225,11 @@ def new_conversation(model: Any, tokenizer: Any, assistant: Any = "auto") -> gra
 def turn_line(step: int, reply: grammarspec.Reply) -> str:
     """Per-turn statistics: prompt tokens reused / prefilled, tokens per target pass, time."""
     s = reply.stats
-    return (f"[turn {step}] prompt {reply.prompt_tokens} tokens: {reply.reused_tokens} reused, {reply.prefilled_tokens} "
-            f"prefilled; {s.new_tokens} new in {s.target_forwards} target passes "
-            f"({s.new_tokens / max(1, s.target_forwards):.2f} per pass); {reply.seconds:.2f}s")  # fmt: skip
+    return (
+        f"[turn {step}] prompt {reply.prompt_tokens} tokens: {reply.reused_tokens} reused, {reply.prefilled_tokens} "
+        f"prefilled; {s.new_tokens} new in {s.target_forwards} target passes "
+        f"({s.new_tokens / max(1, s.target_forwards):.2f} per pass); {reply.seconds:.2f}s"
+    )
 
 
 def run_agent(
@@ -287,8 +295,7 @@ def quick_mode(argv_quick: bool) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("questions", nargs="*",
-                        default=list(KNOWN_ANSWERS))  # fmt: skip
+    parser.add_argument("questions", nargs="*", default=list(KNOWN_ANSWERS))
     parser.add_argument("--quick", action="store_true", help="one question, at most two steps, short calls")
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--assistant", default="auto", help="proposer preset ('none' for plain decoding)")
@@ -301,19 +308,28 @@ def main(argv: list[str] | None = None) -> int:
         print(f"question: {question}")
         conv = new_conversation(model, tokenizer, assistant)
         run = run_agent(
-            model, tokenizer, question, conversation=conv, max_steps=2 if quick else args.steps,
-            max_new_tokens=64 if quick else 96, show=print,
-        )  # fmt: skip
+            model,
+            tokenizer,
+            question,
+            conversation=conv,
+            max_steps=2 if quick else args.steps,
+            max_new_tokens=64 if quick else 96,
+            show=print,
+        )
         print(f"answer: {run.answer}" if run.answer is not None else "no answer (see above)")
         right = is_right(question, run.answer)
-        print("every call was schema-valid (right tool and right answer are another matter): "
-              + {True: "the answer is right", False: "the answer is WRONG", None: "answer not checked"}[right])  # fmt: skip
+        print(
+            "every call was schema-valid (right tool and right answer are another matter): "
+            + {True: "the answer is right", False: "the answer is WRONG", None: "answer not checked"}[right]
+        )
         answered += run.answer is not None and right is not False
         replies += conv.replies
     reused, prefilled = sum(r.reused_tokens for r in replies), sum(r.prefilled_tokens for r in replies)
     tokens, forwards = sum(r.stats.new_tokens for r in replies), sum(r.stats.target_forwards for r in replies)
-    print(f"{len(replies)} turns: prompt tokens {reused} reused, {prefilled} prefilled; "
-          f"{tokens} generated tokens in {forwards} target passes; {sum(r.seconds for r in replies):.1f}s")  # fmt: skip
+    print(
+        f"{len(replies)} turns: prompt tokens {reused} reused, {prefilled} prefilled; "
+        f"{tokens} generated tokens in {forwards} target passes; {sum(r.seconds for r in replies):.1f}s"
+    )
     return 0 if answered == len(args.questions[:1] if quick else args.questions) else 1
 
 

@@ -78,13 +78,19 @@ def _grammar_measure(record: dict[str, Any], backend: str, tokenizer: Any, timeo
     except GrammarError as e:
         out.update(declared=False, error=str(e)[:300], compile_s=time.perf_counter() - started)
         return out
-    out.update(declared=True, compile_s=time.perf_counter() - started, chosen=compiled.backend,
-               reason=compiled.backend_reason, unenforced=list(compiled.unenforced))  # fmt: skip
+    out.update(
+        declared=True,
+        compile_s=time.perf_counter() - started,
+        chosen=compiled.backend,
+        reason=compiled.backend_reason,
+        unenforced=list(compiled.unenforced),
+    )
     eos = compiled.stop_token_ids[0]
     examples = record.get("examples") or []
     if examples:
-        tokens = tokenizer.encode(json.dumps(examples[0], separators=(",", ":"), ensure_ascii=False),
-                                  add_special_tokens=False)  # fmt: skip
+        tokens = tokenizer.encode(
+            json.dumps(examples[0], separators=(",", ":"), ensure_ascii=False), add_special_tokens=False
+        )
         matcher = compiled.matcher()
         mask = allocate_bitmask(1, compiled.vocab_size)
         times = []
@@ -120,8 +126,15 @@ def _worker(conn: Any) -> None:
         try:
             conn.send(_grammar_measure(record, backend, tokenizer, timeout))
         except Exception as e:  # noqa: BLE001 - reported as a crash row
-            conn.send({"id": record["id"], "category": record["category"], "backend": backend, "declared": False,
-                       "error": f"crash: {type(e).__name__}: {e}"[:300]})  # fmt: skip
+            conn.send(
+                {
+                    "id": record["id"],
+                    "category": record["category"],
+                    "backend": backend,
+                    "declared": False,
+                    "error": f"crash: {type(e).__name__}: {e}"[:300],
+                }
+            )
 
 
 def grammar_pass(records: list[dict[str, Any]], backends: tuple[str, ...], timeout: float) -> list[dict[str, Any]]:
@@ -149,9 +162,17 @@ def grammar_pass(records: list[dict[str, Any]], backends: tuple[str, ...], timeo
                 worker.kill()
                 worker.join()
                 worker = None
-                rows.append({"id": record["id"], "category": record["category"], "backend": backend,
-                             "declared": False, "error": f"timeout: no compile within {timeout:g} s",
-                             "compile_s": timeout, "timeout": True})  # fmt: skip
+                rows.append(
+                    {
+                        "id": record["id"],
+                        "category": record["category"],
+                        "backend": backend,
+                        "declared": False,
+                        "error": f"timeout: no compile within {timeout:g} s",
+                        "compile_s": timeout,
+                        "timeout": True,
+                    }
+                )
             print(f"[grammar] {backend} {len(rows)}/{len(records) * len(backends)}", file=sys.stderr, flush=True)
     if worker is not None:
         parent.send(None)
@@ -186,9 +207,13 @@ def generation_pass(
                 try:
                     with warnings.catch_warnings():
                         warnings.simplefilter("ignore")
-                        chosen = compile_grammar(grammar_spec(schema=record["schema"]), tokenizer,
-                                                 vocab_size=model.config.vocab_size, backend="auto",
-                                                 compile_timeout=60).backend  # fmt: skip
+                        chosen = compile_grammar(
+                            grammar_spec(schema=record["schema"]),
+                            tokenizer,
+                            vocab_size=model.config.vocab_size,
+                            backend="auto",
+                            compile_timeout=60,
+                        ).backend
                 except GrammarError as e:
                     row.update(declared=False, error=str(e)[:200])
                     rows.append(row)
@@ -203,25 +228,47 @@ def generation_pass(
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
-                    c = complete(model, tokenizer, prompt, system=system, schema=record["schema"], describe=quote,
-                                 max_new_tokens=max_new_tokens, grammar_backend=backend, compile_timeout=60)  # fmt: skip
+                    c = complete(
+                        model,
+                        tokenizer,
+                        prompt,
+                        system=system,
+                        schema=record["schema"],
+                        describe=quote,
+                        max_new_tokens=max_new_tokens,
+                        grammar_backend=backend,
+                        compile_timeout=60,
+                    )
             except GrammarError as e:
                 row.update(declared=False, error=str(e)[:200])
                 rows.append(row)
                 continue
             s = c.stats
             errors = output_errors(record["schema"], c.text) if c.finish_reason == "stop" else ["cut"]
-            row.update(declared=True, finish=c.finish_reason, valid=not errors, stats_valid=s.valid,
-                       errors=errors[:3], tokens=s.new_tokens, forwards=s.target_forwards,
-                       grammar_s=s.grammar_seconds, verify_s=s.verify_seconds, total_s=s.total_seconds,
-                       chosen=s.grammar_backend, unenforced=s.unenforced_keywords)  # fmt: skip
+            row.update(
+                declared=True,
+                finish=c.finish_reason,
+                valid=not errors,
+                stats_valid=s.valid,
+                errors=errors[:3],
+                tokens=s.new_tokens,
+                forwards=s.target_forwards,
+                grammar_s=s.grammar_seconds,
+                verify_s=s.verify_seconds,
+                total_s=s.total_seconds,
+                chosen=s.grammar_backend,
+                unenforced=s.unenforced_keywords,
+            )
             rows.append(row)
             done[record["id"], backend] = row
             if log is not None:
                 log.write(json.dumps({"pass": "generate", **row}) + "\n")
                 log.flush()
-            print(f"[generate] {backend} {record['id'][:50]} {c.finish_reason} valid={row['valid']}", file=sys.stderr,
-                  flush=True)  # fmt: skip
+            print(
+                f"[generate] {backend} {record['id'][:50]} {c.finish_reason} valid={row['valid']}",
+                file=sys.stderr,
+                flush=True,
+            )
     del torch
     return rows
 
@@ -287,10 +334,13 @@ def tables(
     reference_step_s: float | None = None,
 ) -> str:
     cats = sorted({r["category"] for r in grammar_rows} | {r["category"] for r in gen_rows})
-    out = ["### Grammar pass (no model)", "",
-           "| category | backend | schemas | declared | timeouts | compile p50 ms | compile p99 ms | "
-           "mask+accept p50 µs/token | p99 µs/token | invalid accepted | reports unenforced |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    out = [
+        "### Grammar pass (no model)",
+        "",
+        "| category | backend | schemas | declared | timeouts | compile p50 ms | compile p99 ms | "
+        "mask+accept p50 µs/token | p99 µs/token | invalid accepted | reports unenforced |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for cat in cats + ["all"]:
         for backend in BACKENDS:
             rows = [r for r in grammar_rows if r["backend"] == backend and (cat == "all" or r["category"] == cat)]
@@ -308,10 +358,14 @@ def tables(
                 f"{sum(1 for r in ok if r.get('unenforced'))} |"
             )
     if gen_rows:
-        out += ["", "### Generation pass (SmolLM2-135M, greedy)", "",
-                "| category | backend | schemas | declared | empirical (valid) | compliance | cut by the limit | "
-                "finished but invalid | stats.valid agrees |",
-                "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        out += [
+            "",
+            "### Generation pass (SmolLM2-135M, greedy)",
+            "",
+            "| category | backend | schemas | declared | empirical (valid) | compliance | cut by the limit | "
+            "finished but invalid | stats.valid agrees |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
         for cat in cats + ["all"]:
             for backend in BACKENDS:
                 rows = [r for r in gen_rows if r["backend"] == backend and (cat == "all" or r["category"] == cat)]
@@ -329,9 +383,13 @@ def tables(
     for label, step in (("measured during this run", step_s), ("reference", reference_step_s)):
         if not step:
             continue
-        out += ["", f"### Grammar share of a target step ({label}: plain SmolLM2-135M step {step * 1e3:.1f} ms)", "",
-                "| backend | mask+accept mean µs/token | share (mean) | p50 µs | share p50 | p99 µs | share p99 |",
-                "|---|---|---|---|---|---|---|"]  # fmt: skip
+        out += [
+            "",
+            f"### Grammar share of a target step ({label}: plain SmolLM2-135M step {step * 1e3:.1f} ms)",
+            "",
+            "| backend | mask+accept mean µs/token | share (mean) | p50 µs | share p50 | p99 µs | share p99 |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for backend in BACKENDS:
             mask = [
                 t for r in grammar_rows if r["backend"] == backend and r.get("declared") for t in r.get("mask_us", [])
@@ -339,8 +397,10 @@ def tables(
             if mask:
                 mean, p50, p99 = statistics.fmean(mask), _pct(mask, 0.5), _pct(mask, 0.99)
                 us = step * 1e6
-                out.append(f"| {backend} | {mean:.0f} | {mean / us:.2%} | {p50:.0f} | {p50 / us:.2%} | {p99:.0f} | "
-                           f"{p99 / us:.2%} |")  # fmt: skip
+                out.append(
+                    f"| {backend} | {mean:.0f} | {mean / us:.2%} | {p50:.0f} | {p50 / us:.2%} | {p99:.0f} | "
+                    f"{p99 / us:.2%} |"
+                )
     return "\n".join(out) + "\n"
 
 
@@ -376,8 +436,11 @@ def plot(grammar_rows: list[dict[str, Any]], gen_rows: list[dict[str, Any]], pat
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--corpus", default=str(default_schemas_path()),
-                        help="folder of <category>.jsonl (default: $GRAMMARSPEC_SCHEMAS or data/schemas)")  # fmt: skip
+    parser.add_argument(
+        "--corpus",
+        default=str(default_schemas_path()),
+        help="folder of <category>.jsonl (default: $GRAMMARSPEC_SCHEMAS or data/schemas)",
+    )
     parser.add_argument("--per-category", type=int, default=None, help="grammar pass on N records per category")
     parser.add_argument("--backends", default=",".join(BACKENDS))
     parser.add_argument("--compile-timeout", type=float, default=30.0)
@@ -387,10 +450,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", default="/tmp/coverage.jsonl", help="every measurement, one JSON per line")
     parser.add_argument("--plot", default=None, help="PNG path for the plot")
     parser.add_argument("--out", default=None, help="markdown file for the tables (default: stdout)")
-    parser.add_argument("--reference-step-ms", type=float, default=None,
-                        help="also give the grammar's share of a plain step of this many ms")  # fmt: skip
-    parser.add_argument("--from-results", nargs="*", default=None,
-                        help="only render the tables (and plot) from these JSONL result files")  # fmt: skip
+    parser.add_argument(
+        "--reference-step-ms",
+        type=float,
+        default=None,
+        help="also give the grammar's share of a plain step of this many ms",
+    )
+    parser.add_argument(
+        "--from-results",
+        nargs="*",
+        default=None,
+        help="only render the tables (and plot) from these JSONL result files",
+    )
     args = parser.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     if args.from_results is not None:
@@ -399,8 +470,12 @@ def main(argv: list[str] | None = None) -> int:
         gen_rows = [r for r in rows if r.get("pass") == "generate"]
         steps = [r["seconds"] for r in rows if r.get("pass") == "step"]
         gen_rows = auto_from_chosen(grammar_rows, gen_rows)
-        text = tables(grammar_rows, gen_rows, steps[0] if steps else None, args.reference_step_ms / 1e3 if
-                      args.reference_step_ms else None)  # fmt: skip
+        text = tables(
+            grammar_rows,
+            gen_rows,
+            steps[0] if steps else None,
+            args.reference_step_ms / 1e3 if args.reference_step_ms else None,
+        )
         if args.plot:
             plot(grammar_rows, gen_rows, Path(args.plot))
         if args.out:
@@ -418,8 +493,9 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.results + ".partial", "w") as log:
             step_s = target_step_seconds()
             log.write(json.dumps({"pass": "step", "seconds": step_s}) + "\n")
-            gen_rows = generation_pass(load_records(corpus, args.generate_per_category), gen_backends,
-                                       args.max_new_tokens, log)  # fmt: skip
+            gen_rows = generation_pass(
+                load_records(corpus, args.generate_per_category), gen_backends, args.max_new_tokens, log
+            )
     with open(args.results, "w") as f:
         for row in grammar_rows:
             f.write(json.dumps({"pass": "grammar", **row}) + "\n")

@@ -46,22 +46,60 @@ ROOT = Path(__file__).resolve().parents[1]
 PREPARED = ROOT / ".gpu"
 #: What grammarspec needs beyond the GPU image's torch/numpy (pip download, Python 3.12, manylinux).
 #: transformers is carried too: grammarspec needs >= 5.21 (a 2-D boolean logits_to_keep); images ship older ones.
-WHEELS = ["transformers==5.24.0", "tokenizers", "huggingface-hub", "safetensors", "xgrammar==0.2.9", "jsonschema",
-          "jsonschema-specifications", "referencing", "rpds-py", "attrs", "outlines-core==0.2.14", "llguidance",
-          "gguf", "ninja", "pydantic==2.14.4", "pydantic-core==2.50.5", "annotated-types", "typing-inspection",
-          "apache-tvm-ffi==0.1.15.post2"]  # fmt: skip
+WHEELS = [
+    "transformers==5.24.0",
+    "tokenizers",
+    "huggingface-hub",
+    "safetensors",
+    "xgrammar==0.2.9",
+    "jsonschema",
+    "jsonschema-specifications",
+    "referencing",
+    "rpds-py",
+    "attrs",
+    "outlines-core==0.2.14",
+    "llguidance",
+    "gguf",
+    "ninja",
+    "pydantic==2.14.4",
+    "pydantic-core==2.50.5",
+    "annotated-types",
+    "typing-inspection",
+    "apache-tvm-ffi==0.1.15.post2",
+]
 SCHEMAS = [
-    {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
-     "required": ["city", "days"], "additionalProperties": False},
-    {"type": "array", "items": {"type": "object", "properties": {"sku": {"type": "string"}, "qty": {"type": "integer"}},
-                                "required": ["sku", "qty"]}, "maxItems": 4},
-    {"type": "object", "properties": {"status": {"enum": ["open", "closed", "pending"]}, "note": {"type": "string"}},
-     "required": ["status"]},
-    {"type": "object", "properties": {"name": {"type": "string"}, "tags": {"type": "array", "items": {"type": "string"}}},
-     "required": ["name", "tags"]},
-]  # fmt: skip
-PROMPTS = ["Plan 3 days in Lisbon.", "Order: two A-1 and one B-7.", "Ticket 41 was fixed yesterday.",
-           "Describe the Rust language with tags."]  # fmt: skip
+    {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+        "required": ["city", "days"],
+        "additionalProperties": False,
+    },
+    {
+        "type": "array",
+        "items": {
+            "type": "object",
+            "properties": {"sku": {"type": "string"}, "qty": {"type": "integer"}},
+            "required": ["sku", "qty"],
+        },
+        "maxItems": 4,
+    },
+    {
+        "type": "object",
+        "properties": {"status": {"enum": ["open", "closed", "pending"]}, "note": {"type": "string"}},
+        "required": ["status"],
+    },
+    {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "tags": {"type": "array", "items": {"type": "string"}}},
+        "required": ["name", "tags"],
+    },
+]
+PROMPTS = [
+    "Plan 3 days in Lisbon.",
+    "Order: two A-1 and one B-7.",
+    "Ticket 41 was fixed yesterday.",
+    "Describe the Rust language with tags.",
+]
 ENUM_SCHEMA = {"enum": ["a", "b", "ab", "ba", "aab"]}
 #: chi-square p-value below which grammarspec's samples are judged to come from another distribution.
 ALPHA = 1e-3
@@ -79,16 +117,38 @@ def prepare() -> None:
         source = next(cache_dir().glob("smollm2-135m-v*"))
     model_dir = PREPARED / "model"
     model_dir.mkdir(parents=True, exist_ok=True)
-    for name in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-                 "chat_template.jinja"):  # fmt: skip
+    for name in (
+        "config.json",
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "chat_template.jinja",
+    ):
         if (source / name).exists():
             shutil.copy(source / name, model_dir / name)
     platforms = [f"--platform=manylinux_2_{n}_x86_64" for n in (17, 24, 27, 28, 31, 34)] + [
         "--platform=manylinux2014_x86_64"
     ]
-    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-                    "--python-version", "3.12", "--implementation", "cp", *platforms, "-d", str(PREPARED / "wheels"),
-                    *WHEELS], check=True)  # fmt: skip
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "-q",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--python-version",
+            "3.12",
+            "--implementation",
+            "cp",
+            *platforms,
+            "-d",
+            str(PREPARED / "wheels"),
+            *WHEELS,
+        ],
+        check=True,
+    )
     print(f"prepared {PREPARED}: carry '.gpu' and run `python3 tools/gpu_check.py` on the GPU machine")
 
 
@@ -98,8 +158,22 @@ def install() -> None:
 
     wheels = sorted((PREPARED / "wheels").glob("*.whl"))
     if wheels and importlib.util.find_spec("xgrammar") is None:
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
-                        "--target", "/tmp/site", *map(str, wheels)], check=True)  # fmt: skip
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--no-index",
+                "--no-deps",
+                "--no-compile",
+                "--target",
+                "/tmp/site",
+                *map(str, wheels),
+            ],
+            check=True,
+        )
         sys.path.insert(0, "/tmp/site")
     sys.path.insert(0, str(ROOT))
 
@@ -114,8 +188,16 @@ def build_model(device: str, dtype: Any, *, sliding_window: int | None = None, s
 
     config = LlamaConfig.from_pretrained(PREPARED / "model") if (PREPARED / "model").exists() else LlamaConfig()
     if size == "1b":
-        config.update({"hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 16,
-                       "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64})  # fmt: skip
+        config.update(
+            {
+                "hidden_size": 2048,
+                "intermediate_size": 5632,
+                "num_hidden_layers": 16,
+                "num_attention_heads": 32,
+                "num_key_value_heads": 8,
+                "head_dim": 64,
+            }
+        )
     torch.manual_seed(0)
     with torch.device(device):
         if sliding_window is not None:
@@ -144,14 +226,23 @@ def compile_for_hf(tokenizer: Any, model: Any, schemas: list) -> list:
 
     from grammarspec.decoding import logits_width
 
-    info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=logits_width(model),
-                                              stop_token_ids=[tokenizer.eos_token_id])  # fmt: skip
+    info = xgr.TokenizerInfo.from_huggingface(
+        tokenizer, vocab_size=logits_width(model), stop_token_ids=[tokenizer.eos_token_id]
+    )
     compiler = xgr.GrammarCompiler(info)
     return [compiler.compile_json_schema(json.dumps(s), any_whitespace=False, separators=(",", ":")) for s in schemas]
 
 
-def hf_generate(model: Any, tokenizer: Any, ids: Any, mask: Any, schemas: list, max_new: int,
-                grammars: list | None = None, **settings: Any) -> list:  # fmt: skip
+def hf_generate(
+    model: Any,
+    tokenizer: Any,
+    ids: Any,
+    mask: Any,
+    schemas: list,
+    max_new: int,
+    grammars: list | None = None,
+    **settings: Any,
+) -> list:
     """Hugging Face generate + xgrammar's HF processor; each row's new tokens up to its EOS."""
     import torch
     from transformers import LogitsProcessorList
@@ -160,9 +251,15 @@ def hf_generate(model: Any, tokenizer: Any, ids: Any, mask: Any, schemas: list, 
     grammars = grammars or compile_for_hf(tokenizer, model, schemas)
     settings = {"do_sample": False, **settings}
     with torch.inference_mode():
-        out = model.generate(ids, attention_mask=mask, logits_processor=LogitsProcessorList([LogitsProcessor(grammars)]),
-                             max_new_tokens=max_new, eos_token_id=tokenizer.eos_token_id,
-                             pad_token_id=tokenizer.eos_token_id, **settings)  # fmt: skip
+        out = model.generate(
+            ids,
+            attention_mask=mask,
+            logits_processor=LogitsProcessorList([LogitsProcessor(grammars)]),
+            max_new_tokens=max_new,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.eos_token_id,
+            **settings,
+        )
     eos = tokenizer.eos_token_id
     return [row[: row.index(eos) + 1] if eos in row else row for row in out[:, ids.shape[1] :].tolist()]
 
@@ -176,8 +273,16 @@ def ours(model: Any, tokenizer: Any, ids: Any, mask: Any, schemas: list, max_new
     import grammarspec
 
     settings = {"assistant": "auto", "do_sample": False, **settings}
-    out = grammarspec.generate(model, ids, attention_mask=mask, tokenizer=tokenizer, schema=schemas,
-                               max_new_tokens=max_new, return_dict_in_generate=True, **settings)  # fmt: skip
+    out = grammarspec.generate(
+        model,
+        ids,
+        attention_mask=mask,
+        tokenizer=tokenizer,
+        schema=schemas,
+        max_new_tokens=max_new,
+        return_dict_in_generate=True,
+        **settings,
+    )
     rows = [out.sequences[i, ids.shape[1] :].tolist()[: s.new_tokens] for i, s in enumerate(out.stats)]
     if "parity" in BROKEN:
         rows = [row[:-1] for row in rows]
@@ -203,12 +308,15 @@ def check(name: str, ok: bool, detail: str, **extra: Any) -> dict:
     return {"check": name, "ok": bool(ok), "detail": detail, **extra}
 
 
-def parity(name: str, model: Any, tok: Any, device: str, prompts: list, schemas: list, max_new: int,
-           size: int, **settings: Any) -> dict:  # fmt: skip
+def parity(
+    name: str, model: Any, tok: Any, device: str, prompts: list, schemas: list, max_new: int, size: int, **settings: Any
+) -> dict:
     """grammarspec at batch ``size`` against HF at batch 1, greedy, the same ``settings``."""
     hf_settings = {k: v for k, v in settings.items() if k not in ("assistant", "assistant_model", "max_batch_size")}
-    reference = [hf_generate(model, tok, *batch_inputs(tok, [p], device), [s], max_new, **hf_settings)[0]
-                 for p, s in zip(prompts, schemas)]  # fmt: skip
+    reference = [
+        hf_generate(model, tok, *batch_inputs(tok, [p], device), [s], max_new, **hf_settings)[0]
+        for p, s in zip(prompts, schemas)
+    ]
     got = []
     for first in range(0, len(prompts), size):
         ids, mask = batch_inputs(tok, prompts[first : first + size], device)
@@ -232,8 +340,7 @@ def valid_answers(tok: Any, rows: list, schemas: list) -> int:
     return good
 
 
-def sampled(name: str, model: Any, tok: Any, device: str, generator_device: str, max_new: int,
-            **settings: Any) -> dict:  # fmt: skip
+def sampled(name: str, model: Any, tok: Any, device: str, generator_device: str, max_new: int, **settings: Any) -> dict:
     """Sampling with a generator on ``generator_device``: valid answers, and the same seed gives the same ones."""
     import torch
 
@@ -241,8 +348,7 @@ def sampled(name: str, model: Any, tok: Any, device: str, generator_device: str,
     runs = []
     for _ in range(2):
         gen = torch.Generator(device=generator_device).manual_seed(7)
-        runs.append(ours(model, tok, ids, mask, SCHEMAS, max_new, do_sample=True, top_p=0.9, generator=gen,
-                         **settings))  # fmt: skip
+        runs.append(ours(model, tok, ids, mask, SCHEMAS, max_new, do_sample=True, top_p=0.9, generator=gen, **settings))
     good = valid_answers(tok, runs[0], SCHEMAS)
     ended = sum(row[-1:] == [tok.eos_token_id] for row in runs[0])
     ok = runs[0] == runs[1] and good == ended
@@ -289,12 +395,18 @@ def exactness(model: Any, tok: Any, device: str, samples: int, chunk: int) -> di
         if "exactness" in BROKEN:
             rows = [rows[0]] * n  # a broken sampler: always the first answer
         ours_count.update(tok.decode(r, skip_special_tokens=True) for r in rows)
-        hf_rows = hf_generate(model, tok, ids, mask, [ENUM_SCHEMA] * n, 8, grammars=grammars * n, do_sample=True,
-                              temperature=1.5, top_k=0)  # fmt: skip
+        hf_rows = hf_generate(
+            model, tok, ids, mask, [ENUM_SCHEMA] * n, 8, grammars=grammars * n, do_sample=True, temperature=1.5, top_k=0
+        )
         hf_count.update(tok.decode(r, skip_special_tokens=True) for r in hf_rows)
     p, dof = chi_square_p(ours_count, hf_count)
-    return check("exactness: chi-square against HF sampling (enum schema)", p >= ALPHA,
-                 f"p = {p:.3g} ({dof} dof, {samples} samples per arm)", ours=dict(ours_count), hf=dict(hf_count))  # fmt: skip
+    return check(
+        "exactness: chi-square against HF sampling (enum schema)",
+        p >= ALPHA,
+        f"p = {p:.3g} ({dof} dof, {samples} samples per arm)",
+        ours=dict(ours_count),
+        hf=dict(hf_count),
+    )
 
 
 def trees_against_chains(model: Any, tok: Any, device: str, max_new: int) -> dict:
@@ -305,8 +417,15 @@ def trees_against_chains(model: Any, tok: Any, device: str, max_new: int) -> dic
     for prompt, schema in zip(PROMPTS, SCHEMAS):
         ids, mask = batch_inputs(tok, [prompt], device)
         chain = ours(model, tok, ids, mask, [schema], max_new)
-        tree = ours(model, tok, ids, mask, [schema], max_new,
-                    assistant=TreeProposer(resolve_assistant("auto"), width=4, size=32))  # fmt: skip
+        tree = ours(
+            model,
+            tok,
+            ids,
+            mask,
+            [schema],
+            max_new,
+            assistant=TreeProposer(resolve_assistant("auto"), width=4, size=32),
+        )
         same += chain == tree
     return check("trees against chains, greedy, batch 1", same == len(PROMPTS), f"{same}/{len(PROMPTS)} rows identical")
 
@@ -368,24 +487,41 @@ def throughput(tok: Any, device: str, new_tokens: int, sizes: tuple[int, ...], s
                 warnings.simplefilter("always")
                 torch.cuda.set_sync_debug_mode("warn")
                 try:
-                    out = grammarspec.generate(model, ids, attention_mask=mask, tokenizer=tok, schema=schemas,
-                                               assistant="auto", max_new_tokens=64, do_sample=False,
-                                               return_dict_in_generate=True)  # fmt: skip
+                    out = grammarspec.generate(
+                        model,
+                        ids,
+                        attention_mask=mask,
+                        tokenizer=tok,
+                        schema=schemas,
+                        assistant="auto",
+                        max_new_tokens=64,
+                        do_sample=False,
+                        return_dict_in_generate=True,
+                    )
                 finally:
                     torch.cuda.set_sync_debug_mode(0)
             syncs = sum("synchroniz" in str(w.message) for w in caught)
             passes = max(s.target_forwards for s in out.stats)
-        rows.append({"batch": batch, "hf_tok_s": rates["hf"], "grammarspec_tok_s": rates["grammarspec"],
-                     "speedup": rates["grammarspec"] / rates["hf"], "host_syncs": syncs, "target_passes": passes,
-                     "parameters": params})  # fmt: skip
+        rows.append(
+            {
+                "batch": batch,
+                "hf_tok_s": rates["hf"],
+                "grammarspec_tok_s": rates["grammarspec"],
+                "speedup": rates["grammarspec"] / rates["hf"],
+                "host_syncs": syncs,
+                "target_passes": passes,
+                "parameters": params,
+            }
+        )
     return rows
 
 
 # --- the run ---------------------------------------------------------------------------------------------------
 
 
-def run_checks(make_model: Callable[..., Any], tok: Any, device: str, max_new: int, samples: int,
-               draft: Any | None = None) -> list[dict]:  # fmt: skip
+def run_checks(
+    make_model: Callable[..., Any], tok: Any, device: str, max_new: int, samples: int, draft: Any | None = None
+) -> list[dict]:
     """Every pass/fail check; ``make_model(dtype, sliding_window=None)`` builds a target on ``device``."""
     import torch
 
@@ -404,7 +540,7 @@ def run_checks(make_model: Callable[..., Any], tok: Any, device: str, max_new: i
             max_new,
             4,
             max_batch_size=2,
-        ),  # fmt: skip
+        ),
         parity(
             "greedy parity, batch 4, repetition_penalty 1.3",
             model,
@@ -415,7 +551,7 @@ def run_checks(make_model: Callable[..., Any], tok: Any, device: str, max_new: i
             max_new,
             4,
             repetition_penalty=1.3,
-        ),  # fmt: skip
+        ),
         parity(
             "greedy parity, batch 4, min_new_tokens 6",
             model,
@@ -426,7 +562,7 @@ def run_checks(make_model: Callable[..., Any], tok: Any, device: str, max_new: i
             max_new,
             4,
             min_new_tokens=6,
-        ),  # fmt: skip
+        ),
         parity(
             "greedy parity, draft-model assistant, batch 1",
             model,
@@ -437,7 +573,7 @@ def run_checks(make_model: Callable[..., Any], tok: Any, device: str, max_new: i
             max_new,
             1,
             assistant_model=draft,
-        ),  # fmt: skip
+        ),
         compaction(model, tok, device, 4 * max_new),
         trees_against_chains(model, tok, device, max_new),
         sampled(f"sampling, top_p 0.9, {device} generator", model, tok, device, device, max_new),
@@ -450,16 +586,18 @@ def run_checks(make_model: Callable[..., Any], tok: Any, device: str, max_new: i
             device,
             max_new,
             assistant_model=draft,
-        ),  # fmt: skip
+        ),
         exactness(model, tok, device, samples, min(samples, 100)),
     ]
     bf16 = make_model(torch.bfloat16)
     rows.append(parity("greedy parity, bf16 target, batch 4", bf16, tok, device, PROMPTS, SCHEMAS, max_new, 4))
     sliding = make_model(torch.float32, sliding_window=16)
-    rows.append(parity("greedy parity, sliding window 16, batch 1", sliding, tok, device, PROMPTS, SCHEMAS,
-                       2 * max_new, 1))  # fmt: skip
-    rows.append(parity("greedy parity, sliding window 16, batch 4", sliding, tok, device, PROMPTS, SCHEMAS,
-                       2 * max_new, 4))  # fmt: skip
+    rows.append(
+        parity("greedy parity, sliding window 16, batch 1", sliding, tok, device, PROMPTS, SCHEMAS, 2 * max_new, 1)
+    )
+    rows.append(
+        parity("greedy parity, sliding window 16, batch 4", sliding, tok, device, PROMPTS, SCHEMAS, 2 * max_new, 4)
+    )
     return rows
 
 
@@ -467,15 +605,23 @@ def write_report(out: Path, device_name: str, checks: list[dict], speed: list[di
     """``gpu_check.json`` and ``gpu_check.md`` in ``out``; returns the markdown."""
     out.mkdir(parents=True, exist_ok=True)
     ok = all(c["ok"] for c in checks)
-    (out / "gpu_check.json").write_text(json.dumps({"device": device_name, "ok": ok, "checks": checks,
-                                                     "throughput": speed}, indent=2, default=str))  # fmt: skip
+    (out / "gpu_check.json").write_text(
+        json.dumps({"device": device_name, "ok": ok, "checks": checks, "throughput": speed}, indent=2, default=str)
+    )
     lines = [f"| check ({device_name}, random weights) | result | |", "|---|---|---|"]
     lines += [f"| {c['check']} | {'PASS' if c['ok'] else 'FAIL'} | {c['detail']} |" for c in checks]
     if speed:
-        lines += ["", f"| throughput (bf16, {speed[0]['parameters'] / 1e9:.2f}B parameters) | HF + xgrammar tok/s | "
-                  "grammarspec tok/s | speedup | host syncs / target passes |", "|---|---|---|---|---|"]  # fmt: skip
-        lines += [f"| batch {s['batch']} | {s['hf_tok_s']:.0f} | {s['grammarspec_tok_s']:.0f} | {s['speedup']:.2f}x | "
-                  f"{s['host_syncs']} / {s['target_passes']} |" for s in speed]  # fmt: skip
+        lines += [
+            "",
+            f"| throughput (bf16, {speed[0]['parameters'] / 1e9:.2f}B parameters) | HF + xgrammar tok/s | "
+            "grammarspec tok/s | speedup | host syncs / target passes |",
+            "|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| batch {s['batch']} | {s['hf_tok_s']:.0f} | {s['grammarspec_tok_s']:.0f} | {s['speedup']:.2f}x | "
+            f"{s['host_syncs']} / {s['target_passes']} |"
+            for s in speed
+        ]
     text = "\n".join(lines) + "\n"
     (out / "gpu_check.md").write_text(text)
     return text
@@ -490,8 +636,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--samples", type=int, default=600, help="per arm, for the chi-square test")
     parser.add_argument("--throughput-tokens", type=int, default=256, help="new tokens per timed row (0: skip)")
     parser.add_argument("--throughput-model", default="1b", choices=["1b", "small"])
-    parser.add_argument("--break", dest="broken", action="append", default=[], choices=["parity", "exactness"],
-                        help="break grammarspec's arm on purpose (the check must then fail)")  # fmt: skip
+    parser.add_argument(
+        "--break",
+        dest="broken",
+        action="append",
+        default=[],
+        choices=["parity", "exactness"],
+        help="break grammarspec's arm on purpose (the check must then fail)",
+    )
     args = parser.parse_args(argv)
     if args.prepare:
         prepare()

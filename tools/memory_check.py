@@ -62,9 +62,21 @@ def peak_mb() -> float:
 
 
 class _Mallinfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in (
-        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost",
-    )]  # fmt: skip
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
 
 
 def heap_mb() -> tuple[float, float]:
@@ -83,9 +95,16 @@ def heap_mb() -> tuple[float, float]:
 
 #: The columns ``--csv`` writes after every call.
 CSV_COLUMNS = (
-    "call", "rss_mb", "backend", "grammars", "grammar_mb", "tokenizers", "tokenizer_mb", "heap_used_mb",
+    "call",
+    "rss_mb",
+    "backend",
+    "grammars",
+    "grammar_mb",
+    "tokenizers",
+    "tokenizer_mb",
+    "heap_used_mb",
     "heap_free_mb",
-)  # fmt: skip
+)
 
 
 def csv_row(call: int, rss: float, backend: str) -> str:
@@ -94,8 +113,10 @@ def csv_row(call: int, rss: float, backend: str) -> str:
 
     info = cache_info()
     used, free = heap_mb()
-    return (f"{call},{rss:.1f},{backend},{info['grammars']},{info['grammar_bytes'] / 2**20:.1f},"
-            f"{info['tokenizers']},{info['tokenizer_bytes'] / 2**20:.1f},{used:.1f},{free:.1f}")  # fmt: skip
+    return (
+        f"{call},{rss:.1f},{backend},{info['grammars']},{info['grammar_bytes'] / 2**20:.1f},"
+        f"{info['tokenizers']},{info['tokenizer_bytes'] / 2**20:.1f},{used:.1f},{free:.1f}"
+    )
 
 
 @dataclass
@@ -179,19 +200,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compile-timeout", type=float, default=20.0)
     parser.add_argument("--cache-mb", type=float, default=256.0, help="grammar cache bound in MiB (default 256)")
     parser.add_argument("--cache-count", type=int, default=None, help="grammar cache bound in entries (default 64)")
-    parser.add_argument("--slow-every", type=int, default=0,
-                        help="every Nth call also compiles a new slow grammar on outlines with a 0.05 s deadline "
-                             "(a timeout that kills a worker; default: never)")  # fmt: skip
+    parser.add_argument(
+        "--slow-every",
+        type=int,
+        default=0,
+        help="every Nth call also compiles a new slow grammar on outlines with a 0.05 s deadline "
+        "(a timeout that kills a worker; default: never)",
+    )
     parser.add_argument("--warm-up", type=int, default=None, help="calls before the baseline (default: a tenth)")
     parser.add_argument("--limit-mb", type=float, default=50.0)
     parser.add_argument("--peak-limit-mb", type=float, default=None)
     parser.add_argument("--generate", action="store_true", help="generate 16 tokens with the embedded model instead")
     parser.add_argument("--max-new-tokens", type=int, default=16)
     parser.add_argument("--plot", default=None, help="write RSS against calls to this image (matplotlib)")
-    parser.add_argument("--csv", default=None,
-                        help="write a line after every call to this file (columns: CSV_COLUMNS)")  # fmt: skip
-    parser.add_argument("--plot-from", default=None,
-                        help="only plot a --csv file written by an earlier (possibly unfinished) run into --plot")  # fmt: skip
+    parser.add_argument("--csv", default=None, help="write a line after every call to this file (columns: CSV_COLUMNS)")
+    parser.add_argument(
+        "--plot-from",
+        default=None,
+        help="only plot a --csv file written by an earlier (possibly unfinished) run into --plot",
+    )
     parser.add_argument("--tokenizer", default="smollm2-135m", help="'smollm2-135m' (default) or 'toy' (tests)")
     args = parser.parse_args(argv)
     backends = tuple(b for b in args.backends.split(",") if b)
@@ -242,9 +269,14 @@ def main(argv: list[str] | None = None) -> int:
 
             try:
                 grammarspec.generate(
-                    model, prompt, tokenizer=tokenizer, schema=record["schema"], grammar_backend=backend,
-                    compile_timeout=args.compile_timeout, max_new_tokens=args.max_new_tokens,
-                )  # fmt: skip
+                    model,
+                    prompt,
+                    tokenizer=tokenizer,
+                    schema=record["schema"],
+                    grammar_backend=backend,
+                    compile_timeout=args.compile_timeout,
+                    max_new_tokens=args.max_new_tokens,
+                )
                 outcome.compiled += 1
             except CompileTimeout:
                 outcome.timed_out += 1
@@ -284,23 +316,36 @@ def main(argv: list[str] | None = None) -> int:
     beyond = max((min(a, b) for a, b in zip(above, above[1:])), default=above[0] if above else 0.0)
     minutes = (time.perf_counter() - began) / 60
     print()
-    print(f"memory check: {n} calls over {len(records)} schemas x {', '.join(backends)}; "
-          f"{'generate ' + str(args.max_new_tokens) + ' tokens' if args.generate else 'compile + matcher walk'}; "
-          f"compile_timeout={args.compile_timeout:g} s, grammar cache {args.cache_mb:g} MiB; "
-          f"{outcome.compiled} compiled, {outcome.refused} refused, {outcome.timed_out} timed out; {minutes:.1f} min")  # fmt: skip
-    print(f"RSS: process start {start:.1f} MB, after loading {loaded:.1f} MB, after the warm-up ({warm} calls) "
-          f"{baseline:.1f} MB, max after it {max(after):.1f} MB, at the end {end:.1f} MB; peak {peak_mb():.1f} MB")  # fmt: skip
-    print(f"grammar cache: first eviction at call {first_eviction or '-'}; caches' estimate after the warm-up "
-          f"{min(held[warm:] or [0]):.1f} to {max(held[warm:] or [0]):.1f} MB")  # fmt: skip
-    print(f"RSS with the caches emptied (clear_grammar_cache): after the warm-up {floor_warm:.1f} MB, "
-          f"at the end {floor_end:.1f} MB")  # fmt: skip
+    print(
+        f"memory check: {n} calls over {len(records)} schemas x {', '.join(backends)}; "
+        f"{'generate ' + str(args.max_new_tokens) + ' tokens' if args.generate else 'compile + matcher walk'}; "
+        f"compile_timeout={args.compile_timeout:g} s, grammar cache {args.cache_mb:g} MiB; "
+        f"{outcome.compiled} compiled, {outcome.refused} refused, {outcome.timed_out} timed out; {minutes:.1f} min"
+    )
+    print(
+        f"RSS: process start {start:.1f} MB, after loading {loaded:.1f} MB, after the warm-up ({warm} calls) "
+        f"{baseline:.1f} MB, max after it {max(after):.1f} MB, at the end {end:.1f} MB; peak {peak_mb():.1f} MB"
+    )
+    print(
+        f"grammar cache: first eviction at call {first_eviction or '-'}; caches' estimate after the warm-up "
+        f"{min(held[warm:] or [0]):.1f} to {max(held[warm:] or [0]):.1f} MB"
+    )
+    print(
+        f"RSS with the caches emptied (clear_grammar_cache): after the warm-up {floor_warm:.1f} MB, "
+        f"at the end {floor_end:.1f} MB"
+    )
     growth = floor_end - floor_warm
     bounded = beyond < args.limit_mb
     ok = growth < args.limit_mb and bounded and (args.peak_limit_mb is None or peak_mb() < args.peak_limit_mb)
-    print(f"after the warm-up, RSS above the emptied floor plus the caches' estimated bytes: at most {max(above or [0]):+.1f} MB, "
-          f"{beyond:+.1f} MB for two calls in a row (limit {args.limit_mb:.0f} MB): {'OK' if bounded else 'FAIL'}")  # fmt: skip
-    print(f"growth after warm-up: {growth:+.1f} MB (limit {args.limit_mb:.0f} MB)"
-          + (f"; peak limit {args.peak_limit_mb:.0f} MB" if args.peak_limit_mb else "") + f": {'OK' if ok else 'FAIL'}")  # fmt: skip
+    print(
+        f"after the warm-up, RSS above the emptied floor plus the caches' estimated bytes: at most {max(above or [0]):+.1f} MB, "
+        f"{beyond:+.1f} MB for two calls in a row (limit {args.limit_mb:.0f} MB): {'OK' if bounded else 'FAIL'}"
+    )
+    print(
+        f"growth after warm-up: {growth:+.1f} MB (limit {args.limit_mb:.0f} MB)"
+        + (f"; peak limit {args.peak_limit_mb:.0f} MB" if args.peak_limit_mb else "")
+        + f": {'OK' if ok else 'FAIL'}"
+    )
     if args.plot:
         ceiling = [floor_warm + h for h in held]
         plot(readings, warm, args.plot, f"{n} calls, {len(records)} schemas x {len(backends)} backends", ceiling)
@@ -318,8 +363,9 @@ def plot(readings: list[float], warm: int, path: str, title: str, ceiling: list[
     ax.plot(range(1, len(readings) + 1), readings, lw=1.2, label="RSS")
     if ceiling:
         calls_after = range(warm + 1, len(ceiling) + 1)
-        ax.plot(calls_after, ceiling[warm:], lw=0.8, ls="--", color="0.4",
-                label="floor after warm-up + caches' estimate")  # fmt: skip
+        ax.plot(
+            calls_after, ceiling[warm:], lw=0.8, ls="--", color="0.4", label="floor after warm-up + caches' estimate"
+        )
     ax.axvspan(0, warm, color="0.9", label="warm-up")
     ax.set_xlabel("call")
     ax.set_ylabel("resident memory (MB)")

@@ -35,13 +35,27 @@ class OracleLM(torch.nn.Module):
     (7, 8)
     """
 
-    def __init__(self, prompt: Sequence[int], output: Sequence[int], vocab_size: int, *, eos_token_id: int = 0,
-                 split_bytes: Sequence[bytes] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        prompt: Sequence[int],
+        output: Sequence[int],
+        vocab_size: int,
+        *,
+        eos_token_id: int = 0,
+        split_bytes: Sequence[bytes] | None = None,
+    ) -> None:
         super().__init__()
         self.prompt, self.output = list(prompt), list(output)
         self.vocab_size = vocab_size
-        self.config = LlamaConfig(vocab_size=vocab_size, hidden_size=8, num_hidden_layers=1, num_attention_heads=1,
-                                  num_key_value_heads=1, intermediate_size=8, eos_token_id=eos_token_id)  # fmt: skip
+        self.config = LlamaConfig(
+            vocab_size=vocab_size,
+            hidden_size=8,
+            num_hidden_layers=1,
+            num_attention_heads=1,
+            num_key_value_heads=1,
+            intermediate_size=8,
+            eos_token_id=eos_token_id,
+        )
         self.device = torch.device("cpu")
         self.split_bytes = split_bytes
         if split_bytes is not None:

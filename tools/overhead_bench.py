@@ -55,9 +55,15 @@ def tiny_target(vocab_size: int, seed: int = 0) -> torch.nn.Module:
 
     torch.manual_seed(seed)
     config = LlamaConfig(
-        vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
-        num_key_value_heads=4, max_position_embeddings=8192, tie_word_embeddings=False,
-    )  # fmt: skip
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=8192,
+        tie_word_embeddings=False,
+    )
     return LlamaForCausalLM(config).eval()
 
 
@@ -68,9 +74,17 @@ def run_arm(arm: str, model: Any, tokenizer: Any, chunk: list[Any], eos: int, ma
         outputs, seconds, passes = _run_baseline(model, ids, mask, [g for _, _, g in chunk], eos, max_new)
         return {"outputs": outputs, "seconds": seconds, "passes": passes, "phases": {}}
     t0 = time.perf_counter()
-    out = grammarspec.generate(model, ids, attention_mask=mask, tokenizer=tokenizer,
-                               schema=[t.schema for t, _, _ in chunk], assistant=None if arm == "none" else arm,
-                               max_new_tokens=max_new, do_sample=False, return_dict_in_generate=True)  # fmt: skip
+    out = grammarspec.generate(
+        model,
+        ids,
+        attention_mask=mask,
+        tokenizer=tokenizer,
+        schema=[t.schema for t, _, _ in chunk],
+        assistant=None if arm == "none" else arm,
+        max_new_tokens=max_new,
+        do_sample=False,
+        return_dict_in_generate=True,
+    )
     seconds = time.perf_counter() - t0
     outputs = [out.sequences[i, ids.shape[1] :].tolist()[: s.new_tokens] for i, s in enumerate(out.stats)]
     longest = max(out.stats, key=lambda s: s.target_forwards)
@@ -105,8 +119,10 @@ def main(argv: list[str] | None = None) -> int:
     turn = 0
     for repeat in range(args.repeat):
         for size in sizes:
-            totals = {arm: {"tokens": 0, "seconds": 0.0, "passes": 0, "phases": dict.fromkeys(PHASES, 0.0),
-                            "outputs": []} for arm in ARMS}  # fmt: skip
+            totals = {
+                arm: {"tokens": 0, "seconds": 0.0, "passes": 0, "phases": dict.fromkeys(PHASES, 0.0), "outputs": []}
+                for arm in ARMS
+            }
             for first in range(0, len(items), size):
                 for arm in ARMS if turn % 2 == 0 else ARMS[::-1]:
                     got = run_arm(arm, model, tokenizer, items[first : first + size], eos, args.max_new_tokens)
@@ -120,9 +136,11 @@ def main(argv: list[str] | None = None) -> int:
                 turn += 1
             for arm in ARMS:
                 results.setdefault(f"{arm}@{size}", []).append(totals[arm])
-            print(f"repeat {repeat + 1} B={size}: " + ", ".join(
-                f"{arm} {totals[arm]['tokens']} tokens in {totals[arm]['seconds']:.2f}s" for arm in ARMS),
-                file=sys.stderr)  # fmt: skip
+            print(
+                f"repeat {repeat + 1} B={size}: "
+                + ", ".join(f"{arm} {totals[arm]['tokens']} tokens in {totals[arm]['seconds']:.2f}s" for arm in ARMS),
+                file=sys.stderr,
+            )
     table = overhead_table(results, sizes)
     print(table)
     if args.out:
@@ -150,9 +168,11 @@ def _phases(runs: list[dict[str, Any]]) -> str:
 
 def overhead_table(results: dict[str, list[dict[str, Any]]], sizes: list[int]) -> str:
     """Markdown: medians over the repeats of tokens/s per arm and ms per target pass; phases; identical outputs."""
-    lines = ["| B | baseline tok/s | none tok/s | auto tok/s | ms/pass none | ms/pass auto | auto / none per pass "
-             "| each repeat | none: " + " / ".join(PHASES) + " (ms/pass) | auto: same | identical |",
-             "|---:|---:|---:|---:|---:|---:|---:|---|---|---|---:|"]  # fmt: skip
+    lines = [
+        "| B | baseline tok/s | none tok/s | auto tok/s | ms/pass none | ms/pass auto | auto / none per pass "
+        "| each repeat | none: " + " / ".join(PHASES) + " (ms/pass) | auto: same | identical |",
+        "|---:|---:|---:|---:|---:|---:|---:|---|---|---|---:|",
+    ]
     for size in sizes:
         r = {arm: results[f"{arm}@{size}"] for arm in ARMS}
         ratios = [_per_pass(a) / _per_pass(n) if _per_pass(n) else 0.0 for a, n in zip(r["auto"], r["none"])]
@@ -162,10 +182,12 @@ def overhead_table(results: dict[str, list[dict[str, Any]]], sizes: list[int]) -
             total += len(auto["outputs"])
         rate = {arm: statistics.median([_rate(x) for x in r[arm]]) for arm in ARMS}
         per_pass = {arm: statistics.median([_per_pass(x) for x in r[arm]]) for arm in ("none", "auto")}
-        lines.append(f"| {size} | {rate['baseline']:.1f} | {rate['none']:.1f} | {rate['auto']:.1f} | "
-                     f"{per_pass['none']:.2f} | {per_pass['auto']:.2f} | {statistics.median(ratios):.2f}x | "
-                     f"{', '.join(f'{x:.2f}' for x in ratios)} | {_phases(r['none'])} | {_phases(r['auto'])} | "
-                     f"{same}/{total} |")  # fmt: skip
+        lines.append(
+            f"| {size} | {rate['baseline']:.1f} | {rate['none']:.1f} | {rate['auto']:.1f} | "
+            f"{per_pass['none']:.2f} | {per_pass['auto']:.2f} | {statistics.median(ratios):.2f}x | "
+            f"{', '.join(f'{x:.2f}' for x in ratios)} | {_phases(r['none'])} | {_phases(r['auto'])} | "
+            f"{same}/{total} |"
+        )
     return "\n".join(lines)
 
 

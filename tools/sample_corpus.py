@@ -43,8 +43,11 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     written = 0
     for file in sorted(Path(args.schemas).glob("*.jsonl")):  # the lines themselves, byte for byte
-        kept = [line for line in file.read_text(encoding="utf-8").splitlines(keepends=True)
-                if line.strip() and json.loads(line).get("id") in chosen]  # fmt: skip
+        kept = [
+            line
+            for line in file.read_text(encoding="utf-8").splitlines(keepends=True)
+            if line.strip() and json.loads(line).get("id") in chosen
+        ]
         if kept:
             (out / file.name).write_text("".join(kept), encoding="utf-8")
             written += len(kept)

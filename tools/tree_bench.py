@@ -74,8 +74,11 @@ def main(argv: list[str] | None = None) -> int:
     shapes = [s for s in args.trees.split(",") if s]
     baseline_grammars = BaselineGrammars(tokenizer, logits_width(model), tokenizer.eos_token_id)
     greedy = args.temperature <= 0
-    sampling = {"do_sample": False} if greedy else {"do_sample": True, "temperature": args.temperature,
-                                                      "top_p": args.top_p, "top_k": 0}  # fmt: skip
+    sampling = (
+        {"do_sample": False}
+        if greedy
+        else {"do_sample": True, "temperature": args.temperature, "top_p": args.top_p, "top_k": 0}
+    )
     arms = ([] if args.no_baseline else ["baseline"]) + ["chain"] + [f"tree {s}" for s in shapes]
     runs: list[dict[str, Any]] = []
     for task in chosen:
@@ -88,8 +91,9 @@ def main(argv: list[str] | None = None) -> int:
             if arm == "baseline":
                 settings = GenerationSettings(args.max_new_tokens, args.temperature)
                 if not greedy and args.top_p < 1.0:  # the bench's baseline has no top-p: call HF generate here
-                    result = _baseline_top_p(model, prompt, prepared.xgr_grammar, tokenizer.eos_token_id,
-                                             args.max_new_tokens, sampling)  # fmt: skip
+                    result = _baseline_top_p(
+                        model, prompt, prepared.xgr_grammar, tokenizer.eos_token_id, args.max_new_tokens, sampling
+                    )
                 else:
                     result = run_arm("baseline", model, tokenizer, prepared, settings, seed=generator_seed)
                 record = {"tokens": result.tokens, "seconds": result.seconds, "passes": len(result.tokens)}
@@ -100,25 +104,41 @@ def main(argv: list[str] | None = None) -> int:
                     assistant = TreeProposer.from_shape(resolve_assistant("auto"), arm.split()[1])
                 t0 = time.perf_counter()
                 out = grammarspec.generate(
-                    model, torch.tensor([prompt]), tokenizer=tokenizer, schema=task.schema, assistant=assistant,
-                    max_new_tokens=args.max_new_tokens, return_dict_in_generate=True, **sampling,
-                )  # fmt: skip
+                    model,
+                    torch.tensor([prompt]),
+                    tokenizer=tokenizer,
+                    schema=task.schema,
+                    assistant=assistant,
+                    max_new_tokens=args.max_new_tokens,
+                    return_dict_in_generate=True,
+                    **sampling,
+                )
                 seconds = time.perf_counter() - t0
                 stats = out.stats[0]
                 tokens = out.sequences[0, len(prompt) :].tolist()[: stats.new_tokens]
-                record = {"tokens": tokens, "seconds": seconds, "passes": stats.target_forwards,
-                          "forced": stats.forced_tokens, "rows": sum(p + 1 for p, _ in stats.steps)}  # fmt: skip
+                record = {
+                    "tokens": tokens,
+                    "seconds": seconds,
+                    "passes": stats.target_forwards,
+                    "forced": stats.forced_tokens,
+                    "rows": sum(p + 1 for p, _ in stats.steps),
+                }
             record.update(task=task.id, category=task.category, arm=arm, new_tokens=len(record["tokens"]))
             if reference is None:
                 reference = record["tokens"]
             record["agrees"] = record["tokens"] == reference
             runs.append(record)
-            print(f"{task.id:36s} {arm:10s} {record['new_tokens']:4d} tokens {record['passes']:4d} passes "
-                  f"{record['new_tokens'] / max(1, record['passes']):5.2f} per pass {record['seconds']:7.1f} s"
-                  + ("" if record["agrees"] or not greedy else "  DIFFERS"), flush=True)  # fmt: skip
+            print(
+                f"{task.id:36s} {arm:10s} {record['new_tokens']:4d} tokens {record['passes']:4d} passes "
+                f"{record['new_tokens'] / max(1, record['passes']):5.2f} per pass {record['seconds']:7.1f} s"
+                + ("" if record["agrees"] or not greedy else "  DIFFERS"),
+                flush=True,
+            )
     mode = "greedy" if greedy else f"T={args.temperature}, top-p {args.top_p}, seed {args.seed}"
-    print(f"\n{mode}, {len(chosen)} tasks, max_new_tokens {args.max_new_tokens}; per category (sums of counts, "
-          "median seconds ratio over the baseline)")  # fmt: skip
+    print(
+        f"\n{mode}, {len(chosen)} tasks, max_new_tokens {args.max_new_tokens}; per category (sums of counts, "
+        "median seconds ratio over the baseline)"
+    )
     print("| category | arm | tasks | tokens | target passes | tokens per pass | agrees | median speedup (s) |")
     print("|---|---|---:|---:|---:|---:|---:|---:|")
     for category in sorted({r["category"] for r in runs}):
@@ -128,8 +148,10 @@ def main(argv: list[str] | None = None) -> int:
             tokens, passes = sum(r["new_tokens"] for r in rows), sum(r["passes"] for r in rows)
             ratios = [base[r["task"]]["seconds"] / r["seconds"] for r in rows if r["task"] in base]
             speed = f"{statistics.median(ratios):.2f}x" if ratios else "-"
-            print(f"| {category} | {arm} | {len(rows)} | {tokens} | {passes} | {tokens / max(1, passes):.2f} | "
-                  f"{sum(r['agrees'] for r in rows)}/{len(rows)} | {speed} |")  # fmt: skip
+            print(
+                f"| {category} | {arm} | {len(rows)} | {tokens} | {passes} | {tokens / max(1, passes):.2f} | "
+                f"{sum(r['agrees'] for r in rows)}/{len(rows)} | {speed} |"
+            )
     if args.out:
         Path(args.out).write_text(json.dumps({"mode": mode, "runs": runs}, indent=1))
     return 0
@@ -146,8 +168,15 @@ def _baseline_top_p(model: Any, prompt: list[int], compiled: Any, eos: int, max_
     ids = torch.tensor([prompt])
     t0 = time.perf_counter()
     with torch.inference_mode():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), logits_processor=LogitsProcessorList(
-            [LogitsProcessor(compiled)]), eos_token_id=eos, pad_token_id=eos, max_new_tokens=max_new, **sampling)  # fmt: skip
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            logits_processor=LogitsProcessorList([LogitsProcessor(compiled)]),
+            eos_token_id=eos,
+            pad_token_id=eos,
+            max_new_tokens=max_new,
+            **sampling,
+        )
     tokens = out[0, len(prompt) :].tolist()
     if eos in tokens:
         tokens = tokens[: tokens.index(eos) + 1]

@@ -40,16 +40,19 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = load_tokenizer(args.model)
     categories = args.categories.split(",") if args.categories else None
     tasks = select_tasks(load_tasks(args.tasks), categories, args.limit)
-    prepared = [(t, PreparedTask(prompt_ids=_prompt_ids(tokenizer, t), schema=t.schema, xgr_grammar=None))
-                for t in tasks]  # fmt: skip
+    prepared = [
+        (t, PreparedTask(prompt_ids=_prompt_ids(tokenizer, t), schema=t.schema, xgr_grammar=None)) for t in tasks
+    ]
     config = BenchConfig(arms=("baseline", *arms), max_new_tokens=args.max_new_tokens, model=args.model)
     started = time.perf_counter()
     records, throughput = run_vllm_arms(prepared, arms, config, tokenizer, str(_resolve(args.model)))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     command = "python tools/vllm_bench.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    summary = (f"{len(tasks)} tasks, max_new_tokens {args.max_new_tokens}, greedy; wall time "
-               f"{(time.perf_counter() - started) / 60:.1f} min; load average {throughput['load_average']}.")  # fmt: skip
+    summary = (
+        f"{len(tasks)} tasks, max_new_tokens {args.max_new_tokens}, greedy; wall time "
+        f"{(time.perf_counter() - started) / 60:.1f} min; load average {throughput['load_average']}."
+    )
     header = [f"Command: `{command}`", "", summary]
     text = "\n".join(header + vllm_markdown(records, throughput)) + "\n"
     (out / "vllm.md").write_text(text, encoding="utf-8")

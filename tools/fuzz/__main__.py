@@ -44,8 +44,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--outlines-max-bytes", type=int, default=None, help="outlines only on schemas up to this size")
     parser.add_argument("--generations", type=int, default=2, help="generations per schema with xgrammar (default 2)")
     parser.add_argument("--outlines-generations", type=int, default=1, help="generations per schema with outlines")
-    parser.add_argument("--outlines-generate-per-category", type=int, default=None,
-                        help="generate with outlines only on a stratified slice of N per category")  # fmt: skip
+    parser.add_argument(
+        "--outlines-generate-per-category",
+        type=int,
+        default=None,
+        help="generate with outlines only on a stratified slice of N per category",
+    )
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--compile-timeout", type=float, default=180.0, help="seconds per compile (default 180)")
@@ -54,9 +58,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--results", default="fuzz-results.jsonl", help="every check, one JSON per line")
     parser.add_argument("--out", default="FUZZ.md", help="the markdown summary")
-    parser.add_argument("--from-results", nargs="+", default=None, metavar="JSONL",
-                        help="only summarise existing results files (no run); a later file's run of a schema "
-                             "and backend replaces an earlier one's")  # fmt: skip
+    parser.add_argument(
+        "--from-results",
+        nargs="+",
+        default=None,
+        metavar="JSONL",
+        help="only summarise existing results files (no run); a later file's run of a schema "
+        "and backend replaces an earlier one's",
+    )
     return parser
 
 
@@ -123,9 +132,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1 if any(c.is_bug for c in checks) else 0
     jobs = _jobs(args)
     options = RunOptions(
-        model=args.model, max_new_tokens=args.max_new_tokens, seed=args.seed,
-        compile_timeout=args.compile_timeout, job_timeout=args.job_timeout, threads=args.threads,
-    )  # fmt: skip
+        model=args.model,
+        max_new_tokens=args.max_new_tokens,
+        seed=args.seed,
+        compile_timeout=args.compile_timeout,
+        job_timeout=args.job_timeout,
+        threads=args.threads,
+    )
     results_path = Path(args.results)
     started = time.monotonic()
     done = Counter()
@@ -140,8 +153,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             if checks and checks[0].kind == "compile":
                 done[checks[0].backend] += 1
                 n = sum(done.values())
-                print(f"[{n}/{len(jobs)} {time.monotonic() - started:.0f}s] {checks[0].record} {checks[0].backend}: "
-                      f"{checks[0].outcome} ({checks[0].seconds:.1f}s)", file=sys.stderr, flush=True)  # fmt: skip
+                print(
+                    f"[{n}/{len(jobs)} {time.monotonic() - started:.0f}s] {checks[0].record} {checks[0].backend}: "
+                    f"{checks[0].outcome} ({checks[0].seconds:.1f}s)",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
         checks = run_isolated(jobs, options, record_checks)
     report = summarize(checks, preamble=_preamble(args, command, time.monotonic() - started))

@@ -58,9 +58,13 @@ def _worker_main(conn: Any, options: RunOptions) -> None:
                 model, tokenizer = load_model(options.model)
                 ctx = FuzzContext.create(tokenizer, model)
             gen = generation_checks(
-                ctx, job.record, job.backend, configs_for(job.index, job.generations),
-                max_new_tokens=options.max_new_tokens, seed=options.seed,
-            )  # fmt: skip
+                ctx,
+                job.record,
+                job.backend,
+                configs_for(job.index, job.generations),
+                max_new_tokens=options.max_new_tokens,
+                seed=options.seed,
+            )
             conn.send(("checks", [asdict(c) for c in gen]))
         conn.send(("done", None))
 
@@ -134,8 +138,19 @@ def run_isolated(jobs: Sequence[Job], options: RunOptions, on_checks: Any = None
                         outcome = "crash"
                         why = f"the worker process died during {phase} (exit code {worker.process.exitcode})"
                     record = job.record
-                    emit([Check(record["id"], record["category"], job.backend, phase, outcome, why,
-                                time.monotonic() - started)])  # fmt: skip
+                    emit(
+                        [
+                            Check(
+                                record["id"],
+                                record["category"],
+                                job.backend,
+                                phase,
+                                outcome,
+                                why,
+                                time.monotonic() - started,
+                            )
+                        ]
+                    )
                     worker.stop()
                     worker = None
                     break
