@@ -21,16 +21,32 @@ from .stats import GenerationStats
 
 if TYPE_CHECKING:
     from .adaptive import AdaptiveController
+    from .step_trace import StepTrace
 
-__all__ = ["DecodeConfig", "DecodeState", "Processing", "Row", "RowRequest", "Shared", "Step"]
+__all__ = ["DecodeConfig", "DecodeState", "Processing", "Row", "RowRequest", "RowSettings", "Shared", "Step"]
 
 #: Row processing: (logits [n, V] float32 already masked, prefixes) -> scores [n, V].
 Processing = Callable[[torch.Tensor, Sequence[Sequence[int]]], torch.Tensor]
 
 
 @dataclass(frozen=True)
+class RowSettings:
+    """How one row chooses its tokens and where it stops, whatever the other rows of the batch hold.
+
+    ``greedy``: the row takes the argmax of its processed scores (else it draws
+    from them; temperature, top-p and the rest live in the row's processing);
+    ``max_new_tokens``: the most tokens it generates (no draft reaches past
+    them); ``stop_strings``: text that ends it once generated.
+    """
+
+    max_new_tokens: int
+    greedy: bool = True
+    stop_strings: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class DecodeConfig:
-    """Plain values that steer one generation (every row of a batch alike)."""
+    """Plain values that steer one generation: what every row shares, and the settings of a row that brings none."""
 
     max_new_tokens: int
     sampling: SamplingParams = field(default_factory=SamplingParams)
@@ -40,16 +56,25 @@ class DecodeConfig:
     #: keep the processed scores / raw logits of every committed token (forced tokens then take a target pass)
     record_scores: bool = False
 
+    @property
+    def row_settings(self) -> RowSettings:
+        """The settings of a row whose request brings none of its own."""
+        return RowSettings(self.max_new_tokens, self.sampling.greedy, self.stop_strings)
+
 
 @dataclass
 class RowRequest:
-    """One request of a batch: its prompt, grammar state, drafter and controller."""
+    """One request of a batch: its prompt, grammar state, drafter, controller, processing and settings.
+
+    :func:`grammarspec.row_requests.row_request` builds them for ``generate`` and the server alike.
+    """
 
     prompt_ids: Sequence[int]
     matcher: Matcher | None = None
     proposer: Proposer | None = None
     controller: AdaptiveController | None = None
     processing: Processing | None = None  # default: the config's sampling settings
+    settings: RowSettings | None = None  # default: the config's (DecodeConfig.row_settings)
 
 
 @dataclass
@@ -63,6 +88,7 @@ class Row:
     proposer: Proposer | None
     controller: AdaptiveController | None
     processing: Processing
+    settings: RowSettings
     stats: GenerationStats = field(default_factory=GenerationStats)
     cached: int = 0  # leading tokens whose keys/values are in the target cache
     finish_reason: str | None = None
@@ -135,3 +161,4 @@ class Shared:
     on_commit: Callable[[int, list[int]], None] | None
     on_step: Callable[[list[Row], Any], None] | None
     trees: bool = False  # whether tree passes can run (BatchKV.supports_trees)
+    trace: StepTrace | None = None  # records each step's rows, drafts, forward and phase times (off: None)

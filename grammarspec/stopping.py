@@ -1,4 +1,9 @@
-"""When a request is finished: grammar end, EOS, a stop string, or the token limit."""
+"""When a request is finished: grammar end, EOS, a stop string, or the token limit.
+
+The loop ends a row with :func:`stop_reason`; :func:`before_stop` is where an
+OpenAI client's text ends (the stop string itself is not returned).  Both read
+the same stop strings, so the server never cuts a row of its own accord.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,7 @@ from typing import Any
 
 from grammars.base import Matcher
 
-__all__ = ["stop_reason"]
+__all__ = ["before_stop", "stop_reason"]
 
 
 def stop_reason(
@@ -43,3 +48,15 @@ def _ends_with_stop_string(generated: Sequence[int], stop_strings: tuple[str, ..
     text = tokenizer.decode(tail, skip_special_tokens=False)
     before = tokenizer.decode(tail[:-1], skip_special_tokens=False)
     return any(s in text and s not in before for s in stop_strings)
+
+
+def before_stop(text: str, stop_strings: Sequence[str]) -> tuple[str, bool]:
+    """``(text up to the first stop string, whether one was found)``, as the OpenAI API returns it.  Pure.
+
+    >>> before_stop("a, b. c.", [".", "b"])
+    ('a, ', True)
+    >>> before_stop("abc", ["x"])
+    ('abc', False)
+    """
+    hits = [text.find(s) for s in stop_strings if s and s in text]
+    return (text[: min(hits)], True) if hits else (text, False)

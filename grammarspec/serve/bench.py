@@ -26,6 +26,8 @@ text (then validated like every other).
 Every call of every arm is checked against its tool's JSON Schema, and every
 arm's answers (per call: text, tool calls, token count) are kept in the records
 (``outputs``) and compared with HF re-sending's, call by call.
+
+``--sweep`` runs the load sweep instead (:mod:`grammarspec.serve.sweep`).
 """
 
 from __future__ import annotations
@@ -274,7 +276,15 @@ def servable_model_dir(source: str | Path, architecture: str, dest: str | Path) 
     return dest
 
 
-def vllm_serve_command(python: str | Path, model_dir: str, port: int, served_name: str) -> list[str]:
+def vllm_serve_command(
+    python: str | Path,
+    model_dir: str,
+    port: int,
+    served_name: str,
+    *,
+    speculative: bool = True,
+    max_num_seqs: int | None = None,
+) -> list[str]:
     """The ``vllm serve`` command line of the ``vllm_serve`` arm (the bench's vLLM settings).  Pure.
 
     vLLM's OpenAI server as a module (``.venv-vllm/bin/vllm`` cannot find the
@@ -284,20 +294,25 @@ def vllm_serve_command(python: str | Path, model_dir: str, port: int, served_nam
     ``vllm-ngram`` arm's n-gram speculation.  ``tool_choice`` other than
     ``"none"`` needs a tool-call parser: ``pythonic`` (SmolLM2's tokenizer has
     none of the marker tokens the JSON parsers need); ``required`` and named
-    calls are constrained by structured outputs either way.
+    calls are constrained by structured outputs either way.  ``speculative=False``:
+    no proposer; ``max_num_seqs``: the most requests vLLM decodes together.
     """
     from ..bench.vllm_arms import NUM_SPECULATIVE_TOKENS
     from ..vllm.engine import llm_kwargs, speculation
 
     kw = llm_kwargs(model_dir, speculation("vllm-ngram", NUM_SPECULATIVE_TOKENS))
-    return [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
+    command = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
             "--host", "127.0.0.1", "--port", str(port), "--served-model-name", served_name,
             "--dtype", kw["dtype"], "--enforce-eager", "--max-model-len", str(kw["max_model_len"]),
             "--seed", str(kw["seed"]), "--kv-cache-memory-bytes", str(kw["kv_cache_memory_bytes"]),
             "--structured-outputs-config", json.dumps(kw["structured_outputs_config"]),
-            "--speculative-config", json.dumps(kw["speculative_config"]),
             "--enable-auto-tool-choice", "--tool-call-parser", "pythonic",
             "--disable-uvicorn-access-log"]  # fmt: skip
+    if speculative:
+        command += ["--speculative-config", json.dumps(kw["speculative_config"])]
+    if max_num_seqs is not None:
+        command += ["--max-num-seqs", str(max_num_seqs)]
+    return command
 
 
 class _Subprocess:

@@ -1,0 +1,419 @@
+"""``grammarspec bench-serve --sweep``: a server's throughput and latency as load rises, with and without drafts.
+
+Workloads: ``json`` (the task file's prompts, ``response_format`` json_schema)
+and ``prose`` (free writing that nothing in the prompt predicts, no schema).
+Load: a closed loop of C clients (each sends its next request when its last
+one ends) at every concurrency of the list, and an open loop of requests
+arriving at random (Poisson) at every rate of the list.  Arms: ``none`` and
+``auto`` (``"grammarspec": {"assistant": ...}`` on one embedded server, prefix
+cache off so every request reads its whole prompt), run ``none, auto, none``
+at every level with ``none``'s runs averaged; ``vllm`` and ``vllm_ngram``
+(``vllm serve`` from ``.venv-vllm`` without and with its n-gram proposer)
+are the anchor, each its own server, at the same levels.  Greedy.
+
+Per arm and level: output tokens per second, median and p90 time to first
+token, median inter-token latency, tokens per target pass (ours), and the
+outputs compared with ``none``'s first run, request by request.  The embedded
+server records every step (:class:`~grammarspec.step_trace.StepTrace`): the
+per-step table says where each arm's time goes.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import statistics
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = ["OUR_ARMS", "PROSE_PROMPTS", "SWEEP_ARMS", "VLLM_ARMS", "run_sweep", "sweep_markdown", "workload",
+           "write_sweep_plots"]  # fmt: skip
+
+OUR_ARMS = ("none", "auto")
+VLLM_ARMS = ("vllm", "vllm_ngram")
+SWEEP_ARMS = OUR_ARMS + VLLM_ARMS
+WORKLOADS = ("json", "prose")
+
+#: Free prose: what the model writes is its own, so no prompt text predicts it.
+PROSE_PROMPTS = (
+    "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+    "Describe a walk through a night market in a city you invent.",
+    "Write a letter from a retired astronaut to her younger self.",
+    "Tell the story of a village where it has not rained for seven years.",
+    "Describe the first morning of spring from the point of view of a cat.",
+    "Write a fable about a fox, a crow and a broken clock.",
+    "Describe an imaginary museum of forgotten inventions, room by room.",
+    "Write a diary entry of a sailor on the last day of a long voyage.",
+    "Tell a story about two strangers stuck in an elevator during a storm.",
+    "Describe a dream of a city built on the back of a giant turtle.",
+    "Write a speech a robot gives on its first day of school.",
+    "Tell the story of a baker who can taste people's memories.",
+)
+
+
+def workload(name: str, tasks_path: str | Path | None = None) -> list[dict[str, Any]]:
+    """The request bodies of a workload (``messages`` and, for ``json``, ``response_format``).  Pure.
+
+    ``json``: each task of the task file, its prompt with the sentence that
+    describes the schema or tools (as ``grammarspec bench`` prompts), the schema as
+    ``response_format``; ``prose``: :data:`PROSE_PROMPTS`.
+    """
+    if name == "prose":
+        return [{"messages": [{"role": "user", "content": p}]} for p in PROSE_PROMPTS]
+    if name != "json":
+        raise ValueError(f"unknown workload {name!r}; choose from {', '.join(WORKLOADS)}")
+    from ..bench.tasks import load_tasks
+    from ..completion import describe_schema
+
+    bodies = []
+    for task in load_tasks(tasks_path):
+        messages = ([{"role": "user", "content": task.prompt}] if isinstance(task.prompt, str)
+                    else [dict(m) for m in task.prompt])  # fmt: skip
+        extra = describe_schema(task.schema if task.describe_schema else None, task.tools)
+        system = "\n\n".join(part for part in (task.system, extra) if part)
+        if system:
+            messages.insert(0, {"role": "system", "content": system})
+        schema = {"name": task.id.replace("-", "_")[:64], "schema": task.schema}
+        bodies.append({"messages": messages, "response_format": {"type": "json_schema", "json_schema": schema}})
+    return bodies
+
+
+def _send(client: Any, model_id: str, body: dict[str, Any], arm: str, max_tokens: int) -> dict[str, Any]:
+    """One streamed request; its times, tokens and text."""
+    extra = {"extra_body": {"grammarspec": {"assistant": arm}}} if arm in OUR_ARMS else {}
+    sent = time.perf_counter()
+    first = last = None
+    text, tokens, finish = "", 0, None
+    stream = client.chat.completions.create(model=model_id, temperature=0, max_tokens=max_tokens, stream=True,
+                                            stream_options={"include_usage": True}, **body, **extra)  # fmt: skip
+    for chunk in stream:
+        if chunk.usage is not None:
+            tokens = chunk.usage.completion_tokens
+        for c in chunk.choices:
+            if c.delta.content:
+                last = time.perf_counter()
+                first = first if first is not None else last
+                text += c.delta.content
+            finish = c.finish_reason or finish
+    end = time.perf_counter()
+    ttft = (first - sent) if first is not None else None
+    itl = (last - first) / (tokens - 1) if first is not None and last is not None and tokens > 1 else None
+    return {"sent": sent, "end": end, "ttft": ttft, "itl": itl, "tokens": tokens, "text": text, "finish": finish}
+
+
+def closed_loop(send: Callable[[dict[str, Any]], dict[str, Any]], bodies: Sequence[dict[str, Any]],
+                concurrency: int) -> list[dict[str, Any]]:  # fmt: skip
+    """``concurrency`` clients, each sending its next body when its last answer ends; records in body order."""
+    with ThreadPoolExecutor(concurrency) as pool:
+        return list(pool.map(send, bodies))
+
+
+def open_loop(send: Callable[[dict[str, Any]], dict[str, Any]], bodies: Sequence[dict[str, Any]], rate: float,
+              seed: int = 0) -> list[dict[str, Any]]:  # fmt: skip
+    """Bodies sent at random times, ``rate`` a second on average (Poisson arrivals, fixed ``seed``)."""
+    rng = random.Random(seed)
+    start = time.perf_counter()
+    at, times = 0.0, []
+    for _ in bodies:
+        times.append(at)
+        at += rng.expovariate(rate)
+
+    def timed(i: int) -> dict[str, Any]:
+        time.sleep(max(0.0, start + times[i] - time.perf_counter()))
+        return send(bodies[i])
+
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        return list(pool.map(timed, range(len(bodies))))
+
+
+def _percentile(values: Sequence[float], q: float) -> float | None:
+    values = sorted(v for v in values if v is not None)
+    if not values:
+        return None
+    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
+
+
+def level_summary(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Output tok/s over the level's wall clock, median / p90 TTFT, median inter-token latency.  Pure.
+
+    >>> r = [{"sent": 0.0, "end": 2.0, "ttft": 0.5, "itl": 0.1, "tokens": 10},
+    ...      {"sent": 1.0, "end": 3.0, "ttft": 1.0, "itl": 0.2, "tokens": 20}]
+    >>> s = level_summary(r); s["tok_s"], s["ttft_median"], s["ttft_p90"]
+    (10.0, 0.75, 1.0)
+    """
+    wall = max(r["end"] for r in records) - min(r["sent"] for r in records)
+    ttft = [r["ttft"] for r in records if r["ttft"] is not None]
+    return {
+        "requests": len(records), "tokens": sum(r["tokens"] for r in records), "seconds": wall,
+        "tok_s": sum(r["tokens"] for r in records) / max(wall, 1e-9),
+        "ttft_median": statistics.median(ttft) if ttft else None, "ttft_p90": _percentile(ttft, 0.9),
+        "itl_median": _percentile([r["itl"] for r in records if r["itl"] is not None], 0.5),
+    }  # fmt: skip
+
+
+class _EmbeddedServer:
+    """``grammarspec serve`` in this process (prefix cache off, every step traced), on a free localhost port."""
+
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, name: str, max_batch_size: int,
+                 max_tokens: int) -> None:  # fmt: skip
+        import uvicorn
+
+        from .app import create_app
+        from .bench import _free_port
+        from .engine import Engine
+
+        self.engine = Engine(model, tokenizer, max_batch_size=max_batch_size, prefix_cache_bytes=0,
+                             max_tokens=max(max_tokens, 16), trace_steps=True)  # fmt: skip
+        self.port = _free_port()
+        config = uvicorn.Config(create_app(self.engine, name), host="127.0.0.1", port=self.port, log_level="warning")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        while not self.server.started:
+            time.sleep(0.05)
+
+    def close(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+        self.engine.close()
+
+
+def _levels(concurrency: Sequence[int], rates: Sequence[float]) -> list[tuple[str, float]]:
+    return [("C", float(c)) for c in concurrency] + [("rate", float(r)) for r in rates]
+
+
+def _bodies(pool: list[dict[str, Any]], n: int, offset: int) -> list[dict[str, Any]]:
+    return [pool[(offset + i) % len(pool)] for i in range(n)]
+
+
+def run_sweep(model: torch.nn.Module, tokenizer: Any, model_name: str, *, workloads: Sequence[str] = WORKLOADS,
+              concurrency: Sequence[int] = (1, 2, 4, 8, 16, 32), rates: Sequence[float] = (),
+              arms: Sequence[str] = OUR_ARMS, requests: int = 8, max_tokens: int = 96, max_batch_size: int = 16,
+              tasks_path: str | Path | None = None,
+              progress: Callable[[str], None] = lambda line: None) -> dict[str, Any]:  # fmt: skip
+    """Every workload at every load level under every arm; records, summaries and step tables.
+
+    A level sends ``max(requests, C)`` requests (open loop: ``requests``), the
+    workload's bodies in turn.  ``none`` and ``auto`` run interleaved
+    (``none, auto, none``) on one server; the vLLM arms after, each on its own.
+    """
+    import openai
+
+    from grammars import grammar_spec
+
+    unknown = [a for a in arms if a not in SWEEP_ARMS]
+    if unknown:
+        raise ValueError(f"unknown sweep arms {unknown}; choose from {', '.join(SWEEP_ARMS)}")
+    pools = {name: workload(name, tasks_path) for name in workloads}
+    levels = _levels(concurrency, rates)
+    runs: list[dict[str, Any]] = []
+    notes: list[str] = []
+    ours = [a for a in OUR_ARMS if a in arms]
+
+    def level_runs(client: Any, model_id: str, arm_order: Sequence[str], trace: Any = None,
+                   counters: dict[str, int] | None = None) -> None:  # fmt: skip
+        for name, pool in pools.items():
+            for kind, value in levels:
+                n = max(requests, int(value)) if kind == "C" else requests
+                bodies = _bodies(pool, n, 0)
+                for position, arm in enumerate(arm_order):
+                    before = dict(counters) if counters is not None else None
+                    send = lambda body, arm=arm: _send(client, model_id, body, arm, max_tokens)  # noqa: E731
+                    if kind == "C":
+                        records = closed_loop(send, bodies, int(value))
+                    else:
+                        records = open_loop(send, bodies, value, seed=0)  # every arm: the same arrivals
+                    summary = level_summary(records)
+                    if counters is not None and before is not None:
+                        forwards = counters["target_forwards"] - before["target_forwards"]
+                        done = counters["completion_tokens"] - before["completion_tokens"]
+                        summary["tokens_per_pass"] = done / forwards if forwards else None
+                    if trace is not None:
+                        from ..step_trace import summarize
+
+                        summary["step_table"] = summarize(*trace.take())
+                    runs.append({"workload": name, "load": kind, "level": value, "arm": arm, "position": position,
+                                 "summary": summary, "outputs": [r["text"] for r in records],
+                                 "records": [{k: v for k, v in r.items() if k != "text"} for r in records]})  # fmt: skip
+                    progress(f"{name} {kind}={value:g} {arm}: {summary['tok_s']:.1f} tok/s, TTFT median "
+                             f"{summary['ttft_median'] or 0:.2f}s")  # fmt: skip
+
+    if ours:
+        server = _EmbeddedServer(model, tokenizer, model_name, max_batch_size, max_tokens)
+        try:
+            for body in pools.get("json", []):  # compile every schema before timing
+                server.engine._compile(grammar_spec(schema=body["response_format"]["json_schema"]["schema"]))
+            client = openai.OpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key="-", max_retries=0,
+                                   timeout=3600)  # fmt: skip
+            for pool in pools.values():  # warm-up, untimed
+                for arm in ours:
+                    _send(client, model_name, pool[0], arm, 8)
+            assert server.engine.trace is not None
+            server.engine.trace.take()
+            order = ["none", "auto", "none"] if ours == ["none", "auto"] else ours
+            level_runs(client, model_name, order, server.engine.trace, server.engine.counters)
+        finally:
+            server.close()
+    for arm in [a for a in VLLM_ARMS if a in arms]:
+        started = _start_vllm(model_name, max_batch_size, speculative=arm == "vllm_ngram")
+        if isinstance(started, str):
+            notes.append(f"{arm}: {started}; its arm is left out")
+            continue
+        try:
+            if started.error:
+                notes.append(f"{arm}: did not start ({started.error}); its arm is left out")
+                continue
+            client = openai.OpenAI(base_url=f"http://127.0.0.1:{started.port}/v1", api_key="-", max_retries=0,
+                                   timeout=3600)  # fmt: skip
+            for pool in pools.values():
+                _send(client, model_name, pool[0], arm, 8)
+            level_runs(client, model_name, [arm])
+        finally:
+            started.close()
+    return {"runs": runs, "notes": notes, "max_tokens": max_tokens, "max_batch_size": max_batch_size,
+            "levels": [[k, v] for k, v in levels], "workloads": list(pools)}  # fmt: skip
+
+
+def _start_vllm(model_name: str, max_batch_size: int, *, speculative: bool) -> Any:
+    """``vllm serve`` (the bench's settings, n-gram drafts or none), or why it cannot run."""
+    from ..bench.vllm_arms import _environment, vllm_python
+    from ..vllm import model_path
+    from .bench import _Subprocess, vllm_serve_command
+
+    try:
+        python = vllm_python()
+    except ValueError as e:
+        return str(e)
+    env = {**_environment(python), "HF_HUB_OFFLINE": "1"}
+
+    def command(port: int) -> list[str]:
+        return vllm_serve_command(python, model_path(model_name), port, model_name, speculative=speculative,
+                                  max_num_seqs=max_batch_size)  # fmt: skip
+
+    return _Subprocess(command, env, "vllm serve", 900)
+
+
+def _arm_rows(result: dict[str, Any]) -> dict[tuple[str, str, float, str], list[dict[str, Any]]]:
+    out: dict[tuple[str, str, float, str], list[dict[str, Any]]] = {}
+    for run in result["runs"]:
+        out.setdefault((run["workload"], run["load"], run["level"], run["arm"]), []).append(run)
+    return out
+
+
+def _mean(values: Sequence[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return sum(present) / len(present) if present else None
+
+
+def _cell(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def sweep_summary(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """One line per workload, level and arm: its runs' summaries averaged, and its outputs against ``none``'s first
+    run (identical requests / requests).  Pure."""
+    grouped = _arm_rows(result)
+    lines = []
+    for (name, kind, value, arm), runs in grouped.items():
+        reference = grouped.get((name, kind, value, "none"), [None])[0]
+        same = total = 0
+        if reference is not None:
+            for run in runs:
+                if run is reference:
+                    continue
+                same += sum(a == b for a, b in zip(run["outputs"], reference["outputs"]))
+                total += len(run["outputs"])
+        keys = ("tok_s", "ttft_median", "ttft_p90", "itl_median", "tokens_per_pass")
+        line = {"workload": name, "load": kind, "level": value, "arm": arm, "runs": len(runs),
+                **{k: _mean([r["summary"].get(k) for r in runs]) for k in keys},
+                "identical": (same, total) if total else None}  # fmt: skip
+        lines.append(line)
+    return lines
+
+
+def sweep_markdown(result: dict[str, Any], command: str) -> str:
+    """The load table (every arm's throughput against ``none``'s) and the per-step table of the embedded arms."""
+    lines_ = sweep_summary(result)
+    base = {(s["workload"], s["load"], s["level"]): s["tok_s"] for s in lines_ if s["arm"] == "none"}
+    out = [f"`{command}`", "", f"Greedy, max_tokens {result['max_tokens']}, --max-batch-size "
+           f"{result['max_batch_size']}, prefix cache off; `none` is the mean of its runs (none, auto, none).", "",
+           "| workload | load | arm | output tok/s | x none | median TTFT s | p90 TTFT s | median ITL ms | "
+           "tokens/pass | identical to none |", "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for s in lines_:
+        ratio = s["tok_s"] / base[(s["workload"], s["load"], s["level"])] if base.get(
+            (s["workload"], s["load"], s["level"])) else None  # fmt: skip
+        itl = s["itl_median"] * 1000 if s["itl_median"] is not None else None
+        same = f"{s['identical'][0]}/{s['identical'][1]}" if s["identical"] else "-"
+        out.append(f"| {s['workload']} | {s['load']}={s['level']:g} | {s['arm']} | {s['tok_s']:.1f} | {_cell(ratio)} | "
+                   f"{_cell(s['ttft_median'])} | {_cell(s['ttft_p90'])} | {_cell(itl, 1)} | "
+                   f"{_cell(s['tokens_per_pass'])} | {same} |")  # fmt: skip
+    out += ["", "Where each step's time goes (embedded server; ms per step, mean over the level's steps; forward ms "
+            "by path: steps without / with draft tokens, on the mask-free decode path / the masked ragged path):", "",
+            "| workload | load | arm | steps | rows/step | drafts offered/admitted | survival | forward ms "
+            "plain free/masked, drafted free/masked | masked share | forced | propose | walk | verify | commit | "
+            "prefill steps (s) | joins (s) |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for run in result["runs"]:
+        t = run["summary"].get("step_table")
+        if not t or not t["steps"]:
+            continue
+        per = {k: 1000 * v / t["steps"] for k, v in t["seconds"].items()}
+        fw = t["forward_ms"]
+        forward = ", ".join(_cell(fw[k], 1) for k in ("plain_maskfree", "plain_masked", "drafted_maskfree",
+                                                      "drafted_masked"))  # fmt: skip
+        out.append(f"| {run['workload']} | {run['load']}={run['level']:g} | {run['arm']} #{run['position']} | "
+                   f"{t['steps']} | {t['rows']:.1f} | {t['offered']:.1f}/{t['admitted']:.1f} | "
+                   f"{_cell(t['survival'])} | {forward} | {t['masked_share']:.2f} | {per['forced']:.1f} | "
+                   f"{per['propose']:.1f} | {per['walk']:.1f} | {per['verify']:.1f} | {per['commit']:.1f} | "
+                   f"{t['prefill_steps']} ({t['prefill_seconds']:.2f}) | {t['joins']} ({t['join_seconds']:.3f}) |")  # fmt: skip
+    out += [f"- {note}" for note in result["notes"]]
+    return "\n".join(out) + "\n"
+
+
+def write_sweep_plots(result: dict[str, Any], out: Path) -> dict[str, Path]:
+    """``sweep_throughput.png`` and ``sweep_ttft.png``: each arm's output tok/s and median TTFT against load,
+    one panel per workload and kind of load.  Returns ``{name: path}``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lines_ = sweep_summary(result)
+    panels = sorted({(s["workload"], s["load"]) for s in lines_})
+    arms = list(dict.fromkeys(s["arm"] for s in lines_))
+    paths: dict[str, Path] = {}
+    for key, label, file in (("tok_s", "output tokens / s", "sweep_throughput.png"),
+                             ("ttft_median", "median time to first token (s)", "sweep_ttft.png")):  # fmt: skip
+        fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(4.2 * max(1, len(panels)), 3.6), squeeze=False)
+        for ax, (name, kind) in zip(axes[0], panels):
+            for arm in arms:
+                points = sorted((s["level"], s[key]) for s in lines_
+                                if (s["workload"], s["load"], s["arm"]) == (name, kind, arm) and s[key] is not None)  # fmt: skip
+                if points:
+                    ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=arm)
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("concurrent clients" if kind == "C" else "requests / s")
+            ax.set_ylabel(label)
+            ax.set_title(f"{name}")
+            ax.legend(fontsize=7)
+        fig.tight_layout()
+        paths[file] = out / file
+        fig.savefig(paths[file], dpi=90)
+        plt.close(fig)
+    return paths
+
+
+def write_sweep(result: dict[str, Any], command: str, out: Path, plots: bool = True) -> str:
+    """Write sweep.md, sweep.json and the plots into ``out``; returns the markdown.  Changes ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    markdown = sweep_markdown(result, command)
+    (out / "sweep.md").write_text(markdown, encoding="utf-8")
+    (out / "sweep.json").write_text(json.dumps(result, indent=1, default=str), encoding="utf-8")
+    if plots:
+        write_sweep_plots(result, out)
+    return markdown

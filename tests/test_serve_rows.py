@@ -1,0 +1,120 @@
+"""The server's rows: per-request settings, where drafting starts, and the step trace.
+
+A request's ``max_tokens`` and ``stop`` end its row inside the loop (the text
+ends before the stop string); a greedy request gets the tokens it gets alone
+whatever sampled requests share its batch; a request without a prefix-cache hit
+starts from the records of the last finished request of its kind of traffic;
+an engine built with ``trace_steps`` records every step.  Toy tokenizer with a
+chat template and a tiny random Llama: fast.
+"""
+
+from __future__ import annotations
+
+import copy
+import queue
+
+import pytest
+from toy import toy_tokenizer, toy_vocab_size
+from toy_models import tiny_llama
+
+from grammarspec.serve import Engine
+from grammarspec.serve.engine import traffic_kind
+from grammarspec.serve.protocol import ChatRequest
+from grammarspec.step_trace import summarize
+
+SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+          "required": ["city", "days"], "additionalProperties": False}  # fmt: skip
+TEMPLATE = "{% for m in messages %}{{ m['role'][0] }}:{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}a:{% endif %}"
+
+
+@pytest.fixture(scope="module")
+def chat():
+    tok = toy_tokenizer()
+    tok.chat_template = TEMPLATE
+    return tok
+
+
+@pytest.fixture(scope="module")
+def model(chat):
+    return tiny_llama(toy_vocab_size(chat), seed=3)
+
+
+def _ask(engine, content, **fields):
+    events: queue.Queue = queue.Queue()
+    request = ChatRequest(messages=[{"role": "user", "content": content}], **{"temperature": 0.0, **fields})
+    job = engine.prepare(request, events.put)
+    engine.submit(job)
+    return job, events
+
+
+def _wait(job, events):
+    got = []
+    while len(got) < len(job.choices):
+        kind, payload = events.get(timeout=120)
+        assert kind == "choice", payload
+        got.append(payload)
+    return got
+
+
+def test_traffic_kinds():
+    assert traffic_kind(None, {}) == "text"
+    assert traffic_kind(object(), {}) == "schema"
+    assert traffic_kind(object(), {"tools": [{}]}) == "tools"
+
+
+def test_max_tokens_and_stop_end_the_row_and_greedy_rows_ignore_their_sampled_neighbours(model, chat):
+    engine = Engine(model, chat, max_batch_size=4, max_tokens=24, prefix_cache_bytes=0)
+    try:
+        (alone, _, _), = _wait(*_ask(engine, "write about oslo", max_tokens=12))  # fmt: skip
+        assert len(alone.tokens) == 12 and alone.row.finish_reason == "length"
+        stop = alone.text[4:6]
+        assert stop and alone.text.find(stop) >= 1
+        jobs = [_ask(engine, "write about oslo", max_tokens=12), _ask(engine, "a poem", temperature=1.2, n=2),
+                _ask(engine, "write about oslo", max_tokens=5), _ask(engine, "write about oslo", stop=(stop,)),
+                _ask(engine, "a song", temperature=0.7, max_tokens=3)]  # fmt: skip
+        (same, _, finish_same), = _wait(*jobs[0])  # fmt: skip
+        assert same.tokens == alone.tokens and finish_same == "length"
+        for choice, _, _ in _wait(*jobs[1]):
+            assert len(choice.tokens) <= 24
+        (short, _, finish_short), = _wait(*jobs[2])  # fmt: skip
+        assert short.tokens == alone.tokens[:5] and finish_short == "length"
+        (stopped, message, finish_stop), = _wait(*jobs[3])  # fmt: skip
+        assert finish_stop == "stop" and stopped.row.finish_reason == "stop_string"
+        assert message["content"] == alone.text[: alone.text.find(stop)]
+        assert stopped.tokens == alone.tokens[: len(stopped.tokens)] and len(stopped.tokens) < 12
+        (tiny, _, _), = _wait(*jobs[4])  # fmt: skip
+        assert len(tiny.tokens) == 3
+    finally:
+        engine.close()
+
+
+def test_a_request_without_a_cache_hit_starts_from_its_kinds_recent_records(model, chat):
+    engine = Engine(model, chat, max_batch_size=4, max_tokens=20, prefix_cache_bytes=0, trace_steps=True)
+    starts: list[tuple[str, dict]] = []
+    original = engine.more
+
+    def more(free):
+        given = original(free)
+        for choice in [c for c in engine._rows.values() if c.row_request in [r for r, _ in given]]:
+            starts.append((choice.kind, copy.deepcopy(choice.row_request.controller.calibration._counts)))
+        return given
+
+    engine.more = more  # type: ignore[method-assign]
+    try:
+        (first, _, _), = _wait(*_ask(engine, "plan a trip to oslo", schema=SCHEMA))  # fmt: skip
+        learned = copy.deepcopy(first.row_request.controller.calibration._counts)
+        assert learned, "the first request learned something"
+        assert engine._recent["schema"]._counts == learned
+        _wait(*_ask(engine, "tell me about bergen"))  # free text: its own kind
+        (second, _, _), = _wait(*_ask(engine, "plan a trip to rome and naples", schema=SCHEMA))  # fmt: skip
+        assert [kind for kind, _ in starts] == ["schema", "text", "schema"]
+        assert starts[0][1] == {} and starts[1][1] == {}  # nothing finished of their kind before them
+        assert starts[2][1] == learned  # from the first schema request's records
+        assert second.row_request.controller.calibration is not engine._recent["schema"]  # a copy
+        assert engine.trace is not None
+        table = summarize(*engine.trace.take())
+        assert table["steps"] > 0 and table["joins"] == 3 and table["rows"] >= 1
+        assert table["prompt_tokens"] >= sum(len(c.prompt) for c in (first, second))
+        assert engine.trace.take() == ([], [])
+    finally:
+        engine.close()
