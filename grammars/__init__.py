@@ -1,12 +1,13 @@
 """The grammar layer: a JSON Schema, pydantic model, tool list, EBNF grammar or
 regex becomes a per-request :class:`Matcher` over xgrammar (default),
-outlines-core or llguidance, or the one ``backend="auto"`` picks per schema.
+outlines-core or llguidance (the backends of :mod:`grammars.registry`, which
+also says how to add one), or the one ``backend="auto"`` picks per schema.
 
     >>> spec = grammar_spec(schema={"type": "object"})            # doctest: +SKIP
     >>> compiled = compile_grammar(spec, tokenizer, vocab_size=model.config.vocab_size)  # doctest: +SKIP
     >>> matcher = compiled.matcher(max_rollback=17)                # doctest: +SKIP
 
-Backends are imported lazily: importing this package imports neither.
+Backend libraries are imported lazily: importing this package imports none of them.
 """
 
 from .base import (

@@ -1,6 +1,9 @@
-"""Which JSON-Schema keywords each backend enforces: one table per backend, checked by probes.
+"""Which JSON-Schema keywords each backend enforces: the :class:`Capabilities` each declares, checked by probes.
 
-For every backend and every *feature* (a keyword, or a keyword in a setting
+Each backend module declares its own ``capabilities`` (the grammar kinds it
+compiles, a table of features, its formats, its rank for ``backend="auto"``);
+this module reads them through :mod:`grammars.registry` and answers, per
+schema, what a backend enforces.  For every backend and every *feature* (a keyword, or a keyword in a setting
 that changes how a backend treats it, such as ``maxLength`` beside a
 ``pattern``) the table says one of:
 
@@ -17,7 +20,7 @@ schema on a toy vocabulary and checks that an invalid instance is (or is not)
 rejected, so a backend upgrade that changes an entry fails a test.
 
 A ``format`` is the feature ``"format:<name>"``: ``"enforced"`` when the
-backend turns it into a grammar (:data:`FORMATS`; only approximately: the
+backend turns it into a grammar (:attr:`Capabilities.formats`; only approximately: the
 regex of a date accepts ``2023-02-30``, so a finished output is always
 validated with format checking), else what the backend does with an unknown
 format (xgrammar ignores it; outlines-core and llguidance refuse it).
@@ -33,13 +36,13 @@ format (xgrammar ignores it; outlines-core and llguidance refuse it).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
 __all__ = [
-    "Support", "FEATURES", "TABLES", "PROBES", "Probe", "features_used", "unenforced", "refused",
-    "support", "LOOKAROUND", "FORMATS", "run_probe", "enforced_keywords",
+    "Support", "Capabilities", "CORE", "FEATURES", "tables", "PROBES", "Probe", "features_used", "unenforced",
+    "refused", "support", "LOOKAROUND", "run_probe", "enforced_keywords",
 ]  # fmt: skip
 
 Support = Literal["enforced", "ignored", "refused"]
@@ -63,67 +66,56 @@ _E: Support = "enforced"
 _I: Support = "ignored"
 _R: Support = "refused"
 
-_COMMON: dict[str, Support] = {
+#: The keywords every backend enforces: the start of each backend's table.
+CORE: Mapping[str, Support] = {
     "type": _E, "enum": _E, "const": _E, "required": _E, "additionalProperties": _E, "items": _E,
     "prefixItems": _E, "minItems": _E, "maxItems": _E, "minLength": _E, "maxLength": _E, "pattern": _E,
     "anyOf": _E, "oneOf": _E, "$ref": _E,
 }  # fmt: skip
 
-#: ``TABLES[backend][feature]``; a feature not listed is ``"ignored"``.
-TABLES: dict[str, dict[str, Support]] = {
-    "xgrammar": {
-        **_COMMON,
-        "minimum": _E, "maximum": _E, "exclusiveMinimum": _E, "exclusiveMaximum": _E, "multipleOf": _E,
-        "minProperties": _E, "maxProperties": _E, "propertyNames": _E,
-        "multipleOf:number": _I, "pattern:lookaround": _I, "maxLength+pattern": _I, "minLength+pattern": _I,
-        "allOf": _E, "allOf:multi": _I, "oneOf:overlap": _I, "$ref+siblings": _I,
-        "anyOf+siblings": _I, "enum+siblings": _I,
-        "uniqueItems": _I, "contains": _I, "not": _I, "if": _I, "then": _I, "else": _I,
-        # patternProperties: {"ab": "x"} is rejected, and so is the valid {"ab": 1} (stricter than the schema);
-        # unevaluatedProperties: false is what strict mode does anyway
-        "dependentRequired": _I, "dependentSchemas": _I, "dependencies": _I, "patternProperties": _E,
-        "unevaluatedProperties": _E,
-    },
-    "outlines": {
-        **_COMMON,
-        "minimum": _I, "maximum": _I, "exclusiveMinimum": _I, "exclusiveMaximum": _I, "multipleOf": _I,
-        "minProperties": _I, "maxProperties": _I, "propertyNames": _I,
-        # multipleOf on a number: 0.3 and 1.5 are both rejected for multipleOf 0.5 (stricter than the schema)
-        "multipleOf:number": _E, "pattern:lookaround": _R, "maxLength+pattern": _I, "minLength+pattern": _I,
-        "allOf": _E, "allOf:multi": _R, "oneOf:overlap": _I, "$ref+siblings": _I,
-        "anyOf+siblings": _E, "enum+siblings": _I,
-        "uniqueItems": _I, "contains": _I, "not": _I, "if": _I, "then": _I, "else": _I,
-        "dependentRequired": _I, "dependentSchemas": _I, "dependencies": _I, "patternProperties": _I,
-        "unevaluatedProperties": _E,
-    },
-    "llguidance": {
-        **_COMMON,
-        "minimum": _E, "maximum": _E, "exclusiveMinimum": _E, "exclusiveMaximum": _E, "multipleOf": _E,
-        "minProperties": _E, "maxProperties": _E, "propertyNames": _R,
-        "multipleOf:number": _E, "pattern:lookaround": _R, "maxLength+pattern": _E, "minLength+pattern": _E,
-        "allOf": _E, "allOf:multi": _E, "oneOf:overlap": _R, "$ref+siblings": _E,
-        "anyOf+siblings": _E, "enum+siblings": _E,
-        "uniqueItems": _R, "contains": _R, "not": _R, "if": _R, "then": _R, "else": _R,
-        "dependentRequired": _R, "dependentSchemas": _R, "dependencies": _R, "patternProperties": _E,
-        "unevaluatedProperties": _R,
-    },
-}  # fmt: skip
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What one backend compiles and enforces: declared in its module, checked by :data:`PROBES`."""
+
+    #: The grammar kinds it compiles (:attr:`grammars.spec.GrammarSpec.kind`).
+    kinds: frozenset[str]
+    #: ``table[feature]`` for each JSON-Schema feature; a feature not listed is ``"ignored"``.
+    table: Mapping[str, Support]
+    #: The ``format`` values it turns into a grammar.
+    formats: frozenset[str]
+    #: What it does with a ``format`` it has no grammar for.
+    other_formats: Support
+    #: ``backend="auto"`` tries backends in increasing rank (:mod:`grammars.select`).
+    auto_rank: int
+
+    @classmethod
+    def declare(
+        cls,
+        *,
+        kinds: str,
+        formats: str,
+        other_formats: Support,
+        auto_rank: int,
+        enforced: str = "",
+        ignored: str = "",
+        refused: str = "",
+    ) -> Capabilities:
+        """Capabilities from space-separated names: the table is :data:`CORE` plus the features listed.  Pure."""
+        table: dict[str, Support] = dict(CORE)
+        for support, names in ((_E, enforced), (_I, ignored), (_R, refused)):
+            table.update(dict.fromkeys(names.split(), support))
+        return cls(frozenset(kinds.split()), table, frozenset(formats.split()), other_formats, auto_rank)
+
+
+def tables() -> dict[str, Mapping[str, Support]]:
+    """Every registered backend's table, by backend name.  Pure."""
+    from .registry import REGISTRY
+
+    return {backend.name: backend.capabilities.table for backend in REGISTRY}
+
 
 #: Keywords that only annotate or lead to subschemas; never reported as unenforced.
-#: ``format`` values each backend turns into a grammar (from the fuzz tool and llguidance's refusals).
-FORMATS: dict[str, frozenset[str]] = {
-    "xgrammar": frozenset(
-        {"date", "time", "date-time", "duration", "email", "hostname", "ipv4", "ipv6", "uri", "uri-reference",
-         "uri-template", "uuid", "json-pointer"}
-    ),
-    "outlines": frozenset({"date", "time", "date-time", "email", "uri", "uuid"}),
-    "llguidance": frozenset(
-        {"date", "time", "date-time", "duration", "email", "hostname", "ipv4", "ipv6", "uri", "uuid"}
-    ),
-}  # fmt: skip
-#: What a backend does with a format it has no grammar for.
-_OTHER_FORMATS: dict[str, Support] = {"xgrammar": "ignored", "outlines": "refused", "llguidance": "refused"}
-
 _NEUTRAL = frozenset(
     {
         "$schema", "$id", "id", "$anchor", "$comment", "$defs", "definitions", "title", "description", "default",
@@ -135,13 +127,16 @@ _NEUTRAL = frozenset(
 
 def support(backend: str, feature: str) -> Support:
     """The table entry for ``feature`` on ``backend`` (``"ignored"`` when not listed).  Pure."""
+    from .registry import get
+
+    capabilities = get(backend).capabilities
     if feature.startswith("format:"):
-        return "enforced" if feature[7:] in FORMATS[backend] else _OTHER_FORMATS[backend]
-    return TABLES[backend].get(feature, _I)
+        return "enforced" if feature[7:] in capabilities.formats else capabilities.other_formats
+    return capabilities.table.get(feature, _I)
 
 
 def features_used(schema: Any) -> list[str]:
-    """The features (:data:`TABLES` keys) ``schema`` uses, in order of first use.  Pure.
+    """The features (keys of a backend's table) ``schema`` uses, in order of first use.  Pure.
 
     >>> features_used({"type": "string", "pattern": "^(?!x)a+$", "maxLength": 3})
     ['type', 'pattern', 'maxLength', 'pattern:lookaround', 'maxLength+pattern']
@@ -242,7 +237,7 @@ class Probe:
 _INT = {"type": "integer"}
 _AB = {"a": _INT, "b": _INT}
 
-#: One probe per feature of :data:`TABLES`.
+#: One probe per feature of the backends' tables.
 PROBES: tuple[Probe, ...] = (
     Probe("type", {"type": "integer"}, '"a"', "1"),
     Probe("enum", {"enum": ["a", "b"]}, '"c"', '"a"'),
@@ -349,4 +344,7 @@ def enforced_keywords(backend: str) -> frozenset[str]:
     >>> "uniqueItems" in enforced_keywords("xgrammar"), "maxLength" in enforced_keywords("xgrammar")
     (False, True)
     """
-    return frozenset(k for k, v in TABLES[backend].items() if v == _E and ":" not in k and "+" not in k)
+    from .registry import get
+
+    table = get(backend).capabilities.table
+    return frozenset(k for k, v in table.items() if v == _E and ":" not in k and "+" not in k)

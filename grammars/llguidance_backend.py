@@ -43,16 +43,34 @@ import torch
 from ._bitmask import check_bitmask, clear_padding
 from ._window import RollbackWindow, WindowedMatcher
 from .base import CompiledGrammar, GrammarError, allocate_bitmask
+from .capabilities import Capabilities
 from .spec import GrammarSpec, schema_nodes
 
 if TYPE_CHECKING:
     import llguidance
 
 __all__ = [
-    "LLGuidanceCompiled", "LLGuidanceMatcher", "LLGuidanceTokenizer", "prepare", "compile_spec", "prepared_nbytes",
+    "name", "aliases", "capabilities", "LLGuidanceCompiled", "LLGuidanceMatcher", "LLGuidanceTokenizer", "prepare",
+    "compile_spec", "prepared_nbytes", "serialize", "deserialize",
 ]  # fmt: skip
 
-BACKEND = "llguidance"
+#: What ``backend=`` calls this backend, and other spellings it accepts.
+name = "llguidance"
+aliases: tuple[str, ...] = ()
+
+#: What llguidance compiles and enforces (see :mod:`grammars.capabilities`).
+capabilities = Capabilities.declare(
+    kinds="json_schema any_json regex ebnf",
+    enforced="minimum maximum exclusiveMinimum exclusiveMaximum multipleOf minProperties maxProperties "
+    "multipleOf:number maxLength+pattern minLength+pattern allOf allOf:multi $ref+siblings anyOf+siblings "
+    "enum+siblings patternProperties",
+    refused="propertyNames pattern:lookaround oneOf:overlap uniqueItems contains not if then else dependentRequired "
+    "dependentSchemas dependencies unevaluatedProperties",
+    formats="date time date-time duration email hostname ipv4 ipv6 uri uuid",
+    other_formats="refused",
+    auto_rank=1,  # it refuses what it does not implement, so what it compiles it enforces
+)
+
 #: Compile options for compact JSON (``json.dumps(x, separators=(",", ":"))``).
 COMPACT = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
 FLEXIBLE = {"whitespace_flexible": True}
@@ -208,7 +226,7 @@ def _compile_error_message(spec: GrammarSpec, reason: str) -> str:
 class LLGuidanceCompiled(CompiledGrammar):
     """A checked llguidance grammar: a template ``LLMatcher`` in the initial state.  Immutable."""
 
-    backend = BACKEND
+    backend = name
 
     def __init__(
         self, template: llguidance.LLMatcher, prepared: LLGuidanceTokenizer, warnings: tuple[str, ...]
@@ -317,7 +335,7 @@ class LLGuidanceMatcher(WindowedMatcher):
 
     def rollback(self, n: int) -> None:
         """Undo the last ``n`` accepted tokens.  Changes state."""
-        self._window.pop(n, BACKEND)
+        self._window.pop(n, name)
         if n and self._terminated:
             self._terminated = False
             n -= 1
@@ -382,3 +400,9 @@ def _whole_characters(data: bytes) -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
         return data[: e.start].decode("utf-8")
+
+
+#: llguidance cannot hand a compiled grammar to another process: it compiles in-process under its own
+#: ``LLParserLimits`` (see :mod:`grammars.deadline`).
+serialize = None
+deserialize = None

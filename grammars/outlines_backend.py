@@ -47,18 +47,22 @@ import torch
 from ._bitmask import check_bitmask, clear_padding
 from ._window import RollbackWindow, WindowedMatcher
 from .base import CompiledGrammar, GrammarError
+from .capabilities import Capabilities
 from .spec import GrammarSpec, schema_nodes
 
 if TYPE_CHECKING:
     import outlines_core
 
 __all__ = [
+    "name", "aliases", "capabilities",
     "OutlinesCompiled", "OutlinesMatcher", "OutlinesVocabulary", "prepare", "compile_spec", "token_bytes",
     "serialize", "deserialize", "prepared_nbytes",
     "shape_over_length", "length_yields_to_shape", "FORMATS",
 ]  # fmt: skip
 
-BACKEND = "outlines"
+#: What ``backend=`` calls this backend, and other spellings it accepts.
+name = "outlines"
+aliases: tuple[str, ...] = ("outlines-core", "outlines_core")
 #: Whitespace allowed between JSON tokens with ``any_whitespace=True``.
 FLEXIBLE_WHITESPACE = r"[\n\t\r ]*"
 #: :meth:`OutlinesMatcher.forced_text` stops looking at states with more legal tokens, or deeper.
@@ -67,6 +71,20 @@ _FORCED_MAX_STATES = 64
 #: ``format`` values outlines-core turns into a regex (0.2.14).
 FORMATS = frozenset({"date", "time", "date-time", "email", "uri", "uuid"})
 _LENGTH_KEYWORDS = ("minLength", "maxLength")
+
+#: What outlines-core compiles and enforces (see :mod:`grammars.capabilities`).  multipleOf on a number: 0.3 and 1.5
+#: are both rejected for multipleOf 0.5 (stricter than the schema).
+capabilities = Capabilities.declare(
+    kinds="json_schema any_json regex",
+    enforced="multipleOf:number allOf anyOf+siblings unevaluatedProperties",
+    ignored="minimum maximum exclusiveMinimum exclusiveMaximum multipleOf minProperties maxProperties propertyNames "
+    "maxLength+pattern minLength+pattern oneOf:overlap $ref+siblings enum+siblings uniqueItems contains not if "
+    "then else dependentRequired dependentSchemas dependencies patternProperties",
+    refused="pattern:lookaround allOf:multi",
+    formats=" ".join(sorted(FORMATS)),
+    other_formats="refused",
+    auto_rank=3,  # enforces least, and compiles slowly
+)
 
 
 @dataclass(frozen=True)
@@ -275,7 +293,7 @@ def _first_line(error: BaseException) -> str:
 class OutlinesCompiled(CompiledGrammar):
     """An outlines-core ``Index`` with its vocabulary.  Immutable."""
 
-    backend = BACKEND
+    backend = name
 
     def __init__(
         self, index: outlines_core.Index, vocab: OutlinesVocabulary, serialised_size: int | None = None
@@ -342,7 +360,7 @@ class OutlinesMatcher(WindowedMatcher):
 
     def rollback(self, n: int) -> None:
         """Undo the last ``n`` accepted tokens.  Changes state."""
-        self._window.pop(n, BACKEND)
+        self._window.pop(n, name)
         if n == 0:
             return
         del self._history[-n:]

@@ -35,13 +35,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .base import CompiledGrammar, GrammarError
-from .capabilities import refused, support, unenforced
+from .capabilities import refused, unenforced
 from .keywords import unsatisfiable
+from .registry import PREFERENCE, get
 from .spec import GrammarSpec
 
-__all__ = ["PREFERENCE", "Choice", "choose", "advice"]
-
-PREFERENCE = ("llguidance", "xgrammar", "outlines")
+__all__ = ["PREFERENCE", "Choice", "choose"]
 
 
 @dataclass(frozen=True)
@@ -67,7 +66,7 @@ def choose(spec: GrammarSpec, compile_with: Callable[[str], CompiledGrammar]) ->
 
     if not spec.is_json:
         for name in PREFERENCE:
-            if name == "outlines" and spec.kind == "ebnf":
+            if spec.kind not in get(name).capabilities.kinds:
                 continue
             compiled = attempt(name)
             if compiled is not None:
@@ -107,21 +106,6 @@ def choose(spec: GrammarSpec, compile_with: Callable[[str], CompiledGrammar]) ->
         f"unenforced ({', '.join(gaps[name])})" + (f"; {failed}" if failed else "")
     )
     return Choice(compiled, name, reason, gaps[name])
-
-
-def advice(features: tuple[str, ...], backend: str) -> str:
-    """What to do about ``features`` that ``backend`` does not enforce: a backend that does, or post-validation."""
-    better = [
-        name for name in PREFERENCE
-        if name != backend and all(support(name, f) == "enforced" for f in features)
-    ]  # fmt: skip
-    post = (
-        "or rely on post-validation: every finished result carries stats.valid and stats.schema_errors "
-        "(grammars.validation.output_errors)"
-    )
-    if better:
-        return f"use grammar_backend='{better[0]}' (it enforces them), {post}"
-    return f"no backend enforces all of them; simplify the schema, {post}"
 
 
 def _none_compiled(errors: dict[str, str]) -> str:

@@ -74,7 +74,7 @@ class GrammarSpec:
         return self.kind in ("json_schema", "any_json")
 
 
-def _grammar_spec(
+def grammar_spec(
     *,
     schema: Any = None,
     tools: Sequence[Mapping[str, Any]] | None = None,
@@ -98,39 +98,46 @@ def _grammar_spec(
 
     ``any_whitespace=False`` (default) gives compact JSON; ``True`` allows
     flexible whitespace.  Raises :class:`GrammarError` on conflicting or
-    invalid input.  Pure function: changes nothing.
+    invalid input, and for a schema nested deeper than :data:`MAX_SCHEMA_DEPTH`.
+    Pure function: changes nothing.
     """
-    given = [
-        name
-        for name, value in (
-            ("schema", schema),
-            ("tools", tools),
-            ("grammar", grammar),
-            ("regex", regex),
-            ("json_object", json_object or None),
-        )
-        if value is not None
-    ]
-    if len(given) > 1:
+    try:
+        given = [
+            name
+            for name, value in (
+                ("schema", schema),
+                ("tools", tools),
+                ("grammar", grammar),
+                ("regex", regex),
+                ("json_object", json_object or None),
+            )
+            if value is not None
+        ]
+        if len(given) > 1:
+            raise GrammarError(
+                f"got more than one grammar source ({', '.join(given)}); pass exactly one of "
+                "schema=, tools=, grammar=, regex= or json_object=True"
+            )
+        if parallel_tool_calls and tools is None:
+            raise GrammarError("parallel_tool_calls=True needs tools=[...]; pass the tool definitions too")
+        if not given:
+            return None
+        any_whitespace = bool(any_whitespace)
+        if schema is not None:
+            return _json_spec("json_schema", _schema_dict(schema), any_whitespace)
+        if tools is not None:
+            return _json_spec("json_schema", tools_schema(tools, parallel=parallel_tool_calls), any_whitespace)
+        if json_object:
+            return _json_spec("any_json", dict(ANY_JSON_OBJECT), any_whitespace)
+        if grammar is not None:
+            example = 'an EBNF grammar such as \'root ::= "yes" | "no"\''
+            return GrammarSpec("ebnf", _grammar_text(grammar, "grammar", example))
+        return GrammarSpec("regex", _grammar_text(regex, "regex", "a regular expression such as '[0-9]{4}'"))
+    except RecursionError:
         raise GrammarError(
-            f"got more than one grammar source ({', '.join(given)}); pass exactly one of "
-            "schema=, tools=, grammar=, regex= or json_object=True"
-        )
-    if parallel_tool_calls and tools is None:
-        raise GrammarError("parallel_tool_calls=True needs tools=[...]; pass the tool definitions too")
-    if not given:
-        return None
-    any_whitespace = bool(any_whitespace)
-    if schema is not None:
-        return _json_spec("json_schema", _schema_dict(schema), any_whitespace)
-    if tools is not None:
-        return _json_spec("json_schema", tools_schema(tools, parallel=parallel_tool_calls), any_whitespace)
-    if json_object:
-        return _json_spec("any_json", dict(ANY_JSON_OBJECT), any_whitespace)
-    if grammar is not None:
-        example = 'an EBNF grammar such as \'root ::= "yes" | "no"\''
-        return GrammarSpec("ebnf", _grammar_text(grammar, "grammar", example))
-    return GrammarSpec("regex", _grammar_text(regex, "regex", "a regular expression such as '[0-9]{4}'"))
+            "the schema is nested too deeply to check; flatten it, or put repeated parts under $defs and refer "
+            "to them with a local $ref"
+        ) from None
 
 
 #: Deepest nesting of subschemas accepted: the validator and the compilers recurse once per level.
@@ -538,30 +545,3 @@ def _tool_definition(tool: Any, i: int) -> tuple[str, dict[str, Any]]:
     parameters.setdefault("additionalProperties", False)
     check_json_schema(parameters, where=f"{where} parameters")
     return name, parameters
-
-
-def grammar_spec(
-    *,
-    schema: Any = None,
-    tools: Sequence[Mapping[str, Any]] | None = None,
-    grammar: str | None = None,
-    regex: str | None = None,
-    json_object: bool = False,
-    parallel_tool_calls: bool = False,
-    any_whitespace: bool = False,
-) -> GrammarSpec | None:
-    """The grammar for exactly one of the constraint arguments (``None`` if none is given).
-
-    See :func:`_grammar_spec` for the inputs.  A schema nested deeper than
-    :data:`MAX_SCHEMA_DEPTH` raises :class:`GrammarError`.
-    """
-    try:
-        return _grammar_spec(
-            schema=schema, tools=tools, grammar=grammar, regex=regex, json_object=json_object,
-            parallel_tool_calls=parallel_tool_calls, any_whitespace=any_whitespace,
-        )  # fmt: skip
-    except RecursionError:
-        raise GrammarError(
-            "the schema is nested too deeply to check; flatten it, or put repeated parts under $defs and refer "
-            "to them with a local $ref"
-        ) from None

@@ -73,6 +73,9 @@ def _int(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from grammars.registry import BACKEND_CHOICES
+    from grammars.registry import DEFAULT as DEFAULT_BACKEND
+
     from . import __version__
 
     parser = argparse.ArgumentParser(
@@ -104,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=_int, default=0, metavar="S", help="random seed (default: 0)")
     gen.add_argument("--model", default=DEFAULT_MODEL, metavar="NAME_OR_DIR",
                      help=f"embedded model name or local model directory (default: {DEFAULT_MODEL})")  # fmt: skip
-    gen.add_argument("--grammar-backend", choices=("xgrammar", "outlines", "llguidance", "auto"), default="xgrammar")
+    gen.add_argument("--grammar-backend", choices=BACKEND_CHOICES, default=DEFAULT_BACKEND)
     gen.add_argument("--json", action="store_true", help="print one JSON object with the answer and statistics")
     gen.set_defaults(run=_cmd_generate)
 
@@ -169,6 +172,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_serve_commands(commands: Any) -> None:
+    from grammars.registry import BACKEND_CHOICES
+    from grammars.registry import DEFAULT as DEFAULT_BACKEND
+
     serve = commands.add_parser(
         "serve",
         help="an OpenAI-compatible server (Chat Completions) with exact constrained speculation",
@@ -191,7 +197,7 @@ def _add_serve_commands(commands: Any) -> None:
                        help="memory budget of the prefix KV cache, LRU-evicted (default: 1024; 0 turns it off)")  # fmt: skip
     serve.add_argument("--grammar-cache-size", type=_positive_int, default=128, metavar="N",
                        help="compiled grammars kept, one per distinct schema / tool set (default: 128)")  # fmt: skip
-    serve.add_argument("--grammar-backend", choices=("xgrammar", "outlines", "llguidance", "auto"), default="xgrammar")
+    serve.add_argument("--grammar-backend", choices=BACKEND_CHOICES, default=DEFAULT_BACKEND)
     serve.add_argument("--tool-format", default="auto", metavar="FORMAT",
                        help="how tool calls are written: auto (the chat template's, else json), json, or an "
                             "xgrammar model format (default: auto)")  # fmt: skip

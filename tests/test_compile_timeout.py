@@ -1,4 +1,4 @@
-"""Compile deadlines stop the work; caches are bounded by bytes; nothing is compiled twice (issue 27).
+"""Compile deadlines stop the work; caches are bounded by bytes; nothing is compiled twice.
 
 Behaviour only: no wall-clock speed is asserted.  "No CPU is spent" is
 checked with the process's own CPU time (``os.times``) while it sleeps.
@@ -15,7 +15,7 @@ import psutil
 import pytest
 from toy import toy_tokenizer
 
-import grammars.compile as compile_module
+import grammars.deadline as deadline
 from grammars import (
     BACKENDS,
     CompileTimeout,
@@ -57,19 +57,19 @@ class Spy:
 
     def __init__(self, monkeypatch):
         self.calls: list[tuple[str, float | None]] = []
-        real = compile_module._run
+        real = deadline.compile_within
 
-        def run(module, name, prepared, spec, vocab_size, stops, timeout, **kwargs):
-            self.calls.append((name, timeout))
+        def run(backend, prepared, spec, vocab_size, stops, timeout, **kwargs):
+            self.calls.append((backend.name, timeout))
             started = time.monotonic()
             try:
-                return real(module, name, prepared, spec, vocab_size, stops, timeout, **kwargs)
+                return real(backend, prepared, spec, vocab_size, stops, timeout, **kwargs)
             finally:
                 self.seconds.append(time.monotonic() - started)
 
         self.seconds: list[float] = []  # how long each compile ran
 
-        monkeypatch.setattr(compile_module, "_run", run)
+        monkeypatch.setattr(deadline, "compile_within", run)
 
 
 def _cpu_seconds() -> float:
@@ -183,8 +183,8 @@ def test_bad_cache_limits_say_what_is_wrong(kwargs):
 
 
 def test_a_large_enum_on_xgrammar_points_to_compile_timeout(toy):
-    """Issue 26: xgrammar takes a minute on a 100k-value enum with no hint.  Say so, and point to compile_timeout."""
-    schema = {"enum": [f"v{i}" for i in range(compile_module.LARGE_ENUM)]}
+    """xgrammar takes a minute on a 100k-value enum: the timeout says why, and points to compile_timeout."""
+    schema = {"enum": [f"v{i}" for i in range(deadline.LARGE_ENUM)]}
     with pytest.warns(GrammarWarning, match=r"enum of 10,000 values.*compile_timeout="):
         compile_grammar(grammar_spec(schema=schema), toy, backend="xgrammar")
     with warnings.catch_warnings():
@@ -195,14 +195,14 @@ def test_a_large_enum_on_xgrammar_points_to_compile_timeout(toy):
 
 def test_a_timeout_on_a_large_enum_says_why(monkeypatch):
     spec = grammar_spec(schema={"enum": [f"v{i}" for i in range(20_000)]})
-    message = compile_module._timeout_message("xgrammar", spec, 5.0, "its worker process was killed")
+    message = deadline._timeout_message("xgrammar", spec, 5.0, "its worker process was killed")
     assert (
         "enum of 20,000 values" in message and "compile_timeout=5 s" in message and "Raise compile_timeout" in message
     )
 
 
 def test_one_deadline_covers_every_backend_a_call_compiles(toy, monkeypatch):
-    """Issue 27: after a refusal, the backends tried to suggest one each got the whole compile_timeout again.
+    """After a refusal, the backends tried to suggest one share the one compile_timeout (none gets it afresh).
 
     llguidance refuses uniqueItems at once; xgrammar and outlines-core (slow: 300 patterned strings) are then
     compiled to suggest one, each with only what the ones before left of the same deadline.

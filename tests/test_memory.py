@@ -1,4 +1,4 @@
-"""Resident memory stays bounded over many grammar calls on every backend, timeouts included (issue 27).
+"""Resident memory stays bounded over many grammar calls on every backend, timeouts included.
 
 Each test runs in a fresh process (``tools/memory_check.py`` or a short
 script), so other tests' allocations do not blur the readings.  Bounds are in
@@ -79,7 +79,7 @@ def test_clear_grammar_cache_hands_the_memory_back(backend, count):
 
 def test_the_heap_is_trimmed_once_evicted_grammars_are_freed(monkeypatch):
     """glibc keeps freed pages; the caches hand them back (malloc_trim) after evictions, not only on clear."""
-    import grammars.compile as compile_module
+    import grammars.compile_cache as compile_cache
     from grammars import clear_grammar_cache, compile_grammar, grammar_spec, set_cache_limits
 
     sys.path.insert(0, str(ROOT / "tests"))
@@ -88,10 +88,10 @@ def test_the_heap_is_trimmed_once_evicted_grammars_are_freed(monkeypatch):
     tok = toy_byte_level_tokenizer()
     clear_grammar_cache()  # so that both grammars below are compiled here
     trims: list[int] = []
-    monkeypatch.setattr(compile_module, "_trim_heap", lambda: trims.append(1))
-    monkeypatch.setattr(compile_module, "TRIM_AFTER_SECONDS", float("inf"))  # only freed bytes count here
-    monkeypatch.setattr(compile_module, "TRIM_AFTER_BYTES", 1)
-    monkeypatch.setattr(compile_module, "_freed_since_trim", 0)
+    monkeypatch.setattr(compile_cache, "_trim_heap", lambda: trims.append(1))
+    monkeypatch.setattr(compile_cache, "TRIM_AFTER_SECONDS", float("inf"))  # only freed bytes count here
+    monkeypatch.setattr(compile_cache, "TRIM_AFTER_BYTES", 1)
+    monkeypatch.setattr(compile_cache, "_freed_since_trim", 0)
     previous = set_cache_limits(grammar_count=1)
     try:
         compile_grammar(grammar_spec(regex="a{11}b"), tok, backend="xgrammar")

@@ -1,4 +1,4 @@
-"""Issue 26: what a new user trips on -- checks at the door, no silent no-ops, no raw errors.
+"""What a new user trips on -- checks at the door, no silent no-ops, no raw errors.
 
 Tiny random models and the toy tokenizer (no real model needed).
 """

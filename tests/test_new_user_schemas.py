@@ -1,4 +1,4 @@
-"""Issue 26: schema inputs a new user tries (booleans, deep nesting, long enums, $id refs)."""
+"""Schema inputs a new user tries (booleans, deep nesting, long enums, $id refs)."""
 
 from __future__ import annotations
 

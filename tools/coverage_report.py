@@ -39,9 +39,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from grammars.registry import BACKEND_CHOICES  # noqa: E402
 from grammarspec.bench.tasks import default_schemas_path  # noqa: E402 (after the path set-up)
 
-BACKENDS = ("xgrammar", "outlines", "llguidance", "auto")
+#: Every registered backend, and "auto".
+BACKENDS = BACKEND_CHOICES
 
 
 def load_records(folder: Path, per_category: int | None) -> list[dict[str, Any]]:

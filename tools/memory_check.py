@@ -49,7 +49,10 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-BACKENDS = ("xgrammar", "outlines", "llguidance", "auto")
+from grammars.registry import BACKEND_CHOICES  # noqa: E402 (after the path set-up)
+
+#: Every registered backend, and "auto".
+BACKENDS = BACKEND_CHOICES
 
 
 def rss_mb() -> float:

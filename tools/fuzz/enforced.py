@@ -29,11 +29,12 @@ from referencing.exceptions import Unresolvable
 from referencing.jsonschema import DRAFT7
 
 from grammars.capabilities import LOOKAROUND
-from grammars.outlines_backend import FORMATS as OUTLINES_FORMATS
 from grammars.outlines_backend import length_yields_to_shape
+from grammars.registry import get
 
 __all__ = ["BACKENDS", "ENFORCED", "FORMATS", "UNENFORCED_CONTEXTS", "is_enforced"]
 
+#: The backends this module has tables for (llguidance refuses what it does not enforce: nothing to tell apart).
 BACKENDS = ("xgrammar", "outlines")
 
 #: Keywords whose violation the backend's grammar rejects, wherever they stand outside
@@ -60,16 +61,10 @@ ENFORCED: dict[str, frozenset[str]] = {
     ),
 }
 
-#: ``format`` values each backend turns into a grammar (others are ignored or refused).  A
-#: format is only approximated by a regex (``2023-02-30`` has the shape of a date), so
+#: ``format`` values each backend turns into a grammar (its declared capabilities; others are ignored or
+#: refused).  A format is only approximated by a regex (``2023-02-30`` has the shape of a date), so
 #: ``format`` is not in :data:`ENFORCED`: a completion must check it, and does.
-FORMATS: dict[str, frozenset[str]] = {
-    "xgrammar": frozenset(
-        {"date", "time", "date-time", "duration", "email", "hostname", "ipv4", "ipv6", "uri", "uri-reference",
-         "uri-template", "uuid", "json-pointer"}
-    ),
-    "outlines": OUTLINES_FORMATS,
-}
+FORMATS: dict[str, frozenset[str]] = {name: get(name).capabilities.formats for name in BACKENDS}
 
 #: Nothing below these keywords is enforced: the backends ignore them (``not``,
 #: ``if``/``then``/``else``, ``dependencies``, ``contains``, ...) or only approximate
