@@ -1,7 +1,9 @@
 """What a decoding step records: statistics, the controller's inputs, the finish, the scores (bookkeeping only).
 
-Nothing here changes generation state; the loop (:mod:`grammarspec.decoding`)
-calls these after its commit.
+Nothing here changes committed state (tokens, matchers, proposers, the cache);
+:func:`account` lets the row's controller learn what the step brought, which
+steers its later draft lengths.  The step (:mod:`grammarspec.step`) calls these
+after its commit.
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ if TYPE_CHECKING:
 __all__ = ["account", "finish", "record_scores"]
 
 
-def account(row: Row, step: Step, path: Sequence[int], next_token: int | None, verify: float, commit_s: float,
-            started: float) -> None:  # fmt: skip
+def account(
+    row: Row, step: Step, path: Sequence[int], next_token: int | None, verify: float, commit_s: float, started: float
+) -> None:
     """Statistics and the row's calibration after one step (chain or tree).
 
     The deepest path offered stands for the draft's length (a chain: its
@@ -60,8 +63,14 @@ def finish(row: Row, seconds: float) -> None:
         stats.final_k, stats.speculating = row.controller.k, row.controller.speculate
 
 
-def record_scores(rows: Sequence[Row], steps: Sequence[Step], results: Sequence[tuple[list[int], int | None]],
-                  committed: Sequence[int], logits: torch.Tensor, scores: torch.Tensor) -> None:  # fmt: skip
+def record_scores(
+    rows: Sequence[Row],
+    steps: Sequence[Step],
+    results: Sequence[tuple[list[int], int | None]],
+    committed: Sequence[int],
+    logits: torch.Tensor,
+    scores: torch.Tensor,
+) -> None:
     """Keep the raw logits and processed scores of the rows whose tokens were committed (the path's rows)."""
     for row, step, (path, _), used in zip(rows, steps, results, committed):
         on_path = ([step.start] + [step.start + 1 + i for i in path])[:used]

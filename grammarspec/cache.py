@@ -150,7 +150,7 @@ def new_cache(model: torch.nn.Module) -> DynamicCache:
 
     A sliding-window layer (Mistral v0.1, Phi-3, Gemma 2/3, gpt-oss...) gets a full layer: Hugging Face's
     ``DynamicSlidingWindowLayer`` keeps only the last ``window - 1`` columns, so it can neither be cut
-    back after a rejected draft nor have its columns gathered when a batch is compacted.  The window
+    back after a rejected draft nor hold a row in a slot of the batch's cache.  The window
     itself is the attention mask's (built from ``config.sliding_window``), so the output is unchanged;
     the cost is memory: a sliding layer holds the whole sequence instead of ``window - 1`` columns
     (nothing more while the sequence is shorter than the window).  Recurrent layers are left as they
@@ -173,8 +173,7 @@ def has_sliding_window(model: torch.nn.Module) -> bool:
     """Whether some attention layer of ``model`` sees only a window of the latest positions.  Pure.
 
     Hugging Face builds a sliding (or chunked) mask from cache column indices, not from position ids, so
-    in a batch with holes (columns one row rejected and another kept) the window would count the holes:
-    :class:`grammarspec.kv.BatchKV` compacts such a cache after every step that leaves holes.
+    for rows of different lengths :class:`grammarspec.kv.BatchKV` builds each row's window into its own mask.
     """
     config = getattr(model, "config", None)
     if config is None:

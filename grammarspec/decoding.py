@@ -1,7 +1,19 @@
 """The speculative decoding loop, for a batch of requests.
 
-One step for the whole batch (numbers match the comments in :func:`_step`)::
+The loop (:func:`decode_batch`), one iteration for the whole batch::
 
+    1. admit   -- requests from the feed (``grammarspec serve``) wait for a place
+    2. join    -- waiting requests take free slots of the batch's cache (no other row's
+                  cache is copied; :meth:`BatchKV.add_rows`); their prompts are read by
+                  the coming steps, in chunks while other rows are decoding
+    3. step    -- one step (:func:`grammarspec.step.run_step`) for every row
+    4. report  -- the feed hears which rows joined and ended, and cancels rows
+
+One step for the whole batch (numbers match the comments in :func:`grammarspec.step.run_step`)::
+
+    (0) plan    -- a row that joined a busy batch reads a chunk of its prompt (within the
+                   step's prompt budget, derived from the pass cost); it neither takes
+                   forced tokens, drafts nor samples until the step that reads the rest
     (+) forced  -- while a row's grammar allows exactly one token, commit it without
                    sampling; it reaches the target in the next forward pass
     1. propose  -- each row's proposer offers a draft tree of up to k levels: a chain
@@ -10,21 +22,33 @@ One step for the whole batch (numbers match the comments in :func:`_step`)::
                    allocation over the batch cuts each chain to what pays at this batch
     2. walk     -- each row's matcher walks its tree: one bitmask per scored row, a
                    grammar-illegal node is dropped with its subtree, the matcher is restored
-    3. forward  -- ONE target forward over every row's pending tokens plus its tree
-                   (:meth:`BatchKV.forward`: each row's mask from its columns and parents)
+    3. forward  -- ONE target forward over every row's pending tokens plus its tree and
+                   every reading row's prompt chunk (:meth:`BatchKV.forward`: each row
+                   writes its own columns; a long prompt is folded into extra batch rows)
     4. accept   -- the row's own processing for each of its rows (mask, processors,
                    temperature, top-k, top-p, ...), then the target's choice at every
                    row at once (argmax; a draw; residual rejection for sampled chains)
                    in one host transfer, and each row descends its tree along them
-    5. commit   -- :func:`commit`, the one place state moves: each matcher advances by
-                   its committed tokens, every proposer is told what was accepted (a
-                   draft model crops its own cache there), and ``kv.keep`` -- the one
-                   KV rollback -- keeps each row's pending tokens and accepted path
+    5. commit   -- :func:`grammarspec.commit.commit`: each matcher advances by its
+                   committed tokens, every proposer is told what was accepted (a draft
+                   model crops its own cache there), and ``kv.keep`` -- the one KV
+                   rollback -- keeps each row's pending tokens and accepted path
     6. adapt    -- each row's calibration learns what its draft brought (grammarspec/policy.py);
-                   the pass cost is not learned from wall time here: it is profiled once per
-                   model/device/dtype/thread count at first use and fixed afterwards, so draft
-                   lengths do not drift within a process (GRAMMARSPEC_PASS_COST=prior: draft
-                   lengths that never depend on the machine)
+                   the pass cost is profiled once per model/device/dtype/thread count at
+                   first use and fixed afterwards, so draft lengths do not drift within a
+                   process (GRAMMARSPEC_PASS_COST=prior: draft lengths that never depend on
+                   the machine)
+
+Where state moves.  A row's committed state -- its tokens, matcher, proposer,
+``cached`` count, the target cache's columns and ``finish_reason`` from a stop
+condition -- moves only in :func:`grammarspec.commit.commit`: verified steps,
+forced tokens and prompt chunks all go through it.  Outside it: the join puts a
+row in a slot (``kv.add_rows``, copying a prompt cache in, which sets the row's
+``cached``); a finished row's slot is freed (``kv.select`` in
+:func:`grammarspec.step.leave`); the report sets ``finish_reason="cancelled"``
+on a row the feed cancels; and each row's controller learns (its draft lengths
+for later steps, never committed tokens) in the policy's allocation and in
+:func:`grammarspec.bookkeeping.account`.
 
 Rows finish independently (grammar end, EOS, stop string, token limit) and leave
 the batch, so the batch never waits for its longest row.  With no proposer every
@@ -37,34 +61,41 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from grammars.base import Matcher, allocate_bitmask, fill_masks
-from proposers.base import EMPTY_DRAFT, CostModelled, Draft, GrammarView, Proposer, members
-from proposers.tree import DraftTree
+from grammars.base import Matcher, allocate_bitmask
+from proposers.base import CostModelled, Proposer, members
 
-from .bookkeeping import account, finish, record_scores
+from .bookkeeping import finish
 from .cache import logits_device as _logits_device
+from .commit import commit
 from .kv import BatchKV
-from .masking import apply_masks, forced_token, walk
-from .policy import batch_cost_model, plan_drafts
-from .processing import LogitsPipeline, prefix_tensors
-from .rejection import Segment, target_choices
-from .rows import DecodeConfig, DecodeState, Processing, Row, RowRequest, Shared, Step
+from .policy import batch_cost_model
+from .processing import LogitsPipeline
+from .rows import DecodeConfig, DecodeState, Processing, Row, RowRequest, Shared
 from .sampling import LogitsProcessorFn
 from .stats import GenerationStats
-from .stopping import stop_reason
-from .tree_layout import descend
+from .step import leave, run_step
 
 if TYPE_CHECKING:
     from .adaptive import AdaptiveController
+    from .step_trace import StepTrace
 
 __all__ = [
-    "DecodeConfig", "DecodeState", "RowRequest", "Row", "Feed", "decode", "decode_batch", "commit", "logits_width",
+    "DecodeConfig",
+    "DecodeState",
+    "RowRequest",
+    "Row",
+    "Feed",
+    "decode",
+    "decode_batch",
+    "commit",
+    "logits_width",
     "sampling_processing",
-]  # fmt: skip
+]
 
 
 class Feed(Protocol):
@@ -73,9 +104,9 @@ class Feed(Protocol):
     The loop polls :meth:`more` whenever places are free, asks :meth:`cancelled`
     about every unfinished row after each step (a cancelled row ends with
     ``finish_reason="cancelled"`` and leaves like a finished one), and reports each
-    row that ends to :meth:`finished` exactly once (and each that ran its prompt pass
-    to :meth:`joined`, once: a row that ends inside a step's forced tokens has left
-    with its cache by the time the loop sees it).  Rows from the feed get the
+    row that ends to :meth:`finished` exactly once (and each whose prompt is in the
+    cache to :meth:`joined`, once: a row that ends inside a step's forced tokens has
+    left with its cache by the time the loop sees it).  Rows from the feed get the
     indices ``len(requests)``, ``len(requests) + 1``, ... in the order given.
     """
 
@@ -88,7 +119,7 @@ class Feed(Protocol):
         ...
 
     def joined(self, row: Row, kv: BatchKV, slot: int) -> None:
-        """Row ``row`` ran its prompt pass: ``kv`` holds its cache at ``slot``.  Must not change ``kv``."""
+        """Row ``row``'s prompt is in: ``kv`` holds its cache at ``slot``.  Must not change ``kv``."""
         ...
 
     def finished(self, row: Row, kv: BatchKV | None, slot: int) -> None:
@@ -128,13 +159,38 @@ def decode(
     processing = processing or sampling_processing(config, processors, len(prompt_ids), device=_logits_device(model))
     request = RowRequest(prompt_ids, matcher, proposer, controller, processing)
     (row,) = decode_batch(
-        model, [request], config, tokenizer=tokenizer, generator=generator, prompt_cache=prompt_cache,
-        step_cost=step_cost, on_commit=(lambda index, tokens: on_commit(tokens)) if on_commit is not None else None,
+        model,
+        [request],
+        config,
+        tokenizer=tokenizer,
+        generator=generator,
+        prompt_cache=prompt_cache,
+        step_cost=step_cost,
+        on_commit=(lambda index, tokens: on_commit(tokens)) if on_commit is not None else None,
         on_step=(lambda rows, kv: on_step(DecodeState(rows[0].tokens, rows[0].prompt_length, kv.cache, rows[0].cached)))
         if on_step is not None
         else None,
-    )  # fmt: skip
+    )
     return row.generated, row.stats
+
+
+@dataclass
+class Batch:
+    """What the loop holds between steps: the rows in the cache (in slot order), those waiting, what the feed heard."""
+
+    limit: int  # the most rows decoding at once
+    waiting: deque[Row] = field(default_factory=deque)
+    active: list[Row] = field(default_factory=list)  # row r of the list lives in slot r of ``kv``
+    kv: BatchKV | None = None
+    prompt_caches: dict[int, Any] = field(default_factory=dict)  # a waiting row's prompt cache, by row index
+    told_joined: set[int] = field(default_factory=set)  # rows the feed heard joined ...
+    told_ended: set[int] = field(default_factory=set)  # ... and ended
+    next_index: int = 0  # the index of the feed's next row
+    speculating: bool = False  # some row has a proposer: the cache must roll back exactly
+
+    @property
+    def free(self) -> int:
+        return self.limit - sum(row.finish_reason is None for row in self.active)
 
 
 @torch.inference_mode()
@@ -152,403 +208,146 @@ def decode_batch(
     on_commit: Callable[[int, list[int]], None] | None = None,
     on_step: Callable[[list[Row], BatchKV], None] | None = None,
     feed: Feed | None = None,
+    prompt_chunk: int | None = None,
+    trace: StepTrace | None = None,
 ) -> list[Row]:
     """Generate for every request; returns the finished rows in request order.
 
     One target forward per step serves every unfinished row.  With
     ``max_batch_size`` at most that many rows decode together and the others
-    wait; a waiting request joins as soon as a row finishes (its prompt pass
-    runs as a batch of its own, then its cache rows join the batch's).
+    wait; a waiting request joins as soon as a row finishes: it takes a free slot
+    of the cache and its prompt is read in the steps that follow, next to the
+    decoding rows.  ``prompt_chunk``: the most prompt tokens one step reads while
+    other rows decode (default: what keeps a step within twice its cost without
+    them, on the target's pass cost model; :func:`grammarspec.step.prompt_budget`).
     ``on_commit(index, tokens)`` receives each run of committed tokens of request
     ``index``; ``on_step(rows, kv)`` sees the batch after every step (tests check rollback).
     ``feed``: requests joining while the loop runs, and cancellation (:class:`Feed`);
     the loop then returns when the feed has nothing more and every row ended.
+    ``trace``: records every step and join (:class:`~grammarspec.step_trace.StepTrace`; bookkeeping only).
     """
     rows = [_new_row(i, request, config, model, step_cost) for i, request in enumerate(requests)]
     _check_own_proposers(rows)
     if feed is not None and max_batch_size is None:
         raise ValueError("a feed (continuous batching) needs max_batch_size")
-    if config.stop_strings and tokenizer is None:
+    if tokenizer is None and any(row.settings.stop_strings for row in rows):
         raise ValueError("stop_strings need the tokenizer: pass tokenizer=...")
     if max_batch_size is not None and max_batch_size < 1:
         raise ValueError(f"max_batch_size must be >= 1 (or None for the whole batch), got {max_batch_size}")
     if prompt_cache is not None and len(rows) != 1:
         raise ValueError("a prompt cache (past_key_values) serves one request; pass batch size 1")
-    vocab = logits_width(model)
-    shared = Shared(config, tokenizer, generator, frozenset(config.eos_token_ids),
-                     allocate_bitmask(sum(_max_rows(row) for row in rows), vocab), time.perf_counter(), step_cost,
-                     on_commit, on_step)  # fmt: skip
+    if prompt_chunk is not None and prompt_chunk < 1:
+        raise ValueError(f"prompt_chunk must be >= 1 prompt tokens a step (or None: derived), got {prompt_chunk}")
+    shared = Shared(
+        config,
+        tokenizer,
+        generator,
+        frozenset(config.eos_token_ids),
+        allocate_bitmask(sum(_max_rows(row) for row in rows), logits_width(model)),
+        time.perf_counter(),
+        step_cost,
+        on_commit,
+        on_step,
+        trace=trace,
+    )
     for row in rows:
-        if config.max_new_tokens <= 0:
+        if row.settings.max_new_tokens <= 0:
             row.finish_reason = "length"
-    waiting = deque(row for row in rows if row.finish_reason is None)
-    limit = max_batch_size or max(1, len(waiting))
-    speculating = any(row.proposer is not None for row in rows)
-    active: list[Row] = []
-    kv: BatchKV | None = None
-    caches: dict[int, Any] = {}  # serve25: feed rows' prompt caches, by row index
-    seen: set[int] = set()  # serve25: feed rows told to the feed as joined
-    reported: set[int] = set()  # ... and as ended
-    next_index = len(rows)
+    batch = Batch(max_batch_size or max(1, len(rows)), deque(row for row in rows if row.finish_reason is None))
+    batch.next_index = len(rows)
+    batch.speculating = any(row.proposer is not None for row in rows)
+    if prompt_cache is not None and batch.waiting:
+        batch.prompt_caches[batch.waiting[0].index] = prompt_cache
     while True:
-        if feed is not None:  # serve25: new requests take the places that are free
-            free = limit - sum(row.finish_reason is None for row in active) - len(waiting)
-            for request, cache in feed.more(free) if free > 0 else ():
-                row = _new_row(next_index, request, config, model, step_cost)
-                next_index += 1
-                speculating = speculating or row.proposer is not None
-                caches[row.index] = cache
-                waiting.append(row)
-        if not (active or waiting):
-            return rows
-        before = active
-        # (0) Join: waiting requests take the free places; their prompt pass runs as a batch of its own.
-        free = limit - sum(row.finish_reason is None for row in active)
-        if waiting and free > 0:
-            joining = [waiting.popleft() for _ in range(min(free, len(waiting)))]
-            if feed is None:
-                groups = [(joining, prompt_cache)]
-            else:  # serve25: one prompt pass per request, each on its own prompt cache (a prefix hit)
-                groups = [([row], caches.pop(row.index, None)) for row in joining]
-                before = active + joining
-            for group, cache in groups:
-                side = _new_kv(model, group, cache, pad_token_id, speculating)
-                shared.trees = side.supports_trees()
-                joined = _step(model, group, side, shared)
-                if kv is None or not active:
-                    kv, active = side, joined
-                else:
-                    kv.extend(side)
-                    active = active + joined
-        else:
-            assert kv is not None
-            active = _step(model, active, kv, shared)
+        # 1. Admit: the feed's new requests wait for a place.
         if feed is not None:
-            _poll(feed, before, active, kv, seen, reported, shared.started)
+            _admit(feed, batch, config, model, step_cost)
+        if not (batch.active or batch.waiting):
+            return rows
+        # 2. Join: waiting requests take free slots; their prompts are read by the steps.
+        joined_at, waiting = time.perf_counter(), len(batch.waiting)
+        _join(batch, model, shared, pad_token_id, caller_cache=prompt_cache)
+        if trace is not None and len(batch.waiting) < waiting:
+            trace.join(waiting - len(batch.waiting), time.perf_counter() - joined_at)
+        # 3. Step: one forward for every row in the cache.
+        assert batch.kv is not None
+        before = batch.active
+        batch.active = run_step(model, batch.active, batch.kv, shared, prompt_chunk)
+        # 4. Report: the feed hears which rows joined and ended; it may cancel rows.
+        if feed is not None:
+            _report(feed, batch, before, shared.started)
 
 
-def _poll(feed: Feed, before: list[Row], active: list[Row], kv: BatchKV | None, seen: set[int],
-          reported: set[int], started: float) -> None:  # fmt: skip
-    """serve25: tell the feed about rows that ended (once each); cancel the rows it cancels.  Changes the rows."""
-    still = {id(row) for row in active}
+def _admit(
+    feed: Feed, batch: Batch, config: DecodeConfig, model: torch.nn.Module, step_cost: Callable[[int], float] | None
+) -> None:
+    """New requests from the feed take the places that are free (they wait to join).  Changes ``batch``."""
+    free = batch.free - len(batch.waiting)
+    for request, cache in feed.more(free) if free > 0 else ():
+        row = _new_row(batch.next_index, request, config, model, step_cost)
+        batch.next_index += 1
+        batch.speculating = batch.speculating or row.proposer is not None
+        batch.prompt_caches[row.index] = cache
+        batch.waiting.append(row)
+
+
+def _join(batch: Batch, model: torch.nn.Module, shared: Shared, pad: int, caller_cache: Any) -> None:
+    """Waiting rows take the free slots (a prompt cache is copied into its row's slot).  Changes ``batch``.
+
+    The first join makes the cache (a caller's prompt cache becomes it); a later
+    join copies no other row's columns.
+    """
+    joining = [batch.waiting.popleft() for _ in range(min(max(batch.free, 0), len(batch.waiting)))]
+    if not joining:
+        return
+    if batch.kv is not None and any(row.finish_reason is not None for row in batch.active):
+        batch.active = leave(batch.active, batch.kv, shared.started)  # their slots are free for the joining rows
+    caches = [batch.prompt_caches.pop(row.index, None) for row in joining]
+    columns = max(row.prompt_length + row.settings.max_new_tokens + _max_rows(row) for row in joining)
+    if batch.kv is None and caller_cache is not None:
+        batch.kv = BatchKV.from_cache(model, caller_cache, _cached_prefix(caller_cache, joining[0]), columns=columns)
+        caches = [None]
+        joining[0].cached = batch.kv.lengths[0]
+        slots = [0]
+    else:
+        if batch.kv is None:
+            batch.kv = BatchKV(model, 0, pad_token_id=pad, slots=batch.limit, columns=columns)
+        elif not batch.active:
+            batch.kv.select([])  # the rows that ended all left: their slots are free
+        for row, cache in zip(joining, caches):
+            if cache is not None:
+                _cached_prefix(cache, row)
+        batch.kv.reserve(columns)
+        slots = batch.kv.add_rows(len(joining), caches)
+        for row, slot in zip(joining, slots):
+            row.cached = batch.kv.lengths[slot]
+    shared.trees = batch.kv.supports_trees()
+    if batch.speculating:
+        batch.kv.require_croppable()
+    batch.active = batch.active + joining
+
+
+def _report(feed: Feed, batch: Batch, before: list[Row], started: float) -> None:
+    """Tell the feed about rows whose prompt is in and rows that ended (once each); cancel the rows it cancels.
+
+    Sets ``finish_reason="cancelled"`` on a cancelled row (it leaves at the next step).  Changes the rows.
+    """
+    still = {id(row) for row in batch.active}
     for row in before:
-        if id(row) not in still and row.index not in reported:  # left at the start of the step: no cache now
-            reported.add(row.index)
+        if id(row) not in still and row.index not in batch.told_ended:  # left at the start of the step: no cache
+            batch.told_ended.add(row.index)
             feed.finished(row, None, -1)
-    for slot, row in enumerate(active):
-        if row.index not in seen and kv is not None:
-            seen.add(row.index)
+    kv = batch.kv
+    for slot, row in enumerate(batch.active):
+        if row.index not in batch.told_joined and kv is not None and row.cached >= row.prompt_length:
+            batch.told_joined.add(row.index)
             feed.joined(row, kv, slot)
         if row.finish_reason is None and feed.cancelled(row.index):
             row.finish_reason = "cancelled"
-        if row.finish_reason is not None and row.index not in reported:
-            reported.add(row.index)
+        if row.finish_reason is not None and row.index not in batch.told_ended:
+            batch.told_ended.add(row.index)
             finish(row, time.perf_counter() - started)
             feed.finished(row, kv, slot)
-
-
-def _step(model: torch.nn.Module, active: list[Row], kv: BatchKV, shared: Shared) -> list[Row]:
-    """One decoding step for the rows of ``kv``; returns the rows still in the batch."""
-    config, eos = shared.config, shared.eos
-    phases = Phases()
-    # (+) Forced: a grammar that allows exactly one token needs no sampling.
-    if not config.record_scores:
-        _fill_roots(active, shared)
-        for row in active:
-            _commit_forced(row, shared)
-    active = _leave(active, kv, shared.started)
-    if not active:
-        return active
-    phases.lap("forced")
-
-    # 1. Propose: a draft tree of up to k levels per row (k leaves room for the token the target adds).
-    steps = [_propose(row, config, shared.trees) for row in active]
-    phases.lap("propose")
-    # (policy) One allocation over the batch cuts each chain to what pays at this batch (grammarspec/policy.py).
-    _allocate(model, active, steps, shared)
-
-    # 2. Walk: one mask per scored row; each tree loses its grammar-illegal nodes.
-    masks = _masks(shared, sum(1 + len(step.tree) for step in steps))
-    start = 0
-    for row, step in zip(active, steps):
-        t0 = time.perf_counter()
-        step.tree, step.ends = walk(row.matcher, masks, start, step.tree, eos, row.root if row.root_ready else None)
-        row.root_ready = False
-        step.start = start
-        step.grammar_seconds += time.perf_counter() - t0
-        start += 1 + len(step.tree)
-    phases.lap("walk")
-
-    # 3. One target forward over every row's pending tokens + tree.
-    t0 = time.perf_counter()
-    logits = kv.forward([row.pending + list(step.tree.tokens) for row, step in zip(active, steps)],
-                        [step.tree.parents for step in steps])  # [N, V]  # fmt: skip
-    phases.lap("forward")
-
-    # 4. Accept: each row's processing for its rows, the target's choices in one transfer, each row descends.
-    scores = logits.clone() if config.record_scores else logits
-    apply_masks(scores, masks[:start])
-    _process(active, steps, scores[:start])
-    sampled = [_segment(step) for step in steps if step.draft.probs is not None and len(step.tree)]
-    choices = target_choices(scores, config.sampling.greedy, sampled, shared.generator)
-    results = [descend(step.tree, step.ends, choices[step.start : step.start + 1 + len(step.tree)]) for step in steps]
-    verify_seconds = time.perf_counter() - t0
-    phases.lap("verify")
-
-    # 5. Commit: matchers, proposers and every KV cache move to the committed tokens together.
-    t0 = time.perf_counter()
-    committed = commit(active, steps, results, kv, eos, config, shared.tokenizer, shared.on_commit)
-    if config.record_scores:
-        record_scores(active, steps, results, committed, logits, scores)
-    commit_seconds = time.perf_counter() - t0
-    phases.lap("commit")
-
-    # 6. Adapt: statistics and the controllers learn what the step cost and brought.
-    for row, step, (path, next_token) in zip(active, steps, results):
-        account(row, step, path, next_token, verify_seconds, commit_seconds, shared.started)
-        phases.add_to(row.stats.phases)
-    if shared.on_step is not None:
-        shared.on_step(active, kv)
-    return active
-
-
-class Phases:
-    """Seconds per phase of one step (a lap timer: each lap ends the named phase).  Bookkeeping only."""
-
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = {}
-        self._last = time.perf_counter()
-
-    def lap(self, name: str) -> None:
-        now = time.perf_counter()
-        self.seconds[name] = self.seconds.get(name, 0.0) + now - self._last
-        self._last = now
-
-    def add_to(self, totals: dict[str, float]) -> None:
-        for name, seconds in self.seconds.items():
-            totals[name] = totals.get(name, 0.0) + seconds
-
-
-def _masks(shared: Shared, rows: int) -> torch.Tensor:
-    """The step's mask rows (the buffer grows when a step has more rows than any before: trees)."""
-    if shared.masks.shape[0] < rows:
-        shared.masks = allocate_bitmask(rows, shared.masks.shape[1] * 32)
-    return shared.masks
-
-
-def _process(active: Sequence[Row], steps: Sequence[Step], scores: torch.Tensor) -> None:
-    """Each row's processing on its scored rows of ``scores`` (changed in place).
-
-    Pipelines that read no prefix and process alike (:attr:`LogitsPipeline.batch_key`:
-    the rows of one ``generate`` call with sampling warpers) run once over all the
-    step's rows; otherwise each row's pipeline runs on its own rows, with their
-    prefixes: for every pipeline that reads them, views of one tensor built once
-    a step (:func:`processing.prefix_tensors`), so one copy to the device serves them all.
-    """
-    first = active[0].processing
-    if isinstance(first, LogitsPipeline) and first.batch_key is not None:
-        if all(isinstance(r.processing, LogitsPipeline) and r.processing.batch_key == first.batch_key for r in active):
-            if not first.is_identity:  # greedy with no processor: the masked float32 logits are the scores
-                scores[:] = first(scores, [[]] * scores.shape[0])
-            return
-    todo = [(row, step) for row, step in zip(active, steps)
-            if not (isinstance(row.processing, LogitsPipeline) and row.processing.is_identity)]  # fmt: skip
-    prefixes = [_prefixes(row, step) for row, step in todo]
-    readers = [isinstance(row.processing, LogitsPipeline) and row.processing.reads_prefixes for row, _ in todo]
-    flat = [p for rows, reads in zip(prefixes, readers) if reads for p in rows]
-    views = iter(prefix_tensors(flat, scores.device) if flat else [])  # every reader's prefixes: one copy a step
-    for (row, step), rows, reads in zip(todo, prefixes, readers):
-        block = slice(step.start, step.start + 1 + len(step.tree))
-        given: list[Any] = [next(views) for _ in rows] if reads else rows
-        scores[block] = row.processing(scores[block], given)
-
-
-def _prefixes(row: Row, step: Step) -> list[list[int]]:
-    """The context each scored row of ``row`` conditions on (root: the row's tokens; node: + its path).
-
-    Only built when the row's processing reads prefixes (a prefix-free pipeline gets empty ones).
-    """
-    tree = step.tree
-    if isinstance(row.processing, LogitsPipeline) and not row.processing.reads_prefixes:
-        return [[]] * (1 + len(tree))
-    return [list(row.tokens)] + [list(row.tokens) + [tree.tokens[j] for j in tree.path(i)] for i in range(len(tree))]
-
-
-def _segment(step: Step) -> Segment:
-    """A sampled chain's rows for residual rejection (its bonus row unless its last node ends generation)."""
-    n = len(step.tree)
-    probs = step.draft.probs
-    assert probs is not None
-    return Segment(step.start, step.tree.tokens, not step.ends[-1], probs[:n])
-
-
-def _new_kv(model: torch.nn.Module, rows: list[Row], prompt_cache: Any, pad: int, speculating: bool) -> BatchKV:
-    """The cache for rows starting their prompt pass (a user's prompt cache for a single request)."""
-    if prompt_cache is not None:
-        kv = BatchKV.from_cache(model, prompt_cache, _cached_prefix(prompt_cache, rows[0]))
-        rows[0].cached = kv.lengths[0]
-    else:
-        kv = BatchKV(model, len(rows), pad_token_id=pad)
-    if speculating:
-        kv.require_croppable()
-    return kv
-
-
-def commit(
-    rows: Sequence[Row],
-    steps: Sequence[Step],
-    results: Sequence[tuple[list[int], int | None]],
-    kv: BatchKV,
-    eos: frozenset[int],
-    config: DecodeConfig,
-    tokenizer: Any,
-    on_commit: Callable[[int, list[int]], None] | None,
-) -> list[int]:
-    """The one commit path after verification.  Changes every stateful part.
-
-    Row ``r`` commits the tokens of its accepted ``path`` through its tree and
-    the target's own next token: its matcher accepts them, its proposer is told
-    (``commit``, or ``commit_tree`` for a tree it drafted), and ``kv.keep`` --
-    the one KV rollback -- keeps the row's pending tokens plus the accepted
-    nodes (gathered into place off a tree's first branch); the next token is fed
-    in the next pass.  A stop condition met inside the run ends the row there.
-    Returns how many tokens each row committed.
-    """
-    kept, counts = [], []
-    for row, step, (path, next_token) in zip(rows, steps, results):
-        pending = len(row.pending)
-        new = [step.tree.tokens[i] for i in path] + ([next_token] if next_token is not None else [])
-        committed = _commit_row(row, new, eos, config, tokenizer, on_commit)
-        if row.proposer is not None:
-            if step.is_tree:
-                assert row.tree_drafter is not None
-                row.tree_drafter.commit_tree(step.tree, committed)
-            else:
-                row.proposer.commit(step.draft.truncate(len(step.tree)), len(path), committed)
-        keep = min(pending + len(path), len(row.tokens) - row.cached)
-        row.cached += keep
-        kept.append((list(range(pending)) + [pending + i for i in path])[:keep])
-        counts.append(len(committed))
-    kv.keep(kept)
-    return counts
-
-
-def _commit_row(
-    row: Row,
-    new: Sequence[int],
-    eos: frozenset[int],
-    config: DecodeConfig,
-    tokenizer: Any,
-    on_commit: Callable[[int, list[int]], None] | None,
-) -> list[int]:
-    """Append ``new`` token by token until a stop condition; advance the matcher.  Returns what was appended."""
-    emitted: list[int] = []
-    for token in new:
-        if row.matcher is not None and not row.matcher.accept(token):
-            raise RuntimeError(f"internal error: committed token {token} is illegal for the grammar")
-        row.tokens.append(token)
-        emitted.append(token)
-        row.finish_reason = stop_reason(
-            row.generated, row.matcher, eos, config.max_new_tokens, config.stop_strings, tokenizer
-        )
-        if row.finish_reason:
-            break
-    row.stats.new_tokens += len(emitted)
-    if on_commit is not None and emitted:
-        on_commit(row.index, emitted)
-    return emitted
-
-
-def _fill_roots(active: Sequence[Row], shared: Shared) -> None:
-    """Each constrained row's mask for its current state, in one batched call per grammar backend.
-
-    :func:`grammars.base.fill_masks` (xgrammar: ``BatchGrammarMatcher``).  The
-    forced check reads it, and the walk reuses it as the tree's root row, so
-    no state's mask is filled twice.  Changes each row's ``root``.
-    """
-    pairs = [(row, row.matcher) for row in active if row.matcher is not None and row.finish_reason is None]
-    if not pairs:
-        return
-    t0 = time.perf_counter()
-    roots = torch.empty((len(pairs), shared.masks.shape[1]), dtype=torch.int32, device="cpu")  # host, as backends fill
-    fill_masks([matcher for _, matcher in pairs], roots, range(len(pairs)))
-    share = (time.perf_counter() - t0) / len(pairs)
-    for i, (row, _) in enumerate(pairs):
-        row.root, row.root_ready = roots[i : i + 1], True
-        row.stats.grammar_seconds += share
-
-
-def _commit_forced(row: Row, shared: Shared) -> None:
-    """Commit every token the grammar forces (no target pass; the proposer is told).
-
-    The last check's mask -- the row's state now -- stays in ``row.root`` for the walk.
-    """
-    while row.matcher is not None and row.finish_reason is None:
-        t0 = time.perf_counter()
-        if row.root is None:
-            row.root = torch.zeros((1, shared.masks.shape[1]), dtype=torch.int32, device="cpu")  # host, as xgrammar
-        token = forced_token(row.matcher, row.root, filled=row.root_ready)
-        row.stats.grammar_seconds += time.perf_counter() - t0
-        if token is None:
-            row.root_ready = True
-            return
-        row.root_ready = False
-        committed = _commit_row(row, [token], shared.eos, shared.config, shared.tokenizer, shared.on_commit)
-        row.stats.forced_tokens += len(committed)
-        if row.proposer is not None:
-            row.proposer.commit(EMPTY_DRAFT, 0, committed)
-
-
-def _propose(row: Row, config: DecodeConfig, trees: bool) -> Step:
-    """Ask the row's proposer for a draft of up to ``k`` levels: the one place a row's draft length is decided.
-
-    A :class:`~proposers.base.TreeDrafter` is asked for a tree when ``trees``
-    (the model and cache can run a tree pass, :meth:`BatchKV.supports_trees`);
-    anything else drafts a chain, which becomes the one-branch tree.
-    """
-    step = Step()
-    controller = row.controller
-    budget = config.max_new_tokens - len(row.generated)
-    k = min(controller.ask() if controller is not None else 0, budget - 1)
-    if row.proposer is not None and k > 0:
-        t0 = time.perf_counter()
-        view = GrammarView(row.matcher) if row.matcher is not None else None
-        if trees and row.tree_drafter is not None:
-            drafted: Draft | DraftTree = row.tree_drafter.propose_tree(row.tokens, view, k)
-        else:
-            drafted = row.proposer.propose(row.tokens, view, k)
-        if isinstance(drafted, DraftTree):
-            step.tree, step.is_tree = drafted, True
-        else:
-            step.draft = step.offered = drafted.truncate(k)
-            step.tree = _chain(step.draft)
-        step.draft_seconds = time.perf_counter() - t0
-    return step
-
-
-def _allocate(model: torch.nn.Module, active: list[Row], steps: list[Step], shared: Shared) -> None:
-    """Cut each row's chain to its share of one goodput allocation over the batch (:func:`policy.plan_drafts`).
-
-    A proposer's token tree is verified whole; its rows count in the batch's cost.  Changes ``steps``.
-    """
-    chains = [i for i, step in enumerate(steps) if not step.is_tree]
-    if not any(len(steps[i].draft) for i in chains):
-        return
-    base = sum(len(row.pending) for row in active) + sum(len(step.tree) for step in steps if step.is_tree)
-    cost = shared.step_cost or batch_cost_model(model).cost
-    lengths = plan_drafts([steps[i].draft for i in chains], [active[i].controller for i in chains], base, cost)
-    for i, n in zip(chains, lengths):
-        offered = len(steps[i].draft)
-        steps[i].draft = steps[i].draft.truncate(n)
-        steps[i].tree = _chain(steps[i].draft)
-        controller = active[i].controller
-        if controller is not None:
-            controller.allocated(n, offered)
-
-
-def _chain(draft: Draft) -> DraftTree:
-    """``draft`` as the one-branch tree (its distributions stay on the step)."""
-    return DraftTree(draft.tokens, tuple(range(-1, len(draft) - 1)), draft.sources, draft.kind)
 
 
 def _check_own_proposers(rows: Sequence[Row]) -> None:
@@ -568,22 +367,13 @@ def _check_own_proposers(rows: Sequence[Row]) -> None:
                 )
 
 
-def _leave(active: list[Row], kv: BatchKV, started: float) -> list[Row]:
-    """Finished rows leave the batch (their cache rows are dropped)."""
-    now = time.perf_counter()
-    keep = []
-    for slot, row in enumerate(active):
-        if row.finish_reason is None:
-            keep.append(slot)
-        else:
-            finish(row, now - started)
-    if keep and len(keep) < len(active):  # the last rows keep their cache (a caller's prompt cache stays whole)
-        kv.select(keep)
-    return [active[slot] for slot in keep]
-
-
-def _new_row(index: int, request: RowRequest, config: DecodeConfig, model: torch.nn.Module,
-             step_cost: Callable[[int], float] | None) -> Row:  # fmt: skip
+def _new_row(
+    index: int,
+    request: RowRequest,
+    config: DecodeConfig,
+    model: torch.nn.Module,
+    step_cost: Callable[[int], float] | None,
+) -> Row:
     """The row of ``request``.  A proposer that sizes its choices by the pass cost gets the target's
     profiled one (:func:`policy.batch_cost_model`; a replay's ``step_cost`` models costs instead)."""
     if not request.prompt_ids:
@@ -593,8 +383,16 @@ def _new_row(index: int, request: RowRequest, config: DecodeConfig, model: torch
     processing = request.processing or sampling_processing(
         config, (), len(request.prompt_ids), device=_logits_device(model)
     )
-    return Row(index, list(request.prompt_ids), len(request.prompt_ids), request.matcher, request.proposer,
-               request.controller, processing)  # fmt: skip
+    return Row(
+        index,
+        list(request.prompt_ids),
+        len(request.prompt_ids),
+        request.matcher,
+        request.proposer,
+        request.controller,
+        processing,
+        request.settings or config.row_settings,
+    )
 
 
 def _max_rows(row: Row) -> int:
@@ -612,16 +410,23 @@ def _cached_prefix(cache: Any, row: Row) -> int:
 
 
 def sampling_processing(
-    config: DecodeConfig, processors: Sequence[LogitsProcessorFn], prompt_length: int,
+    config: DecodeConfig,
+    processors: Sequence[LogitsProcessorFn],
+    prompt_length: int,
     device: str | torch.device = "cpu",
-) -> Processing:  # fmt: skip
+) -> Processing:
     """The row processing for ``config``'s sampling settings (and min_new_tokens) plus user ``processors``.
 
     ``device``: the logits' device (the EOS tensor of ``min_new_tokens`` is built there).
     """
-    return LogitsPipeline.from_sampling(config.sampling, processors, min_new_tokens=config.min_new_tokens,
-                                        eos_token_ids=config.eos_token_ids, prompt_length=prompt_length,
-                                        device=device)  # fmt: skip
+    return LogitsPipeline.from_sampling(
+        config.sampling,
+        processors,
+        min_new_tokens=config.min_new_tokens,
+        eos_token_ids=config.eos_token_ids,
+        prompt_length=prompt_length,
+        device=device,
+    )
 
 
 def logits_width(model: torch.nn.Module) -> int:

@@ -1,32 +1,39 @@
 """The target's KV cache for a batch of rows of different lengths.
 
-One Hugging Face ``DynamicCache`` holds every row (``[B, H, L, D]`` per layer) and
-``valid`` (bool ``[B, L]``) says which columns hold a row's tokens.  A step appends
-the same number of columns ``n`` to every row -- a row with fewer new tokens is
-right-padded with invalid columns -- and afterwards each row keeps a prefix of its
-new columns (:meth:`BatchKV.keep`, the rollback).  Columns that no row kept are
-cropped off the end; a column kept by one row but not another is a *hole* in the
-other, masked out of attention and skipped by the explicit position ids, so it
-leaves no trace.  :meth:`BatchKV.compact` removes holes once they are a large share
-of the cache, and :meth:`BatchKV.select` drops finished rows.
+Every row lives in its own slot of one storage per layer
+(:class:`grammarspec.kv_slots.SlotLayer`): row ``r``'s cached tokens are the
+columns ``[0, lengths[r])`` of slot ``r``, the token at position ``c`` in
+column ``c``.  A forward writes each row's new tokens at its own columns
+``lengths[r], lengths[r] + 1, ...`` and attends through a 4-D mask that shows
+each query its row's prefix and its own new tokens; afterwards each row keeps
+some of its new columns (:meth:`BatchKV.keep`, the rollback) and the rest is
+overwritten by a later step.  So there are no holes and no padding in front, a
+row joins by taking a free slot (:meth:`BatchKV.add_rows`) and leaves by
+freeing its own (:meth:`BatchKV.select`), and no step copies the other rows'
+caches.
 
 Worked example (two rows, a 3-token step)::
 
-    before      row 0: a b   (lengths [2, 2])      valid [[1 1], [1 1]]
-                row 1: c d
-    forward     row 0 feeds x y z, row 1 feeds u v  (right-padded with one pad)
-    keep [1, 2] row 0 keeps x, row 1 keeps u v      valid [[1 1 1 0], [1 1 1 1]]
-                the last column (z / pad) is cropped; row 0 now has a hole at column 3
-    next step   row 0's next token gets position 3, row 1's position 4
+    before      row 0: a b       (lengths [2, 3])
+                row 1: c d e
+    forward     row 0 writes x y z at columns 2 3 4; row 1 writes u v at columns 3 4 (+ a pad at 5)
+    keep [1, 2] row 0 keeps x, row 1 keeps u v      lengths [3, 5]
+                row 0's columns 3 4 hold y z, unread and overwritten by its next step
+    next step   row 0's next token gets position 3, row 1's position 5
 
-At batch 1 no column is ever a hole or a pad, so the forward is the plain
-``model(input_ids, cache)`` call (no attention mask, no position ids): the same
-computation as ordinary decoding.
+A prompt longer than the step's width is *folded* (``forward(..., width=w)``):
+its leading tokens ride as extra batch rows of ``w`` tokens, each reading the
+same slot, so a joining prompt is read in the same forward as the decoding rows
+without padding them all to its length.  When every row starts at the same
+column and feeds the same number of tokens as a chain (always at batch 1 with a
+chain), the forward is the plain mask-free ``model(input_ids, cache)`` call: the
+same computation as ordinary decoding.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -34,46 +41,75 @@ import torch
 from .cache import (
     CacheError,
     cache_argument,
-    crop_cache,
     has_sliding_window,
     input_device,
     new_cache,
     require_croppable,
     require_transformers_floor,
 )
+from .kv_slots import SlotLayer, Storage, WritePlan
 
 __all__ = ["BatchKV"]
 
-#: Attention implementations that take a 4-D additive mask (token trees); None: a model without the setting.
+#: Attention implementations that take a 4-D additive mask (token trees, rows of different lengths); None: a
+#: model without the setting.
 TREE_ATTENTION = frozenset({None, "eager", "sdpa"})
 
-#: Compact once holes are more than this share of the columns (and there are enough columns to bother).
-COMPACT_HOLE_SHARE = 0.5
-COMPACT_MIN_COLUMNS = 64
+
+@dataclass
+class _Feed:
+    """One batch row of a forward: ``tokens`` written to ``slot`` from column ``start``."""
+
+    row: int
+    slot: int
+    start: int
+    tokens: list[int]
+    pending: int  # leading tokens that attend causally; the rest are tree nodes
+    parents: Sequence[int]
+    logits: int  # trailing positions whose logits are returned (0: a folded piece of a prompt)
 
 
 class BatchKV:
-    """The batch's target cache.  ``lengths[r]`` tokens of row ``r`` are cached."""
+    """The batch's target cache.  ``lengths[r]`` tokens of row ``r`` are cached, in slot ``r``.
 
-    def __init__(self, model: torch.nn.Module, batch_size: int, *, pad_token_id: int = 0) -> None:
+    ``slots``: how many rows the storage holds before it must grow (the batch's
+    most rows at once); ``columns``: how many columns per row to allocate at first.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        batch_size: int,
+        *,
+        pad_token_id: int = 0,
+        slots: int | None = None,
+        columns: int = 0,
+        cache: Any = None,
+    ) -> None:
         require_transformers_floor()
         self.model = model
-        self.cache: Any = new_cache(model)
         self.device = input_device(model)
+        self.storage = Storage(slots=max(slots or batch_size, 1), columns=columns)
+        self.cache: Any = cache if cache is not None else new_cache(model)
+        self._layers = _install(self.cache, self.storage, model)
         self.lengths: list[int] = [0] * batch_size
-        self.valid = torch.zeros((batch_size, 0), dtype=torch.bool, device=self.device)  # [B, L]
         self.pad_token_id = pad_token_id
-        self._appended = 0  # columns added by the last forward, not yet settled by keep()
+        self._appended: list[int] | None = None  # new columns per row from the last forward, not yet kept
+        self.last_pass: tuple[int, int, bool] = (0, 0, False)  # the last forward's batch rows, width, masked path
         self._cache_arg = cache_argument(model)
-        self._windowed = has_sliding_window(model)  # a sliding mask counts columns: no hole may sit in a window
+        self._window, self._layer_types = _attention_windows(model)
+        self._sync()
 
     @classmethod
-    def from_cache(cls, model: torch.nn.Module, cache: object, length: int) -> BatchKV:
-        """A batch of one row whose first ``length`` tokens are already in ``cache`` (a prompt cache)."""
-        kv = cls(model, 1)
-        kv.cache = cache
+    def from_cache(cls, model: torch.nn.Module, cache: object, length: int, *, columns: int = 0) -> BatchKV:
+        """A batch of one row whose first ``length`` tokens are already in ``cache`` (a prompt cache).
+
+        The caller's cache object becomes this batch's cache: its layers are replaced
+        by slot layers holding the same tensors, so it keeps what the run commits.
+        """
+        kv = cls(model, 1, columns=columns, cache=cache)
         kv.lengths = [length]
-        kv.valid = torch.ones((1, length), dtype=torch.bool, device=kv.device)
+        kv._sync()
         return kv
 
     @property
@@ -82,18 +118,84 @@ class BatchKV:
 
     @property
     def columns(self) -> int:
-        return int(self.valid.shape[1])
+        """Columns any row uses (the longest row's length)."""
+        return max(self.lengths, default=0)
 
     @property
-    def has_holes(self) -> bool:
-        return any(n != self.columns for n in self.lengths)
+    def valid(self) -> torch.Tensor:
+        """``[B, columns]`` bool: which columns hold a row's tokens (always a prefix of its slot)."""
+        lengths = torch.tensor(self.lengths, dtype=torch.long, device=self.device)
+        return torch.arange(self.columns, device=self.device)[None, :] < lengths[:, None]
+
+    @property
+    def copied_bytes(self) -> int:
+        """Bytes moved between or into slots so far (growth, leaves, prompt caches); no step copies a cache."""
+        return self.storage.copied
+
+    def storage_pointers(self) -> list[int]:
+        """Where each layer's key storage lives (unchanged while the storage does not grow)."""
+        return [layer.data_ptr() for layer in self._layers]
 
     def require_croppable(self) -> None:
         require_croppable(self.cache, "target model")
 
+    # -- joining and leaving ---------------------------------------------------------------
+
+    def reserve(self, columns: int) -> None:
+        """Rows up to ``columns`` long are coming: the next time the storage grows, it grows to that at least."""
+        self.storage.columns = max(self.storage.columns, columns)
+
+    def add_rows(self, count: int, caches: Sequence[Any] = ()) -> list[int]:
+        """Append ``count`` empty rows in free slots; returns their rows.  Changes the cache.
+
+        ``caches[i]``: a prompt cache (``DynamicCache``) whose tokens start row ``i``
+        (copied into its slot: the only columns a join copies), or ``None``.
+        """
+        assert self._appended is None, "add_rows() between forward() and keep()"
+        first = self.batch_size
+        self.lengths += [0] * count
+        self.storage.slots = max(self.storage.slots, self.batch_size)
+        for i, cache in enumerate(caches):
+            if cache is None:
+                continue
+            sources = [layer for layer in getattr(cache, "layers", []) if getattr(layer, "keys", None) is not None]
+            if len(sources) != len(self._layers):
+                raise CacheError("internal error: the prompt cache and the batch cache have different layers")
+            for target, source in zip(self._layers, sources):
+                target.write(first + i, source.keys, source.values)
+            self.lengths[first + i] = int(sources[0].keys.shape[2]) if sources else 0
+        self._sync()
+        return list(range(first, self.batch_size))
+
+    def select(self, rows: Sequence[int]) -> list[int]:
+        """Keep only ``rows``: the others leave the batch.  Returns the kept rows in their new order.  Changes the cache.
+
+        A kept row stays in its slot unless it sits past the new batch size; then
+        it moves into a slot a leaving row freed (the only columns a leave copies).
+        """
+        assert self._appended is None, "select() between forward() and keep()"
+        kept = set(rows)
+        size = len(kept)
+        movers = iter(sorted(r for r in kept if r >= size))
+        order = [slot if slot in kept else next(movers) for slot in range(size)]
+        for slot, row in enumerate(order):
+            if row != slot:
+                for layer in self._layers:
+                    layer.move(row, slot, self.lengths[row])
+        self.lengths = [self.lengths[r] for r in order]
+        self._sync()
+        return order
+
     # -- the forward pass ----------------------------------------------------------------
 
-    def forward(self, chunks: Sequence[Sequence[int]], parents: Sequence[Sequence[int]]) -> torch.Tensor:
+    def forward(
+        self,
+        chunks: Sequence[Sequence[int]],
+        parents: Sequence[Sequence[int]],
+        *,
+        width: int | None = None,
+        scored: Sequence[bool] | None = None,
+    ) -> torch.Tensor:
         """Feed ``chunks[r]`` to row ``r``; float32 logits ``[N, V]``, ``1 + len(parents[r])`` rows per row.
 
         ``chunks[r]``: the row's pending tokens (at least one) followed by the
@@ -101,78 +203,118 @@ class BatchKV:
         the last pending token), so a chain has ``(-1, 0, 1, ...)``.  The result
         stacks, row after row, the logits after the last pending token and after
         each node.  Pending tokens attend causally; node ``i`` attends to the
-        row's valid columns, its pending tokens, its ancestors and itself, at
-        position ``length + pending + depth(i)``.  When no row branches and no
-        row is padded (always at batch 1 with a chain) the forward is the plain
-        mask-free call; otherwise each row's mask is built from its valid columns
-        and its parents (2-D for chains, 4-D additive for trees).
-        Changes the cache: every row gets ``max(len(chunk))`` new columns, settled by :meth:`keep`.
+        row's cached columns, its pending tokens, its ancestors and itself, at
+        position ``length + pending + depth(i)``.  ``width``: a row with more
+        pending tokens than that feeds its leading ones as folded pieces of
+        ``width`` tokens (extra batch rows reading its slot), so the forward is
+        about ``width`` wide whatever the prompts' lengths.  ``scored[r]`` False: row
+        ``r`` reads a prompt chunk and gets no logits rows.
+        Changes the cache: row ``r`` gets ``len(chunks[r])`` new columns, settled by :meth:`keep`.
         """
-        if self._appended:
+        if self._appended is not None:
             raise CacheError("internal error: BatchKV.forward called twice without keep()")
         batch = self.batch_size
         assert len(chunks) == batch and len(parents) == batch, "one chunk and one parent list per row"
-        sizes = [len(c) for c in chunks]
-        pending = [size - len(p) for size, p in zip(sizes, parents)]
-        if min(pending) < 1:
-            raise CacheError("internal error: every row must feed at least one pending token")
-        n = max(sizes)
+        feeds = self._feeds(chunks, parents, width)
+        if scored is not None:
+            for feed, wanted in zip(feeds, scored):
+                feed.logits = feed.logits if wanted else 0
+        n = max(len(f.tokens) for f in feeds)
+        plan = WritePlan([f.slot for f in feeds], [f.start for f in feeds], n, max(f.start + n for f in feeds))
         branching = any(any(parent != i - 1 for i, parent in enumerate(p)) for p in parents)
-        padded = batch > 1 and (self.has_holes or min(sizes) != n)
+        plain = len(feeds) == batch and len({f.start for f in feeds}) == 1 and len({len(f.tokens) for f in feeds}) == 1
+        plain = plain and not branching and len({f.logits for f in feeds}) == 1 and feeds[0].logits > 0
         pad = self.pad_token_id
-        ids = torch.tensor([list(c) + [pad] * (n - len(c)) for c in chunks], dtype=torch.long, device=self.device)
-        new_valid = torch.tensor([[j < size for j in range(n)] for size in sizes], dtype=torch.bool, device=self.device)
+        ids = torch.tensor(
+            [f.tokens + [pad] * (n - len(f.tokens)) for f in feeds], dtype=torch.long, device=self.device
+        )
         kwargs: dict[str, object] = {self._cache_arg: self.cache, "use_cache": True}
-        wanted = [1 + len(p) for p in parents]  # a contiguous tail of every chunk
-        if not padded and len(set(wanted)) == 1:
-            kwargs["logits_to_keep"] = wanted[0]
+        if plain:
+            kwargs["logits_to_keep"] = feeds[0].logits
+            for layer in self._layers:
+                layer.seq = feeds[0].start  # the model reads its positions from the cache length
         else:
-            keep = [[size - w <= j < size for j in range(n)] for size, w in zip(sizes, wanted)]
+            keep = [[len(f.tokens) - f.logits <= j < len(f.tokens) for j in range(n)] for f in feeds]
             kwargs["logits_to_keep"] = torch.tensor(keep, dtype=torch.bool, device=self.device)
-        if branching:
-            kwargs["attention_mask"], kwargs["position_ids"] = self._tree_inputs(pending, parents, n)
-        elif padded:
-            last = [size - 1 for size in sizes]
-            positions = [[length + min(j, end) for j in range(n)] for length, end in zip(self.lengths, last)]
-            kwargs["attention_mask"] = torch.cat([self.valid, new_valid], dim=1).long()
-            kwargs["position_ids"] = torch.tensor(positions, dtype=torch.long, device=self.device)
-        with torch.inference_mode():
-            out = self.model(input_ids=ids, **kwargs)
-        logits = out.logits.reshape(-1, out.logits.shape[-1])  # [N, V]: row after row, offsets in order
-        self.valid = torch.cat([self.valid, new_valid], dim=1)
-        self._appended = n
-        return logits.float()
+            kwargs["attention_mask"], kwargs["position_ids"] = self._masks(feeds, n, plan.width)
+        for layer in self._layers:
+            layer.plan = plan
+        try:
+            with torch.inference_mode():
+                out = self.model(input_ids=ids, **kwargs)
+        finally:
+            for layer in self._layers:
+                layer.plan = None
+            self._sync()
+        self._appended = [len(c) for c in chunks]
+        self.last_pass = (len(feeds), n, not plain)
+        return out.logits.reshape(-1, out.logits.shape[-1]).float()  # [N, V]: row after row, offsets in order
 
-    def _tree_inputs(
-        self, pending: Sequence[int], parents: Sequence[Sequence[int]], n: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The 4-D additive mask ``[B, 1, n, L + n]`` and the position ids ``[B, n]`` of a tree pass.
+    def _feeds(
+        self, chunks: Sequence[Sequence[int]], parents: Sequence[Sequence[int]], width: int | None
+    ) -> list[_Feed]:
+        """Each row's batch row (its last pending tokens and its tree), then the folded pieces of long prompts."""
+        rows, pieces = [], []
+        for r, (chunk, nodes) in enumerate(zip(chunks, parents)):
+            pending = len(chunk) - len(nodes)
+            if pending < 1:
+                raise CacheError("internal error: every row must feed at least one pending token")
+            folded = 0
+            if width is not None and pending > width:  # the leading tokens ride as pieces of `width`
+                folded = (pending - 1) // width * width
+                for start in range(0, folded, width):
+                    tokens = list(chunk[start : start + width])
+                    pieces.append(_Feed(r, r, self.lengths[r] + start, tokens, width, (), 0))
+            rows.append(
+                _Feed(r, r, self.lengths[r] + folded, list(chunk[folded:]), pending - folded, nodes, 1 + len(nodes))
+            )
+        return rows + pieces
 
-        Each row's new part is :func:`grammarspec.tree_layout.tree_attention_inputs`'
-        (past 0); its cached part is the row's valid columns.  A pad query attends
-        to itself only (its logits are never read).
+    def _masks(self, feeds: Sequence[_Feed], n: int, width: int) -> tuple[Any, torch.Tensor]:
+        """The 4-D additive mask(s) ``[R, 1, n, width]`` and position ids ``[R, n]`` of a forward.
+
+        Query ``j`` of a batch row sees its slot's columns before its start (the
+        row's cache and any folded pieces before it) and, among its new columns,
+        what :func:`grammarspec.tree_layout.tree_allowed` allows; a pad query sees
+        itself only (its logits are never read).  A sliding-window layer also hides
+        keys ``window`` or more positions behind the query (a dict per layer type
+        when the model mixes full and sliding layers).
         """
         from .tree_layout import tree_allowed
 
-        allowed, positions = [], []
-        for r, (p, rows) in enumerate(zip(pending, parents)):
-            grid, offsets = tree_allowed(rows, p)  # pending p, then the nodes
+        device = self.device
+        grids, offsets = [], []
+        for f in feeds:
+            grid, offset = tree_allowed(list(f.parents), f.pending)
             size = len(grid)
-            grid = [line + [False] * (n - size) for line in grid]
-            grid += [[j == i for j in range(n)] for i in range(size, n)]
-            allowed.append(grid)
-            offsets = offsets + [offsets[-1]] * (n - size)
-            positions.append([self.lengths[r] + o for o in offsets])
-        new = torch.tensor(allowed, dtype=torch.bool, device=self.device)  # [B, n, n]
-        real = torch.tensor([[j < p + len(rows) for j in range(n)] for p, rows in zip(pending, parents)],
-                            dtype=torch.bool, device=self.device)  # [B, n]  # fmt: skip
-        past = self.valid[:, None, :] & real[:, :, None]  # [B, n, L]: a pad query sees no past
+            grids.append(
+                [line + [False] * (n - size) for line in grid] + [[j == i for j in range(n)] for i in range(size, n)]
+            )
+            offsets.append(offset + [offset[-1] + 1 + i for i in range(n - size)])
+        starts = torch.tensor([f.start for f in feeds], dtype=torch.long, device=device)[:, None]  # [R, 1]
+        sizes = torch.tensor([len(f.tokens) for f in feeds], dtype=torch.long, device=device)[:, None]
+        steps = torch.arange(n, dtype=torch.long, device=device)[None, :]  # [1, n]
+        columns = torch.arange(width, dtype=torch.long, device=device)[None, :]  # [1, W]
+        new_columns = starts + steps  # [R, n]: where each new token sits
+        past = (columns[:, None, :] < starts[:, :, None]) & (steps < sizes)[:, :, None]  # [R, n, W]
+        allowed = torch.tensor(grids, dtype=torch.bool, device=device)  # [R, n, n]
+        visible = past.scatter(2, new_columns[:, None, :].expand(-1, n, -1), allowed)  # new columns: the grid
+        positions = starts + torch.tensor(offsets, dtype=torch.long, device=device)  # [R, n]
         dtype = _float_dtype(self.model)
-        visible = torch.cat([past, new], dim=2)[:, None]  # [B, 1, n, L + n]
-        mask = torch.zeros(visible.shape, dtype=dtype, device=self.device).masked_fill_(
-            ~visible, torch.finfo(dtype).min
-        )
-        return mask, torch.tensor(positions, dtype=torch.long, device=self.device)
+
+        def additive(seen: torch.Tensor) -> torch.Tensor:
+            mask = torch.zeros(seen.shape, dtype=dtype, device=device)
+            return mask.masked_fill_(~seen, torch.finfo(dtype).min)[:, None]  # [R, 1, n, W]
+
+        if self._window is None:
+            return additive(visible), positions
+        key_positions = columns.expand(len(feeds), -1).scatter(1, new_columns, positions)  # [R, W]
+        near = positions[:, :, None] - key_positions[:, None, :] < self._window  # [R, n, W]
+        windowed = additive(visible & near)
+        if self._layer_types is None:  # every layer slides (Mistral v0.1)
+            return windowed, positions
+        full = additive(visible)
+        return {kind: windowed if kind == "sliding_attention" else full for kind in self._layer_types}, positions
 
     def supports_trees(self) -> bool:
         """Whether a tree pass can run here: a 4-D additive mask and a gatherable cache.
@@ -192,110 +334,103 @@ class BatchKV:
     def keep(self, kept: Sequence[Sequence[int]]) -> None:
         """After :meth:`forward`: row ``r`` keeps its new columns ``kept[r]``, in that order.  Changes the cache.
 
-        ``kept[r]``: increasing offsets into the columns the forward appended
-        (a chain keeps a prefix; a tree its pending tokens and the accepted
-        path).  Kept columns that are not already in place are gathered there;
-        everything else the forward wrote becomes invalid, and columns invalid
-        in every row are cropped off the end.  This is the target cache's one rollback.
+        ``kept[r]``: increasing offsets into the tokens the row fed (a chain keeps
+        a prefix; a tree its pending tokens and the accepted path).  Kept columns
+        that are not already in place are moved there within the row's slot; the
+        rest stay beyond the row's length, unread, until a later step overwrites
+        them.  This is the target cache's one rollback.
         """
-        n, self._appended = self._appended, 0
-        start = self.columns - n
-        assert len(kept) == self.batch_size and all(not k or k[-1] < n for k in kept), f"bad kept {kept} for {n}"
-        if any(list(k) != list(range(len(k))) for k in kept):  # a tree path off the first branch
-            index = [list(k) + list(range(len(k), n)) for k in kept]
-            with torch.inference_mode():  # the cache tensors were made under inference mode
-                for layer in _layers(self.cache):
-                    idx = torch.tensor(index, dtype=torch.long, device=layer.keys.device)
-                    layer.keys[:, :, start:] = _gather_columns(layer.keys[:, :, start:], idx)
-                    layer.values[:, :, start:] = _gather_columns(layer.values[:, :, start:], idx)
-        counts = [len(k) for k in kept]
-        limit = torch.tensor(counts, dtype=torch.long, device=self.device)
-        self.valid[:, start:] &= torch.arange(n, device=self.device)[None, :] < limit[:, None]
-        end = start + max(counts, default=0)
-        self.valid = self.valid[:, :end]
-        crop_cache(self.cache, end, "target model")
-        self.lengths = [length + k for length, k in zip(self.lengths, counts)]
-        if self.columns >= COMPACT_MIN_COLUMNS and self.holes() > COMPACT_HOLE_SHARE * self.columns * self.batch_size:
-            self.compact()
-        elif self._windowed and len(set(counts)) > 1:  # rows kept different numbers of columns: holes
-            self.compact()
-
-    def holes(self) -> int:
-        """Invalid cells over all rows (holes and left padding)."""
-        return self.columns * self.batch_size - sum(self.lengths)
-
-    def select(self, rows: Sequence[int]) -> None:
-        """Keep only ``rows`` (in this order): finished rows leave the batch.  Changes the cache."""
-        if list(rows) == list(range(self.batch_size)):
-            return
-        index = torch.tensor(list(rows), dtype=torch.long, device=self.device)
-        if self.columns:
-            for layer in _layers(self.cache):  # each layer's index on its own device (device_map="auto")
-                layer.batch_select_indices(index.to(layer.keys.device))
-        self.valid = self.valid[index]
-        self.lengths = [self.lengths[r] for r in rows]
-        if self.batch_size and self.columns - max(self.lengths) > 0:
-            self.compact()
-
-    def extend(self, other: BatchKV) -> None:
-        """Append the rows of ``other`` (a batch that just ran its prompt pass).  Changes this cache.
-
-        Both caches are aligned to the longer one: the shorter is left-padded with
-        invalid columns.  Costs one copy of both caches.
-        """
-        assert not self._appended and not other._appended, "extend() between forward() and keep()"
-        width = max(self.columns, other.columns)
-        mine, theirs = _layers(self.cache), _layers(other.cache)
-        if len(mine) != len(theirs):
-            raise CacheError("internal error: the two caches have different layers")
-        for a, b in zip(mine, theirs):
-            a.keys = torch.cat([_left_pad(a.keys, width), _left_pad(b.keys, width)], dim=0)
-            a.values = torch.cat([_left_pad(a.values, width), _left_pad(b.values, width)], dim=0)
-        pad = lambda valid: torch.nn.functional.pad(valid, (width - valid.shape[1], 0), value=False)  # noqa: E731
-        self.valid = torch.cat([pad(self.valid), pad(other.valid)], dim=0)
-        self.lengths = self.lengths + other.lengths
-
-    def compact(self) -> None:
-        """Move every row's valid columns together, left-padded to the longest row.  Changes the cache.
-
-        Keys carry their rotary positions already, and positions are given
-        explicitly from ``lengths``, so moving columns changes no attention score.
-        """
-        width = max(self.lengths, default=0)
-        if not self.columns:
-            return
-        # Each row's valid columns in order (a stable sort puts them first), right-aligned to `width`; the
-        # left padding repeats the first one.  Built from the host's lengths: no host sync.
-        order = torch.argsort((~self.valid).to(torch.int8), dim=1, stable=True)  # [B, L]
-        lengths = torch.tensor(self.lengths, dtype=torch.long, device=self.device)[:, None]  # [B, 1]
-        offsets = torch.arange(width, dtype=torch.long, device=self.device)[None, :]  # [1, W]
-        index = order.gather(1, (offsets - (width - lengths)).clamp_min(0))  # [B, W]
-        valid = offsets >= width - lengths
-        for layer in _layers(self.cache):
-            idx = index.to(layer.keys.device)  # each layer's index on its own device (device_map="auto")
-            layer.keys, layer.values = _gather_columns(layer.keys, idx), _gather_columns(layer.values, idx)
-        self.valid = valid
-
-
-def _left_pad(states: torch.Tensor, width: int) -> torch.Tensor:
-    """``states`` ``[B, H, L, D]`` with ``width - L`` zero columns in front."""
-    return torch.nn.functional.pad(states, (0, 0, width - states.shape[2], 0))
-
-
-def _gather_columns(states: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """``states[b, h, index[b, j], d]`` for ``states`` ``[B, H, L, D]`` and ``index`` ``[B, W]``."""
-    batch, heads, _, dim = states.shape
-    return states.gather(2, index[:, None, :, None].expand(batch, heads, index.shape[1], dim))
-
-
-def _layers(cache: object) -> list:
-    layers = getattr(cache, "layers", None)
-    if layers is None or not all(hasattr(layer, "keys") for layer in layers):
-        raise CacheError(
-            "this KV cache type cannot be compacted for batched speculative decoding; "
-            "use batch size 1 or a model with a standard dynamic cache"
+        appended, self._appended = self._appended, None
+        assert appended is not None, "keep() without forward()"
+        assert len(kept) == self.batch_size and all(not k or k[-1] < a for k, a in zip(kept, appended)), (
+            f"bad kept {kept} for {appended}"
         )
-    return [layer for layer in layers if getattr(layer, "is_initialized", True) and layer.keys is not None]
+        moves = [
+            (r, self.lengths[r] + k, self.lengths[r] + i)
+            for r, row in enumerate(kept)
+            for i, k in enumerate(row)
+            if k != i
+        ]
+        if moves:  # a tree path off the first branch
+            with torch.inference_mode():  # the cache tensors were made under inference mode
+                for layer in self._layers:
+                    _move_columns(layer, moves)
+        self.lengths = [length + len(k) for length, k in zip(self.lengths, kept)]
+        self._sync()
+
+    def _sync(self) -> None:
+        """Every layer's view: the batch's rows, up to the longest row's columns."""
+        for layer in self._layers:
+            layer.rows, layer.seq = self.batch_size, self.columns
+
+
+def _move_columns(layer: SlotLayer, moves: Sequence[tuple[int, int, int]]) -> None:
+    """Move ``(slot, from column, to column)`` for each of ``moves`` (read all first, then write)."""
+    storage_k, storage_v = layer._k, layer._v
+    if storage_k is None or storage_v is None:
+        return
+    device = storage_k.device
+    slot = torch.tensor([m[0] for m in moves], dtype=torch.long, device=device)
+    source = torch.tensor([m[1] for m in moves], dtype=torch.long, device=device)
+    target = torch.tensor([m[2] for m in moves], dtype=torch.long, device=device)
+    storage_k[slot, :, target] = storage_k[slot, :, source]  # the right side is gathered before the write
+    storage_v[slot, :, target] = storage_v[slot, :, source]
+
+
+def _install(cache: Any, storage: Storage, model: torch.nn.Module) -> list[SlotLayer]:
+    """Replace ``cache``'s attention layers by slot layers (adopting any tensors they hold).  Changes ``cache``."""
+    layers = getattr(cache, "layers", None)
+    if layers is None:
+        raise CacheError(
+            "this KV cache type cannot hold a batch for speculative decoding; use a model with a standard dynamic cache"
+        )
+    if not layers:  # a cache that creates its layers on first use
+        config: Any = getattr(model, "config", None)
+        text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+        layers.extend(SlotLayer(storage) for _ in range(int(getattr(text, "num_hidden_layers", 1))))
+    if hasattr(cache, "layer_class_to_replicate"):
+        cache.layer_class_to_replicate = None
+    out = []
+    for i, layer in enumerate(layers):
+        if isinstance(layer, SlotLayer):
+            layer.storage = storage
+            out.append(layer)
+            continue
+        if type(layer).__name__ not in ("DynamicLayer", "DynamicSlidingWindowLayer"):
+            raise CacheError(
+                f"the target's KV cache has a {type(layer).__name__} layer, which grammarspec's batch cache cannot "
+                "hold (recurrent or quantised layers); use a model with attention layers only"
+            )
+        slot = SlotLayer(storage)
+        keys = getattr(layer, "keys", None)
+        if keys is not None and keys.numel():
+            if type(layer).__name__ == "DynamicSlidingWindowLayer" and layer.cumulative_length >= layer.sliding_window:
+                raise CacheError(
+                    "the prompt cache has a sliding-window layer, which forgets the earliest columns; build the "
+                    "prompt cache with grammarspec.cache.new_cache(model) (full layers; the model still attends "
+                    "within its window)"
+                )
+            slot.keys, slot.values = keys, layer.values
+            slot.is_initialized = True
+            storage.columns = max(storage.columns, int(keys.shape[2]))
+        layers[i] = slot
+        out.append(slot)
+    return out
+
+
+def _attention_windows(model: torch.nn.Module) -> tuple[int | None, tuple[str, ...] | None]:
+    """``(window, layer types)``: the sliding window (None: none), and the layer types when they differ by layer."""
+    if not has_sliding_window(model):
+        return None, None
+    config: Any = getattr(model, "config", None)
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    types = getattr(text, "layer_types", None)
+    if types and "chunked_attention" in types:
+        raise CacheError(
+            "chunked-attention layers (Llama 4) are not supported by grammarspec's batch cache; use another model"
+        )
+    window = int(getattr(text, "sliding_window", 0) or 0)
+    return window, tuple(sorted(set(types))) if types else None
 
 
 def _float_dtype(model: torch.nn.Module) -> torch.dtype:

@@ -37,7 +37,7 @@ class GenerationStats:
     first_step_tokens: int = 0
     finish_reason: str = "length"
     #: seconds of the batch steps this row took part in, per phase of the step
-    #: (forced, propose, walk, forward, verify, commit: grammarspec.decoding._step)
+    #: (forced, propose, walk, forward, verify, commit: grammarspec.step.run_step)
     phases: dict[str, float] = field(default_factory=dict)
     #: per target forward: (proposal length, accepted draft tokens)
     steps: list[tuple[int, int]] = field(default_factory=list)

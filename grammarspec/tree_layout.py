@@ -1,7 +1,7 @@
 """Token trees in the one decoding step: the tree attention pattern and the walk down the target's choices.
 
 A chain is the degenerate tree (parents ``-1, 0, 1, ...``), so every row of every
-batch goes through the same step (:func:`grammarspec.decoding._step`): the
+batch goes through the same step (:func:`grammarspec.step.run_step`): the
 matcher walks the tree (:func:`grammarspec.masking.walk`), one target pass
 scores every node (:meth:`grammarspec.kv.BatchKV.forward` builds each row's
 mask from :func:`tree_allowed`), the target makes one choice per scored row

@@ -12,12 +12,11 @@ from collections import Counter
 
 import pytest
 import torch
-from test_decoding import ScriptedProposer as Noisy  # the next tokens of a script, wrong every n-th call
+from proposer_fakes import ScriptFollower as Noisy  # the next tokens of a script, wrong every n-th call
 from test_exactness import ImprobableProposer, assert_matches, exact_distribution
 from toy import toy_tokenizer, toy_vocab_size
 from toy_models import ToyCausalLM, tiny_llama
 
-import grammarspec.kv as kv_module
 from grammars import compile_grammar, grammar_spec
 from grammarspec.adaptive import AdaptiveController
 from grammarspec.decoding import DecodeConfig, RowRequest, decode, decode_batch, sampling_processing
@@ -89,19 +88,25 @@ def test_every_row_equals_its_batch_one_output(grammars, every):
         assert all(row.stats.target_forwards < len(out) for row, out in zip(rows, alone))
 
 
-def test_holes_are_compacted_without_trace(grammars, monkeypatch):
-    monkeypatch.setattr(kv_module, "COMPACT_MIN_COLUMNS", 1)
-    monkeypatch.setattr(kv_module, "COMPACT_HOLE_SHARE", 0.0)
-    compactions = []
-    real = kv_module.BatchKV.compact
-    monkeypatch.setattr(kv_module.BatchKV, "compact", lambda self: (compactions.append(1), real(self)))
+def test_rejected_columns_leave_no_trace_and_no_step_copies_the_cache(grammars):
+    """Rows reject drafts at different steps: each keeps its own prefix, in place, and rows leave without a copy."""
     model = ToyCausalLM(V, seed=5)
     config = DecodeConfig(max_new_tokens=40, eos_token_ids=(0,))
     alone = [decode(model, p, config, matcher=g.matcher())[0] for p, g in zip(PROMPTS, grammars)]
     requests = [_request(p, g.matcher(), Noisy(out, 2), 5, config) for p, g, out in zip(PROMPTS, grammars, alone)]
-    on_step, _ = check_rows(grammars)
+    check, _ = check_rows(grammars)
+    storage = []
+
+    def on_step(rows, kv):
+        check(rows, kv)
+        storage.append((kv.storage_pointers(), kv.copied_bytes, kv.batch_size))
+
     rows = decode_batch(model, requests, config, on_step=on_step)
-    assert [row.generated for row in rows] == alone and compactions
+    assert [row.generated for row in rows] == alone
+    assert len({str(pointers) for pointers, _, _ in storage}) == 1  # allocated once, written in place
+    assert len({size for _, _, size in storage}) > 1  # rows left at different steps ...
+    moved = [copied for _, copied, _ in storage]
+    assert moved[0] == 0 and moved == sorted(moved)  # ... copying at most the rows that changed slots
 
 
 def test_sampled_rows_follow_their_own_constrained_distributions(grammars):

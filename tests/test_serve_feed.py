@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import copy
 
+import pytest
+import torch
+from proposer_fakes import ScriptFollower as Noisy  # the next tokens of a script, wrong every n-th call
 from test_batch import SCHEMAS, _request, check_rows, grammars  # noqa: F401  (fixture)
-from test_decoding import ScriptedProposer as Noisy
 from toy import toy_vocab_size
 from toy_models import ToyCausalLM, tiny_llama
 
@@ -97,7 +99,82 @@ def test_a_prompt_cache_from_the_feed_prefills_only_the_rest(grammars):  # noqa:
     alone = decode(model, prompt, config, matcher=grammars[0].matcher())[0]
     feed = ListFeed([(_request(prompt, grammars[0].matcher(), None, 0, config), cache)], delay=0)
     seen_cached = []
-    decode_batch(model, [], config, max_batch_size=2, feed=feed,
-                 on_step=lambda rows, kv: seen_cached.append(rows[0].cached))  # fmt: skip
+    widths = []
+    original = model.forward
+    model.forward = lambda *args, **kwargs: (widths.append(int(kwargs["input_ids"].shape[1])),
+                                             original(*args, **kwargs))[1]  # fmt: skip
+    try:
+        decode_batch(model, [], config, max_batch_size=2, feed=feed,
+                     on_step=lambda rows, kv: seen_cached.append(rows[0].cached))  # fmt: skip
+    finally:
+        del model.forward
     assert feed.ended[0][0] == alone
-    assert cache.get_seq_length() > 5  # the cache was extended in place, not re-read from scratch
+    assert widths[0] < len(prompt)  # the 5 cached tokens are not read again: the cache was copied into its slot
+
+
+LONG = [3, 8, 2, 9, 4, 4, 7, 1, 5, 2, 6, 3, 8, 8, 1, 2, 9, 5]  # a prompt longer than any decoding step's width
+
+
+@pytest.mark.parametrize(("kind", "chunk"), [("toy", 3), ("toy", None), ("llama", 8)])
+def test_a_request_joining_a_busy_batch_reads_its_prompt_in_chunks_and_decodes_as_alone(grammars, kind, chunk):  # noqa: F811
+    """The joining prompt is read next to the decoding rows, a chunk a step (folded into extra batch rows when wider
+    than the step); every row's output is its output alone."""
+    model = ToyCausalLM(V, seed=3) if kind == "toy" else tiny_llama(V, seed=2)
+    config = DecodeConfig(max_new_tokens=24, eos_token_ids=(0,))
+    prompts, gs = [PROMPTS[1], PROMPTS[3], LONG], [grammars[1], grammars[2], grammars[0]]
+    alone = [decode(model, p, config, matcher=g.matcher())[0] for p, g in zip(prompts, gs)]
+    first = [_request(p, g.matcher(), Noisy(out, 2), 2, config) for p, g, out in zip(prompts[:2], gs[:2], alone[:2])]
+    feed = ListFeed([(_request(LONG, gs[2].matcher(), Noisy(alone[2], 2), 2, config), None)], delay=1)
+    check, _ = check_rows(dict(enumerate(gs)))
+    reading = []  # (row 2's cached tokens, rows decoding beside it) after each step while it reads its prompt
+
+    def on_step(rows, kv):
+        if kind == "toy":
+            check(rows, kv)  # every row's cached columns spell its tokens, the reading row's too
+        for row in rows:
+            if row.index == 2 and row.cached < len(LONG):
+                reading.append((row.cached, sum(r.index != 2 for r in rows)))
+
+    batch_rows = []
+    original = model.forward
+    model.forward = lambda *args, **kwargs: (batch_rows.append(int(kwargs["input_ids"].shape[0])),
+                                             original(*args, **kwargs))[1]  # fmt: skip
+    try:
+        rows = decode_batch(model, first, config, max_batch_size=3, feed=feed, on_step=on_step, prompt_chunk=chunk)
+    finally:
+        del model.forward
+    assert [r.generated for r in rows] == alone[:2]
+    assert feed.ended[2][0] == alone[2]
+    if chunk is not None:
+        assert len(reading) >= 2 and all(busy for _, busy in reading)  # read over several steps, beside decoding rows
+        cached = [n for n, _ in reading]
+        assert all(0 < b - a <= chunk for a, b in zip(cached, cached[1:]))  # a chunk a step, within the budget
+    if kind == "llama":
+        assert max(batch_rows) > 3  # a chunk wider than the step rode as folded batch rows
+
+
+def test_joins_and_leaves_copy_no_other_row_s_cache():
+    """Rows live in slots allocated once: a join writes only its own columns, a leave moves only the rows that must
+    change slot, and every row's next logits equal those of the row alone."""
+    model = tiny_llama(V, seed=4)
+    prompts = [[2, 5, 9], [4, 4, 2, 7], [6, 1], [7, 1, 3, 3, 5]]
+    kv = BatchKV(model, 0, slots=4, columns=32)
+    kv.add_rows(3)
+    kv.forward(prompts[:3], [()] * 3)
+    kv.keep([list(range(len(p))) for p in prompts[:3]])
+    pointers = kv.storage_pointers()
+    assert kv.copied_bytes == 0
+    assert kv.add_rows(1) == [3]  # a join: a free slot, nothing copied
+    kv.forward([[8], [8], [8], prompts[3]], [()] * 4)
+    kv.keep([[0], [0], [0], list(range(len(prompts[3])))])
+    assert kv.storage_pointers() == pointers and kv.copied_bytes == 0
+    assert kv.select([0, 2, 3]) == [0, 3, 2]  # row 1 leaves: the last row takes its slot
+    layer = kv.cache.layers[0]
+    row_bytes = 2 * len(kv.cache.layers) * layer.keys[0, :, : len(prompts[3])].nbytes
+    assert kv.storage_pointers() == pointers and kv.copied_bytes == row_bytes  # one row's columns, once
+    contexts = [prompts[0] + [8], prompts[3], prompts[2] + [8]]
+    logits = kv.forward([[9]] * 3, [()] * 3)
+    for context, row in zip(contexts, logits):
+        alone = BatchKV(model, 1)
+        expected = alone.forward([context + [9]], [()])[0]
+        torch.testing.assert_close(row, expected, rtol=1e-4, atol=1e-4)

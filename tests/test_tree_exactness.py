@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -34,34 +33,7 @@ V = toy_vocab_size()
 
 
 class TreeToyLM(ToyCausalLM):
-    """:class:`ToyCausalLM` that honours a 4-D attention mask: row ``r`` of batch row ``b`` sees what its mask allows."""
-
-    def forward(self, input_ids, cache=None, use_cache=True, logits_to_keep=0, attention_mask=None, position_ids=None):
-        if attention_mask is None or attention_mask.dim() == 2:
-            return super().forward(input_ids, cache, use_cache, logits_to_keep, attention_mask, position_ids)
-        batch, n = input_ids.shape
-        past_len = cache.get_seq_length() if cache is not None else 0
-        past = cache.layers[0].keys[:, 0, :, 0].long().tolist() if past_len else [[] for _ in range(batch)]
-        if cache is not None:
-            states = input_ids.to(torch.float32).reshape(batch, 1, n, 1)
-            cache.update(states, states, 0)
-        out = []
-        for b in range(batch):
-            every = past[b] + input_ids[b].tolist()
-            seen = (attention_mask[b, 0] == 0).tolist()  # [q, kv]
-            rows = []
-            for r in range(n):
-                visible = [t for t, s in zip(every, seen[r]) if s]
-                if not (r > 0 and len(visible) == 1):  # a pad query sees only itself; its position is unread
-                    assert position_ids is None or int(position_ids[b, r]) == len(visible) - 1
-                rows.append(self.next_logits(visible))
-            out.append(torch.stack(rows))
-        logits = torch.stack(out)  # [B, n, V]
-        if isinstance(logits_to_keep, torch.Tensor):
-            return SimpleNamespace(logits=logits[logits_to_keep])  # [num_true, V]
-        if logits_to_keep:
-            logits = logits[:, -logits_to_keep:]
-        return SimpleNamespace(logits=logits)
+    """:class:`ToyCausalLM`, which honours a 4-D attention mask: each query sees what its mask allows."""
 
 
 class BranchyTreeProposer:
@@ -192,7 +164,7 @@ def test_a_leaky_path_commit_is_detected(compiled, monkeypatch):
 
     params = SamplingParams(True, 1.0)
     exact = exact_distribution(TARGET, compiled, params)
-    monkeypatch.setattr(kv, "_gather_columns", lambda states, index: states)
+    monkeypatch.setattr(kv, "_move_columns", lambda layer, moves: None)
     with pytest.raises(AssertionError):
         counts, _, _ = tree_counts(compiled, params, seed=11, samples=2500)
         assert_matches(counts, exact, samples=2500)

@@ -48,6 +48,10 @@ class ToyCausalLM(torch.nn.Module):
         ``position_ids`` are ignored: the position is the length of the visible context.
         """
         batch, n = input_ids.shape
+        if attention_mask is not None and attention_mask.dim() == 4:
+            logits = self._attend(input_ids, cache, attention_mask, position_ids)
+            return SimpleNamespace(logits=logits[logits_to_keep] if isinstance(logits_to_keep, torch.Tensor)
+                                   else logits[:, -logits_to_keep:] if logits_to_keep else logits)  # fmt: skip
         past_len = cache.get_seq_length() if cache is not None else 0
         past = cache.layers[0].keys[:, 0, :, 0].long().tolist() if past_len else [[] for _ in range(batch)]
         mask = attention_mask.tolist() if attention_mask is not None else [[1] * (past_len + n)] * batch
@@ -71,6 +75,26 @@ class ToyCausalLM(torch.nn.Module):
         elif logits_to_keep:
             logits = logits[:, -logits_to_keep:]
         return SimpleNamespace(logits=logits)
+
+    def _attend(self, input_ids, cache, mask, position_ids=None):
+        """Logits ``[B, n, V]`` under a 4-D additive mask: query ``j``'s context is the keys it sees, in column order
+        (its own column last), as a Hugging Face attention layer reads the cache ``update`` returns.  Each query's
+        position id must be its context's length - 1 (a pad query, which sees only itself, is not checked)."""
+        batch, n = input_ids.shape
+        states = input_ids.to(torch.float32).reshape(batch, 1, n, 1)
+        keys, _ = cache.update(states, states, 0)
+        tokens = keys[:, 0, :, 0].long()
+        seen = mask[:, 0] == 0  # [B, n, W]
+        rows = []
+        for b in range(batch):
+            logits = []
+            for j in range(n):
+                context = tokens[b][seen[b, j]].tolist()
+                if position_ids is not None and not (j > 0 and len(context) == 1):
+                    assert int(position_ids[b, j]) == len(context) - 1, "a position id disagrees with the mask"
+                logits.append(self.next_logits(context))
+            rows.append(torch.stack(logits))
+        return torch.stack(rows)
 
 
 def tiny_llama(vocab_size: int, seed: int = 0) -> LlamaForCausalLM:

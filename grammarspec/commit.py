@@ -1,0 +1,85 @@
+"""The one commit path: where a row's committed tokens move its matcher, proposer and target cache together.
+
+Three kinds of step commit through :func:`commit`: a verified step (the
+accepted path and the target's own token), a token the grammar forces (no
+target pass: ``kv`` is ``None`` and the token is fed in the next pass), and a
+chunk of a prompt a joining row read (``fed``: its columns are kept, nothing
+is generated).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .kv import BatchKV
+from .rows import Row, Shared, Step
+from .stopping import stop_reason
+
+__all__ = ["commit"]
+
+
+def commit(
+    rows: Sequence[Row],
+    steps: Sequence[Step],
+    results: Sequence[tuple[list[int], int | None]],
+    kv: BatchKV | None,
+    shared: Shared,
+    fed: Sequence[int | None] | None = None,
+) -> list[int]:
+    """Commit each row's step.  Returns how many tokens each row committed.  Changes every stateful part.
+
+    Row ``r`` commits the tokens of its accepted ``path`` through its tree and
+    the target's own next token: its matcher accepts them, its proposer is told
+    (``commit``, or ``commit_tree`` for a tree it drafted), and ``kv.keep`` --
+    the one KV rollback -- keeps the row's pending tokens plus the accepted
+    nodes (moved into place off a tree's first branch); the next token is fed
+    in the next pass.  A stop condition met inside the run ends the row there
+    (``finish_reason``).  ``kv=None``: a forced token, committed before any pass
+    (the cache is unchanged).  ``fed[r]`` (not None): row ``r`` read that many
+    tokens of its prompt this pass and keeps them; it generates nothing.
+    """
+    fed = fed if fed is not None else [None] * len(rows)
+    kept, counts = [], []
+    for row, step, (path, next_token), read in zip(rows, steps, results, fed):
+        if read is not None:  # a prompt chunk: its columns stay, nothing is generated
+            row.cached += read
+            kept.append(list(range(read)))
+            counts.append(0)
+            continue
+        pending = len(row.pending)
+        new = [step.tree.tokens[i] for i in path] + ([next_token] if next_token is not None else [])
+        committed = _commit_row(row, new, shared)
+        if row.proposer is not None:
+            if step.is_tree:
+                assert row.tree_drafter is not None
+                row.tree_drafter.commit_tree(step.tree, committed)
+            else:
+                row.proposer.commit(step.draft.truncate(len(step.tree)), len(path), committed)
+        if kv is not None:
+            keep = min(pending + len(path), len(row.tokens) - row.cached)
+            row.cached += keep
+            kept.append((list(range(pending)) + [pending + i for i in path])[:keep])
+        counts.append(len(committed))
+    if kv is not None:
+        kv.keep(kept)
+    return counts
+
+
+def _commit_row(row: Row, new: Sequence[int], shared: Shared) -> list[int]:
+    """Append ``new`` token by token until a stop condition; advance the matcher.  Returns what was appended."""
+    emitted: list[int] = []
+    settings = row.settings
+    for token in new:
+        if row.matcher is not None and not row.matcher.accept(token):
+            raise RuntimeError(f"internal error: committed token {token} is illegal for the grammar")
+        row.tokens.append(token)
+        emitted.append(token)
+        row.finish_reason = stop_reason(
+            row.generated, row.matcher, shared.eos, settings.max_new_tokens, settings.stop_strings, shared.tokenizer
+        )
+        if row.finish_reason:
+            break
+    row.stats.new_tokens += len(emitted)
+    if shared.on_commit is not None and emitted:
+        shared.on_commit(row.index, emitted)
+    return emitted

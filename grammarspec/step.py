@@ -1,0 +1,382 @@
+"""One decoding step for the rows of a batch (numbers match the comments in :func:`run_step`).
+
+See :mod:`grammarspec.decoding` for the step's phases and the loop around it.
+A row still reading its prompt (it joined a busy batch) feeds only a chunk of
+it this step (:func:`prompt_plan`): it neither takes forced tokens, drafts nor
+samples until the step that reads the rest of its prompt.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from grammars.base import allocate_bitmask, fill_masks
+from proposers.base import Draft, GrammarView
+from proposers.tree import DraftTree
+
+from .bookkeeping import account, finish, record_scores
+from .commit import commit
+from .kv import BatchKV
+from .masking import apply_masks, forced_token, walk
+from .policy import batch_cost_model, plan_drafts
+from .processing import LogitsPipeline, prefix_tensors
+from .rejection import Segment, target_choices
+from .rows import DecodeConfig, Row, Shared, Step
+from .tree_layout import descend
+
+__all__ = ["run_step", "prompt_plan", "Phases", "leave"]
+
+#: A step that reads prompt chunks costs at most this many times the step without them (on the pass cost model):
+#: the decoding rows' per-token latency while a prompt is read, as a share of their latency without it.
+PROMPT_STEP_COST = 2.0
+
+
+def run_step(
+    model: torch.nn.Module, active: list[Row], kv: BatchKV, shared: Shared, prompt_chunk: int | None = None
+) -> list[Row]:
+    """One decoding step for the rows of ``kv`` (in slot order); returns the rows still in the batch.
+
+    ``prompt_chunk``: the most prompt tokens the step reads for rows that joined
+    a busy batch (``None``: :func:`prompt_plan` derives it from the pass cost).
+    """
+    config, eos = shared.config, shared.eos
+    phases = Phases()
+    # (0) Plan: rows joining a busy batch read a chunk of their prompt; the others take a full step.
+    plan = prompt_plan(model, active, shared, prompt_chunk)
+    reading = {id(row): read for row, read in zip(active, plan) if read is not None}
+    stepping = [row for row in active if id(row) not in reading]
+    # (+) Forced: a grammar that allows exactly one token needs no sampling.
+    if not config.record_scores:
+        _fill_roots(stepping, shared)
+        for row in stepping:
+            _commit_forced(row, shared)
+    active = leave(active, kv, shared.started)
+    stepping = [row for row in active if id(row) not in reading]  # in slot order, as the forward scores them
+    if not stepping:  # only rows reading prompts are left: the next step plans again
+        return active
+    phases.lap("forced")
+
+    # 1. Propose: a draft tree of up to k levels per row (k leaves room for the token the target adds).
+    steps = [_propose(row, config, shared.trees) for row in stepping]
+    phases.lap("propose")
+    # (policy) One allocation over the batch cuts each chain to what pays at this batch (grammarspec/policy.py).
+    _allocate(model, stepping, steps, shared)
+
+    # 2. Walk: one mask per scored row; each tree loses its grammar-illegal nodes.
+    masks = _masks(shared, sum(1 + len(step.tree) for step in steps))
+    start = 0
+    for row, step in zip(stepping, steps):
+        t0 = time.perf_counter()
+        step.tree, step.ends = walk(row.matcher, masks, start, step.tree, eos, row.root if row.root_ready else None)
+        row.root_ready = False
+        step.start = start
+        step.grammar_seconds += time.perf_counter() - t0
+        start += 1 + len(step.tree)
+    phases.lap("walk")
+
+    # 3. One target forward: every stepping row's pending tokens + tree, every reading row's prompt chunk.
+    t0 = time.perf_counter()
+    own = dict(zip(map(id, stepping), steps))
+    chunks, parents, fed = [], [], []
+    for row in active:
+        read = reading.get(id(row))
+        if read is None:
+            step = own[id(row)]
+            chunks.append(row.pending + list(step.tree.tokens))
+            parents.append(step.tree.parents)
+        else:
+            chunks.append(row.pending[:read])
+            parents.append(())
+        fed.append(read)
+    logits = kv.forward(
+        chunks, parents, width=_fold_width(active, chunks, fed), scored=[read is None for read in fed]
+    )  # [N, V]: the stepping rows' scored rows
+    phases.lap("forward")
+    if shared.trace is not None:  # tokens fed by rows whose prompt is not yet in the cache
+        prompt_fed = sum(len(c) for row, c in zip(active, chunks) if row.cached < row.prompt_length)
+
+    # 4. Accept: each row's processing for its rows, the target's choices in one transfer, each row descends.
+    scores = logits.clone() if config.record_scores else logits
+    apply_masks(scores, masks[:start])
+    _process(stepping, steps, scores[:start])
+    sampled = [_segment(step) for step in steps if step.draft.probs is not None and len(step.tree)]
+    choices = target_choices(scores, _greedy_rows(stepping, steps), sampled, shared.generator)
+    results = [descend(step.tree, step.ends, choices[step.start : step.start + 1 + len(step.tree)]) for step in steps]
+    verify_seconds = time.perf_counter() - t0
+    phases.lap("verify")
+
+    # 5. Commit: matchers, proposers and the KV cache move to the committed tokens together (reading rows keep
+    # their chunk).
+    t0 = time.perf_counter()
+    everyone = [own.get(id(row), Step()) for row in active]
+    outcome = iter(results)
+    all_results = [next(outcome) if read is None else ([], None) for read in fed]
+    committed = commit(active, everyone, all_results, kv, shared, fed)
+    if config.record_scores:
+        mine = [c for c, read in zip(committed, fed) if read is None]
+        record_scores(stepping, steps, results, mine, logits, scores)
+    commit_seconds = time.perf_counter() - t0
+    phases.lap("commit")
+
+    # 6. Adapt: statistics and the controllers learn what the step cost and brought.
+    for row, step, (path, next_token) in zip(stepping, steps, results):
+        account(row, step, path, next_token, verify_seconds, commit_seconds, shared.started)
+        phases.add_to(row.stats.phases)
+    if shared.trace is not None:
+        shared.trace.step(steps, results, prompt_fed, len(reading), phases.seconds, kv.last_pass)
+    if shared.on_step is not None:
+        shared.on_step(active, kv)
+    return active
+
+
+def prompt_plan(model: torch.nn.Module, active: Sequence[Row], shared: Shared, chunk: int | None) -> list[int | None]:
+    """How many prompt tokens each row reads this step without stepping (``None``: a full step).
+
+    A row that joined a busy batch reads its prompt in chunks while more of it
+    is uncached than the step's prompt budget leaves it; the budget (``chunk``,
+    or :func:`prompt_budget`) is spent in slot order, at least one token a row so
+    every prompt progresses, and never the prompt's last token (the full step
+    feeds it and samples after it).  When no row is decoding, every row takes a
+    full step: its whole prompt in one pass, as at batch 1.  Does not change state.
+    """
+    behind = [row.prompt_length - row.cached for row in active]
+    decoding = [row for row, left in zip(active, behind) if left <= 1]
+    if not decoding or len(decoding) == len(active):
+        return [None] * len(active)
+    budget = chunk if chunk is not None else prompt_budget(model, sum(len(r.pending) for r in decoding), shared)
+    plan: list[int | None] = []
+    for row, left in zip(active, behind):
+        if left <= 1:
+            plan.append(None)
+        elif len(row.pending) <= budget:  # the rest of its prompt fits: it steps
+            plan.append(None)
+            budget -= len(row.pending)
+        else:
+            read = max(1, min(budget, left - 1))
+            plan.append(read)
+            budget -= read
+    return plan
+
+
+def prompt_budget(model: torch.nn.Module, decoding_tokens: int, shared: Shared) -> int:
+    """The most prompt tokens a step may add to ``decoding_tokens`` and cost at most :data:`PROMPT_STEP_COST` times
+    the step without them, on the target's pass cost model (a flat curve -- a GPU -- reads whole prompts at once;
+    a linear one -- a CPU -- reads them in chunks about as large as the decoding rows).  Does not change state."""
+    cost = shared.step_cost or batch_cost_model(model).cost
+    limit = PROMPT_STEP_COST * cost(max(decoding_tokens, 1))
+    low, high = 0, 1
+    while high < 1 << 20 and cost(decoding_tokens + high) <= limit:
+        low, high = high, high * 2
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if cost(decoding_tokens + middle) <= limit else (low, middle)
+    return max(low, 1)
+
+
+def _fold_width(active: Sequence[Row], chunks: Sequence[Sequence[int]], fed: Sequence[int | None]) -> int | None:
+    """How wide the forward is: the decoding rows' widest chunk, or wider, so a step's prompt tokens ride as at
+    most about as many folded rows as there are decoding rows.  ``None`` (nothing folded) when no row decodes."""
+    decoding = [
+        len(chunk)
+        for row, chunk, read in zip(active, chunks, fed)
+        if read is None and row.prompt_length - row.cached <= 1
+    ]
+    if not decoding:
+        return None
+    prompt = sum(
+        len(chunk)
+        for row, chunk, read in zip(active, chunks, fed)
+        if read is not None or row.prompt_length - row.cached > 1
+    )
+    return max(max(decoding), -(-prompt // len(decoding)))
+
+
+def leave(active: list[Row], kv: BatchKV, started: float) -> list[Row]:
+    """Finished rows leave the batch (their slots are freed); returns the rest in their new slot order."""
+    now = time.perf_counter()
+    keep = []
+    for slot, row in enumerate(active):
+        if row.finish_reason is None:
+            keep.append(slot)
+        else:
+            finish(row, now - started)
+    if keep and len(keep) < len(active):  # the last rows keep their cache (a caller's prompt cache stays whole)
+        return [active[slot] for slot in kv.select(keep)]
+    return [active[slot] for slot in keep]
+
+
+class Phases:
+    """Seconds per phase of one step (a lap timer: each lap ends the named phase).  Bookkeeping only."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.seconds[name] = self.seconds.get(name, 0.0) + now - self._last
+        self._last = now
+
+    def add_to(self, totals: dict[str, float]) -> None:
+        for name, seconds in self.seconds.items():
+            totals[name] = totals.get(name, 0.0) + seconds
+
+
+def _masks(shared: Shared, rows: int) -> torch.Tensor:
+    """The step's mask rows (the buffer grows when a step has more rows than any before: trees)."""
+    if shared.masks.shape[0] < rows:
+        shared.masks = allocate_bitmask(rows, shared.masks.shape[1] * 32)
+    return shared.masks
+
+
+def _process(active: Sequence[Row], steps: Sequence[Step], scores: torch.Tensor) -> None:
+    """Each row's processing on its scored rows of ``scores`` (changed in place).
+
+    Pipelines that read no prefix and process alike (:attr:`LogitsPipeline.batch_key`:
+    the rows of one ``generate`` call with sampling warpers) run once over all the
+    step's rows; otherwise each row's pipeline runs on its own rows, with their
+    prefixes: for every pipeline that reads them, views of one tensor built once
+    a step (:func:`processing.prefix_tensors`), so one copy to the device serves them all.
+    """
+    first = active[0].processing
+    if isinstance(first, LogitsPipeline) and first.batch_key is not None:
+        if all(isinstance(r.processing, LogitsPipeline) and r.processing.batch_key == first.batch_key for r in active):
+            if not first.is_identity:  # greedy with no processor: the masked float32 logits are the scores
+                scores[:] = first(scores, [[]] * scores.shape[0])
+            return
+    todo = [
+        (row, step)
+        for row, step in zip(active, steps)
+        if not (isinstance(row.processing, LogitsPipeline) and row.processing.is_identity)
+    ]
+    prefixes = [_prefixes(row, step) for row, step in todo]
+    readers = [isinstance(row.processing, LogitsPipeline) and row.processing.reads_prefixes for row, _ in todo]
+    flat = [p for rows, reads in zip(prefixes, readers) if reads for p in rows]
+    views = iter(prefix_tensors(flat, scores.device) if flat else [])  # every reader's prefixes: one copy a step
+    for (row, step), rows, reads in zip(todo, prefixes, readers):
+        block = slice(step.start, step.start + 1 + len(step.tree))
+        given: list[Any] = [next(views) for _ in rows] if reads else rows
+        scores[block] = row.processing(scores[block], given)
+
+
+def _prefixes(row: Row, step: Step) -> list[list[int]]:
+    """The context each scored row of ``row`` conditions on (root: the row's tokens; node: + its path).
+
+    Only built when the row's processing reads prefixes (a prefix-free pipeline gets empty ones).
+    """
+    tree = step.tree
+    if isinstance(row.processing, LogitsPipeline) and not row.processing.reads_prefixes:
+        return [[]] * (1 + len(tree))
+    return [list(row.tokens)] + [list(row.tokens) + [tree.tokens[j] for j in tree.path(i)] for i in range(len(tree))]
+
+
+def _segment(step: Step) -> Segment:
+    """A sampled chain's rows for residual rejection (its bonus row unless its last node ends generation)."""
+    n = len(step.tree)
+    probs = step.draft.probs
+    assert probs is not None
+    return Segment(step.start, step.tree.tokens, not step.ends[-1], probs[:n])
+
+
+def _fill_roots(active: Sequence[Row], shared: Shared) -> None:
+    """Each constrained row's mask for its current state, in one batched call per grammar backend.
+
+    :func:`grammars.base.fill_masks` (xgrammar: ``BatchGrammarMatcher``).  The
+    forced check reads it, and the walk reuses it as the tree's root row, so
+    no state's mask is filled twice.  Changes each row's ``root``.
+    """
+    pairs = [(row, row.matcher) for row in active if row.matcher is not None and row.finish_reason is None]
+    if not pairs:
+        return
+    t0 = time.perf_counter()
+    roots = torch.empty((len(pairs), shared.masks.shape[1]), dtype=torch.int32, device="cpu")  # host, as backends fill
+    fill_masks([matcher for _, matcher in pairs], roots, range(len(pairs)))
+    share = (time.perf_counter() - t0) / len(pairs)
+    for i, (row, _) in enumerate(pairs):
+        row.root, row.root_ready = roots[i : i + 1], True
+        row.stats.grammar_seconds += share
+
+
+def _commit_forced(row: Row, shared: Shared) -> None:
+    """Commit every token the grammar forces through :func:`commit` (no target pass; the proposer is told).
+
+    The last check's mask -- the row's state now -- stays in ``row.root`` for the walk.
+    """
+    while row.matcher is not None and row.finish_reason is None:
+        t0 = time.perf_counter()
+        if row.root is None:
+            row.root = torch.zeros((1, shared.masks.shape[1]), dtype=torch.int32, device="cpu")  # host, as xgrammar
+        token = forced_token(row.matcher, row.root, filled=row.root_ready)
+        row.stats.grammar_seconds += time.perf_counter() - t0
+        if token is None:
+            row.root_ready = True
+            return
+        row.root_ready = False
+        (count,) = commit([row], [Step()], [([], token)], None, shared)
+        row.stats.forced_tokens += count
+
+
+def _propose(row: Row, config: DecodeConfig, trees: bool) -> Step:
+    """Ask the row's proposer for a draft of up to ``k`` levels: the one place a row's draft length is decided.
+
+    A :class:`~proposers.base.TreeDrafter` is asked for a tree when ``trees``
+    (the model and cache can run a tree pass, :meth:`BatchKV.supports_trees`);
+    anything else drafts a chain, which becomes the one-branch tree.
+    """
+    step = Step()
+    controller = row.controller
+    budget = row.settings.max_new_tokens - len(row.generated)  # the draft and the target's own token fit in it
+    k = min(controller.ask() if controller is not None else 0, budget - 1)
+    if row.proposer is not None and k > 0:
+        t0 = time.perf_counter()
+        view = GrammarView(row.matcher) if row.matcher is not None else None
+        if trees and row.tree_drafter is not None:
+            drafted: Draft | DraftTree = row.tree_drafter.propose_tree(row.tokens, view, k)
+        else:
+            drafted = row.proposer.propose(row.tokens, view, k)
+        if isinstance(drafted, DraftTree):
+            step.tree, step.is_tree = drafted, True
+        else:
+            step.draft = step.offered = drafted.truncate(k)
+            step.tree = _chain(step.draft)
+        step.draft_seconds = time.perf_counter() - t0
+    return step
+
+
+def _allocate(model: torch.nn.Module, active: list[Row], steps: list[Step], shared: Shared) -> None:
+    """Cut each row's chain to its share of one goodput allocation over the batch (:func:`policy.plan_drafts`).
+
+    A proposer's token tree is verified whole; its rows count in the batch's cost.  Changes ``steps``.
+    """
+    chains = [i for i, step in enumerate(steps) if not step.is_tree]
+    if not any(len(steps[i].draft) for i in chains):
+        return
+    pending = [len(active[i].pending) for i in chains]  # the forward pads every row to the widest
+    fixed = [len(row.pending) + len(step.tree) for row, step in zip(active, steps) if step.is_tree]
+    cost = shared.step_cost or batch_cost_model(model)
+    drafts, controllers = [steps[i].draft for i in chains], [active[i].controller for i in chains]
+    lengths = plan_drafts(drafts, controllers, None, cost, pending=pending, fixed=fixed)
+    for i, n in zip(chains, lengths):
+        offered = len(steps[i].draft)
+        steps[i].draft = steps[i].draft.truncate(n)
+        steps[i].tree = _chain(steps[i].draft)
+        controller = active[i].controller
+        if controller is not None:
+            controller.allocated(n, offered)
+
+
+def _greedy_rows(active: Sequence[Row], steps: Sequence[Step]) -> bool | list[bool]:
+    """Whether each scored row takes the argmax (its row's setting); one ``bool`` when every row agrees."""
+    flags = [row.settings.greedy for row in active]
+    if all(flags) or not any(flags):
+        return flags[0]
+    return [flag for flag, step in zip(flags, steps) for _ in range(1 + len(step.tree))]
+
+
+def _chain(draft: Draft) -> DraftTree:
+    """``draft`` as the one-branch tree (its distributions stay on the step)."""
+    return DraftTree(draft.tokens, tuple(range(-1, len(draft) - 1)), draft.sources, draft.kind)
