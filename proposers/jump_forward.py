@@ -27,7 +27,7 @@ from grammars.base import allocate_bitmask
 from .base import EMPTY_DRAFT, Draft, GrammarView, Request
 from .text import SplitPreferences, continuation_tokens, token_text
 
-__all__ = ["JumpForwardProposer", "forced_tokens", "trim_ambiguous", "PROBES"]
+__all__ = ["JumpForwardProposer", "forced_tokens", "forced_limit", "trim_ambiguous", "PROBES"]
 
 
 def forced_tokens(
@@ -44,10 +44,20 @@ def forced_tokens(
     """
     if not forced or k <= 0:
         return []
-    tokens = continuation_tokens(tokenizer, context, forced)[:k]
+    tokens = continuation_tokens(tokenizer, context, forced[: forced_limit(k)])[:k]
     if tokens and grammar is not None:
         tokens = tokens[: grammar.validate(tokens)]
     return tokens
+
+
+#: Characters of forced text split per drafted token at most: a draft of ``k`` tokens reads only the first
+#: ``k * FORCED_CHARS_PER_TOKEN`` characters (no tokenizer's tokens are that long on average).
+FORCED_CHARS_PER_TOKEN = 32
+
+
+def forced_limit(k: int) -> int:
+    """How many characters of forced text a draft of ``k`` tokens reads.  Pure."""
+    return max(k, 1) * FORCED_CHARS_PER_TOKEN
 
 
 #: Likely first characters after a forced span (JSON structure, a letter, a digit, a space).
@@ -113,6 +123,9 @@ class JumpForwardProposer:
     proposer's included); ``None``: its own, taught at its :meth:`commit`.
     """
 
+    #: It drafts text: it cannot run without the request's tokenizer (:class:`proposers.base.TextDrafter`).
+    needs_tokenizer = True
+
     def __init__(self, *, name: str = "jump_forward", splits: SplitPreferences | None = None) -> None:
         self.name = name
         self._tokenizer: Any = None
@@ -148,9 +161,12 @@ class JumpForwardProposer:
         forced = grammar.forced_text()
         if not forced:
             return EMPTY_DRAFT
+        cut = len(forced) > forced_limit(k)  # a long forced text (a long const): only its start is split
+        if cut:
+            forced = forced[: forced_limit(k)]
         tokens = continuation_tokens(self._tokenizer, context, forced)
         tokens = splits.resplit(context, tokens)
-        whole = len(tokens) <= k
+        whole = not cut and len(tokens) <= k
         tokens = tokens[:k]
         tokens = tokens[: grammar.validate(tokens)]
         if whole and tokens and token_text(self._tokenizer).bytes_of(tokens) == forced.encode("utf-8"):

@@ -126,12 +126,20 @@ def _chunk(job: Job, model_name: str, choices: list[dict[str, Any]], **extra: An
 
 
 async def _stream(job: Job, events: asyncio.Queue, engine: Engine, model_name: str) -> AsyncIterator[str]:
-    """Server-sent events: a role delta, content deltas, tool-call deltas, the finish, usage, ``[DONE]``."""
+    """Server-sent events: a role delta, content or tool-call deltas as generated, the finishes, ``[DONE]``.
+
+    With ``stream_options.include_usage`` a last chunk with ``choices: []``
+    carries the usage (and every chunk before it ``usage: null``), as OpenAI
+    sends it.  grammarspec's statistics ride on that usage chunk, or without
+    it on the last chunk that has choices (the last finish).
+    """
+    include_usage = job.request.include_usage
+    extra: dict[str, Any] = {"usage": None} if include_usage else {}
     finished = 0
     try:
         for i in range(len(job.choices)):
             yield _chunk(job, model_name, [{"index": i, "delta": {"role": "assistant", "content": ""},
-                                            "finish_reason": None}])  # fmt: skip
+                                            "finish_reason": None}], **extra)  # fmt: skip
         while finished < len(job.choices):
             kind, value = await events.get()
             if kind == "error":
@@ -139,25 +147,30 @@ async def _stream(job: Job, events: asyncio.Queue, engine: Engine, model_name: s
                 return
             if kind == "delta":
                 index, text = value
-                yield _chunk(job, model_name, [{"index": index, "delta": {"content": text}, "finish_reason": None}])
+                yield _chunk(job, model_name, [{"index": index, "delta": {"content": text}, "finish_reason": None}],
+                             **extra)  # fmt: skip
+            elif kind == "tool_calls":
+                index, deltas = value
+                yield _chunk(job, model_name, [{"index": index, "delta": {"tool_calls": deltas},
+                                                "finish_reason": None}], **extra)  # fmt: skip
             elif kind == "choice":
                 choice, message, finish = value
                 finished += 1
-                rest = (message.get("content") or "")[choice.sent :] if not message.get("tool_calls") else ""
+                calls = message.get("tool_calls") or []
+                # a reply that began as a call but was cut short keeps what was sent of the call
+                rest = "" if calls or choice.calls.sent else (message.get("content") or "")[choice.sent :]
                 if rest:
                     yield _chunk(job, model_name, [{"index": choice.index, "delta": {"content": rest},
-                                                    "finish_reason": None}])  # fmt: skip
-                for n, call in enumerate(message.get("tool_calls") or []):
-                    delta: dict[str, Any] = {
-                        "tool_calls": [{"index": n, "id": call["id"], "type": "function",
-                                        "function": {"name": call["function"]["name"],
-                                                     "arguments": call["function"]["arguments"]}}]
-                    }  # fmt: skip
-                    if n == 0:
-                        delta["content"] = None
-                    yield _chunk(job, model_name, [{"index": choice.index, "delta": delta, "finish_reason": None}])
-                yield _chunk(job, model_name, [{"index": choice.index, "delta": {}, "finish_reason": finish}])
-        yield _chunk(job, model_name, [], usage=_usage(job), grammarspec=_ours(job, engine))
+                                                    "finish_reason": None}], **extra)  # fmt: skip
+                deltas = choice.calls.finish(calls)
+                if deltas:
+                    yield _chunk(job, model_name, [{"index": choice.index, "delta": {"tool_calls": deltas},
+                                                    "finish_reason": None}], **extra)  # fmt: skip
+                ours = {"grammarspec": _ours(job, engine)} if finished == len(job.choices) and not include_usage else {}
+                yield _chunk(job, model_name, [{"index": choice.index, "delta": {}, "finish_reason": finish}],
+                             **extra, **ours)  # fmt: skip
+        if include_usage:
+            yield _chunk(job, model_name, [], usage=_usage(job), grammarspec=_ours(job, engine))
         yield "data: [DONE]\n\n"
     finally:
         if finished < len(job.choices):  # the client went away (or the stream failed): stop its rows

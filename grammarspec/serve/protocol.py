@@ -28,7 +28,7 @@ ASSISTANT_PRESETS = ("auto", "none", "prompt_lookup", "schema_ngram", "jump_forw
 _FIELDS = {
     "model", "messages", "response_format", "tools", "tool_choice", "parallel_tool_calls", "stream",
     "stream_options", "temperature", "top_p", "max_tokens", "max_completion_tokens", "stop", "seed", "n", "user",
-    "grammarspec",
+    "metadata", "grammarspec",
 }  # fmt: skip
 
 #: Fields accepted only at their "off" value, and why any other value is refused.
@@ -83,6 +83,7 @@ class ChatRequest:
     n: int = 1
     assistant: str = "auto"
     max_draft_tokens: int | None = None
+    metadata: dict[str, str] = field(default_factory=dict)  # the client's tags; they change no output
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -211,6 +212,20 @@ def _tools(body: Mapping[str, Any], request: ChatRequest) -> None:
     request.parallel_tool_calls = _boolean(body, "parallel_tool_calls", False)
 
 
+def _metadata(value: Any) -> dict[str, str]:
+    """OpenAI's ``metadata``: up to 16 string pairs (keys up to 64 characters, values up to 512)."""
+    if value is None:
+        return {}
+    if (
+        not isinstance(value, Mapping) or len(value) > 16
+        or not all(isinstance(k, str) and isinstance(v, str) and len(k) <= 64 and len(v) <= 512
+                   for k, v in value.items())
+    ):  # fmt: skip
+        raise RequestError("'metadata' must be an object of up to 16 string values (keys up to 64 characters, "
+                           "values up to 512)", param="metadata", code="invalid_value")  # fmt: skip
+    return dict(value)
+
+
 def _stop(value: Any) -> tuple[str, ...]:
     if value is None:
         return ()
@@ -267,6 +282,7 @@ def parse_request(body: Any, model_name: str) -> ChatRequest:
     user = body.get("user")
     if user is not None and not isinstance(user, str):
         raise RequestError("'user' must be a string", param="user", code="invalid_type")
+    request.metadata = _metadata(body.get("metadata"))
     ours = body.get("grammarspec")
     if ours is not None:
         if not isinstance(ours, Mapping) or set(ours) - {"assistant", "max_draft_tokens"}:
