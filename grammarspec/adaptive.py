@@ -17,10 +17,11 @@ This holder keeps, per request:
   so a drafter whose every token costs a model pass is asked for one token
   more than the policy last admitted, and grows by one a step while the
   policy keeps admitting all of it.  A cheap drafter's tokens cost host time
-  to plan (about 0.1 ms each, in Python): where the batch's pass cost cut its
-  last draft after ``n > 0`` tokens, planning 16 would mostly be thrown away,
-  so it is asked for twice that and two more (a cut to nothing is the
-  estimates' doing, not the length's, and changes nothing);
+  to plan (the pass cost's ``per_token``): where the batch's pass cost cut its
+  last draft after ``n > 0`` tokens, planning ``k_max`` would mostly be thrown
+  away, so it is asked for twice that and two more (a cut to nothing is the
+  estimates' doing, not the length's, and changes nothing: the row's first
+  offered token is still judged, :meth:`AdaptiveController.record`);
 * the :class:`grammarspec.policy.Calibration` of its drafts' survival.
 
 ``adaptive=False`` fixes the draft length at ``k_max``: the row's drafts are
@@ -29,11 +30,24 @@ verified whole (the allocation takes them as forced).  Pure Python, no clocks.
 
 from __future__ import annotations
 
-from proposers.base import Draft
+from proposers.base import Draft, Proposer, members
 
 from .policy import Calibration
 
-__all__ = ["AdaptiveController"]
+__all__ = ["AdaptiveController", "k_min"]
+
+
+def k_min(proposer: Proposer, k_max: int) -> int:
+    """The floor of what a row's proposer is asked for (:meth:`AdaptiveController.ask`).
+
+    A drafter that runs a model pays a draft pass per token, so its ask may
+    shrink to 1 and grow again one token a step.  Cheap drafters stop on their
+    own when they run out of evidence, so ``k_max`` is only their cap: they are
+    asked for all of it, and the batch's allocation cuts what does not pay.
+    """
+    from proposers.compose import is_model_proposer
+
+    return 1 if any(is_model_proposer(member) for member in members(proposer)) else k_max
 
 
 class AdaptiveController:
@@ -114,8 +128,14 @@ class AdaptiveController:
             self.speculative_steps += 1
         else:
             self.plain_steps += 1
-        if (offered is not None and next_token is not None and offered.probs is None and num_accepted == n
-                and len(offered) > n and offered.tokens[:n] == draft.tokens):  # fmt: skip
+        if (
+            offered is not None
+            and next_token is not None
+            and offered.probs is None
+            and num_accepted == n
+            and len(offered) > n
+            and offered.tokens[:n] == draft.tokens
+        ):
             draft, num_accepted = offered.truncate(n + 1), n + int(offered.tokens[n] == next_token)
         if len(draft):
             self.calibration.update(draft, num_accepted)

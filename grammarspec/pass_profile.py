@@ -18,6 +18,24 @@ On a CPU extra rows cost real time (a steep ``per_row``); on a GPU a pass of
 tens of rows costs about one plain step (``per_row`` near 0.001, ``min_rows``
 at the knee), and the goodput policy (:mod:`grammarspec.policy`) drafts longer.
 
+Two more terms, in the same unit (:meth:`proposers.cost.PassCost.drafted`):
+
+* ``switch``: a plain step of ``SWITCH_BATCH`` rows through
+  :meth:`grammarspec.kv.BatchKV.forward`, timed on rows of one length (the
+  mask-free call) and on rows of different lengths (ragged rows under the
+  attention mask, the path a drafted pass takes), paired repeat by repeat; the
+  median difference.  A model whose batch pass cannot be built this way prices
+  no switch (and says why).
+* ``per_token``: the host work one draft token adds beyond its row of the
+  forward, timed on stand-ins for what the loop runs: a cheap drafter
+  (:class:`proposers.prompt_lookup.PromptLookupProposer` over a repetitive
+  context), the grammar walk's mask fill, accept and rollback (xgrammar's
+  JSON grammar over a vocabulary of the model's size, through keys, values
+  and punctuation) and the verification's mask on the token's scored row
+  (:func:`grammarspec.masking.apply_masks`); the median per token.
+
+Both are rounded like the line (2 significant digits; 0 stays 0).
+
 :func:`stored_profile` keeps each fitted curve on disk (``pass_cost.json`` in
 ``$GRAMMARSPEC_CACHE_DIR``, else ``~/.cache/grammarspec``), keyed by the model,
 the device (with its name), the dtype, the thread count and the torch version:
@@ -44,7 +62,7 @@ from proposers.cost import PassCost
 from .cache import cache_argument, crop_cache, input_device, new_cache
 from .sampling import row_max
 
-__all__ = ["fit_pass_cost", "profile_pass_cost", "stored_profile", "profile_file"]
+__all__ = ["fit_pass_cost", "profile_pass_cost", "stored_profile", "profile_file", "profile_extra_terms"]
 
 
 def profile_file() -> Path:
@@ -63,16 +81,37 @@ def stored_profile(model: Any, key: str) -> PassCost:
     """
     path = profile_file()
     entry: Any = _read_profiles(path).get(key)
+    cost: PassCost | None = None
     try:
-        return PassCost(float(entry["base"]), float(entry["per_row"]), int(entry["min_rows"]))
-    except (ValueError, KeyError, TypeError):  # none stored (entry is None), or an entry that is not a curve
+        cost = PassCost(
+            float(entry["base"]),
+            float(entry["per_row"]),
+            int(entry["min_rows"]),
+            switch=float(entry["switch"]),
+            per_token=float(entry["per_token"]),
+        )
+        return cost
+    except (ValueError, KeyError, TypeError):  # none stored (entry is None), or an entry that is not a whole curve
         pass
     try:
-        cost = fit_pass_cost(_median_seconds(model, DEFAULT_CONTEXT, list(DEFAULT_ROWS), DEFAULT_REPEATS))
+        try:  # a line stored without the extra terms keeps its line: only the unit and the terms are measured
+            line = PassCost(float(entry["base"]), float(entry["per_row"]), int(entry["min_rows"]))
+            unit = _median_seconds(model, DEFAULT_CONTEXT, [1], DEFAULT_REPEATS)[1]
+        except (ValueError, KeyError, TypeError):
+            medians = _median_seconds(model, DEFAULT_CONTEXT, list(DEFAULT_ROWS), DEFAULT_REPEATS)
+            line, unit = fit_pass_cost(medians), medians[1]
+        switch, per_token = profile_extra_terms(model, unit)
+        cost = PassCost(line.base, line.per_row, line.min_rows, switch=switch, per_token=per_token)
     except Exception as error:  # the model refused: the prior, and nothing stored (the next process tries again)
         return _fallback(model, error)
     stored = _read_profiles(path)  # read again: another process may have stored a key since
-    stored[key] = {"base": cost.base, "per_row": cost.per_row, "min_rows": cost.min_rows}
+    stored[key] = {
+        "base": cost.base,
+        "per_row": cost.per_row,
+        "min_rows": cost.min_rows,
+        "switch": cost.switch,
+        "per_token": cost.per_token,
+    }
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
@@ -102,7 +141,7 @@ def profile_pass_cost(
 ) -> PassCost:
     """Time ``model``'s passes over ``rows`` new tokens on a ``context``-token cache; the fitted :class:`PassCost`.
 
-    See the module docstring for the rule.  ``rows`` must include 1 and a
+    See the module docstring for the rule (the line, ``switch`` and ``per_token``).  ``rows`` must include 1 and a
     larger count.  Does not change the model (a cache of its own, under
     ``torch.inference_mode()``).  When the model's forward (or its cache)
     refuses, warns why and returns the prior ``PassCost()``.
@@ -112,9 +151,12 @@ def profile_pass_cost(
             f"profile_pass_cost needs 1 and a larger count in rows, repeats >= 1 and context >= 1; got {rows}, {repeats}, {context}"
         )
     try:
-        return fit_pass_cost(_median_seconds(model, context, sorted(set(rows)), repeats))
+        medians = _median_seconds(model, context, sorted(set(rows)), repeats)
+        line = fit_pass_cost(medians)
     except Exception as error:  # the model refused: draft as before rather than fail the request
         return _fallback(model, error)
+    switch, per_token = profile_extra_terms(model, medians[1], context=context, repeats=repeats)
+    return PassCost(line.base, line.per_row, line.min_rows, switch=switch, per_token=per_token)
 
 
 def _fallback(model: Any, error: Exception) -> PassCost:
@@ -168,6 +210,136 @@ def _median_seconds(model: Any, context: int, rows: list[int], repeats: int) -> 
                 crop_cache(cache, context, "target model")
             medians[n] = statistics.median(seconds[1:])
     return medians
+
+
+SWITCH_BATCH = 4
+HOST_TOKENS = 16
+EXTRA_REPEATS = 5
+
+
+def profile_extra_terms(
+    model: Any, unit: float, *, context: int = DEFAULT_CONTEXT, repeats: int = DEFAULT_REPEATS
+) -> tuple[float, float]:
+    """``(switch, per_token)`` of ``model`` in plain steps of ``unit`` seconds (the module's rule).
+
+    A term that cannot be timed here is 0, with a warning saying why.  Each is
+    a median over at least :data:`EXTRA_REPEATS` repeats: a difference of two
+    timings is noisier than either.  Does not change the model.
+    """
+    repeats = max(repeats, EXTRA_REPEATS)
+    try:
+        switch = max(0.0, _switch_seconds(model, context, repeats)) / unit
+    except Exception as error:  # e.g. a model that takes no attention mask: it has no masked path to switch to
+        _warn(model, "the masked path", error)
+        switch = 0.0
+    try:
+        vocab = int(getattr(getattr(model, "config", None), "vocab_size", 0)) or 32
+        per_token = _host_seconds_per_token(vocab, repeats) / unit
+    except Exception as error:
+        _warn(model, "the host work per draft token", error)
+        per_token = 0.0
+    return _two_digits(switch), _two_digits(per_token)
+
+
+def _warn(model: Any, what: str, error: Exception) -> None:
+    name = getattr(getattr(model, "config", None), "name_or_path", "") or type(model).__name__
+    warnings.warn(
+        f"grammarspec could not time {what} for {name} ({type(error).__name__}: {error}); pricing it at 0",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+
+
+def _switch_seconds(model: Any, context: int, repeats: int) -> float:
+    """Median over paired repeats of (ragged rows under the mask - rows of one length, mask-free), seconds.
+
+    Both are a plain step of :data:`SWITCH_BATCH` rows through
+    :meth:`grammarspec.kv.BatchKV.forward` on ``context`` cached tokens a row,
+    each followed by the verification's device work; neither keeps its column.
+    """
+    from .kv import BatchKV
+
+    config = getattr(model, "config", None)
+    vocab = int(getattr(config, "vocab_size", 2))
+    limit = getattr(config, "max_position_embeddings", None)
+    if isinstance(limit, int):
+        context = max(2, min(context, limit - 4))
+    device = input_device(model)
+    backend = getattr(torch, device.type, None)
+    synchronize = getattr(backend, "synchronize", None) if device.type != "cpu" else None
+    batch = SWITCH_BATCH
+    prompt = [(7 * i + 3) % vocab for i in range(context)]
+    even, ragged = BatchKV(model, batch), BatchKV(model, batch)
+    with torch.inference_mode():
+        for kv in (even, ragged):
+            kv.forward([prompt] * batch, [[]] * batch)
+            kv.keep([list(range(context))] * batch)
+        ragged.forward([[5, 6]] * batch, [[]] * batch)
+        ragged.keep([[0, 1]] + [[0]] * (batch - 1))  # row 0 one token longer: the rows are ragged from here on
+
+        def timed(kv: BatchKV) -> float:
+            if synchronize is not None:
+                synchronize()
+            start = time.perf_counter()
+            _verify_rows(kv.forward([[9]] * batch, [[]] * batch))
+            seconds = time.perf_counter() - start
+            kv.keep([[]] * batch)
+            return seconds
+
+        differences = []
+        for i in range(repeats + 1):  # the first pair warms up and is not counted
+            free, masked = timed(even), timed(ragged)
+            if i:
+                differences.append(masked - free)
+    return statistics.median(differences)
+
+
+def _host_seconds_per_token(vocab: int, repeats: int) -> float:
+    """Median seconds of the stand-in host work of one draft token: drafting it, the grammar walk's mask fill and
+    accept, and its scored row's mask applied as the loop applies it (the rollback shared out)."""
+    import xgrammar
+
+    from proposers.prompt_lookup import PromptLookupProposer
+
+    from .masking import apply_masks
+
+    if vocab < 24:
+        raise RuntimeError(f"a vocabulary of {vocab} tokens is too small for the stand-in walk (24 at least)")
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    words = []
+    for i in range(vocab):  # distinct lowercase words; JSON punctuation and digits first
+        word, j = "", i
+        while True:
+            word, j = word + letters[j % 26], j // 26
+            if j == 0:
+                break
+        words.append(word)
+    for i, text in enumerate('{}[]:,"0123456789 '):
+        words[i] = text
+    compiler = xgrammar.GrammarCompiler(xgrammar.TokenizerInfo(words, vocab_size=vocab), max_threads=1)
+    matcher = xgrammar.GrammarMatcher(compiler.compile_builtin_json_grammar())
+    # {"u":1,"v":2,"w" -- keys, values and punctuation: masks both dense (in a key) and sparse (after '{' or ':')
+    drafted = [0, 6, 20, 6, 4, 8, 5, 6, 21, 6, 4, 9, 5, 6, 22, 6][:HOST_TOKENS]
+    context = (list(range(100, 164)) + drafted) * 8 + list(range(100, 164))  # a lookup that finds its run
+    lookup = PromptLookupProposer()
+    masks = xgrammar.allocate_token_bitmask(len(drafted), vocab)
+    scores = torch.zeros((len(drafted), vocab), dtype=torch.float32)
+    seconds = []
+    for _ in range(repeats + 1):  # the first round warms up and is not counted
+        start = time.perf_counter()
+        draft = lookup.propose(context, None, HOST_TOKENS)
+        walked = 0
+        for token in draft.tokens:
+            matcher.fill_next_token_bitmask(masks, walked)
+            if not matcher.accept_token(token):
+                break
+            walked += 1
+        matcher.rollback(walked)
+        apply_masks(scores, masks)  # one call for the step's rows, as the loop makes it
+        if walked < len(drafted):
+            raise RuntimeError(f"the stand-in walk took {walked} of {len(drafted)} tokens")
+        seconds.append((time.perf_counter() - start) / walked)
+    return statistics.median(seconds[1:])
 
 
 def _verify_rows(logits: torch.Tensor) -> None:

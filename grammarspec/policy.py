@@ -5,40 +5,50 @@ token ``j`` survives verification, given that the tokens before it did, with
 probability ``p[r][j]`` (:class:`Calibration`: the proposer's own estimate,
 calibrated online).  Admitting its first ``k`` tokens brings, in expectation,
 ``1 + S[r][1] + ... + S[r][k]`` committed tokens, ``S[r][j] = p[r][1] * ... * p[r][j]``
-(the target's own token always comes).  The pass verifies
-``rows = base_rows + sum(k_r)`` rows and costs ``cost(rows)`` (a
-:class:`proposers.cost.PassCost`).  Goodput is expected tokens per unit of
+(the target's own token always comes).  Goodput is expected tokens per unit of
 batch time::
 
-    goodput = (B + sum of admitted S[r][j]) / cost(base_rows + admitted slots)
+    goodput = (B + sum of admitted S[r][j]) / (cost(rows) + per_token * slots + switch)
 
-The (row, position) slots are taken in order of ``S`` (highest first; ``S``
-never rises along a row, so a row's slots come in prefix order), and the
-allocation is the prefix of that order with the highest goodput (the
-shortest on ties).  ``k = 0`` for a row is an ordinary outcome; so is ``k = 0``
-for every row (a plain step).  Grammar-forced leading tokens (``forced[r]``)
-are always taken: they count in the rows and the tokens, never in the order.
+in plain steps (:class:`proposers.cost.PassCost`): ``cost(rows)`` is the
+forward over the rows the pass really computes, ``per_token`` the host work
+of each admitted draft token (drafting, the grammar walk, verification), and
+``switch`` the change from the mask-free decode call to masked ragged rows,
+paid once when any row drafts at batch 2 or more.
 
-Worked example, the CPU prior (``cost(1) = 1``, ``cost(rows) = 1.3 + 0.03 * max(rows, 4)``)::
+The rows a pass computes depend on its shape.  The HF loop pads every row to
+the widest (:meth:`grammarspec.kv.BatchKV.forward`): ``rows = B * max_r(pending[r] + k[r])``,
+so one long draft widens every row of the batch.  For each width the
+allocation takes the admissible (row, position) slots in order of ``S``
+(highest first; ``S`` never rises along a row, so a row's slots come in
+prefix order) while they raise the goodput, and keeps the best width (the
+narrowest on ties).  A packed pass (vLLM: ``rows = base_rows + sum(k)``)
+takes the best prefix of all slots in ``S`` order.  ``k = 0`` for a row is an
+ordinary outcome; so is ``k = 0`` for every row (a plain step).
+Grammar-forced leading tokens (``forced[r]``) are always taken: they count in
+the rows and the tokens, never in the order.
+
+Worked example, packed, the CPU prior (``cost(1) = 1``, ``cost(rows) = 1.3 + 0.03 * max(rows, 4)``)::
 
     batch 1:  p = [[0.9, 0.9, 0.5]]     S = 0.9, 0.81, 0.405
         k=0: 1 / 1.00 = 1.00   k=1: 1.9 / 1.42 = 1.34   k=2: 2.71 / 1.42 = 1.91
         k=3: 3.115 / 1.42 = 2.19            -> k = 3
-    batch 16: every row p = [0.9, 0.5], one pending token each (base_rows = 16)
-        plain: 16 / 1.78 = 8.99;  the 16 first slots (S = 0.9): 30.4 / 2.26 = 13.5
-        then the 16 second slots (S = 0.45): 37.6 / 2.74 = 13.7   -> k = 2 each
-        with p = [0.9, 0.2] instead, the second slots bring 2.9 for 0.48: 33.3 / 2.74 = 12.1
-                                                                   -> k = 1 each
+
+Padded, batch 16, one pending token each, every row ``p = [0.9, 0.5]``: the
+plain step computes 16 rows (16 / 1.78 = 8.99), width 2 computes 32 (30.4 /
+2.26 = 13.5), width 3 computes 48 (37.6 / 2.74 = 13.7): ``k = 2`` each.  With
+a single row offering those tokens and the others nothing, width 2 costs the
+same 32 rows for one token's 0.9: 16.9 / 2.26 = 7.5, so no row drafts.
 
 On a curve that stays flat to 64 rows (a GPU, :func:`proposers.cost.flat_until`)
-every slot with ``S > 0`` pays until the pass passes 64 rows, so the same
-estimates give longer drafts.  The HF loop's curve (:func:`batch_cost_model`) is
-profiled once per model, device, dtype and thread count at first use
-(:mod:`grammarspec.pass_profile`) and fixed afterwards, so draft lengths do not
-drift within a process; ``GRAMMARSPEC_PASS_COST=prior`` keeps the CPU prior
-above, for draft lengths that never depend on the machine.  Only which tokens
-are *verified* changes, never how they are verified: the output distribution
-is untouched.
+every slot with ``S`` above ``goodput * per_token`` pays until the pass passes
+64 rows, so the same estimates give longer drafts.  The HF loop's curve
+(:func:`batch_cost_model`) is profiled once per model, device, dtype and
+thread count at first use (:mod:`grammarspec.pass_profile`) and fixed
+afterwards, so draft lengths do not drift within a process;
+``GRAMMARSPEC_PASS_COST=prior`` keeps the CPU prior above, for draft lengths
+that never depend on the machine.  Only which tokens are *verified* changes,
+never how they are verified: the output distribution is untouched.
 """
 
 from __future__ import annotations
@@ -49,140 +59,148 @@ from typing import Any
 
 from proposers.base import Draft
 from proposers.cost import PassCost
+from proposers.track import Calibration, survival
 
-__all__ = ["allocate", "Calibration", "batch_cost_model", "survival"]
+__all__ = ["allocate", "Calibration", "batch_cost_model", "plan_drafts", "survival"]
 
-
-def survival(p: Sequence[float]) -> list[float]:
-    """``S[j] = p[0] * ... * p[j]``: the chance that the first ``j + 1`` draft tokens all survive.
-
-    >>> [round(s, 3) for s in survival([0.9, 0.9, 0.5])]
-    [0.9, 0.81, 0.405]
-    """
-    out, s = [], 1.0
-    for value in p:
-        s *= min(max(float(value), 0.0), 1.0)
-        out.append(s)
-    return out
+Cost = PassCost | Callable[[int], float]
 
 
 def allocate(
     estimates: Sequence[Sequence[float]],
-    cost: Callable[[int], float],
-    base_rows: int,
+    cost: Cost,
+    base_rows: int | None = None,
     forced: Sequence[int] | None = None,
+    *,
+    pending: Sequence[int] | None = None,
+    fixed: Sequence[int] = (),
 ) -> list[int]:
-    """Draft tokens to verify per row: the goodput-best prefix of all (row, position) slots.  Pure.
+    """Draft tokens to verify per row: the goodput-best admissible slots.  Pure.
 
     ``estimates[r][j]``: row ``r``'s token ``j`` survives given the ones before
-    did (its offered draft is ``len(estimates[r])`` long).  ``cost(rows)``: a
-    pass over ``rows`` rows, any unit.  ``base_rows``: rows the pass computes
-    anyway (every row's pending tokens; the batch size for a plain step).
-    ``forced[r]``: leading tokens of row ``r`` always taken.  See the module
-    docstring for the rule and a worked example.
+    did (its offered draft is ``len(estimates[r])`` long).  ``cost``: a
+    :class:`~proposers.cost.PassCost` (its ``switch`` and ``per_token`` count),
+    or ``cost(rows)`` alone, any unit.  ``forced[r]``: leading tokens of row
+    ``r`` always taken.  The pass's shape, one of:
+
+    * ``base_rows``: packed, ``rows = base_rows + admitted tokens``
+      (``base_rows``: every row's pending tokens; the batch size for a plain step);
+    * ``pending[r]``: padded, each row's own tokens before its draft;
+      ``fixed``: the widths of the batch's other rows (a tree verified whole);
+      every row is computed at the widest width.
+
+    See the module docstring for the rule and worked examples.
 
     >>> from proposers.cost import PassCost
-    >>> allocate([[0.9, 0.9, 0.5]], PassCost().cost, base_rows=1)
+    >>> allocate([[0.9, 0.9, 0.5]], PassCost(), base_rows=1)
     [3]
-    >>> allocate([[0.9, 0.5]] * 16, PassCost().cost, base_rows=16)[0], allocate([[0.9, 0.2]] * 16, PassCost().cost, 16)[0]
+    >>> allocate([[0.9, 0.5]] * 16, PassCost(), pending=[1] * 16)[0], allocate([[0.9, 0.2]] * 16, PassCost(), 16)[0]
     (2, 1)
-    >>> allocate([[0.2, 0.9]], PassCost().cost, base_rows=1)  # 0.2 + 0.18 cannot pay 0.42
+    >>> allocate([[0.9, 0.5]] + [[]] * 15, PassCost(), pending=[1] * 16)[0]  # one row alone widens all 16
+    0
+    >>> allocate([[0.2, 0.9]], PassCost(), base_rows=1)  # 0.2 + 0.18 cannot pay 0.42
     [0]
     """
     forced = list(forced) if forced is not None else [0] * len(estimates)
     if len(forced) != len(estimates):
         raise ValueError(f"allocate got {len(forced)} forced counts for {len(estimates)} rows: pass one per row")
-    if base_rows < 0:
-        raise ValueError(f"allocate needs base_rows >= 0, got {base_rows}")
+    if (base_rows is None) == (pending is None):
+        raise ValueError("allocate needs the pass's shape: base_rows (packed) or pending (padded), not both")
+    forward, switch, per_token = _terms(cost)
     lengths = [min(max(f, 0), len(e)) for f, e in zip(forced, estimates)]
-    tokens = float(len(estimates))
+    tokens = float(len(estimates) + len(fixed))
     slots: list[tuple[float, int, int]] = []  # (-S, position, row)
     for r, row in enumerate(estimates):
         s = survival(row)
         tokens += sum(s[: lengths[r]])
         slots += [(-s[j], j, r) for j in range(lengths[r], len(row)) if s[j] > 0.0]
     slots.sort()
-    rows = base_rows + sum(lengths)
-    best, best_n = tokens / cost(rows), 0
-    for n, (neg, _, _) in enumerate(slots, start=1):
-        tokens -= neg
-        goodput = tokens / cost(rows + n)
-        if goodput > best * (1 + 1e-12):
-            best, best_n = goodput, n
-    for _, _, r in slots[:best_n]:
+    batch = len(estimates) + len(fixed)
+    if pending is None:
+        assert base_rows is not None
+        if base_rows < 0:
+            raise ValueError(f"allocate needs base_rows >= 0, got {base_rows}")
+        chosen = _packed(slots, tokens, base_rows, sum(lengths), forward, switch if batch > 1 else 0.0, per_token)
+    else:
+        if len(pending) != len(estimates) or min(pending, default=1) < 1:
+            raise ValueError(f"allocate needs one pending count >= 1 per row, got {list(pending)}")
+        chosen = _padded(slots, tokens, pending, lengths, fixed, forward, switch if batch > 1 else 0.0, per_token)
+    for _, _, r in chosen:
         lengths[r] += 1
     return lengths
 
 
-class Calibration:
-    """What this request's draft tokens survived, by source: turns a proposer's estimates into probabilities.
+def _terms(cost: Cost) -> tuple[Callable[[int], float], float, float]:
+    """``(cost(rows), switch, per_token)`` of a :class:`PassCost`, or of a bare curve (no extra terms)."""
+    if isinstance(cost, PassCost):
+        return cost.cost, cost.switch, cost.per_token
+    return cost, 0.0, 0.0
 
-    A token is filed under ``(source, opens, bin)``: the proposer that drafted
-    it, whether it opens that proposer's run in the draft (a new guess, right
-    or wrong as a whole; the tokens after it mostly follow), and the bin of
-    its own ``Draft.confidence`` (``None`` or negative: no estimate, bin -1).  Each
-    record starts from ``prior_weight`` pseudo-observations at the proposer's
-    estimate (``default_open`` / ``default_follow`` without one) and counts
-    the tokens that reached verification (every token up to the first
-    rejected one); older counts fade by ``decay``.
 
-    >>> c = Calibration()
-    >>> d = Draft(tokens=(1, 2, 3), sources=("lookup",) * 3)
-    >>> [round(x, 2) for x in c.estimate(d)]
-    [0.5, 0.8, 0.8]
-    >>> for _ in range(20):
-    ...     c.update(d, 0)  # every first token rejected
-    >>> round(c.estimate(d)[0], 2)
-    0.06
+def _packed(
+    slots: list[tuple[float, int, int]],
+    tokens: float,
+    rows: int,
+    taken: int,
+    forward: Callable[[int], float],
+    switch: float,
+    per_token: float,
+) -> list[tuple[float, int, int]]:
+    """The goodput-best prefix of ``slots`` when each one adds a row to the pass."""
 
-    ``update`` changes state; ``estimate`` does not.
+    def spent(n: int) -> float:
+        drafted = taken + n
+        return forward(rows + drafted) + (per_token * drafted + switch if drafted else 0.0)
+
+    best, best_n = tokens / spent(0), 0
+    for n, (neg, _, _) in enumerate(slots, start=1):
+        tokens -= neg
+        goodput = tokens / spent(n)
+        if goodput > best * (1 + 1e-12):
+            best, best_n = goodput, n
+    return slots[:best_n]
+
+
+def _padded(
+    slots: list[tuple[float, int, int]],
+    tokens: float,
+    pending: Sequence[int],
+    lengths: Sequence[int],
+    fixed: Sequence[int],
+    forward: Callable[[int], float],
+    switch: float,
+    per_token: float,
+) -> list[tuple[float, int, int]]:
+    """The goodput-best slots when every row of the pass is computed at the widest row's width.
+
+    At a width ``w`` a slot at position ``j`` of row ``r`` fits when ``pending[r] + j < w``,
+    and the forward costs ``cost(B * w)`` whatever fits; the best prefix of the fitting
+    slots in ``S`` order is kept (beyond the first, a slot's only cost is ``per_token``,
+    so the goodput rises to one peak and falls).  The best width wins, the narrowest on ties.
     """
-
-    def __init__(
-        self,
-        *,
-        prior_weight: float = 2.0,
-        decay: float = 0.97,
-        bins: int = 8,
-        default_open: float = 0.5,
-        default_follow: float = 0.8,
-    ) -> None:
-        if prior_weight <= 0 or not 0 < decay <= 1 or bins < 1:
-            raise ValueError("Calibration needs prior_weight > 0, 0 < decay <= 1 and bins >= 1")
-        self.prior_weight, self.decay, self.bins = prior_weight, decay, bins
-        self.default_open, self.default_follow = default_open, default_follow
-        self._counts: dict[tuple[str, bool, int], list[float]] = {}  # key -> [survived, seen]
-
-    def _keys(self, draft: Draft) -> list[tuple[tuple[str, bool, int], float]]:
-        sources = draft.sources or ("draft",) * len(draft)
-        out = []
-        for j, source in enumerate(sources):
-            opens = j == 0 or sources[j - 1] != source
-            raw = draft.confidence[j] if draft.confidence is not None else None
-            if raw is None or raw < 0:
-                key, prior = (source, opens, -1), self.default_open if opens else self.default_follow
-            else:
-                raw = min(max(float(raw), 0.0), 1.0)
-                key, prior = (source, opens, min(int(raw * self.bins), self.bins - 1)), raw
-            out.append((key, prior))
-        return out
-
-    def estimate(self, draft: Draft) -> list[float]:
-        """Per token of ``draft``: the chance it survives given the ones before did.  Does not change state."""
-        out = []
-        for key, prior in self._keys(draft):
-            survived, seen = self._counts.get(key, (0.0, 0.0))
-            out.append((survived + self.prior_weight * prior) / (seen + self.prior_weight))
-        return out
-
-    def update(self, draft: Draft, num_accepted: int) -> None:
-        """``draft`` was verified and its first ``num_accepted`` tokens accepted.  Changes state."""
-        if not 0 <= num_accepted <= len(draft):
-            raise ValueError(f"num_accepted ({num_accepted}) must be between 0 and the draft's {len(draft)} tokens")
-        for j, (key, _) in enumerate(self._keys(draft)[: num_accepted + 1]):
-            counts = self._counts.setdefault(key, [0.0, 0.0])
-            counts[0] = counts[0] * self.decay + float(j < num_accepted)
-            counts[1] = counts[1] * self.decay + 1.0
+    batch = len(pending) + len(fixed)
+    taken = sum(lengths)
+    narrowest = max([p + k for p, k in zip(pending, lengths)] + list(fixed))
+    widest = max([narrowest] + [pending[r] + j + 1 for _, j, r in slots])
+    best, best_width, best_n = -1.0, narrowest, 0
+    for width in range(narrowest, widest + 1):
+        base = forward(batch * width)
+        goodput = tokens / (base + (switch + per_token * taken if taken else 0.0))
+        if goodput > best * (1 + 1e-12):
+            best, best_width, best_n = goodput, width, 0
+        gained, n, last = tokens, 0, 0.0
+        for neg, j, r in slots:
+            if pending[r] + j >= width:
+                continue
+            gained, n = gained - neg, n + 1
+            goodput = gained / (base + switch + per_token * (taken + n))
+            if n > 1 and goodput <= last * (1 + 1e-12):
+                break  # past the peak: S only falls, so no later slot raises the goodput at this width
+            last = goodput
+            if goodput > best * (1 + 1e-12):
+                best, best_width, best_n = goodput, width, n
+    fits = [slot for slot in slots if pending[slot[2]] + slot[1] < best_width]
+    return fits[:best_n]
 
 
 _COST_MODELS: dict[tuple[Any, ...], PassCost] = {}
@@ -219,8 +237,7 @@ def batch_cost_model(model: Any) -> PassCost:
         device, dtype = "unknown", "unknown"
     config = getattr(model, "config", None)
     name = getattr(config, "name_or_path", "") or ""  # an unnamed model (built in code) is only itself
-    key = (mode, name or type(model).__name__, id(model) if not name else None, device, dtype,
-           torch.get_num_threads())  # fmt: skip
+    key = (mode, name or type(model).__name__, id(model) if not name else None, device, dtype, torch.get_num_threads())
     found = _COST_MODELS.get(key)
     if found is None:
         if mode == "profile":
@@ -237,18 +254,25 @@ def batch_cost_model(model: Any) -> PassCost:
     return found
 
 
-def plan_drafts(drafts: Sequence[Draft], controllers: Sequence[Any], base_rows: int,
-                cost: Callable[[int], float], forced_source: str = "jump_forward") -> list[int]:  # fmt: skip
+def plan_drafts(
+    drafts: Sequence[Draft],
+    controllers: Sequence[Any],
+    base_rows: int | None,
+    cost: Cost,
+    forced_source: str = "jump_forward",
+    *,
+    pending: Sequence[int] | None = None,
+    fixed: Sequence[int] = (),
+) -> list[int]:
     """The loop's one call: how many tokens of each row's draft this step verifies.  Pure.
 
     ``controllers[r]``: row ``r``'s :class:`grammarspec.adaptive.AdaptiveController`
     (``None``, or ``adaptive=False``: its draft is verified whole).  A draft's
     leading tokens from ``forced_source`` (jump-forward: text the grammar
-    forces) are always taken; every other token is admitted by :func:`allocate`.
-    Calibrating them like any source instead (the grammar forces their text,
-    not its split) was measured and dropped: on SmolLM2 at batch 8 it cut the
-    tails of forced text and lost 6% of the tokens per pass (3.45 -> 3.25,
-    BENCHMARKS.md, stop 15) for no pass saved at batch 1.
+    forces) are always taken: the grammar forces their text, if not its
+    split, and they are how a cold row gathers evidence.  Every other token
+    is admitted by :func:`allocate`, with the pass's shape (``base_rows``, or
+    ``pending`` and ``fixed``) and ``cost`` as it takes them.
     """
     estimates, forced = [], []
     for draft, controller in zip(drafts, controllers):
@@ -261,4 +285,4 @@ def plan_drafts(drafts: Sequence[Draft], controllers: Sequence[Any], base_rows: 
         while lead < len(draft) and draft.sources and draft.sources[lead] == forced_source:
             lead += 1
         forced.append(lead)
-    return allocate(estimates, cost, base_rows, forced)
+    return allocate(estimates, cost, base_rows, forced, pending=pending, fixed=fixed)

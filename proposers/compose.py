@@ -9,7 +9,7 @@ the guess go to the target together.
 
 Choice among the followers: the draft with the most expected accepted
 tokens, from the follower's record in this request for that kind of draft
-(:class:`proposers.track.Track` per follower and ``Draft.kind``: a value
+(a :class:`proposers.track.Calibration` per follower and ``Draft.kind``: a value
 copied from the prompt and a guessed enum value succeed at very different
 rates; with equal records, the longest, the first on ties).  Where the chosen
 draft stops short of the budget (a value copied by prompt lookup ends), the
@@ -42,7 +42,7 @@ from .base import EMPTY_DRAFT, Draft, GrammarView, ModelDrafter, Proposer, Reque
 from .cost import PassCost
 from .jump_forward import JumpForwardProposer, trim_ambiguous
 from .text import SplitPreferences, TokenText, continuation_tokens, token_sources, token_text
-from .track import Track
+from .track import Calibration, HoldBack
 
 __all__ = ["CompositeProposer", "concat_drafts", "is_model_proposer"]
 
@@ -102,8 +102,7 @@ class CompositeProposer:
     (the default): what a pass of ``typical_rows`` rows costs beyond a plain
     step (``cost_model.break_even(typical_rows)``: 0.6 with the prior, the
     value tuned on replayed benchmark outputs; lower where extra rows are
-    cheap, as on a GPU).  A per-length bar (``Track.worth`` without a floor)
-    replayed slightly worse: 3.873 against 3.878 modelled speedup.
+    cheap, as on a GPU).
     ``cost_model``: the :class:`proposers.cost.PassCost` of the target,
     exposed as :attr:`cost_model`, read only.  ``None``: the prior until the
     loop hands over the target's profiled curve (:meth:`use_cost_model`);
@@ -142,7 +141,8 @@ class CompositeProposer:
         self.followers = [p for p in self.proposers if p not in self.leaders and p not in self.fallbacks]
         self._tokenizer: Any = None
         self.splits = splits if splits is not None else SplitPreferences()
-        self._tracks: dict[tuple[int, str], Track] = {}  # per (follower id, draft kind), for this request
+        # per (follower id, draft kind), for this request: its survival record and when a held-back draft probes
+        self._tracks: dict[tuple[int, str], tuple[Calibration, HoldBack]] = {}
         # The last draft's parts: (proposer, its draft, first byte, bytes per token).
         self._parts: list[tuple[Proposer, Draft, int, list[int]]] = []
         self._token_bytes: list[int] = []  # bytes of each token of the last draft
@@ -219,33 +219,42 @@ class CompositeProposer:
         best = self._best(drafts, others, gated=True)
         return [(others[best], drafts[best])] if best >= 0 else []
 
-    def _track(self, proposer: Proposer, draft: Draft) -> Track:
-        """The record of ``proposer``'s drafts of the same kind as ``draft``."""
+    def _track(self, proposer: Proposer, draft: Draft) -> tuple[Calibration, HoldBack]:
+        """The record of ``proposer``'s drafts of the same kind as ``draft``, and its hold-back schedule.
+
+        The record starts at even odds and follows recent drafts closely: it only
+        screens drafts; the loop's allocation, from the row's own record, decides
+        how much of a draft is verified.
+        """
         key = (id(proposer), draft.kind)
         track = self._tracks.get(key)
         if track is None:
-            track = self._tracks[key] = Track(cost=self.cost_model)
+            track = self._tracks[key] = (Calibration(decay=0.8, prior_fade=0.8, default_open=0.5), HoldBack())
         return track
 
     def _best(self, drafts: Sequence[Draft], proposers: Sequence[Proposer], gated: bool = False) -> int:
         """Index of the draft with the most expected accepted tokens (the longest on ties), -1 if none.
 
         ``drafts[i]`` comes from ``proposers[i]``; ``gated``: a draft not worth its pass
-        (:meth:`Track.worth`) is passed over.
+        (:meth:`_worth`) is passed over.
         """
         best, key = -1, (0.0, 0)
         for i, draft in enumerate(drafts):
             if not draft:
                 continue
-            track = self._track(proposers[i], draft)
-            candidate = (track.expected(len(draft)), len(draft))
-            if candidate > key and (not gated or track.worth(len(draft), self._floor())):
+            record, _ = self._track(proposers[i], draft)
+            candidate = (record.expected(draft), len(draft))
+            if candidate > key and (not gated or self._worth(record, draft)):
                 best, key = i, candidate
         return best
 
     def _worth_verifying(self, proposer: Proposer, draft: Draft) -> bool:
-        track = self._track(proposer, draft)
-        return track.worth(len(draft), self._floor()) or track.admit()
+        record, hold = self._track(proposer, draft)
+        return self._worth(record, draft) or hold.admit()
+
+    def _worth(self, record: Calibration, draft: Draft) -> bool:
+        """Whether ``draft``'s expected accepted tokens reach the bar (:meth:`_floor`)."""
+        return len(draft) > 0 and record.expected(draft) >= self._floor()
 
     def _floor(self) -> float:
         """The fewest expected accepted tokens worth a pass (see ``min_expected``)."""
@@ -332,7 +341,9 @@ class CompositeProposer:
                 n_accepted = _tokens_within(sizes, accepted - start)
                 reports[id(proposer)] = (part.truncate(n_shown), n_accepted)
                 if proposer in self.followers:
-                    self._track(proposer, part).update(n_shown, n_accepted)
+                    record, hold = self._track(proposer, part)
+                    record.update(part.truncate(n_shown), n_accepted)
+                    hold.verified(n_accepted > 0)
         for proposer in self.proposers:
             part, n_accepted = reports.get(id(proposer), (EMPTY_DRAFT, 0))
             proposer.commit(part, n_accepted, committed)

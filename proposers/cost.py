@@ -1,25 +1,32 @@
-"""What a verification pass costs, in plain (1-row) decoding steps: one model, learned online.
+"""What a verification pass costs, in plain (1-row) decoding steps: one model per target.
 
 ``rows`` is every token row one target forward pass computes, over the whole
-batch: each row's pending tokens plus its draft.  A plain step at batch ``B``
-is a pass of ``B`` rows; the same step with drafts of ``k_r`` tokens is a pass
-of ``B + sum(k_r)`` rows.  On a small model most of a pass is fixed cost
-(weights are read once whatever the rows), so::
+batch.  A plain step at batch ``B`` is a pass of ``B`` rows.  On a small model
+most of a pass is fixed cost (weights are read once whatever the rows), so::
 
     cost(1)    = 1                                  (a plain step at batch 1: the unit)
     cost(rows) = base + per_row * max(rows, min_rows)   for rows > 1
 
-The prior is the one measured for SmolLM2-135M on this repository's CPU
-(2 threads, an 850-token context: 85 ms for 1 row, about 125 ms for 4-8 rows,
-146 ms for 16, 190 ms for 24; fewer than 4 rows cost as much as 4, because
-the BLAS takes a slower path for the 2-3 row LM-head product):
-``base = 1.3``, ``per_row = 0.03``, ``min_rows = 4``.  It is only the start:
-on a GPU a pass stays near one plain step up to tens of rows, and the learned
-line flattens accordingly (:func:`flat_until` models such a curve).
+A pass that verifies drafts pays two more terms, both in plain steps
+(:meth:`PassCost.drafted`):
 
-:meth:`PassCost.update` learns from measured passes: the seconds of 1-row
-passes set the unit (an exponential average; before any is seen, the first
-wider pass sets it from the prior's shape, so a batch that never runs a
+* ``switch``, once per step when any row drafts at batch 2 or more: the change
+  of path from the mask-free decode call to ragged rows under an attention mask
+  (position ids, the mask built and read by every attention layer);
+* ``per_token``, per draft token: the host work the token adds beyond its row
+  of the forward (drafting it, the grammar walk's mask fill, accept and rollback).
+
+The prior (``PassCost()``) is a CPU-shaped line with no ``switch`` and no
+``per_token``, for draft lengths that never depend on the machine; the HF loop
+profiles every term once per model, device, dtype and thread count
+(:mod:`grammarspec.pass_profile`), and BENCHMARKS.md records what was measured.
+On a GPU a pass stays near one plain step up to tens of rows
+(:func:`flat_until` models such a curve) and the host terms are what a draft
+token costs.
+
+:meth:`PassCost.update` learns the line from measured passes: the seconds of
+1-row passes set the unit (an exponential average; before any is seen, the
+first wider pass sets it from the prior's shape, so a batch that never runs a
 1-row pass still learns), and each wider pass adds the point
 ``(max(rows, min_rows), seconds / unit)`` to a weighted least-squares line
 whose two prior points (at ``min_rows`` and 16 rows) never fade, so the line
@@ -27,13 +34,12 @@ stays defined when every pass has the same width.  Older measurements fade
 by ``decay`` per update.  Pure Python, no clocks: the caller times the passes.
 
 Who uses it: the drafting policy (:mod:`grammarspec.policy`) sizes every
-step's drafts over the whole batch from ``cost(rows)``, with the curve
-profiled once per model (:mod:`grammarspec.pass_profile`, never updated); the
-vLLM proposer feeds its own measured passes; :class:`proposers.compose.CompositeProposer`
-verifies a cheap draft alone only when its expected accepted tokens reach
-:meth:`PassCost.break_even` (via :class:`proposers.track.Track`), on the
-curve the loop hands it;
-``tools/replay_bench.py`` models seconds with its prior, or with a GPU curve.
+step's drafts over the whole batch, with the curve profiled once per model
+(never updated); the vLLM proposer feeds its own measured passes;
+:class:`proposers.compose.CompositeProposer` verifies a cheap draft alone only
+when its expected accepted tokens reach :meth:`PassCost.break_even`, on the
+curve the loop hands it; ``tools/replay_bench.py`` models seconds with the
+prior, a profiled curve or a GPU curve.
 """
 
 from __future__ import annotations
@@ -60,8 +66,11 @@ class PassCost:
     >>> round(c.cost(9), 1)  # near 3: the prior points hold it back a little
     2.8
 
-    ``update`` and the constructor change state; ``cost``, ``break_even`` and
-    ``share`` do not.
+    ``switch`` and ``per_token``: the drafted pass's extra terms (module
+    docstring), fixed; :meth:`drafted` adds them.
+
+    ``update`` and the constructor change state; ``cost``, ``drafted``,
+    ``break_even`` and ``share`` do not.
     """
 
     def __init__(
@@ -70,12 +79,17 @@ class PassCost:
         per_row: float = PRIOR_PER_ROW,
         min_rows: int = PRIOR_MIN_ROWS,
         *,
+        switch: float = 0.0,
+        per_token: float = 0.0,
         prior_weight: float = 2.0,
         decay: float = 0.95,
         unit_alpha: float = 0.2,
     ) -> None:
         if base <= 0 or per_row < 0 or min_rows < 1:
             raise ValueError(f"PassCost needs base > 0, per_row >= 0, min_rows >= 1; got {base}, {per_row}, {min_rows}")
+        if switch < 0 or per_token < 0:
+            raise ValueError(f"PassCost needs switch >= 0 and per_token >= 0; got {switch}, {per_token}")
+        self.switch, self.per_token = switch, per_token
         if not 0 < decay <= 1 or not 0 < unit_alpha <= 1 or prior_weight <= 0:
             raise ValueError("PassCost needs 0 < decay <= 1, 0 < unit_alpha <= 1 and prior_weight > 0")
         self.base, self.per_row, self.min_rows = base, per_row, min_rows
@@ -84,9 +98,13 @@ class PassCost:
         self._unit_measured = False  # whether a 1-row pass set the unit (an inferred one is replaced)
         # Weighted least-squares sums over (x, y) = (rows, cost in plain steps): prior points + faded data.
         xs = (float(min_rows), 16.0)
-        self._prior = [prior_weight * 2, sum(xs) * prior_weight, sum(x * x for x in xs) * prior_weight,
-                       sum(base + per_row * x for x in xs) * prior_weight,
-                       sum(x * (base + per_row * x) for x in xs) * prior_weight]  # fmt: skip
+        self._prior = [
+            prior_weight * 2,
+            sum(xs) * prior_weight,
+            sum(x * x for x in xs) * prior_weight,
+            sum(base + per_row * x for x in xs) * prior_weight,
+            sum(x * (base + per_row * x) for x in xs) * prior_weight,
+        ]
         self._data = [0.0] * 5
 
     def cost(self, rows: int) -> float:
@@ -94,6 +112,25 @@ class PassCost:
         if rows <= 1:
             return 1.0
         return max(1.0, self.base + self.per_row * max(rows, self.min_rows))
+
+    def __call__(self, rows: int) -> float:
+        """:meth:`cost`: a :class:`PassCost` serves wherever a bare curve ``cost(rows)`` is asked for."""
+        return self.cost(rows)
+
+    def drafted(self, rows: int, tokens: int, batch: int = 1) -> float:
+        """A pass over ``rows`` rows verifying ``tokens`` draft tokens of a batch of ``batch`` rows, in plain steps.
+
+        ``cost(rows)``, plus ``per_token`` a draft token, plus ``switch`` when
+        any row drafts at ``batch >= 2`` (a chain at batch 1 keeps the mask-free
+        call).  Does not change state.
+
+        >>> c = PassCost(1.2, 0.02, 4, switch=0.1, per_token=0.01)
+        >>> c.drafted(4, 0, batch=4), round(c.drafted(8, 4, batch=4), 2), round(c.drafted(5, 4), 2)
+        (1.28, 1.5, 1.34)
+        """
+        if tokens <= 0:
+            return self.cost(rows)
+        return self.cost(rows) + self.per_token * tokens + (self.switch if batch > 1 else 0.0)
 
     def break_even(self, rows: int) -> float:
         """Accepted draft tokens a pass over ``rows`` rows must bring to beat plain steps.
@@ -141,12 +178,13 @@ class PassCost:
         return True
 
 
-def flat_until(rows: int, per_row: float = 0.01) -> PassCost:
+def flat_until(rows: int, per_row: float = 0.01, *, switch: float = 0.0, per_token: float = 0.0) -> PassCost:
     """A fixed cost curve that stays at one plain step up to ``rows`` rows, then grows ``per_row`` a row.
 
     What a small model on a GPU looks like (a pass is bound by reading the
-    weights until the batch fills the chip).  For replays and tests; it learns
-    like any other :class:`PassCost` if updated.
+    weights until the batch fills the chip).  ``switch`` and ``per_token``: the
+    drafted pass's extra terms (:meth:`PassCost.drafted`).  For replays and
+    tests; it learns like any other :class:`PassCost` if updated.
 
     >>> gpu = flat_until(64)
     >>> gpu.cost(2), gpu.cost(64), round(gpu.cost(114), 2)
@@ -154,4 +192,4 @@ def flat_until(rows: int, per_row: float = 0.01) -> PassCost:
     """
     if rows < 2 or not 0 < per_row * rows < 1:
         raise ValueError(f"flat_until needs rows >= 2 and 0 < per_row * rows < 1, got rows={rows}, per_row={per_row}")
-    return PassCost(1.0 - per_row * rows, per_row, rows)
+    return PassCost(1.0 - per_row * rows, per_row, rows, switch=switch, per_token=per_token)

@@ -77,7 +77,7 @@ def test_the_first_cut_token_is_judged_by_the_targets_own_token():
         wrong.record(Draft(), 0, offered, next_token=5)
         blind.record(Draft(), 0)  # without the observation nothing is learned
     assert right.estimates(offered)[0] > fresh + 0.3
-    assert wrong.estimates(offered)[0] < fresh - 0.3
+    assert wrong.estimates(offered)[0] < fresh / 4  # the prior expects little; ten misses expect less
     assert blind.estimates(offered) == AdaptiveController().estimates(offered)
     assert right.plain_steps == 10 and right.speculative_steps == 0  # still plain steps in the statistics
 

@@ -30,8 +30,15 @@ class SleepyTarget(torch.nn.Module):
 
     def __init__(self, name: str, fixed: float, per_token: float, fail: bool = False) -> None:
         super().__init__()
-        self.config = LlamaConfig(vocab_size=32, hidden_size=8, num_hidden_layers=1, num_attention_heads=1,
-                                  num_key_value_heads=1, intermediate_size=8, max_position_embeddings=512)  # fmt: skip
+        self.config = LlamaConfig(
+            vocab_size=32,
+            hidden_size=8,
+            num_hidden_layers=1,
+            num_attention_heads=1,
+            num_key_value_heads=1,
+            intermediate_size=8,
+            max_position_embeddings=512,
+        )
         self.config.name_or_path = name
         self.fixed, self.per_token, self.fail, self.calls = fixed, per_token, fail, 0
         self.weight = torch.nn.Parameter(torch.zeros(1))  # a device and a dtype, as a real model has
@@ -168,3 +175,22 @@ def test_an_unnamed_model_is_profiled_for_itself_and_never_stored(profile_mode):
     first, second = SleepyTarget("", fixed=0.002, per_token=0.0), SleepyTarget("", fixed=0.002, per_token=0.0)
     assert batch_cost_model(first) is not batch_cost_model(second)  # two models built in code: two profiles
     assert not profile_file().exists()  # a class name is no identity to keep on disk
+
+
+def test_a_profile_prices_the_masked_path_and_the_host_work_of_a_draft_token():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # both terms are timed on a real model: no fallback
+        cost = profile_pass_cost(tiny_llama(64, seed=0), context=24, rows=(1, 2, 8), repeats=1)
+    assert cost.switch >= 0.0 and cost.per_token > 0.0
+    assert cost.drafted(8, 4, batch=4) == pytest.approx(cost.cost(8) + 4 * cost.per_token + cost.switch)
+
+
+def test_a_stored_line_without_the_extra_terms_keeps_its_line_and_gains_them(profile_mode):
+    profile_file().parent.mkdir(parents=True, exist_ok=True)
+    profile_file().write_text(json.dumps({"old-key": {"base": 1.5, "per_row": 0.05, "min_rows": 8}}))
+    cost = stored_profile(tiny_llama(64, seed=0), "old-key")
+    assert (cost.base, cost.per_row, cost.min_rows) == (1.5, 0.05, 8) and cost.per_token > 0.0
+    entry = json.loads(profile_file().read_text())["old-key"]
+    assert entry["per_token"] == cost.per_token and entry["switch"] == cost.switch and entry["base"] == 1.5

@@ -77,3 +77,84 @@ def test_calibration_tells_openings_from_followers_and_uses_the_proposers_estima
     assert c.estimate(hi)[0] > 0.9 and c.estimate(lo)[0] < 0.1
     with pytest.raises(ValueError, match="between 0"):
         c.update(hi, 3)
+
+
+# --- every cost a slot adds, and acceptance from evidence --------------------------------------------------
+
+CPU = PassCost(1.2, 0.024, 16, switch=0.02, per_token=0.001)  # the shape profiled on a 2-thread CPU
+GPU = flat_until(64, switch=0.05, per_token=0.01)  # a pass costs one step to 64 rows; host work per token remains
+OFFERED = Draft(tokens=tuple(range(10, 26)), sources=("prompt_lookup",) * 16)
+
+
+def run_rows(survives, curve, steps=40):
+    """Steps of the allocation over rows whose drafts survive whole (True) or never (False); each row's controller
+    learns as the loop teaches it (the verified prefix, and the first offered token judged when cut).  Returns the
+    draft tokens admitted per row per step."""
+    from grammarspec.adaptive import AdaptiveController
+
+    controllers = [AdaptiveController() for _ in survives]
+    history = []
+    for _ in range(steps):
+        lengths = plan_drafts([OFFERED] * len(survives), controllers, None, curve, pending=[1] * len(survives))
+        for controller, k, good in zip(controllers, lengths, survives):
+            controller.allocated(k, len(OFFERED))
+            accepted = k if good else 0
+            next_token = OFFERED.tokens[k] if good and k < len(OFFERED) else -1
+            controller.record(OFFERED.truncate(k), accepted, OFFERED, next_token=next_token)
+        history.append(lengths)
+    return history
+
+
+@pytest.mark.parametrize("curve", [CPU, GPU], ids=["cpu", "gpu"])
+@pytest.mark.parametrize("batch", [1, 2, 4, 8, 16])
+def test_a_row_whose_drafts_never_survive_drafts_nothing_at_any_batch_size(curve, batch):
+    alone = run_rows([False] * batch, curve)
+    assert all(k == 0 for step in alone[5:] for k in step)  # a few misses are evidence enough, for good
+    beside_good = run_rows([False] + [True] * (batch - 1), curve)
+    assert all(step[0] == 0 for step in beside_good[5:])
+
+
+def test_a_row_whose_drafts_survive_drafts_long_on_a_flat_gpu_curve_and_shorter_on_a_cpu():
+    for batch in (1, 2, 3):  # 3 rows of 17 fit in the flat part
+        assert run_rows([True] * batch, GPU)[-1] == [16] * batch
+    for batch in (2, 3, 4):  # good but uncertain guesses: longer where wider passes cost nothing
+        likely = [[0.9] * 16] * batch
+        assert sum(allocate(likely, GPU, pending=[1] * batch)) > sum(allocate(likely, CPU, pending=[1] * batch)) > 0
+
+
+def test_one_long_draft_widens_every_row_of_a_padded_pass():
+    lone = [[0.9, 0.9]] + [[]] * 15
+    assert allocate(lone, PassCost(), base_rows=16)[0] == 2  # packed: two rows for 1.7 tokens
+    assert allocate(lone, PassCost(), pending=[1] * 16)[0] == 0  # padded: 16 rows a column
+    assert allocate([[0.9, 0.9]] * 16, PassCost(), pending=[1] * 16) == [2] * 16  # every row fills the width
+    # a tree's fixed width is room the chains fill for nothing but their host work
+    assert allocate([[0.5, 0.5]] * 3, PassCost(), pending=[1] * 3, fixed=[5]) == [2, 2, 2]
+    with pytest.raises(ValueError, match="base_rows .* or pending"):
+        allocate([[0.5]], PassCost(), base_rows=1, pending=[1])
+
+
+def test_the_switch_to_masked_rows_and_host_work_are_paid_by_what_drafts():
+    row = [[0.3]]
+    assert allocate(row * 4, PassCost(1.0, 0.001, 1), pending=[1] * 4) == [1] * 4
+    assert allocate(row * 4, PassCost(1.0, 0.001, 1, switch=1.0), pending=[1] * 4) == [0] * 4  # 1.2 for 1 step
+    assert allocate(row, PassCost(1.0, 0.001, 1, switch=1.0), pending=[1]) == [1]  # batch 1 keeps its path
+    assert allocate(row, PassCost(1.0, 0.001, 1, per_token=0.5), pending=[1]) == [0]
+
+
+def test_a_request_starts_from_its_traffics_evidence():
+    from grammarspec.adaptive import AdaptiveController
+
+    recent = Calibration()
+    for _ in range(50):
+        recent.update(OFFERED.truncate(1), 0)  # this kind of traffic's lookups never survive
+    seeded = AdaptiveController(calibration=Calibration.seeded_from(recent))
+    assert plan_drafts([OFFERED], [seeded], None, GPU, pending=[1]) == [0]
+    cold = AdaptiveController()  # no evidence: drafts only where a long shot pays
+    assert plan_drafts([OFFERED], [cold], None, GPU, pending=[1])[0] >= 8
+    assert (
+        plan_drafts([OFFERED] * 16, [AdaptiveController() for _ in range(16)], None, CPU, pending=[1] * 16) == [0] * 16
+    )
+    forced = Draft(tokens=(1, 2) + OFFERED.tokens[:4], sources=("jump_forward",) * 2 + ("prompt_lookup",) * 4)
+    assert (
+        plan_drafts([forced] * 16, [AdaptiveController() for _ in range(16)], None, CPU, pending=[1] * 16) == [2] * 16
+    )  # grammar-forced text is always tried, so a cold row gathers evidence

@@ -6,10 +6,10 @@ import pytest
 from proposer_fakes import RuleMatcher, fixed
 from toy import toy_tokenizer
 
-from proposers.base import GrammarView, Request
+from proposers.base import Draft, GrammarView, Request
 from proposers.compose import CompositeProposer
 from proposers.cost import PassCost, flat_until
-from proposers.track import Track
+from proposers.track import Calibration
 
 
 def test_prior_is_the_measured_cpu_model():
@@ -47,11 +47,11 @@ def test_bad_measurements_and_settings_are_refused():
         PassCost(base=0.0)
 
 
-def test_a_track_is_worth_its_pass_by_the_cost_model():
+def test_a_record_is_worth_its_pass_by_the_cost_model():
     cheap, dear = PassCost(), PassCost(base=3.0)
-    assert Track(cost=cheap).worth(8)  # expects 2 accepted tokens; the pass costs 0.57 beyond a plain step
-    assert not Track(cost=dear).worth(8)  # here it costs 2.27 beyond one
-    assert not Track().worth(0)
+    draft = Draft(tokens=tuple(range(8)), sources=("guess",) * 8)
+    expected = Calibration(default_open=0.5).expected(draft)  # about 2 accepted tokens
+    assert cheap.break_even(9) < expected < dear.break_even(9)  # 0.57 beyond a plain step; 2.27 beyond one
 
 
 def test_the_composite_holds_back_drafts_when_passes_turn_out_dear():

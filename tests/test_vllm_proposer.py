@@ -89,8 +89,8 @@ class Recorder:
 
     name = "recorder"
 
-    def __init__(self, guess: list[int]) -> None:
-        self.guess = guess
+    def __init__(self, guess: list[int], confidence: float | None = None) -> None:
+        self.guess, self.confidence = guess, confidence
         self.told: list[tuple[tuple[int, ...], int]] = []
         self.requests = []
 
@@ -98,7 +98,9 @@ class Recorder:
         self.requests.append(request)
 
     def propose(self, context, grammar, k):
-        return Draft(tokens=tuple(self.guess[:k]), sources=("recorder",) * min(k, len(self.guess)))
+        n = min(k, len(self.guess))
+        sure = (self.confidence,) * n if self.confidence is not None else None
+        return Draft(tokens=tuple(self.guess[:k]), sources=("recorder",) * n, confidence=sure)
 
     def commit(self, draft, num_accepted, committed) -> None:
         self.told.append((draft.tokens, num_accepted, tuple(committed)))
@@ -177,7 +179,7 @@ def test_a_row_in_prefill_gets_no_draft_and_keeps_no_state(smol_tokenizer):
 def test_k_is_capped_by_max_tokens_and_the_speculative_budget(smol_tokenizer):
     engine = FakeEngine(GPUModelRunner())
     proposer = make(smol_tokenizer, engine.runner, k=3)
-    proposer.make_proposer = lambda: Recorder(list(range(100, 110)))
+    proposer.make_proposer = lambda: Recorder(list(range(100, 110)), confidence=1.0)  # sure: the budget alone cuts it
     engine.add("a", [5, 6, 7], None, max_tokens=4)
     assert engine.step(proposer, [[10]]) == [[100, 101]]  # 1 output token, room for 3: 2 drafted + the target's
     assert engine.step(proposer, [[100, 101, 55]]) == [[]]  # 4 output tokens: the request ends here

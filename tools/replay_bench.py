@@ -3,6 +3,7 @@
     .venv/bin/python tools/replay_bench.py bench-out/results.json            # the baseline's outputs, "auto"
     .venv/bin/python tools/replay_bench.py bench-out/results.json --assistant schema_ngram
     .venv/bin/python tools/replay_bench.py --references                      # the task file's reference answers
+    .venv/bin/python tools/replay_bench.py --references --gpu-flat 64 --per-token 0.01   # a modelled GPU
 
 Under greedy decoding the output does not depend on the proposer, so a recorded
 output shows exactly what each draft would have got. The replay runs the real
@@ -10,12 +11,15 @@ loop, :func:`grammarspec.decoding.decode`, against an oracle target whose greedy
 choice is the recorded output (:class:`tools.oracle.OracleLM`), with the same
 :class:`~grammarspec.adaptive.AdaptiveController` fed the modelled pass costs
 instead of wall time. It prints the target passes per task and category,
-and a modelled speedup in which a pass of ``r`` rows costs ``--pass-base +
---row-cost * max(r, 4)`` plain steps (measured with 2 threads on this CPU at an
-850-token context: 85 ms for 1 row, about 125 ms for 4-8 rows, 146 ms for 16,
-190 ms for 24; fewer than 4 rows cost as much as 4, because the BLAS takes a
-slower path for the 2-3 row LM-head product). Seconds, not counts, come from
-``grammarspec bench``. Use this to compare
+the draft tokens verified per step, and a *modelled* speedup: every figure
+but the passes and tokens comes from the cost model given, never from a
+clock. A pass of ``r`` rows verifying ``d`` draft tokens costs
+``--pass-base + --row-cost * max(r, --min-rows)`` plain steps plus
+``--per-token * d`` (:meth:`proposers.cost.PassCost.drafted`; the CPU prior
+by default, or a profiled curve given by its numbers); ``--gpu-flat N``
+models a GPU instead, a pass costing one plain step up to ``N`` rows. The
+drafting policy sizes drafts on the same model. Seconds, not counts, come
+from ``grammarspec bench``. Use this to compare
 drafter changes in a few seconds, on recorded outputs or on reference answers.
 On a results.json that holds the preset's own runs, the modelled decode
 speedup is also turned into an end-to-end one: the baseline's prompt pass is
@@ -32,7 +36,6 @@ splits would add.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import statistics
 import sys
@@ -44,7 +47,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from proposers.cost import PRIOR_BASE, PRIOR_PER_ROW, PassCost, flat_until  # noqa: E402  (after the path is set)
+from proposers.cost import PRIOR_BASE, PRIOR_MIN_ROWS, PRIOR_PER_ROW, PassCost, flat_until  # noqa: E402
 
 
 def pass_cost(rows: int, base: float = PRIOR_BASE, per_row: float = PRIOR_PER_ROW) -> float:
@@ -80,6 +83,7 @@ def _grammar_for(tokenizer: Any, schema: dict, output: list[int]) -> tuple[Any, 
     eos = tokenizer.eos_token_id
     vocab = max(len(tokenizer), tokenizer.vocab_size)
     spec = grammar_spec(schema=schema)
+    assert spec is not None, "a schema always makes a grammar spec"
     compiled = compile_grammar(spec, tokenizer, vocab_size=vocab, stop_token_ids=(eos,))
     check = compiled.matcher()
     if any(not check.accept(t) for t in output):
@@ -103,10 +107,10 @@ def replay(
     output's text with other tokens (a bound; see the module doc).
     """
     from grammarspec.adaptive import AdaptiveController
-    from grammarspec.api import _k_min
-    from grammarspec.assistant import resolve_assistant
+    from grammarspec.adaptive import k_min as _k_min
     from grammarspec.decoding import DecodeConfig, decode
     from proposers.base import Request
+    from proposers.presets import resolve_assistant
     from proposers.text import token_text
     from tools.oracle import OracleLM
 
@@ -118,19 +122,38 @@ def replay(
     table = token_text(tokenizer).vocab_bytes if split_oracle else None
     oracle = OracleLM(prompt, output, vocab, eos_token_id=eos, split_bytes=table)
     proposer = resolve_assistant(assistant)
+    assert proposer is not None, f"--assistant {assistant!r} drafts nothing: name a preset"
     controller = AdaptiveController(k_min=_k_min(proposer, k_max), k_max=k_max)
     proposer.start(Request(prompt_ids=tuple(prompt), tokenizer=tokenizer, schema=spec.schema))
     # the output's own length bounds the drafts as it bounds the real run (a split bound may take more tokens)
     config = DecodeConfig(max_new_tokens=len(output) * (2 if split_oracle else 1), eos_token_ids=(eos,))
-    new, stats = decode(oracle, prompt, config, matcher=compiled.matcher(max_rollback=k_max + 1),
-                        proposer=proposer, controller=controller, tokenizer=tokenizer, step_cost=cost)  # fmt: skip
+    new, stats = decode(
+        oracle,
+        prompt,
+        config,
+        matcher=compiled.matcher(max_rollback=k_max + 1),
+        proposer=proposer,
+        controller=controller,
+        tokenizer=tokenizer,
+        step_cost=cost,
+    )
     passes = stats.target_forwards
-    spent = sum(cost(proposed + 1) for proposed, _ in stats.steps)
+    spent = sum(_spent(cost, proposed) for proposed, _ in stats.steps)
     tokens = oracle.spelled_tokens(new)
     drafted = sum(proposed for proposed, _ in stats.steps[1:]) / max(1, len(stats.steps) - 1)  # after the prompt
-    return {"tokens": tokens, "passes": passes, "per_pass": tokens / max(1, passes),
-            "speedup": tokens / spent if spent else 0.0, "forced": stats.forced_tokens,
-            "drafted": drafted}  # fmt: skip
+    return {
+        "tokens": tokens,
+        "passes": passes,
+        "per_pass": tokens / max(1, passes),
+        "speedup": tokens / spent if spent else 0.0,
+        "forced": stats.forced_tokens,
+        "drafted": drafted,
+    }
+
+
+def _spent(cost: Callable[[int], float], drafted: int) -> float:
+    """Plain steps of a batch-1 pass verifying ``drafted`` draft tokens (with a :class:`PassCost`'s host term)."""
+    return cost.drafted(drafted + 1, drafted) if isinstance(cost, PassCost) else cost(drafted + 1)
 
 
 def time_passes(
@@ -232,10 +255,10 @@ def replay_tree(
     ``None`` when the grammar rejects the output.
     """
     from grammarspec.adaptive import AdaptiveController
-    from grammarspec.api import _k_min
-    from grammarspec.assistant import resolve_assistant
+    from grammarspec.adaptive import k_min as _k_min
     from grammarspec.decoding import DecodeConfig, decode
     from proposers.base import Request
+    from proposers.presets import resolve_assistant
     from proposers.tree import TreeProposer
     from tools.oracle import OracleLM
 
@@ -244,7 +267,9 @@ def replay_tree(
         return None
     spec, compiled, eos, vocab = grammar
     k_max = 16
-    tree_proposer = TreeProposer.from_shape(resolve_assistant(assistant), shape)
+    drafter = resolve_assistant(assistant)
+    assert drafter is not None, f"--assistant {assistant!r} drafts nothing: name a preset"
+    tree_proposer = TreeProposer.from_shape(drafter, shape)
     proposer = _CountTrees(tree_proposer)
     controller = AdaptiveController(k_min=_k_min(tree_proposer, k_max), k_max=k_max)
     proposer.start(Request(prompt_ids=tuple(prompt), tokenizer=tokenizer, schema=spec.schema))
@@ -258,15 +283,29 @@ def replay_tree(
     def on_step(state: Any) -> None:
         rows.append(proposer.nodes)
 
-    new, stats = decode(oracle, prompt, config, matcher=compiled.matcher(max_rollback=max(tree_proposer.size, k_max) + 1),
-                        proposer=proposer, controller=controller, tokenizer=tokenizer, step_cost=step_cost,
-                        on_step=on_step)  # fmt: skip
+    new, stats = decode(
+        oracle,
+        prompt,
+        config,
+        matcher=compiled.matcher(max_rollback=max(tree_proposer.size, k_max) + 1),
+        proposer=proposer,
+        controller=controller,
+        tokenizer=tokenizer,
+        step_cost=step_cost,
+        on_step=on_step,
+    )
     passes = stats.target_forwards
     per_pass_nodes = [b - a for a, b in zip([0] + rows[:-1], rows)]  # nodes verified in each pass
     spent = sum(cost(1 + n) for n in per_pass_nodes)
-    return {"tokens": len(new), "passes": passes, "per_pass": len(new) / max(1, passes),
-            "speedup": len(new) / spent if spent else 0.0, "forced": stats.forced_tokens, "trees": proposer.trees,
-            "rows": (proposer.nodes + passes) / max(1, passes)}  # fmt: skip
+    return {
+        "tokens": len(new),
+        "passes": passes,
+        "per_pass": len(new) / max(1, passes),
+        "speedup": len(new) / spent if spent else 0.0,
+        "forced": stats.forced_tokens,
+        "trees": proposer.trees,
+        "rows": (proposer.nodes + passes) / max(1, passes),
+    }
 
 
 def tree_shapes(
@@ -315,9 +354,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--pass-base", type=float, default=PRIOR_BASE, help="fixed cost of a pass with drafts, in plain steps"
     )
-    parser.add_argument(
-        "--row-cost", type=float, default=PRIOR_PER_ROW, help="cost of each row of such a pass (4 at least)"
-    )
+    parser.add_argument("--row-cost", type=float, default=PRIOR_PER_ROW, help="cost of each row of such a pass")
+    parser.add_argument("--min-rows", type=int, default=PRIOR_MIN_ROWS, help="a pass costs at least this many rows")
+    parser.add_argument("--per-token", type=float, default=0.0, help="host cost of each draft token, plain steps")
+    parser.add_argument("--switch", type=float, default=0.0, help="masked-path cost of a drafted pass at batch > 1")
     parser.add_argument(
         "--split-oracle",
         action="store_true",
@@ -355,15 +395,21 @@ def main(argv: list[str] | None = None) -> int:
         runs = {(r["task"], r["arm"]): r for r in json.loads(Path(args.results).read_text())["runs"]}
         outputs = [(task, r["tokens"]) for (task, arm), r in runs.items() if arm == "baseline" and "error" not in r]
     per_category: dict[str, list[dict[str, float]]] = defaultdict(list)
-    cost = functools.partial(pass_cost, base=args.pass_base, per_row=args.row_cost)
+    cost: Callable[[int], float] = PassCost(
+        args.pass_base, args.row_cost, args.min_rows, switch=args.switch, per_token=args.per_token
+    )
+    curve = f"{args.pass_base} + {args.row_cost} * max(rows, {args.min_rows})"
     if args.gpu_flat:  # a modelled GPU: a pass costs one plain step up to this many rows
-        cost = flat_until(args.gpu_flat).cost
+        cost = flat_until(args.gpu_flat, switch=args.switch, per_token=args.per_token)
+        curve = f"flat to {args.gpu_flat} rows (a GPU)"
+    curve += f", + {args.per_token} per draft token"
     if args.trees:  # [tree16]
         return _trees_main(args, tokenizer, tasks, outputs, cost)
     for task_id, output in outputs:
         task = tasks[task_id]
-        counts = replay(tokenizer, _prompt_ids(tokenizer, task), task.schema, output, args.assistant, cost,
-                        args.split_oracle)  # fmt: skip
+        counts = replay(
+            tokenizer, _prompt_ids(tokenizer, task), task.schema, output, args.assistant, cost, args.split_oracle
+        )
         if counts is None:
             print(f"{task_id:40s} skipped: the grammar rejects this output")
             continue
@@ -371,20 +417,24 @@ def main(argv: list[str] | None = None) -> int:
         if measured is not None and "error" not in measured:  # the bench ran this preset: its prompt pass is known
             counts["end_to_end"] = end_to_end(runs[(task_id, "baseline")], measured, counts["speedup"])
         per_category[task.category].append(counts)
-        print(f"{task_id:40s} {counts['tokens']:4.0f} tokens {counts['passes']:4.0f} passes "
-              f"{counts['per_pass']:5.2f} per pass, {counts['drafted']:5.2f} drafted per step, "
-              f"modelled {counts['speedup']:4.2f}x")  # fmt: skip
+        print(
+            f"{task_id:40s} {counts['tokens']:4.0f} tokens {counts['passes']:4.0f} passes "
+            f"{counts['per_pass']:5.2f} per pass, {counts['drafted']:5.2f} drafted per step, "
+            f"{counts['speedup']:4.2f}x modelled"
+        )
     oracle = ", split oracle" if args.split_oracle else ""
     print(
-        f"\nassistant={args.assistant!r}{oracle}, pass cost {args.pass_base} + {args.row_cost} per row (plain steps); "
-        "medians per category:"
+        f"\nassistant={args.assistant!r}{oracle}; modelled pass cost (plain steps): {curve}; "
+        "medians per category (drafted: mean draft tokens verified per step):"
     )
     for category, rows in per_category.items():
         whole = [r["end_to_end"] for r in rows if "end_to_end" in r]
-        print(f"  {category:12s} {len(rows):3d} tasks  {statistics.median(r['per_pass'] for r in rows):5.2f} tokens "
-              f"per pass  {statistics.mean(r['drafted'] for r in rows):5.2f} drafted per step  "
-              f"modelled {statistics.median(r['speedup'] for r in rows):4.2f}x"
-              + (f" (end to end {statistics.median(whole):4.2f}x with the bench's prompt passes)" if whole else ""))  # fmt: skip
+        print(
+            f"  {category:12s} {len(rows):3d} tasks  {statistics.median(r['per_pass'] for r in rows):5.2f} tokens "
+            f"per pass  {statistics.mean(r['drafted'] for r in rows):5.2f} drafted per step  "
+            f"{statistics.median(r['speedup'] for r in rows):4.2f}x modelled"
+            + (f" (end to end {statistics.median(whole):4.2f}x with the bench's prompt passes)" if whole else "")
+        )
     return 0
 
 
@@ -403,8 +453,10 @@ def _time_rows_main(args: argparse.Namespace) -> int:  # [tree16]
     context = (context * (1 + args.context // len(context)))[: args.context]
     rows = [int(r) for r in args.time_rows.split(",")]
     timed = time_passes(model, context, sorted(set(rows) - {1}), repeats=args.repeats)
-    print(f"context {len(context)} tokens, {torch.get_num_threads()} threads, {args.repeats} repeats; "
-          f"plain 1-row step: median {timed[1]['plain'] * 1e3:.1f} ms")  # fmt: skip
+    print(
+        f"context {len(context)} tokens, {torch.get_num_threads()} threads, {args.repeats} repeats; "
+        f"plain 1-row step: median {timed[1]['plain'] * 1e3:.1f} ms"
+    )
     print("| rows | chain pass (ms) | tree pass (ms) | chain, plain steps | tree, plain steps |")
     print("|---:|---:|---:|---:|---:|")
     table = {1: 1.0}
@@ -431,15 +483,19 @@ def _trees_main(
     jobs = [
         (tid, tasks[tid].category, _prompt_ids(tokenizer, tasks[tid]), tasks[tid].schema, out) for tid, out in outputs
     ]
-    result = tree_shapes(tokenizer, jobs, shapes, cost, args.assistant)  # type: ignore[arg-type]
-    print(f"assistant={args.assistant!r}, cost {'table ' + args.cost_table if args.cost_table else 'model'}; "
-          "width x size [x branch] (width 1 = chain): medians per category")  # fmt: skip
+    result = tree_shapes(tokenizer, jobs, shapes, cost, args.assistant)
+    print(
+        f"assistant={args.assistant!r}, cost {'table ' + args.cost_table if args.cost_table else 'model'}; "
+        "width x size [x branch] (width 1 = chain): medians per category"
+    )
     print("| shape | category | tasks | passes | tokens per pass | rows per pass | tree steps | modelled speedup |")
     print("|---|---|---:|---:|---:|---:|---:|---:|")
     for shape, categories in result.items():
         for category, r in categories.items():
-            print(f"| {shape} | {category} | {r['tasks']} | {r['passes']} | {r['per_pass']:.2f} | "
-                  f"{r['rows']:.1f} | {r['trees']} | {r['speedup']:.2f}x |")  # fmt: skip
+            print(
+                f"| {shape} | {category} | {r['tasks']} | {r['passes']} | {r['per_pass']:.2f} | "
+                f"{r['rows']:.1f} | {r['trees']} | {r['speedup']:.2f}x |"
+            )
     return 0
 
 
