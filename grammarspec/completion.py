@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from .stats import GenerationStats
+from .templates import fit_messages
 
 __all__ = ["Completion", "complete", "build_prompt", "describe_schema"]
 
@@ -99,6 +100,7 @@ def build_prompt(
         else:
             messages.insert(0, {"role": "system", "content": system_text})
     if getattr(tokenizer, "chat_template", None):
+        messages = fit_messages(tokenizer, messages)  # what the template drops goes into a user turn
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     else:
         text = "\n".join(m["content"] for m in messages) + "\n"

@@ -130,6 +130,7 @@ def tool_constraint(
     tool_choice: Any = "auto",
     parallel_tool_calls: bool = False,
     tool_format: str = "json",
+    any_whitespace: bool = False,
 ) -> dict[str, Any]:
     """Keyword arguments for :func:`grammarspec.generate` that make one assistant turn.  Pure.
 
@@ -137,6 +138,8 @@ def tool_constraint(
     "parallel_tool_calls": ...}``: exactly one call (or a list) in the JSON
     format -- ``"required"`` and a named function; ``{"grammar": <EBNF>}``:
     text or call(s), or any model format, from an xgrammar structural tag.
+    A model format's arguments are compact JSON unless ``any_whitespace``
+    (:func:`_compact_arguments`).
     """
     chosen, mode = _normalize(tools, tool_choice)
     if not chosen:
@@ -158,7 +161,39 @@ def tool_constraint(
         reasoning="disabled",
         parallel_tool_calls=bool(parallel_tool_calls),
     )
+    if not any_whitespace:
+        _compact_arguments(tag.format)
     return {"grammar": str(xgr.Grammar.from_structural_tag(tag))}
+
+
+def _compact_arguments(fmt: Any) -> None:
+    """Make every JSON-schema content of a structural tag compact JSON.  Changes ``fmt`` in place.
+
+    xgrammar's model formats allow any whitespace inside the arguments (a
+    random or weak model then writes blanks until the token limit).  Each
+    ``json_schema`` content of style ``json`` becomes the schema's grammar
+    without free whitespace, with the separators the format's own fixed text
+    uses (``{"name": "f", "arguments": `` in Qwen's: ``", "`` and ``": "``,
+    as its chat template's ``tojson`` writes them).
+    """
+    import xgrammar as xgr
+    from xgrammar.structural_tag import GrammarFormat, JSONSchemaFormat
+
+    spaced = any('": ' in str(getattr(tag, "begin", "")) for tag in _tag_formats(fmt))
+    separators = (", ", ": ") if spaced else (",", ":")
+    for name, value in vars(fmt).items():
+        items = value if isinstance(value, list) else [value]
+        for i, item in enumerate(items):
+            if isinstance(item, JSONSchemaFormat) and item.style == "json" and not item.any_order:
+                schema = item.json_schema if isinstance(item.json_schema, str) else json.dumps(item.json_schema)
+                grammar = xgr.Grammar.from_json_schema(schema, any_whitespace=False, separators=separators)
+                compact = GrammarFormat(grammar=str(grammar))
+                if isinstance(value, list):
+                    value[i] = compact
+                else:
+                    setattr(fmt, name, compact)
+            elif hasattr(item, "type") and hasattr(item, "model_fields"):
+                _compact_arguments(item)
 
 
 def _text_or_call_ebnf(call_schema: dict[str, Any]) -> str:

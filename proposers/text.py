@@ -52,6 +52,7 @@ class TokenText:
         self._bytes: list[bytes] | None = None
         self._sorted: tuple[list[bytes], list[int]] | None = None
         self._extensions: dict[int, tuple[int, ...]] = {}  # token -> extensions(token)
+        self._adds_prefix: bool | None = None
         self.special_ids: frozenset[int] = frozenset(int(t) for t in (tokenizer.all_special_ids or ()))
 
     @property
@@ -128,18 +129,37 @@ class TokenText:
                 self._continuations.popitem(last=False)
         return list(found)
 
+    @property
+    def adds_prefix(self) -> bool:
+        """Whether encoding text alone adds to it (a SentencePiece dummy prefix: ``x`` encodes as ``▁x``).
+
+        Such a tokenizer never encodes a text the way it continues a context,
+        so :meth:`_continuation` reads continuations after an anchor instead.
+        """
+        if self._adds_prefix is None:
+            probe = "x"
+            self._adds_prefix = self.bytes_of(self.encode(probe)) != probe.encode("utf-8")
+        return self._adds_prefix
+
     def _continuation(self, context: tuple[int, ...], text: str) -> tuple[int, ...]:
         """The uncached rule of :func:`continuation_tokens`, after the tail ``context``."""
         target = text.encode("utf-8")
         specials = self.special_ids
+        anchored = self.adds_prefix
         n = len(context)
         for lb in range(n, -1, -1):
             tail = context[n - lb :]
             if any(t in specials for t in tail):
                 continue
+            tail_bytes = self.bytes_of(tail)
             try:
-                tail_text = self.bytes_of(tail).decode("utf-8")
+                tail_text = tail_bytes.decode("utf-8")
             except UnicodeDecodeError:
+                continue
+            if anchored:
+                found = self._after_anchor(tail, tail_bytes, tail_text, text, target)
+                if found is not None:
+                    return found
                 continue
             encoded = self.encode(tail_text + text)
             if encoded[:lb] == tail:
@@ -147,6 +167,46 @@ class TokenText:
                 if self.bytes_of(rest) == target:
                     return rest
         return ()
+
+    def _after_anchor(
+        self, tail: tuple[int, ...], tail_bytes: bytes, tail_text: str, text: str, target: bytes
+    ) -> tuple[int, ...] | None:
+        """The tokens of ``text`` after ``tail``, read from the encoding of ``ANCHOR + tail + text``.
+
+        A SentencePiece tokenizer prefixes the first word of what it encodes
+        with ``▁`` (the dummy prefix), so neither ``tail + text`` nor ``text``
+        alone encodes as a continuation.  After a newline (a byte-fallback
+        token that merges with nothing) the encoder sees the tail as a
+        continuation, as in the model's context.  Accepted only when the
+        encoding has token boundaries exactly where the tail and ``text``
+        start, the tokens between are ``tail`` itself and the rest spells
+        ``text``; otherwise ``None``.
+        """
+        encoded = self.encode(_ANCHOR + tail_text + text)
+        table = self.vocab_bytes
+        size = len(table)
+        lengths = [len(table[t]) if 0 <= t < size else -1 for t in encoded]
+        if min(lengths, default=0) < 0:
+            return None
+        total = sum(lengths)
+        start = total - len(tail_bytes) - len(target)
+        if start < 0 or self.bytes_of(encoded)[start:] != tail_bytes + target:
+            return None
+        i = position = 0
+        while position < start:
+            position += lengths[i]
+            i += 1
+        if position != start:
+            return None
+        j = i + len(tail)
+        if tuple(encoded[i:j]) != tail or sum(lengths[i:j]) != len(tail_bytes):
+            return None
+        return tuple(encoded[j:])
+
+
+#: What :meth:`TokenText._after_anchor` puts before a tail: a newline, which a
+#: SentencePiece vocabulary spells with a byte-fallback or a lone token.
+_ANCHOR = "\n"
 
 
 def _decoded_vocab(tokenizer: Any) -> list[bytes]:
