@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 import types
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -22,10 +22,11 @@ from transformers import GenerationConfig
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from grammars import compile_grammar
-from proposers.base import Request
+from proposers.base import Request, members
+from proposers.presets import resolve_assistant
 
 from .adaptive import AdaptiveController
-from .assistant import resolve_assistant
+from .assistant import draft_maker
 from .cache import logits_device
 from .constraint import Constraint
 from .decoding import DecodeConfig, RowRequest, decode_batch, logits_width
@@ -55,9 +56,9 @@ __all__ = ["DEFAULT_MAX_DRAFT", "GenerationOutput", "enable", "check_options", "
 DEFAULT_MAX_DRAFT = 16
 
 #: grammarspec's own keywords: after ``enable``, a call with any of them (whatever its value) is ours.
-_OUR_KWARGS = (
-    "schema", "tools", "tool_choice", "grammar", "regex", "json_object", "parallel_tool_calls", "any_whitespace",
-    "assistant", "grammar_backend", "max_draft_tokens", "adaptive", "generator", "strict", "compile_timeout", "max_batch_size", "update_cache",
+_OUR_KWARGS = Constraint.keywords() + (
+    "assistant", "grammar_backend", "max_draft_tokens", "adaptive", "generator", "strict", "compile_timeout",
+    "max_batch_size", "update_cache",
 )  # fmt: skip
 
 
@@ -190,12 +191,7 @@ def _generate(
         generation_kwargs["return_dict_in_generate"] = return_dict_in_generate
     config, unknown, default_length = resolve_config(model, generation_config, generation_kwargs)
     unknown = {k: v for k, v in unknown.items() if k not in ("output_scores", "output_logits")}
-    if unknown:
-        raise TypeError(
-            f"generate() got unknown arguments: {', '.join(sorted(unknown))}. Pass GenerationConfig fields "
-            "(max_new_tokens, do_sample, temperature, top_k, top_p, stop_strings, ...) or grammarspec's own "
-            "(schema, tools, grammar, regex, json_object, assistant, ...)."
-        )
+    _refuse_unknown("generate()", unknown, "schema, tools, grammar, regex, json_object, assistant")
     check_model_inputs(model, model_inputs)
     processors = list(logits_processor or ())
     check_stateless(processors)
@@ -218,8 +214,8 @@ def _generate(
     specs = [spec for spec in constraint.specs(len(rows)) for _ in range(repeat)]
     rows = [row for row in rows for _ in range(repeat)]  # HF: input_ids.repeat_interleave(n)
     compiled = _compile_rows(specs, tokenizer, vocab, eos, grammar_backend, strict, compile_timeout)
-    probe = resolve_assistant(assistant, draft_model=assistant_model)
-    for member in getattr(probe, "proposers", None) or [probe]:
+    probe = resolve_assistant(assistant, assistant_model, make_draft=draft_maker())
+    for member in members(probe) if probe is not None else []:
         check_assistant(model, getattr(member, "model", None), tokenizer)
     if probe is not None and tokenizer is None and needs_tokenizer(probe):
         raise ValueError(
@@ -246,9 +242,11 @@ def _generate(
     for prompt, spec, grammar_ in zip(rows, specs, compiled):
         pipeline = build_pipeline(config, prompt_length=len(prompt), eos_token_ids=eos, processors=processors,
                                   max_length=len(prompt) + max_new, device=logits_device(model))  # fmt: skip
-        proposer = resolve_assistant(assistant, draft_model=assistant_model, sampling=decode_config.sampling,
-                                     processing=pipeline, generator=generator, vocab_size=vocab)  # fmt: skip
-        for member in getattr(proposer, "proposers", None) or [proposer]:
+        make_draft = draft_maker(
+            sampling=decode_config.sampling, processing=pipeline, generator=generator, vocab_size=vocab
+        )
+        proposer = resolve_assistant(assistant, assistant_model, make_draft=make_draft)
+        for member in members(proposer) if proposer is not None else []:
             if isinstance(member, DraftModelProposer):  # one passed in: it drafts with this row's processing
                 member.bind(sampling=decode_config.sampling, processing=pipeline, generator=generator, vocab_size=vocab)
         controller = None
@@ -313,11 +311,16 @@ def check_options(model: torch.nn.Module, options: dict[str, Any], where: str = 
         warnings.simplefilter("ignore")  # the call itself warns where Hugging Face would
         _, unknown, _ = resolve_config(model, config, settings)
     unknown = {k: v for k, v in unknown.items() if k not in ("output_scores", "output_logits")}
+    _refuse_unknown(where, unknown, "assistant, max_draft_tokens, grammar_backend")
+
+
+def _refuse_unknown(where: str, unknown: Mapping[str, Any], ours: str) -> None:
+    """A ``TypeError`` naming ``unknown`` arguments and what ``where`` takes instead (``ours``: our own examples)."""
     if unknown:
         raise TypeError(
             f"{where} got unknown arguments: {', '.join(sorted(unknown))}. Pass GenerationConfig fields "
-            "(max_new_tokens, do_sample, temperature, top_k, top_p, stop_strings, ...) or grammarspec's own "
-            "(assistant, max_draft_tokens, grammar_backend, ...)."
+            f"(max_new_tokens, do_sample, temperature, top_k, top_p, stop_strings, ...) or grammarspec's own "
+            f"({ours}, ...)."
         )
 
 
@@ -425,8 +428,7 @@ def _k_min(proposer: Any, k_max: int) -> int:
     """
     from proposers.compose import is_model_proposer
 
-    members = getattr(proposer, "proposers", None) or [proposer]
-    if any(is_model_proposer(p) for p in members):
+    if any(is_model_proposer(p) for p in members(proposer)):
         return 1
     return k_max
 

@@ -1,9 +1,13 @@
-"""``assistant=`` -> a proposer, draft models included.
+"""The runtime's half of ``assistant=``: the one drafter that runs a model.
 
-:func:`proposers.presets.resolve_assistant` knows the presets and the pure
-drafters; this adds the one drafter that runs a model.  Each draft model gets
-the target row's processing, sampling mode and generator, so its distributions
-are processed exactly as the target's.
+:func:`proposers.presets.resolve_assistant` is the one resolver of
+``assistant=`` values (presets, proposers, lists, draft models); it stays
+below the runtime and so cannot build a draft model's proposer itself.
+:func:`draft_maker` gives it the runtime's way, as its ``make_draft=``.  Each
+draft model gets the target row's processing, sampling mode and generator, so
+its distributions are processed exactly as the target's::
+
+    resolve_assistant("auto", draft_model, make_draft=draft_maker(sampling=params))
 """
 
 from __future__ import annotations
@@ -13,27 +17,26 @@ from typing import Any
 import torch
 
 from proposers.base import Proposer
-from proposers.presets import resolve_assistant as resolve_pure
+from proposers.presets import MakeDraft
 
 from .draft_model import DraftModelProposer, Processing
 from .sampling import SamplingParams
 
-__all__ = ["resolve_assistant"]
+__all__ = ["draft_maker"]
 
 
-def resolve_assistant(
-    assistant: Any,
-    draft_model: Any = None,
+def draft_maker(
     *,
     sampling: SamplingParams | None = None,
     processing: Processing | None = None,
     generator: torch.Generator | None = None,
     vocab_size: int | None = None,
-) -> Proposer | None:
-    """Fresh proposer objects for ``assistant`` (see :func:`proposers.presets.resolve_assistant`)."""
+) -> MakeDraft:
+    """How a Hugging Face draft model becomes its proposer, for :func:`proposers.presets.resolve_assistant`."""
 
     def make_draft(model: Any) -> Proposer:
-        return DraftModelProposer(model, sampling=sampling, processing=processing, generator=generator,
-                                  vocab_size=vocab_size)  # fmt: skip
+        return DraftModelProposer(
+            model, sampling=sampling, processing=processing, generator=generator, vocab_size=vocab_size
+        )
 
-    return resolve_pure(assistant, draft_model, make_draft=make_draft)
+    return make_draft

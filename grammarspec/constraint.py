@@ -25,6 +25,9 @@ from grammars import GrammarError, GrammarSpec, grammar_spec
 
 __all__ = ["Constraint"]
 
+#: The fields that :meth:`Constraint.resolve` applies instead of passing them to :func:`grammars.grammar_spec`.
+_NOT_GRAMMAR = ("tool_choice", "tool_format")
+
 
 @dataclass(frozen=True)
 class Constraint:
@@ -55,6 +58,15 @@ class Constraint:
             value = getattr(self, name)
             if not isinstance(value, bool):
                 raise ValueError(f"{name}= must be True or False, got {value!r}")
+
+    @classmethod
+    def keywords(cls) -> tuple[str, ...]:
+        """The constraint keywords ``generate``, ``complete`` and ``Conversation`` take (every field but the format)."""
+        return tuple(f.name for f in dataclasses.fields(cls) if f.name != "tool_format")
+
+    def _grammar_arguments(self) -> dict[str, Any]:
+        """The fields :func:`grammars.grammar_spec` takes, by name (every field but the tool choice and format)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in _NOT_GRAMMAR}
 
     @property
     def others(self) -> list[str]:
@@ -105,10 +117,6 @@ class Constraint:
         out = []
         for schema in schemas:
             if id(schema) not in built:
-                built[id(schema)] = grammar_spec(
-                    schema=schema, tools=self.tools, grammar=self.grammar, regex=self.regex,
-                    json_object=self.json_object, parallel_tool_calls=self.parallel_tool_calls,
-                    any_whitespace=self.any_whitespace,
-                )  # fmt: skip
+                built[id(schema)] = grammar_spec(**{**self._grammar_arguments(), "schema": schema})
             out.append(built[id(schema)])
         return out

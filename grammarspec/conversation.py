@@ -55,8 +55,10 @@ from typing import Any
 
 import torch
 
+from proposers.presets import resolve_assistant
+
 from .api import DEFAULT_MAX_DRAFT, check_options, run_generate
-from .assistant import resolve_assistant
+from .assistant import draft_maker
 from .cache import cache_length, common_prefix_length, crop_cache, new_cache
 from .constraint import Constraint
 from .policy import Calibration
@@ -148,7 +150,7 @@ class Conversation:
         self.messages: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
         self.replies: list[Reply] = []
         self._assistant = assistant
-        self._proposer = resolve_assistant(assistant)  # one per conversation; started every turn
+        self._proposer = resolve_assistant(assistant, make_draft=draft_maker())  # one per conversation
         self._options = dict(max_draft_tokens=max_draft_tokens, grammar_backend=grammar_backend, **generation_kwargs)
         check_options(model, {k: v for k, v in self._options.items() if k not in _CONSTRAINT_KWARGS},
                       where="Conversation()")  # fmt: skip  # a bad default fails here, not at reply()

@@ -7,13 +7,13 @@ returns the distributions it sampled from; the verifier's rejection sampling
 makes the output exact whatever those are.  Under greedy decoding the drafts are
 the draft model's masked argmax (deterministic, ``probs=None``).
 
-Its KV cache holds committed tokens plus its own last draft; :meth:`commit`
-(called by the loop's commit path, also on a step where the composite chose
-another drafter's draft) crops it back to what the committed context and its
-cache share, so a rejected position leaves no trace and :meth:`propose` changes
-no state but the draft it appends.  Before drafting it keeps the longest cached
-prefix that still matches the context (a caller may hand it any context: a
-conversation starts it again every turn).
+Its KV cache holds committed tokens (committed state) and, after a
+:meth:`propose`, its own draft after them (scratch).  :meth:`propose` only
+appends scratch: it never crops what is committed.  :meth:`commit` (called by
+the loop's commit path, also on a step where the composite chose another
+drafter's draft) rolls the scratch back to what the committed tokens repeat of
+it, so a rejected position leaves no trace; :meth:`start` keeps the longest
+cached prefix of the new prompt (a conversation starts it again every turn).
 """
 
 from __future__ import annotations
@@ -80,20 +80,27 @@ class DraftModelProposer:
         """A new generation.  Changes state.
 
         The KV cache is kept across starts (a conversation starts its proposer
-        every turn): :meth:`propose` keeps the longest cached prefix that still
-        matches the new context and feeds the rest.
+        every turn): it keeps the longest cached prefix of the new prompt, less
+        its last token at least (a draft needs one token fed), and the first
+        :meth:`propose` feeds the rest.
         """
         if self._cache is None:
             self._cache = new_cache(self.model)
             require_croppable(self._cache, "draft model")
             self._cached = []
+        prompt = list(request.prompt_ids)
+        self._sync(min(common_prefix_length(self._cached, prompt), max(len(prompt) - 1, 0)))
+        self._base = 0
 
     def propose(self, context: Sequence[int], grammar: GrammarView | None, k: int) -> Draft:
         if k <= 0 or (grammar is not None and grammar.is_terminated()):
             return EMPTY_DRAFT
-        # Keep the cached prefix that still matches; at least one token must be fed.
-        keep = min(common_prefix_length(self._cached, context), len(context) - 1)
-        crop_cache(self._cache, keep, "draft model")
+        keep = common_prefix_length(self._cached, context)
+        if keep < len(self._cached) or keep >= len(context):
+            # A context that does not extend what start and commit left (a caller that skipped commit):
+            # re-synced here, the one case where propose crops.  At least one token must be fed.
+            keep = min(keep, len(context) - 1)
+            self._sync(keep)
         feed = list(context[keep:])
         matcher = grammar.fork() if grammar is not None else None
         width = self.vocab_size
@@ -146,11 +153,14 @@ class DraftModelProposer:
         if self._cache is None:
             return
         if self._base:  # a draft follows the context in the cache: keep what `committed` repeats of it
-            keep = self._base + common_prefix_length(self._cached[self._base :], committed)
-            if keep < len(self._cached):
-                crop_cache(self._cache, keep, "draft model")
-                self._cached = self._cached[:keep]
+            self._sync(self._base + common_prefix_length(self._cached[self._base :], committed))
         self._base = 0
+
+    def _sync(self, keep: int) -> None:
+        """Crop the cache to its first ``keep`` tokens (no-op when it holds no more).  Changes state."""
+        if keep < len(self._cached):
+            crop_cache(self._cache, keep, "draft model")
+            self._cached = self._cached[:keep]
 
     def _forward(self, input_ids: list[int]) -> torch.Tensor:
         return forward_with_cache(self.model, input_ids, self._cache, 1)  # [1, V]

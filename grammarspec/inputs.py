@@ -260,13 +260,10 @@ def eos_ids(config: GenerationConfig, tokenizer: Any) -> tuple[int, ...]:
 
 
 def needs_tokenizer(proposer: Any) -> bool:
-    """Whether a resolved assistant holds one of grammarspec's text drafters (they read the tokenizer)."""
-    from proposers.compose import CompositeProposer
-    from proposers.jump_forward import JumpForwardProposer
-    from proposers.schema_ngram import SchemaNgramProposer
+    """Whether a resolved assistant holds a drafter that declares it needs the tokenizer (``TextDrafter``)."""
+    from proposers.base import TextDrafter, members
 
-    members = proposer.proposers if isinstance(proposer, CompositeProposer) else [proposer]
-    return any(isinstance(p, (JumpForwardProposer, SchemaNgramProposer)) for p in members)
+    return any(isinstance(p, TextDrafter) and p.needs_tokenizer for p in members(proposer))
 
 
 def _warn_bigger_draft_vocabulary(draft: int, target: int | None, n_tokens: int | None) -> None:

@@ -1,4 +1,4 @@
-"""Speculative verification: exact rejection sampling and its greedy twin, for a batch.
+"""Speculative verification: exact rejection sampling and its greedy twin, one rule for a batch.
 
 Vocabulary (after vLLM's rejection sampler)::
 
@@ -16,9 +16,10 @@ Chen et al. 2023).
 Layout: the rows of every request of the batch are stacked into one ``[N, V]``
 tensor; :class:`Segment` says which rows belong to which request.  A request
 with ``k`` draft tokens owns ``k + 1`` rows (the last is the bonus row) or ``k``
-rows when no token may follow its draft.  Every function here is pure, works on
-the scores' device and moves data to the host once (the accepted lengths and
-the candidate next tokens together).
+rows when no token may follow its draft.  :func:`target_choices` is the one
+rule the decoding loop uses: pure, on the scores' device, one host transfer;
+:func:`verify_chain` runs one chain through it (and
+:func:`grammarspec.tree_layout.descend`) for tests and single-draft callers.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import torch
 
 from .sampling import NoLegalTokenError, row_max
 
-__all__ = ["Segment", "target_choices", "verify_greedy", "verify_sampled", "rejection_sample", "greedy_verify"]
+__all__ = ["Segment", "target_choices", "verify_chain", "rejection_sample", "greedy_verify"]
 
 
 @dataclass(frozen=True)
@@ -106,66 +107,6 @@ def target_choices(
     return host[0]
 
 
-def verify_greedy(scores: torch.Tensor, segments: Sequence[Segment]) -> list[tuple[int, int | None]]:
-    """Accept while the processed argmax equals the draft; ``(num_accepted, next_token)`` per segment.
-
-    ``scores``: processed ``[N, V]``.  ``next_token`` is the argmax at the first
-    mismatch (or after the draft), ``None`` when all were accepted and no bonus row was given.
-    """
-    best = row_max(scores)[1].tolist()  # [N]: the one host transfer
-    out = []
-    for seg in segments:
-        rows = best[seg.start : seg.start + seg.rows]
-        n = next((i for i, token in enumerate(seg.draft) if rows[i] != token), len(seg.draft))
-        out.append((n, rows[n] if n < len(rows) else None))
-    return out
-
-
-def verify_sampled(
-    probs: torch.Tensor, segments: Sequence[Segment], generator: torch.Generator | None = None
-) -> list[tuple[int, int | None]]:
-    """Exact rejection sampling for every segment; ``(num_accepted, next_token)`` per segment.
-
-    ``probs``: the target's processed distributions ``[N, V]`` (rows sum to 1).
-    A candidate next token is drawn for every row from its residual
-    ``normalize(max(0, p - q))`` (``q = 0`` on bonus rows, so that is ``p``); each
-    segment uses the candidate of its first rejected row.  Drawing candidates
-    that end up unused changes no probability: every draw is independent.
-
-    Example: p = [.5, .5], deterministic draft d = 1 -> accepted with
-    probability p(1) = .5; on rejection the residual max(0, p - onehot(1)) =
-    [.5, 0] always gives token 0 -- overall token 1 with probability .5.
-    """
-    n_rows, vocab = probs.shape
-    device = probs.device
-    tokens = torch.zeros(n_rows, dtype=torch.long, device=device)  # [N]: each row's draft token (0 on bonus rows)
-    is_draft = torch.zeros(n_rows, dtype=torch.bool, device=device)
-    for seg in segments:
-        if seg.draft:
-            tokens[seg.start : seg.start + len(seg.draft)] = torch.tensor(seg.draft, dtype=torch.long, device=device)
-            is_draft[seg.start : seg.start + len(seg.draft)] = True
-    q = torch.zeros_like(probs)  # [N, V]: the draft distributions (one-hot for deterministic drafts)
-    q[is_draft] = torch.nn.functional.one_hot(tokens[is_draft], vocab).to(probs.dtype)
-    for seg in segments:
-        if seg.draft and seg.draft_probs is not None:
-            q[seg.start : seg.start + len(seg.draft)] = seg.draft_probs.to(device=device, dtype=probs.dtype)
-    p_d = probs.gather(1, tokens[:, None])[:, 0]  # [N]
-    q_d = q.gather(1, tokens[:, None])[:, 0]
-    u = torch.rand(n_rows, generator=generator, device=generator.device if generator else device, dtype=probs.dtype)
-    accepted = (u.to(device) * q_d < p_d) & is_draft  # q >= p: always accept when u < p/q
-    residual = (probs - q).clamp_min_(0.0)
-    total = residual.sum(dim=-1, keepdim=True)
-    dist = torch.where(total > 0, residual / total.clamp_min(1e-30), probs)
-    candidates = _multinomial(dist, generator)  # [N]
-    host = torch.stack([accepted.long(), candidates]).tolist()  # the one host transfer
-    out = []
-    for seg in segments:
-        flags = host[0][seg.start : seg.start + len(seg.draft)]
-        n = next((i for i, ok in enumerate(flags) if not ok), len(seg.draft))
-        out.append((n, host[1][seg.start + n] if n < seg.rows else None))
-    return out
-
-
 def _multinomial(dist: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     """One draw per row of ``dist`` ``[N, V]`` -> int64 ``[N]`` (the generator may live on another device)."""
     if generator is not None and generator.device != dist.device:
@@ -173,7 +114,41 @@ def _multinomial(dist: torch.Tensor, generator: torch.Generator | None) -> torch
     return torch.multinomial(dist, 1, generator=generator)[:, 0]
 
 
-# -- one request (the vocabulary of the tests and of single-draft callers) ----------------
+# -- one drafted chain through the loop's own path (the vocabulary of the tests) ----------------
+
+
+def verify_chain(
+    scores: torch.Tensor,
+    draft: Sequence[int],
+    *,
+    greedy: bool,
+    draft_probs: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+) -> tuple[int, int | None]:
+    """Verify one drafted chain as the decoding loop does; returns ``(num_accepted, next_token)``.
+
+    ``scores``: processed ``[k+1, V]``, or ``[k, V]`` when no token may follow
+    the draft (``next_token`` is then ``None`` once all ``k`` are accepted).
+    ``draft_probs``: ``[k, V]`` when the draft was sampled, else ``None``.
+    Exactly the loop's path: :func:`target_choices` then
+    :func:`grammarspec.tree_layout.descend`.
+    """
+    from proposers.tree import DraftTree
+
+    from .tree_layout import descend
+
+    k = len(draft)
+    assert scores.dim() == 2 and scores.shape[0] in (k, k + 1) and scores.shape[0] > 0, (
+        f"scores must be [k+1, V] or [k, V] for k={k}, got {tuple(scores.shape)}"
+    )
+    bonus = scores.shape[0] == k + 1
+    if not bonus:  # the loop scores a row after the last node too, and never reads it when that node ends generation
+        scores = torch.cat([scores, scores[-1:]])
+    tree = DraftTree(tuple(draft), tuple(range(-1, k - 1)))
+    sampled = [Segment(0, tree.tokens, bonus, draft_probs)] if draft_probs is not None and k else []
+    choices = target_choices(scores, greedy, sampled, generator)
+    path, next_token = descend(tree, [False] * (k - 1) + [not bonus] if k else [], choices)
+    return len(path), next_token
 
 
 def rejection_sample(
@@ -182,25 +157,19 @@ def rejection_sample(
     draft_probs: torch.Tensor | None,
     generator: torch.Generator | None = None,
 ) -> tuple[int, int | None]:
-    """Verify one draft; returns ``(num_accepted, next_token)``.
+    """:func:`verify_chain` for sampling, from the target's probabilities ``[k+1 or k, V]``.
 
-    ``target_probs``: ``[k+1, V]`` (or ``[k, V]`` when no bonus token may follow).
     ``draft_tokens``: int64 ``[k]``.  ``draft_probs``: ``[k, V]``, or ``None`` for a deterministic draft.
     """
     k = draft_tokens.shape[0]
-    assert target_probs.dim() == 2 and target_probs.shape[0] in (k, k + 1), (
-        f"target_probs must be [k+1, V] or [k, V] for k={k}, got {tuple(target_probs.shape)}"
-    )
     if draft_probs is not None:
         assert draft_probs.shape == (k, target_probs.shape[1]), "draft_probs must be [k, V]"
         if k and bool((draft_probs[torch.arange(k, device=draft_probs.device), draft_tokens] <= 0).any()):
             raise ValueError("a draft token has zero probability under its own draft distribution")
-    seg = Segment(0, tuple(draft_tokens.tolist()), target_probs.shape[0] == k + 1, draft_probs)
-    return verify_sampled(target_probs, [seg], generator)[0]
+    draft = draft_tokens.tolist()
+    return verify_chain(target_probs.log(), draft, greedy=False, draft_probs=draft_probs, generator=generator)
 
 
 def greedy_verify(target_scores: torch.Tensor, draft_tokens: torch.Tensor) -> tuple[int, int | None]:
-    """Greedy twin of :func:`rejection_sample` for one draft (``target_scores`` processed ``[k+1 or k, V]``)."""
-    k = draft_tokens.shape[0]
-    seg = Segment(0, tuple(draft_tokens.tolist()), target_scores.shape[0] == k + 1)
-    return verify_greedy(target_scores, [seg])[0]
+    """:func:`verify_chain` for greedy decoding (``target_scores`` processed ``[k+1 or k, V]``)."""
+    return verify_chain(target_scores, draft_tokens.tolist(), greedy=True)

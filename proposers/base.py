@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Draft", "Request", "GrammarView", "Proposer", "EMPTY_DRAFT", "TreeDrafter", "ProposerGroup", "ModelDrafter",
-    "CostModelled", "SplitLearner", "members",
+    "ForcedSpanDrafter", "TextDrafter", "CostModelled", "SplitLearner", "members",
 ]  # fmt: skip
 
 
@@ -203,6 +203,24 @@ class ProposerGroup(Protocol):
     @property
     def proposers(self) -> list[Proposer]:
         """The members that draft (leaves first-level; a member may itself be a group)."""
+
+
+@runtime_checkable
+class ForcedSpanDrafter(Proposer, Protocol):
+    """A proposer that can draft exactly what the grammar forces next (the composite puts it first)."""
+
+    def forced(self, context: Sequence[int], grammar: GrammarView | None, k: int) -> Draft:
+        """The whole forced span after ``context`` (at most ``k`` tokens), or :data:`EMPTY_DRAFT`.
+
+        Does not change state: the composite continues after it and splits the seam itself.
+        """
+
+
+@runtime_checkable
+class TextDrafter(Proposer, Protocol):
+    """A proposer that drafts text: with a true ``needs_tokenizer`` it cannot run without ``Request.tokenizer``."""
+
+    needs_tokenizer: bool
 
 
 @runtime_checkable

@@ -38,9 +38,9 @@ from typing import Any
 
 import torch
 
-from .base import EMPTY_DRAFT, Draft, GrammarView, ModelDrafter, Proposer, Request
+from .base import EMPTY_DRAFT, Draft, ForcedSpanDrafter, GrammarView, ModelDrafter, Proposer, Request
 from .cost import PassCost
-from .jump_forward import JumpForwardProposer, trim_ambiguous
+from .jump_forward import trim_ambiguous
 from .text import SplitPreferences, TokenText, continuation_tokens, token_sources, token_text
 from .track import Calibration, HoldBack
 
@@ -93,9 +93,10 @@ def _rows(draft: Draft, like: torch.Tensor) -> torch.Tensor:
 class CompositeProposer:
     """Jump-forward first, then the best follower continues after the forced span.
 
-    ``proposers``: any mix; :class:`JumpForwardProposer` instances lead, draft
-    models (:class:`proposers.draft_model.DraftModelProposer`) are the
-    fallback, the rest are the cheap followers, tried in the given order.
+    ``proposers``: any mix; the drafters of the forced span
+    (:class:`proposers.base.ForcedSpanDrafter`: jump-forward) lead, draft
+    models (:class:`proposers.base.ModelDrafter`) are the fallback, the rest
+    are the cheap followers, tried in the given order.
     ``short``: the draft model is asked only when the best cheap draft is
     shorter than this.  ``min_expected``: the fewest expected accepted tokens
     for which a cheap draft alone is verified, or continues another; ``None``
@@ -136,7 +137,7 @@ class CompositeProposer:
         self._cost_given = cost_model is not None
         self.typical_rows = typical_rows
         self.proposers = list(proposers)
-        self.leaders = [p for p in self.proposers if isinstance(p, JumpForwardProposer)]
+        self.leaders: list[ForcedSpanDrafter] = [p for p in self.proposers if isinstance(p, ForcedSpanDrafter)]
         self.fallbacks = [p for p in self.proposers if is_model_proposer(p)]
         self.followers = [p for p in self.proposers if p not in self.leaders and p not in self.fallbacks]
         self._tokenizer: Any = None

@@ -97,6 +97,9 @@ class SchemaNgramProposer:
     must be given the committed tokens plus, possibly, more.
     """
 
+    #: It drafts text: it cannot run without the request's tokenizer (:class:`proposers.base.TextDrafter`).
+    needs_tokenizer = True
+
     def __init__(
         self,
         *,

@@ -95,6 +95,32 @@ class ScriptedProposer:
         return [(tokens, n) for tokens, n, _ in self.commits if tokens]
 
 
+class ScriptFollower:
+    """Drafts the next tokens of a fixed ``script`` (the output so far picks the place), wrong every ``noise_every``-th call.
+
+    The wrong token (40, a letter) is usually illegal or rejected: the loop's cut and rollback paths run.
+    """
+
+    name = "scripted"
+
+    def __init__(self, script: list[int], noise_every: int = 0) -> None:
+        self.script, self.noise_every, self.calls = script, noise_every, 0
+
+    def start(self, request: Request) -> None:
+        self.prompt = len(request.prompt_ids)
+
+    def propose(self, context: Sequence[int], grammar: GrammarView | None, k: int) -> Draft:
+        self.calls += 1
+        done = len(context) - self.prompt
+        tokens = list(self.script[done : done + k])
+        if self.noise_every and self.calls % self.noise_every == 0 and tokens:
+            tokens[-1] = 40
+        return Draft(tuple(tokens), sources=(self.name,) * len(tokens))
+
+    def commit(self, draft: Draft, num_accepted: int, committed: Sequence[int]) -> None:
+        pass
+
+
 def commit_step(proposer, draft: Draft, num_accepted: int, next_token: int | None = None) -> None:
     """``proposer.commit`` as the loop calls it: the accepted prefix of ``draft`` plus the target's ``next_token``."""
     committed = draft.tokens[:num_accepted] + ((next_token,) if next_token is not None else ())

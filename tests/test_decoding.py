@@ -8,6 +8,7 @@ import torch
 from toy import toy_tokenizer, toy_vocab_size
 
 V = toy_vocab_size()
+from proposer_fakes import ScriptFollower
 from toy_models import ToyCausalLM
 
 from grammars import compile_grammar, grammar_spec
@@ -17,7 +18,7 @@ from grammarspec.cache import CacheError
 from grammarspec.decoding import DecodeConfig, decode
 from grammarspec.draft_model import DraftModelProposer
 from grammarspec.sampling import SamplingParams
-from proposers.base import Draft, Request
+from proposers.base import Request
 
 SCHEMA = {
     "type": "object",
@@ -36,29 +37,6 @@ def tok():
 @pytest.fixture(scope="module")
 def compiled(tok):
     return compile_grammar(grammar_spec(schema=SCHEMA), tok, vocab_size=len(tok), stop_token_ids=(0,))
-
-
-class ScriptedProposer:
-    """Deterministic drafts: the next tokens of a fixed script, with some noise."""
-
-    name = "scripted"
-
-    def __init__(self, script: list[int], noise_every: int = 0) -> None:
-        self.script, self.noise_every, self.calls = script, noise_every, 0
-
-    def start(self, request: Request) -> None:
-        self.prompt = len(request.prompt_ids)
-
-    def propose(self, context, grammar, k):
-        self.calls += 1
-        done = len(context) - self.prompt
-        tokens = list(self.script[done : done + k])
-        if self.noise_every and self.calls % self.noise_every == 0 and tokens:
-            tokens[-1] = 40  # some letter: usually illegal or rejected
-        return Draft(tuple(tokens), sources=(self.name,) * len(tokens))
-
-    def commit(self, draft, num_accepted, committed):
-        pass
 
 
 def run(model, prompt, *, matcher=None, proposer=None, k=4, params=None, config=None, **kw):
@@ -123,7 +101,7 @@ def test_speculative_greedy_equals_plain_greedy(compiled):
     model = ToyCausalLM(V, seed=3)
     plain, _ = run(model, PROMPT, matcher=compiled.matcher())
     for noise in (0, 2, 3):
-        spec, stats = run(model, PROMPT, matcher=compiled.matcher(), proposer=ScriptedProposer(plain, noise))
+        spec, stats = run(model, PROMPT, matcher=compiled.matcher(), proposer=ScriptFollower(plain, noise))
         assert spec == plain
         assert stats.target_forwards < len(plain) or noise
 
@@ -164,7 +142,7 @@ def test_termination_inside_the_draft_window(compiled, extra):
     spy = SpyMatcher(compiled.matcher())
     for k in (1, 2, 3, 5, 8):
         spy = SpyMatcher(compiled.matcher())
-        new, stats = run(model, PROMPT, matcher=spy, proposer=ScriptedProposer(script), k=k)
+        new, stats = run(model, PROMPT, matcher=spy, proposer=ScriptFollower(script), k=k)
         assert new == plain and stats.finish_reason == "stop"
         assert spy.inner.is_terminated()
 
@@ -179,7 +157,7 @@ def test_eos_and_stop_strings_at_every_offset(tok, offset):
     first = base.index(eos_token)  # the first occurrence is where plain decoding stops
     for k in (2, 3, 4, 7):
         cfg = DecodeConfig(max_new_tokens=12, eos_token_ids=(eos_token,))
-        new, stats = run(model, PROMPT, proposer=ScriptedProposer(base), k=k, config=cfg)
+        new, stats = run(model, PROMPT, proposer=ScriptFollower(base), k=k, config=cfg)
         assert new == base[: first + 1] and stats.finish_reason == "eos"
     text = tok.decode(base[: stop_at + 1])
     stop = text[-2:]
@@ -187,7 +165,7 @@ def test_eos_and_stop_strings_at_every_offset(tok, offset):
     plain, _ = run(model, PROMPT, config=plain_cfg, tokenizer=tok)
     assert stop in tok.decode(plain) and plain_cfg.stop_strings
     for k in (2, 3, 5):
-        new, stats = run(model, PROMPT, proposer=ScriptedProposer(base), k=k, config=plain_cfg, tokenizer=tok)
+        new, stats = run(model, PROMPT, proposer=ScriptFollower(base), k=k, config=plain_cfg, tokenizer=tok)
         assert new == plain and stats.finish_reason == "stop_string"
 
 
@@ -197,7 +175,7 @@ def test_max_new_tokens_is_exact(compiled):
         cfg = DecodeConfig(max_new_tokens=limit, eos_token_ids=(0,))
         plain, _ = run(model, PROMPT, matcher=compiled.matcher(), config=cfg)
         script, _ = run(model, PROMPT, matcher=compiled.matcher())
-        spec, stats = run(model, PROMPT, matcher=compiled.matcher(), proposer=ScriptedProposer(script), config=cfg)
+        spec, stats = run(model, PROMPT, matcher=compiled.matcher(), proposer=ScriptFollower(script), config=cfg)
         assert spec == plain and len(spec) == min(limit, len(script))
         assert stats.finish_reason == ("length" if limit < len(script) else "stop")
 
@@ -215,7 +193,7 @@ def test_forced_tokens_skip_the_target():
     assert stats.first_step_tokens == 9 and 0 < stats.first_step_seconds <= stats.total_seconds
 
 
-class RecordingProposer(ScriptedProposer):
+class RecordingProposer(ScriptFollower):
     """A scripted proposer that records every ``commit``."""
 
     def __init__(self, script: list[int], noise_every: int = 0) -> None:
@@ -269,7 +247,7 @@ def test_uncroppable_cache_is_refused(compiled, monkeypatch):
     model = ToyCausalLM(V, seed=3)
     script = [6] * 5  # rejected: forces a rollback
     with pytest.raises(CacheError, match="cannot be rolled back"):
-        run(model, PROMPT, matcher=compiled.matcher(), proposer=ScriptedProposer(script))
+        run(model, PROMPT, matcher=compiled.matcher(), proposer=ScriptFollower(script))
 
 
 def test_draft_row_without_legal_token_emits_nothing(compiled, monkeypatch):

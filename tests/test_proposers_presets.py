@@ -6,14 +6,20 @@ import pytest
 from proposer_fakes import fixed
 from toy_models import ToyCausalLM
 
-from grammarspec.assistant import resolve_assistant
+from grammarspec.assistant import draft_maker
 from grammarspec.draft_model import DraftModelProposer
 from proposers import PRESETS
+from proposers import resolve_assistant as resolve
 from proposers.base import Proposer
 from proposers.compose import CompositeProposer
 from proposers.jump_forward import JumpForwardProposer
 from proposers.prompt_lookup import PromptLookupProposer
 from proposers.schema_ngram import SchemaNgramProposer
+
+
+def resolve_assistant(assistant, draft_model=None):
+    """The one resolver, with the runtime's draft-model maker (as generate passes it)."""
+    return resolve(assistant, draft_model, make_draft=draft_maker())
 
 
 def kinds(proposer):
@@ -124,3 +130,41 @@ def test_building_the_cheap_presets_never_imports_the_runtime():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_capabilities_are_declared_not_read_from_classes():
+    """The composite's leader and the tokenizer check follow declared capabilities, whatever the class."""
+    import torch
+
+    from grammarspec.inputs import needs_tokenizer
+    from proposers.base import EMPTY_DRAFT, Draft, ForcedSpanDrafter, TextDrafter
+
+    class Forcing:
+        name = "forcing"
+        needs_tokenizer = True
+
+        def start(self, request):
+            pass
+
+        def forced(self, context, grammar, k):
+            return Draft(tokens=(7,), sources=(self.name,))
+
+        def propose(self, context, grammar, k):
+            return EMPTY_DRAFT
+
+        def commit(self, draft, num_accepted, committed):
+            pass
+
+    leader, follower = Forcing(), fixed("follower", [8, 9])
+    assert isinstance(leader, ForcedSpanDrafter) and isinstance(leader, TextDrafter)
+    composite = CompositeProposer([follower, leader])
+    assert composite.leaders == [leader] and composite.followers == [follower]
+    draft = composite.propose([1], None, 3)
+    assert draft.tokens[0] == 7 and draft.sources[0] == "forcing"  # the declared leader drafts first
+    assert needs_tokenizer(composite) and needs_tokenizer(resolve_assistant("auto"))
+    assert not needs_tokenizer(follower) and not needs_tokenizer(resolve_assistant("prompt_lookup"))
+    model = ToyCausalLM(vocab_size=56, seed=0)
+    with pytest.raises(ValueError, match="needs the tokenizer"):
+        import grammarspec
+
+        grammarspec.generate(model, torch.tensor([[1, 2]]), assistant=[leader], max_new_tokens=2)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from test_decoding import ScriptedProposer
+from proposer_fakes import ScriptFollower
 from toy import toy_tokenizer, toy_vocab_size
 from toy_models import ToyCausalLM, tiny_llama
 
@@ -33,22 +33,22 @@ def _requests(proposers, config):
 
 def test_one_proposer_object_for_two_rows_is_refused():
     config = DecodeConfig(max_new_tokens=4, eos_token_ids=(0,))
-    shared = ScriptedProposer([5, 6, 7, 8], 0)
+    shared = ScriptFollower([5, 6, 7, 8], 0)
     with pytest.raises(ValueError, match="share one proposer object"):
         decode_batch(ToyCausalLM(V), _requests([shared, shared], config), config)
 
 
 def test_a_member_shared_by_two_composites_is_refused():
     config = DecodeConfig(max_new_tokens=4, eos_token_ids=(0,))
-    member = ScriptedProposer([5, 6, 7, 8], 0)
-    rows = [CompositeProposer([member, ScriptedProposer([1], 0)]), CompositeProposer([member])]
+    member = ScriptFollower([5, 6, 7, 8], 0)
+    rows = [CompositeProposer([member, ScriptFollower([1], 0)]), CompositeProposer([member])]
     with pytest.raises(ValueError, match="requests 0 and 1 share"):
         decode_batch(ToyCausalLM(V), _requests(rows, config), config)
 
 
 def test_own_proposers_per_row_decode():
     config = DecodeConfig(max_new_tokens=4, eos_token_ids=(0,))
-    rows = decode_batch(ToyCausalLM(V), _requests([ScriptedProposer([5, 6, 7, 8], 0) for _ in range(2)], config),
+    rows = decode_batch(ToyCausalLM(V), _requests([ScriptFollower([5, 6, 7, 8], 0) for _ in range(2)], config),
                         config)  # fmt: skip
     assert all(len(row.generated) == 4 for row in rows)
 
