@@ -1,7 +1,7 @@
 """Where a decoding loop's time goes, step by step: an optional recorder, off by default.
 
-Pass a :class:`StepTrace` as ``decode_batch(..., trace=...)`` (``grammarspec
-serve --trace-steps`` does) and every step appends one :class:`StepRecord`:
+Pass a :class:`StepTrace` as ``decode_batch(..., trace=...)`` (``Engine(...,
+trace_steps=True)`` does; ``bench-serve --sweep`` reads it) and every step appends one :class:`StepRecord`:
 how many rows stepped and how many read a prompt chunk, the draft tokens
 offered, admitted (verified) and accepted, the forward's shape (batch rows
 after folding, width, and whether it took the masked ragged path or the
