@@ -15,10 +15,10 @@ import xgrammar
 from grammars.base import Matcher
 from proposers.tree import DraftTree
 
-__all__ = ["walk", "forced_token", "apply_masks"]
+__all__ = ["prune_and_fill_masks", "forced_token", "apply_masks"]
 
 
-def walk(
+def prune_and_fill_masks(
     matcher: Matcher | None,
     masks: torch.Tensor,
     start: int,

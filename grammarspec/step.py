@@ -21,7 +21,7 @@ from proposers.tree import DraftTree
 from .bookkeeping import account, finish, record_scores
 from .commit import commit
 from .kv import BatchKV
-from .masking import apply_masks, forced_token, walk
+from .masking import apply_masks, forced_token, prune_and_fill_masks
 from .policy import batch_cost_model, plan_drafts
 from .processing import LogitsPipeline, prefix_tensors
 from .rejection import Segment, target_choices
@@ -71,7 +71,9 @@ def run_step(
     start = 0
     for row, step in zip(stepping, steps):
         t0 = time.perf_counter()
-        step.tree, step.ends = walk(row.matcher, masks, start, step.tree, eos, row.root if row.root_ready else None)
+        step.tree, step.ends = prune_and_fill_masks(
+            row.matcher, masks, start, step.tree, eos, row.root if row.root_ready else None
+        )
         row.root_ready = False
         step.start = start
         step.grammar_seconds += time.perf_counter() - t0

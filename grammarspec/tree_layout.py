@@ -2,7 +2,7 @@
 
 A chain is the degenerate tree (parents ``-1, 0, 1, ...``), so every row of every
 batch goes through the same step (:func:`grammarspec.step.run_step`): the
-matcher walks the tree (:func:`grammarspec.masking.walk`), one target pass
+matcher walks the tree (:func:`grammarspec.masking.prune_and_fill_masks`), one target pass
 scores every node (:meth:`grammarspec.kv.BatchKV.forward` builds each row's
 mask from :func:`tree_allowed`), the target makes one choice per scored row
 (:func:`grammarspec.rejection.target_choices`) and :func:`descend` follows them

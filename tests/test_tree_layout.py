@@ -12,7 +12,7 @@ from grammars import compile_grammar, grammar_spec
 from grammars.base import allocate_bitmask
 from grammarspec.cache import cache_length, forward_with_cache, new_cache
 from grammarspec.kv import BatchKV
-from grammarspec.masking import walk
+from grammarspec.masking import prune_and_fill_masks
 from grammarspec.tree_layout import descend, tree_attention_inputs
 from proposers.tree import DraftTree
 
@@ -157,7 +157,7 @@ def test_the_grammar_prunes_illegal_nodes_and_their_subtrees(toy_grammar):
     tree = DraftTree.from_paths([good, bad, other])
     masks = allocate_bitmask(len(tree) + 3, len(tok))
     before = matcher.allowed_tokens().tolist()
-    pruned, ends = walk(matcher, masks, 2, tree, frozenset({0}))  # this row's block starts at mask row 2
+    pruned, ends = prune_and_fill_masks(matcher, masks, 2, tree, frozenset({0}))  # its block starts at mask row 2
     assert matcher.allowed_tokens().tolist() == before  # the matcher ends as it began
     paths = {tuple(pruned.tokens[j] for j in pruned.path(i)) for i in range(len(pruned))}
     assert tuple(good) in paths and tuple(other) in paths
