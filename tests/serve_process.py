@@ -1,0 +1,67 @@
+"""A real ``grammarspec serve`` process on a free loopback port, under an address-space cap (test helper).
+
+Used by the test modules that talk to the server as its users do: one process
+per module, started with the embedded SmolLM2-135M.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import resource
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx2 as httpx  # what the openai client ships with
+
+MODEL = "smollm2-135m"
+#: The address-space cap the server runs under (RLIMIT_AS): a runaway request fails inside it, not the machine.
+MEMORY_CAP = 8 << 30
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def serve_process(*args: str, memory_cap: int = MEMORY_CAP, start_timeout: float = 300.0) -> Iterator[tuple[str, int]]:
+    """``grammarspec serve`` with ``args``; yields ``(base_url, pid)`` once ``/health`` answers; stops it after."""
+    port = free_port()
+    command = [str(Path(sys.executable).parent / "grammarspec"), "serve", MODEL, "--port", str(port),
+               "--log-level", "warning", *args]  # fmt: skip
+
+    def cap() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (memory_cap, memory_cap))
+
+    log = Path(os.environ.get("TMPDIR", "/tmp")) / f"grammarspec-serve-{port}.log"
+    with open(log, "wb") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, preexec_fn=cap,
+                                   cwd=Path(__file__).resolve().parents[1])  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + start_timeout
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"grammarspec serve exited ({process.returncode}): {log.read_text()[-3000:]}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(url + "/health", timeout=5).status_code == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"grammarspec serve did not start: {log.read_text()[-3000:]}")
+            time.sleep(0.5)
+        yield url, process.pid
+    finally:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        log.unlink(missing_ok=True)
