@@ -1,0 +1,237 @@
+"""Conformance with the official ``openai`` Python client, against a real ``grammarspec serve`` process.
+
+Each test uses the client as its documentation shows: plain answers, JSON
+answers (``json_schema``, ``json_object``, ``parse`` with a pydantic model),
+tool calls (forced, optional, parallel), streaming with the usual loop and
+with the client's own accumulator, ``n``, ``stop``, the token limits,
+``seed``, ``metadata``, typed errors, and a client timeout mid-stream.  One
+server process for the module (the embedded SmolLM2-135M); greedy, few tokens.
+"""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+
+pytest.importorskip("uvicorn")
+openai = pytest.importorskip("openai")
+import httpx2 as httpx
+import pydantic
+from serve_process import MODEL, serve_process
+
+pytestmark = pytest.mark.slow
+
+SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+          "required": ["city", "days"], "additionalProperties": False}  # fmt: skip
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city",
+     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+                    "additionalProperties": False}}},
+    {"type": "function", "function": {"name": "add", "description": "Add two integers",
+     "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                    "required": ["a", "b"], "additionalProperties": False}}},
+]  # fmt: skip
+PARAMETERS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+
+
+class Plan(pydantic.BaseModel):
+    city: str
+    days: int
+
+
+@pytest.fixture(scope="module")
+def server():
+    with serve_process("--max-tokens", "128") as (url, _pid):
+        yield url
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server + "/v1", api_key="unused", max_retries=0, timeout=300)
+
+
+def _ask(client, content, **kwargs):
+    kwargs.setdefault("temperature", 0)
+    kwargs.setdefault("max_tokens", 40)
+    return client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": content}], **kwargs)
+
+
+def _schema_format(schema=SCHEMA):
+    return {"type": "json_schema", "json_schema": {"name": "plan", "schema": schema}}
+
+
+def _calls(message):
+    return [(c.function.name, c.function.arguments) for c in message.tool_calls or []]
+
+
+def test_plain_json_schema_and_json_object(client):
+    plain = _ask(client, "Name three colours.", max_tokens=12)
+    assert isinstance(plain.choices[0].message.content, str) and plain.choices[0].message.content
+    assert plain.choices[0].finish_reason in ("stop", "length") and plain.object == "chat.completion"
+    planned = _ask(client, "Plan 3 days in Lisbon. Reply in JSON.", response_format=_schema_format())
+    assert planned.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(planned.choices[0].message.content), SCHEMA)
+    anything = _ask(client, "Give me a JSON object about a cat.", response_format={"type": "json_object"})
+    ours = anything.model_extra["grammarspec"]["choices"][0]
+    if anything.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(anything.choices[0].message.content), dict) and ours["valid"] is True
+    else:
+        assert anything.choices[0].finish_reason == "length" and ours["valid"] is False
+
+
+def test_parse_with_a_pydantic_model(client):
+    parsed = client.chat.completions.parse(
+        model=MODEL, messages=[{"role": "user", "content": "Plan 3 days in Lisbon."}], response_format=Plan,
+        temperature=0, max_tokens=40,
+    )  # fmt: skip
+    plan = parsed.choices[0].message.parsed
+    assert isinstance(plan, Plan) and plan.city
+
+
+def test_forced_optional_and_parallel_tool_calls(client):
+    forced = _ask(client, "What is the weather in Oslo?", tools=TOOLS,
+                  tool_choice={"type": "function", "function": {"name": "get_weather"}})  # fmt: skip
+    assert forced.choices[0].finish_reason == "tool_calls"
+    ((name, arguments),) = _calls(forced.choices[0].message)
+    assert name == "get_weather"
+    jsonschema.validate(json.loads(arguments), PARAMETERS[name])
+
+    optional = _ask(client, "Say hello.", tools=TOOLS, tool_choice="auto", max_tokens=24)
+    message = optional.choices[0].message
+    if optional.choices[0].finish_reason == "tool_calls":
+        for name, arguments in _calls(message):
+            jsonschema.validate(json.loads(arguments), PARAMETERS[name])
+    else:
+        assert message.content and not message.tool_calls
+
+    parallel = _ask(client, "Weather in Oslo and in Paris?", tools=TOOLS, tool_choice="required",
+                    parallel_tool_calls=True, max_tokens=64)  # fmt: skip
+    calls = _calls(parallel.choices[0].message)
+    assert parallel.choices[0].finish_reason == "tool_calls" and calls
+    for name, arguments in calls:
+        jsonschema.validate(json.loads(arguments), PARAMETERS[name])
+    assert len({c.id for c in parallel.choices[0].message.tool_calls}) == len(calls)
+
+
+def test_the_usual_streaming_loop_works_and_usage_comes_only_when_asked(client):
+    pieces, chunks = [], []
+    for chunk in _ask(client, "Name three colours.", stream=True, max_tokens=12):
+        chunks.append(chunk)
+        pieces.append(chunk.choices[0].delta.content or "")  # the loop from the openai README
+    whole = _ask(client, "Name three colours.", max_tokens=12)
+    assert "".join(pieces) == whole.choices[0].message.content
+    assert all(c.usage is None for c in chunks)
+    assert chunks[-1].choices[0].finish_reason == whole.choices[0].finish_reason
+    assert chunks[-1].model_extra["grammarspec"]["choices"][0]["target_forwards"] > 0  # ours: on the last chunk
+
+    chunks = list(_ask(client, "Name three colours.", stream=True, max_tokens=12,
+                       stream_options={"include_usage": True}))  # fmt: skip
+    *body, last = chunks
+    assert last.choices == [] and last.usage.completion_tokens == whole.usage.completion_tokens
+    assert last.model_extra["grammarspec"]["choices"][0]["target_forwards"] > 0
+    assert all(c.usage is None and c.choices for c in body)
+
+
+def test_streamed_tool_calls_accumulate_to_the_non_streamed_call(client):
+    for kwargs in ({"tool_choice": "required"}, {"tool_choice": "required", "parallel_tool_calls": True},
+                   {"tool_choice": {"type": "function", "function": {"name": "get_weather"}}}):  # fmt: skip
+        whole = _ask(client, "What is the weather in Oslo?", tools=TOOLS, max_tokens=128, **kwargs)
+        assert whole.choices[0].finish_reason == "tool_calls"  # complete (the stream helper refuses a cut reply)
+        argument_deltas = 0
+        with client.chat.completions.stream(
+            model=MODEL, messages=[{"role": "user", "content": "What is the weather in Oslo?"}],
+            tools=TOOLS, temperature=0, max_tokens=128, **kwargs,
+        ) as stream:  # fmt: skip
+            for event in stream:
+                if event.type == "tool_calls.function.arguments.delta":
+                    argument_deltas += 1
+            final = stream.get_final_completion()
+        assert final.choices[0].finish_reason == whole.choices[0].finish_reason == "tool_calls"
+        assert _calls(final.choices[0].message) == _calls(whole.choices[0].message)
+        assert argument_deltas > len(_calls(whole.choices[0].message))  # arguments arrive as they are generated
+
+
+def test_n_stop_token_limits_seed_and_metadata(client):
+    many = _ask(client, "Name an animal.", temperature=1.0, n=3, max_tokens=6, seed=7)
+    assert [c.index for c in many.choices] == [0, 1, 2]
+    again = _ask(client, "Name an animal.", temperature=1.0, n=3, max_tokens=6, seed=7)
+    assert [c.message.content for c in again.choices] == [c.message.content for c in many.choices]
+    whole = _ask(client, "Count: one, two, three, four, five.", max_tokens=24)
+    text = whole.choices[0].message.content
+    word = text.split()[2] if len(text.split()) > 3 else text[-2:]
+    stopped = _ask(client, "Count: one, two, three, four, five.", max_tokens=24, stop=[word])
+    assert stopped.choices[0].finish_reason == "stop" and stopped.choices[0].message.content == text[: text.index(word)]
+    for limit in ({"max_tokens": 5}, {"max_completion_tokens": 5}):
+        cut = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "A long story."}],
+                                             temperature=0, **limit)  # fmt: skip
+        assert cut.choices[0].finish_reason == "length" and cut.usage.completion_tokens == 5
+    tagged = _ask(client, "Say hi.", max_tokens=4, metadata={"team": "search", "run": "1"})
+    assert tagged.choices[0].message.content is not None
+
+
+def test_a_json_answer_cut_by_stop_reports_valid_false_like_a_length_cut(client):
+    full = _ask(client, "Plan 3 days in Lisbon.", response_format=_schema_format())
+    cut_at = full.choices[0].message.content[:12][-3:]  # a stop string met inside the JSON
+    stopped = _ask(client, "Plan 3 days in Lisbon.", response_format=_schema_format(), stop=[cut_at])
+    assert stopped.choices[0].finish_reason == "stop"
+    assert stopped.model_extra["grammarspec"]["choices"][0]["valid"] is False
+    short = _ask(client, "Plan 3 days in Lisbon.", response_format=_schema_format(), max_tokens=3)
+    assert short.choices[0].finish_reason == "length"
+    assert short.model_extra["grammarspec"]["choices"][0]["valid"] is False
+
+
+def test_errors_are_typed_with_our_message_and_param(client):
+    with pytest.raises(openai.BadRequestError) as e:
+        _ask(client, "hi", logprobs=True)
+    assert e.value.param == "logprobs" and "log-probabilities are not returned" in e.value.message
+    loop = {"type": "object", "properties": {"x": {"$ref": "#"}}, "required": ["x"]}
+    with pytest.raises(openai.BadRequestError) as e:
+        _ask(client, "hi", response_format=_schema_format(loop))
+    assert e.value.param == "response_format" and "no finite value" in e.value.message
+    with pytest.raises(openai.BadRequestError) as e:
+        _ask(client, "hi", metadata={"k": 5})
+    assert e.value.param == "metadata"
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="gpt-9", messages=[{"role": "user", "content": "hi"}])
+
+
+def test_a_client_timeout_mid_stream_leaves_the_server_serving(client, server):
+    hasty = client.with_options(timeout=httpx.Timeout(60.0, read=0.01))
+    received = 0
+    with pytest.raises((openai.APITimeoutError, httpx.ReadTimeout)):
+        for _ in _ask(hasty, "Write a very long story about a dragon.", stream=True, max_tokens=120):
+            received += 1
+    after = _ask(client, "Say hi.", max_tokens=4)
+    assert after.choices[0].finish_reason in ("stop", "length") and after.choices[0].message.content
+    assert httpx.get(server + "/health", timeout=30).json()["status"] == "ok"
+
+
+def _readme_block(heading: str, starts: str) -> str:
+    """The README's python block under ``heading`` that starts with ``starts``."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = text[text.index(heading) :]
+    blocks = section.split("```python\n")[1:]
+    return next(b.split("```")[0] for b in blocks if b.startswith(starts))
+
+
+def test_the_readme_serving_snippet_runs_as_written(server, capsys):
+    code = _readme_block("## Serving", "import openai")
+    exec(compile(code.replace("http://127.0.0.1:8000/v1", server + "/v1"), "README.md", "exec"), {})
+    printed = capsys.readouterr().out
+    assert '"city"' in printed and "tokens_per_target_pass" in printed
+
+
+def test_the_readme_conversation_snippet_runs_as_written(smol, monkeypatch, capsys):
+    import grammarspec
+
+    monkeypatch.setattr(grammarspec, "load_model", lambda *args, **kwargs: smol)  # the session's model, loaded once
+    code = _readme_block("## Conversations", "import grammarspec")
+    namespace: dict = {}
+    exec(compile(code, "README.md", "exec"), namespace)
+    assert namespace["call"]["function"]["name"] == "get_weather"
+    json.loads(namespace["call"]["function"]["arguments"])
+    assert capsys.readouterr().out.strip()
