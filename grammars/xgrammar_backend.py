@@ -33,6 +33,7 @@ from ._bitmask import check_bitmask, clear_padding
 from ._window import RollbackWindow, WindowedMatcher
 from .base import CompiledGrammar, GrammarError, Matcher
 from .capabilities import Capabilities
+from .emptiness import forced_text_bounded
 from .spec import GrammarSpec
 
 if TYPE_CHECKING:
@@ -214,17 +215,24 @@ class XGrammarCompiled(CompiledGrammar):
         self.stop_token_ids = tuple(int(t) for t in stop_token_ids)
         #: estimated resident bytes (xgrammar's own count)
         self.nbytes = int(compiled.memory_size_bytes) + 4096
+        #: whether xgrammar's forced-text search stays cheap on this grammar (see grammars.emptiness)
+        self.jump_forward = forced_text_bounded(str(compiled.grammar))
 
     def matcher(self, max_rollback: int = 64) -> XGrammarMatcher:
         import xgrammar as xgr
 
-        return XGrammarMatcher(
+        matcher = XGrammarMatcher(
             xgr.GrammarMatcher(self.compiled), self.vocab_size, self.stop_token_ids, RollbackWindow(max_rollback)
         )
+        matcher.jump_forward = self.jump_forward
+        return matcher
 
 
 class XGrammarMatcher(WindowedMatcher):
     """Per-request state over an ``xgrammar.GrammarMatcher``."""
+
+    #: False: :meth:`forced_text` is "" (a grammar on which xgrammar's forced-text search may run away)
+    jump_forward = True
 
     def __init__(
         self,
@@ -283,8 +291,8 @@ class XGrammarMatcher(WindowedMatcher):
             clear_padding(bitmask[row], matcher.vocab_size)
 
     def forced_text(self) -> str:
-        """xgrammar's jump-forward string ("" if none).  Does not change state."""
-        if self._matcher.is_terminated():
+        """xgrammar's jump-forward string ("" if none, or if the search may run away).  Does not change state."""
+        if self._matcher.is_terminated() or not self.jump_forward:
             return ""
         return self._matcher.find_jump_forward_string()
 
@@ -299,7 +307,9 @@ class XGrammarMatcher(WindowedMatcher):
 
     def fork(self) -> XGrammarMatcher:
         """An independent copy in the current state, with the same rollback window."""
-        return XGrammarMatcher(self._matcher.fork(), self.vocab_size, self.stop_token_ids, self._window.copy())
+        forked = XGrammarMatcher(self._matcher.fork(), self.vocab_size, self.stop_token_ids, self._window.copy())
+        forked.jump_forward = self.jump_forward
+        return forked
 
 
 _BATCH: list[xgr.BatchGrammarMatcher] = []

@@ -22,15 +22,12 @@ from transformers import GenerationConfig
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from grammars import compile_grammar
-from proposers.base import Request, members
+from proposers.base import members
 from proposers.presets import resolve_assistant
 
-from .adaptive import AdaptiveController
 from .assistant import draft_maker
-from .cache import logits_device
 from .constraint import Constraint
-from .decoding import DecodeConfig, RowRequest, decode_batch, logits_width
-from .draft_model import DraftModelProposer
+from .decoding import DecodeConfig, decode_batch, logits_width
 from .inputs import (
     REFUSED_ARGUMENTS,
     check_arguments,
@@ -45,15 +42,15 @@ from .inputs import (
     warn_unmasked_padding,
 )
 from .policy import Calibration
-from .processing import build_pipeline, check_stateless
+from .processing import check_stateless
+from .row_requests import DEFAULT_MAX_DRAFT, row_request
+from .row_requests import k_min as _k_min  # noqa: F401  (tools/replay_bench.py reads it here)
 from .sampling import SamplingParams
 from .settings import ACCEPTED_MODEL_INPUTS, max_new_tokens, resolve_config
 from .stats import GenerationStats
+from .vocabulary import check_vocabulary
 
 __all__ = ["DEFAULT_MAX_DRAFT", "GenerationOutput", "enable", "check_options", "generate", "run_generate"]
-
-#: Longest proposal by default: verifying 16 tokens costs ~1.7x one step on CPU.
-DEFAULT_MAX_DRAFT = 16
 
 #: grammarspec's own keywords: after ``enable``, a call with any of them (whatever its value) is ours.
 _OUR_KWARGS = Constraint.keywords() + (
@@ -198,6 +195,7 @@ def _generate(
     rows, width = prompt_rows(input_ids, attention_mask)
     vocab = logits_width(model)
     check_prompt(model, rows, vocab)
+    check_vocabulary(vocab, tokenizer)
     eos = eos_ids(config, tokenizer)
     pad_id = config.pad_token_id if config.pad_token_id is not None else getattr(tokenizer, "pad_token_id", None)
     warn_unmasked_padding(rows, attention_mask, pad_id)
@@ -231,35 +229,22 @@ def _generate(
     if calibration is not None and len(rows) > 1:  # rows decoding at once never share one
         raise ValueError("a carried calibration serves one row: pass one prompt row per call")
     prompt_cache = past_key_values if update_cache or past_key_values is None else copy.deepcopy(past_key_values)
+    stop_strings = _stop_strings(config)
     decode_config = DecodeConfig(
         max_new_tokens=max_new,
         sampling=SamplingParams(do_sample=bool(config.do_sample)),
         eos_token_ids=eos,
-        stop_strings=_stop_strings(config),
+        stop_strings=stop_strings,
         record_scores=want_scores or want_logits,  # forced tokens then take a target pass: HF has a row for each
     )
-    requests = []
-    for prompt, spec, grammar_ in zip(rows, specs, compiled):
-        pipeline = build_pipeline(config, prompt_length=len(prompt), eos_token_ids=eos, processors=processors,
-                                  max_length=len(prompt) + max_new, device=logits_device(model))  # fmt: skip
-        make_draft = draft_maker(
-            sampling=decode_config.sampling, processing=pipeline, generator=generator, vocab_size=vocab
-        )
-        proposer = resolve_assistant(assistant, assistant_model, make_draft=make_draft)
-        for member in members(proposer) if proposer is not None else []:
-            if isinstance(member, DraftModelProposer):  # one passed in: it drafts with this row's processing
-                member.bind(sampling=decode_config.sampling, processing=pipeline, generator=generator, vocab_size=vocab)
-        controller = None
-        if proposer is not None:
-            controller = AdaptiveController(
-                k_min=_k_min(proposer, max_draft_tokens), k_max=max_draft_tokens, adaptive=adaptive,
-                calibration=calibration,
-            )  # fmt: skip
-            proposer.start(Request(prompt_ids=tuple(prompt), tokenizer=tokenizer,
-                                   schema=spec.schema if spec is not None else None,
-                                   documents=tuple(documents)))  # fmt: skip
-        matcher = grammar_.matcher(max_rollback=max_draft_tokens + 1) if grammar_ is not None else None
-        requests.append(RowRequest(prompt, matcher, proposer, controller, pipeline))
+    requests = [
+        row_request(model, prompt, config, max_new_tokens=max_new, eos=eos, stop_strings=stop_strings,
+                    compiled=grammar_, schema=spec.schema if spec is not None else None, tokenizer=tokenizer,
+                    assistant=assistant, assistant_model=assistant_model, processors=processors,
+                    generator=generator, max_draft_tokens=max_draft_tokens, adaptive=adaptive,
+                    calibration=calibration, documents=documents)
+        for prompt, spec, grammar_ in zip(rows, specs, compiled)
+    ]  # fmt: skip
     on_commit = None
     if streamer is not None:
         streamer.put(torch.tensor([rows[0]], dtype=torch.long, device="cpu"))  # streamers decode on the host
@@ -412,25 +397,6 @@ def _stop_strings(config: GenerationConfig) -> tuple[str, ...]:
     if not stops:
         return ()
     return (stops,) if isinstance(stops, str) else tuple(stops)
-
-
-def _k_min(proposer: Any, k_max: int) -> int:
-    """Floor of the adaptive proposal length.
-
-    Cheap deterministic drafters stop on their own when they run out of
-    evidence, so ``k`` is only a cap for them and they get the full
-    ``k_max``: a verification pass of 4-16 rows costs about 1.5-1.7 plain
-    steps on CPU (each row past 8 about 0.03), so cutting a copied run short
-    costs more than the extra rows (replayed on SmolLM2's benchmark outputs:
-    4.49 tokens per pass on extraction with a floor of 8, 4.66 with 16; a
-    floor of 1 gave 2.5x where 8 gave 2.9x).  A draft model pays a draft
-    forward pass per drafted token, so its ``k`` may shrink all the way to 1.
-    """
-    from proposers.compose import is_model_proposer
-
-    if any(is_model_proposer(p) for p in members(proposer)):
-        return 1
-    return k_max
 
 
 def _assemble(

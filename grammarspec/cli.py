@@ -25,7 +25,7 @@ import json
 import re
 import shlex
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -151,9 +151,16 @@ def build_parser() -> argparse.ArgumentParser:
                             "max_batch_size=B (e.g. 1,4,8,16; --arms picks among baseline,none,auto); greedy")  # fmt: skip
     bench.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     bench.add_argument("--no-progress", action="store_true", help="no progress bar")
+    bench.add_argument(
+        "--tokenizers",
+        metavar="DIR",
+        help="tokenizer families: for --model's tokenizer and each ggml-vocab-*.gguf in DIR, tokens per target "
+        "pass of --arms' preset (default auto) against a scripted target that writes each task's reference in "
+        "the family's canonical split (counts, no timing; e.g. ../shared/tokenizers)",
+    )
     bench.set_defaults(run=_cmd_bench)
 
-    agent = commands.add_parser(  # conv17: the agent-loop benchmark
+    agent = commands.add_parser(  # the agent-loop benchmark
         "bench-agent",
         help="time whole tool-calling conversations: HF re-sending, HF with a prompt cache, grammarspec Conversation",
         description="Run the agent benchmark's multi-turn tool-calling conversations (greedy) under three arms, "
@@ -164,11 +171,11 @@ def build_parser() -> argparse.ArgumentParser:
     agent.add_argument("--conversations", metavar="A,B", help="only these conversations (comma-separated)")
     agent.add_argument("--out", default="bench-out", metavar="DIR", help="output folder (default: bench-out)")
     agent.set_defaults(run=_cmd_bench_agent)
-    _add_serve_commands(commands)  # serve25
+    _add_serve_commands(commands)
     return parser
 
 
-# --- serve, bench-serve (serve25) -------------------------------------------------------
+# --- serve, bench-serve -------------------------------------------------------------------
 
 
 def _add_serve_commands(commands: Any) -> None:
@@ -214,9 +221,9 @@ def _add_serve_commands(commands: Any) -> None:
         "serve.json (every call's output) to --out.",
     )
     bench.add_argument("--model", default=DEFAULT_MODEL, metavar="NAME_OR_DIR")
-    bench.add_argument("--arms", default="serve,serve_concurrent,hf_resend,transformers_serve,vllm_serve",
-                       metavar="A,B", help="arms (default: serve,serve_concurrent,hf_resend,transformers_serve,"
-                       "vllm_serve; vllm_serve is skipped with a note without .venv-vllm)")  # fmt: skip
+    bench.add_argument("--arms", metavar="A,B", help="arms (default: serve,serve_concurrent,hf_resend,"
+                       "transformers_serve,vllm_serve; vllm_serve is skipped with a note without .venv-vllm; "
+                       "with --sweep: none,auto, and vllm,vllm_ngram may be added)")  # fmt: skip
     bench.add_argument("--concurrency", type=_positive_int, default=8, metavar="N",
                        help="conversations at once for serve_concurrent (default: 8)")  # fmt: skip
     bench.add_argument("--conversations", metavar="A,B",
@@ -225,6 +232,25 @@ def _add_serve_commands(commands: Any) -> None:
     bench.add_argument("--max-new-tokens", type=_positive_int, metavar="N",
                        help="cap every turn's max_tokens (default: the scripts' own; for smoke runs)")  # fmt: skip
     bench.add_argument("--out", default="bench-out", metavar="DIR", help="output folder (default: bench-out)")
+    sweep = bench.add_argument_group(
+        "load sweep (--sweep)",
+        "grammarspec serve's throughput and latency as load rises, arms none and auto interleaved (none, auto, "
+        "none), vllm / vllm_ngram (vllm serve without / with n-gram drafts, from .venv-vllm) as the anchor; "
+        "writes sweep.md, sweep.json, sweep_throughput.png and sweep_ttft.png",
+    )
+    sweep.add_argument("--sweep", action="store_true", help="run the load sweep instead of the conversations")
+    sweep.add_argument("--levels", default="1,2,4,8,16,32", metavar="C,C",
+                       help="closed-loop concurrencies (default: 1,2,4,8,16,32; '' for none)")  # fmt: skip
+    sweep.add_argument("--rates", default="", metavar="R,R",
+                       help="open-loop request rates per second, Poisson arrivals (default: none)")  # fmt: skip
+    sweep.add_argument("--workloads", default="json,prose", metavar="A,B",
+                       help="json (the task file, response_format json_schema) and/or prose (no schema)")  # fmt: skip
+    sweep.add_argument("--requests", type=_positive_int, default=8, metavar="N",
+                       help="requests per level (at least C; default: 8)")  # fmt: skip
+    sweep.add_argument("--max-batch-size", type=_positive_int, default=16, metavar="N",
+                       help="the servers' rows decoded together (default: 16)")  # fmt: skip
+    sweep.add_argument("--tasks", metavar="FILE", help="task file of the json workload (default: data/tasks)")
+    sweep.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     bench.set_defaults(run=_cmd_bench_serve)
 
 
@@ -255,7 +281,9 @@ def _cmd_bench_serve(args: argparse.Namespace, command: str) -> int:
     from .bench.agent_tasks import CONVERSATIONS
     from .serve.bench import SERVE_ARMS, run_serve_bench, serve_markdown
 
-    arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+    if args.sweep:
+        return _cmd_bench_serve_sweep(args, command)
+    arms = [a.strip() for a in (args.arms or ",".join(SERVE_ARMS)).split(",") if a.strip()]
     unknown = [a for a in arms if a not in SERVE_ARMS]
     if unknown:
         raise CliError(f"--arms: unknown {', '.join(unknown)}; choose from {', '.join(SERVE_ARMS)}")
@@ -275,6 +303,44 @@ def _cmd_bench_serve(args: argparse.Namespace, command: str) -> int:
     (out / "serve.json").write_text(json.dumps(result, indent=1, default=str), encoding="utf-8")
     print(markdown)
     print(f"wrote {out / 'serve.md'} and {out / 'serve.json'}", file=sys.stderr)
+    return 0
+
+
+def _cmd_bench_serve_sweep(args: argparse.Namespace, command: str) -> int:
+    from .serve.sweep import SWEEP_ARMS, WORKLOADS, run_sweep, write_sweep
+
+    def listed(text: str, kind: Callable[[str], Any], flag: str) -> list[Any]:
+        try:
+            values = [kind(v.strip()) for v in text.split(",") if v.strip()]
+        except ValueError:
+            raise CliError(f"{flag}: expected a comma-separated list of numbers, got {text!r}") from None
+        if any(v <= 0 for v in values):
+            raise CliError(f"{flag}: every value must be > 0, got {text!r}")
+        return values
+
+    arms = [a.strip() for a in (args.arms or "none,auto").split(",") if a.strip()]
+    unknown = [a for a in arms if a not in SWEEP_ARMS]
+    if unknown:
+        raise CliError(f"--arms: unknown {', '.join(unknown)}; with --sweep choose from {', '.join(SWEEP_ARMS)}")
+    workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    if not workloads or any(w not in WORKLOADS for w in workloads):
+        raise CliError(f"--workloads: choose from {', '.join(WORKLOADS)}, got {args.workloads!r}")
+    levels, rates = listed(args.levels, int, "--levels"), listed(args.rates, float, "--rates")
+    if not levels and not rates:
+        raise CliError("--levels and --rates are both empty: give at least one load level")
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise CliError(f"--out {out} exists and is not a folder")
+    _quiet_transformers()
+    model, tokenizer = _load(args.model)
+    _warn_if_busy()
+    result = run_sweep(model, tokenizer, args.model, workloads=workloads, concurrency=levels, rates=rates, arms=arms,
+                       requests=args.requests, max_tokens=args.max_new_tokens or 96,
+                       max_batch_size=args.max_batch_size, tasks_path=args.tasks,
+                       progress=lambda line: print(line, file=sys.stderr))  # fmt: skip
+    markdown = write_sweep(result, command, out, plots=not args.no_plots)
+    print(markdown)
+    print(f"wrote {out / 'sweep.md'}, {out / 'sweep.json'} and the plots", file=sys.stderr)
     return 0
 
 
@@ -463,6 +529,8 @@ def _bench_tasks(args: argparse.Namespace, limit: int | None) -> list[Any]:
 def _cmd_bench(args: argparse.Namespace, command: str) -> int:
     from .bench.arms import DEFAULT_ARMS, DRAFT_ARMS, check_arms
 
+    if args.tokenizers:
+        return _cmd_bench_families(args, command)
     quick: dict[str, Any] = QUICK if args.quick else {}
     limit = args.limit or quick.get("limit")
     arm_list = args.arms or quick.get("arms")
@@ -512,6 +580,41 @@ def _cmd_bench(args: argparse.Namespace, command: str) -> int:
     return 0
 
 
+def _cmd_bench_families(args: argparse.Namespace, command: str) -> int:
+    """``bench --tokenizers DIR``: tokens per pass of a scripted canonical target, per tokenizer family."""
+    from .bench.families import family_files, load_family_tokenizer, run_family, to_markdown
+    from .loading import load_tokenizer
+
+    assistant = (args.arms or "auto").split(",")[0].strip()
+    if assistant not in ASSISTANTS or assistant == "draft_model":
+        raise CliError(f"--arms {args.arms}: with --tokenizers give one of {', '.join(ASSISTANTS[:-1])}")
+    try:
+        files = family_files(args.tokenizers)
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    tasks = _bench_tasks(args, args.limit)
+    _quiet_transformers()
+    families: list[tuple[str, str | Path]] = [(Path(args.model).name, args.model)]
+    families += [(f.stem.removeprefix("ggml-vocab-"), f) for f in files]
+    results = []
+    for name, source in families:
+        try:
+            tokenizer = load_family_tokenizer(source) if isinstance(source, Path) else load_tokenizer(source)
+        except Exception as e:  # noqa: BLE001 - a file transformers cannot read is reported, the rest still run
+            reason = f"{type(e).__name__}: {str(e)[:160]}"
+            print(f"grammarspec bench: {name}: transformers cannot load it ({reason})", file=sys.stderr)
+            continue
+        print(f"grammarspec bench: {name} ({len(tokenizer):,} tokens), {len(tasks)} tasks", file=sys.stderr)
+        results.append(run_family(name, tokenizer, tasks, assistant=assistant))
+    table = to_markdown(results)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "families.md").write_text(f"`{command}`\n\n{table}\n", encoding="utf-8")
+    (out / "families.json").write_text(json.dumps([r.as_dict() for r in results], indent=1), encoding="utf-8")
+    print(table)
+    return 0
+
+
 def _batch_sizes(text: str) -> list[int]:
     try:
         sizes = [int(part) for part in text.split(",") if part.strip()]
@@ -554,7 +657,7 @@ def _cmd_batch_bench(args: argparse.Namespace, command: str, tasks: list[Any], o
 
 
 def _cmd_bench_agent(args: argparse.Namespace, command: str) -> int:
-    """conv17: ``grammarspec bench-agent`` (see :mod:`grammarspec.bench.agent`)."""
+    """``grammarspec bench-agent`` (see :mod:`grammarspec.bench.agent`)."""
     from dataclasses import asdict
 
     from .bench.agent import agent_markdown, run_agent_bench

@@ -98,7 +98,7 @@ class Constraint:
                 "cannot shape it too; pass tool_choice='none' to constrain this output with "
                 f"{self.others[0]}= instead, or drop {self.others[0]}="
             )
-        kwargs = tool_constraint(self.tools, choice, self.parallel_tool_calls, self.tool_format)
+        kwargs = tool_constraint(self.tools, choice, self.parallel_tool_calls, self.tool_format, self.any_whitespace)
         base = dataclasses.replace(self, tools=None, tool_choice=None, parallel_tool_calls=False)
         return dataclasses.replace(base, **kwargs)
 

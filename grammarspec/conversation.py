@@ -63,6 +63,7 @@ from .cache import cache_length, common_prefix_length, crop_cache, new_cache
 from .constraint import Constraint
 from .policy import Calibration
 from .stats import GenerationStats
+from .templates import fit_messages
 from .tool_calls import (
     ToolCallError,
     chat_messages,
@@ -218,6 +219,7 @@ class Conversation:
             else:
                 rendered.insert(0, {"role": "system", "content": description})
         extra = {"tools": tools} if tools and self.tool_format != "json" else {}
+        rendered = fit_messages(self.tokenizer, rendered)  # what the template drops goes into a user turn
         text = self.tokenizer.apply_chat_template(rendered, tokenize=False, add_generation_prompt=True, **extra)
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 

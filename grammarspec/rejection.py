@@ -50,13 +50,14 @@ class Segment:
 
 def target_choices(
     scores: torch.Tensor,
-    greedy: bool,
+    greedy: bool | Sequence[bool],
     sampled: Sequence[Segment] = (),
     generator: torch.Generator | None = None,
 ) -> list[int]:
     """The target's choice at every scored row ``[N]``: the one host transfer of a step.
 
-    ``scores``: processed ``[N, V]``.  Greedy: the argmax of each row.  Sampled:
+    ``scores``: processed ``[N, V]``.  ``greedy``: for every row, or one flag
+    per row (a batch mixing greedy and sampled requests).  Greedy: the argmax of each row.  Sampled:
     one draw from each row's distribution ``p`` -- except on the rows of
     ``sampled``, the segments of chains drafted with distributions ``q``
     (``draft_probs``), where the choice is the draft token if residual
@@ -71,7 +72,10 @@ def target_choices(
     """
     n_rows, vocab = scores.shape
     device = scores.device
-    if greedy:
+    mixed = isinstance(greedy, Sequence)
+    if mixed:
+        assert len(greedy) == n_rows, f"{len(greedy)} greedy flags for {n_rows} rows"  # type: ignore[arg-type]
+    if not mixed and greedy:
         best, choice = row_max(scores)  # the argmax and whether the row has any legal token
         empty = torch.isneginf(best)  # [N]
     else:
@@ -101,6 +105,9 @@ def target_choices(
             total = residual.sum(dim=-1, keepdim=True)
             dist = torch.where(total > 0, residual / total.clamp_min(1e-30), probs)
         choice = torch.where(accepted, tokens, _multinomial(dist, generator))
+        if mixed:  # the greedy rows take their argmax (a draw was made for them too: draws are independent)
+            flags = torch.tensor(list(greedy), dtype=torch.bool, device=device)  # type: ignore[arg-type]
+            choice = torch.where(flags, row_max(scores)[1].to(device), choice)
     host = torch.stack([choice, empty.long()]).tolist()  # the one host transfer
     if any(host[1]):
         raise NoLegalTokenError(f"rows {[i for i, e in enumerate(host[1]) if e]} allow no token")

@@ -130,9 +130,8 @@ class CompositeProposer:
         self.name = name
         self.short = short
         self.min_expected = min_expected
-        # Never taught measured times: a hold-back threshold that followed the wall clock moved the task
-        # file's target passes from run to run (892 to 896, BENCHMARKS.md, stop 15) and on a loaded machine
-        # cost 26 extra passes (issue 13).
+        # Never taught measured times: a hold-back threshold that followed the wall clock would make the
+        # drafts, and so the target passes, depend on machine load.
         self.cost_model = cost_model if cost_model is not None else PassCost()
         self._cost_given = cost_model is not None
         self.typical_rows = typical_rows

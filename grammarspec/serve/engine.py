@@ -2,7 +2,7 @@
 
 HTTP handlers :meth:`Engine.prepare` a request (render the messages with the
 chat template, compile the grammar -- cached per constraint --, build each
-row's processing, proposer and controller; any problem is a
+row with :func:`grammarspec.row_requests.row_request`, as ``generate`` does; any problem is a
 :class:`~grammarspec.serve.protocol.RequestError` before the loop sees it),
 then :meth:`Engine.submit` it.  The engine thread runs
 :func:`grammarspec.decoding.decode_batch` with itself as the feed: new rows join
@@ -17,14 +17,16 @@ joins with a cache hit starts from a copy of the hit entry's records (never
 the stored object: rows decoding at once never share one; the records live
 and die with their entry).  The earlier assistant messages' JSON
 (:func:`~grammarspec.tool_calls.earlier_documents`) goes to the proposer as
-``Request.documents``.  Drafting policy only: outputs are unchanged.
+``Request.documents``.  A row without a cache hit starts from the records
+of the last finished row of its kind of traffic (:func:`traffic_kind`: tool
+calls, a schema, free text), so drafting starts from this server's evidence,
+not from a prior.  Drafting policy only: outputs are unchanged.
 
-Per-request settings the shared loop does not hold are applied to each row:
-temperature / top_p by the row's processing (a greedy row's processing keeps
-only its argmax, so sampled verification accepts exactly the greedy tokens);
-``max_tokens`` and ``stop`` by cutting the row where they are met (the tokens
-before the cut have the distribution they would have had anyway).  A request
-that disconnects cancels its rows.
+Each request's settings are its rows' own (:class:`~grammarspec.rows.RowSettings`):
+greedy or sampled, temperature and top_p in the row's processing, ``max_tokens``
+and ``stop`` where the loop ends the row (no draft reaches past ``max_tokens``).
+The client's text ends before the stop string (:func:`~grammarspec.stopping.before_stop`).
+A request that disconnects cancels its rows.
 """
 
 from __future__ import annotations
@@ -44,19 +46,18 @@ from typing import Any
 import torch
 
 from grammars import GrammarError, compile_grammar, grammar_spec
-from proposers.base import Request
 
-from ..adaptive import AdaptiveController
-from ..api import DEFAULT_MAX_DRAFT, _k_min, grammar_stats
-from ..assistant import resolve_assistant
+from ..api import grammar_stats
 from ..conversation import NO_TOOL_NOTE, _add_note
 from ..decoding import DecodeConfig, Row, RowRequest, decode_batch, logits_width
 from ..inputs import eos_ids
 from ..kv import BatchKV
 from ..policy import Calibration
-from ..processing import build_pipeline
-from ..sampling import SamplingParams
+from ..row_requests import DEFAULT_MAX_DRAFT, row_request
 from ..settings import resolve_config
+from ..step_trace import StepTrace
+from ..stopping import before_stop
+from ..templates import fit_messages
 from ..tool_calls import (
     ToolCallError,
     chat_messages,
@@ -69,8 +70,12 @@ from ..tool_calls import (
 )
 from .prefix import PrefixCache, row_cache
 from .protocol import ChatRequest, RequestError
+from .tool_stream import ToolCallStream
 
-__all__ = ["Choice", "Engine", "Job", "prompt_ids"]
+__all__ = ["Choice", "Engine", "Job", "prompt_ids", "traffic_kind", "COMPILE_TIMEOUT"]
+
+#: Seconds one request's grammar may take to compile (every backend it tries): past it the request is a 400.
+COMPILE_TIMEOUT = 60.0
 
 
 def prompt_ids(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
@@ -94,8 +99,21 @@ def prompt_ids(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[
         else:
             rendered.insert(0, {"role": "system", "content": description})
     extra = {"tools": tools} if tools and tool_format != "json" else {}
+    rendered = fit_messages(tokenizer, rendered)  # what the template drops goes into a user turn
     text = tokenizer.apply_chat_template(rendered, tokenize=False, add_generation_prompt=True, **extra)
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def traffic_kind(spec: Any, constraint: dict[str, Any]) -> str:
+    """The kind of traffic a request is, for the drafting records it starts from.  Pure.
+
+    ``"tools"`` (a tool call may follow), ``"schema"`` (a JSON schema, a JSON
+    object or a grammar) or ``"text"`` (free text): their drafts survive at
+    very different rates.
+    """
+    if constraint:
+        return "tools"
+    return "schema" if spec is not None else "text"
 
 
 def _template_renders_tools(tokenizer: Any, tools: list[dict[str, Any]]) -> bool:
@@ -103,19 +121,6 @@ def _template_renders_tools(tokenizer: Any, tools: list[dict[str, Any]]) -> bool
     probe = [{"role": "user", "content": "hi"}]
     render = tokenizer.apply_chat_template
     return bool(render(probe, tokenize=False, tools=tools) != render(probe, tokenize=False))
-
-
-class _Argmax:
-    """A greedy row's processing: the row's own, then only the argmax is left (a point mass)."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-
-    def __call__(self, scores: torch.Tensor, prefixes: Any) -> torch.Tensor:
-        scores = self.inner(scores, prefixes)
-        out = torch.full_like(scores, float("-inf"))
-        out.scatter_(1, scores.argmax(dim=-1, keepdim=True), 0.0)
-        return out
 
 
 @dataclass
@@ -128,11 +133,13 @@ class Choice:
     row_request: RowRequest
     compiled: Any
     spec: Any
+    kind: str = "text"  # the traffic kind its drafting records are kept under (traffic_kind)
     tokens: list[int] = field(default_factory=list)
-    text: str = ""
-    cut: str | None = None  # "length" / "stop": max_tokens or a stop string met
+    text: str = ""  # what the client sees: the text before any stop string
+    stopped: bool = False  # a stop string was generated (the text ends before it)
     row: Row | None = None
     sent: int = 0  # characters of text already streamed
+    calls: ToolCallStream = field(default_factory=ToolCallStream)  # tool-call deltas sent, and the calls' ids
 
 
 @dataclass
@@ -160,8 +167,12 @@ class Engine:
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, *, max_batch_size: int = 8,
                  prefix_cache_bytes: int = 1 << 30, max_tokens: int = 1024, grammar_backend: str = "xgrammar",
-                 grammar_cache_size: int = 128, tool_format: str = "auto") -> None:  # fmt: skip
+                 grammar_cache_size: int = 128, tool_format: str = "auto",
+                 compile_timeout: float | None = COMPILE_TIMEOUT, trace_steps: bool = False) -> None:  # fmt: skip
         self.model, self.tokenizer = model, tokenizer
+        #: every step's rows, drafts, forward and phase times (``trace_steps``; read with ``trace.take()``)
+        self.trace = StepTrace() if trace_steps else None
+        self.compile_timeout = compile_timeout  # a request's grammar compile is stopped past it (a 400)
         hf: Any = model  # a Hugging Face model (or a toy speaking its protocol)
         self.max_batch_size, self.max_tokens, self.grammar_backend = max_batch_size, max_tokens, grammar_backend
         self.context = getattr(model.config, "max_position_embeddings", None)
@@ -175,6 +186,8 @@ class Engine:
         self._incoming: queue.Queue[Job | None] = queue.Queue()
         self._pending: list[Choice] = []
         self._rows: dict[int, Choice] = {}  # row index of the running decode_batch call -> choice
+        #: traffic kind -> the survival records of its last finished row: where a new request's drafting starts
+        self._recent: dict[str, Calibration] = {}
         self._next = 0
         self.generator = torch.Generator(device=self._device())
         self.generator.manual_seed(0)
@@ -198,7 +211,7 @@ class Engine:
                 self._grammars.move_to_end(key)
                 return self._grammars[key]
         compiled = compile_grammar(spec, self.tokenizer, vocab_size=self.vocab, stop_token_ids=self.eos,
-                                   backend=self.grammar_backend)  # fmt: skip
+                                   backend=self.grammar_backend, compile_timeout=self.compile_timeout)  # fmt: skip
         with self._grammar_lock:
             self._grammars[key] = compiled
             while len(self._grammars) > self._grammar_cache_size:
@@ -238,7 +251,6 @@ class Engine:
             param = "tools" if constraint else "response_format"
             raise RequestError(f"the constraint does not compile: {e}", param=param, code="invalid_schema") from None
         job = Job(request, ids, max_tokens, {**constraint, "offered": offered}, self.tool_format, emit)
-        k_max = request.max_draft_tokens or DEFAULT_MAX_DRAFT
         do_sample = not request.greedy
         overrides: dict[str, Any] = {"do_sample": do_sample, "max_new_tokens": max_tokens}
         if do_sample:
@@ -249,20 +261,14 @@ class Engine:
             raise RequestError(str(e), code="invalid_value") from None
         documents = earlier_documents(request.messages)
         for index in range(request.n):
-            pipeline: Any = build_pipeline(config, prompt_length=len(ids), eos_token_ids=self.eos,
-                                           max_length=len(ids) + max_tokens, device=self._device())  # fmt: skip
-            if not do_sample:
-                pipeline = _Argmax(pipeline)
-            proposer = resolve_assistant(None if request.assistant == "none" else request.assistant)
-            controller = None
-            if proposer is not None:
-                controller = AdaptiveController(k_min=_k_min(proposer, k_max), k_max=k_max, adaptive=True)
-                proposer.start(Request(prompt_ids=tuple(ids), tokenizer=self.tokenizer,
-                                       schema=spec.schema if spec is not None else None,
-                                       documents=documents))  # fmt: skip
-            matcher = compiled.matcher(max_rollback=k_max + 1) if compiled is not None else None
-            row_request = RowRequest(ids, matcher, proposer, controller, pipeline)
-            job.choices.append(Choice(job, index, ids, row_request, compiled, spec))
+            row = row_request(self.model, ids, config, max_new_tokens=max_tokens, eos=self.eos,
+                              stop_strings=request.stop, compiled=compiled,
+                              schema=spec.schema if spec is not None else None, tokenizer=self.tokenizer,
+                              assistant=None if request.assistant == "none" else request.assistant,
+                              generator=self.generator,
+                              max_draft_tokens=request.max_draft_tokens or DEFAULT_MAX_DRAFT,
+                              documents=documents)  # fmt: skip
+            job.choices.append(Choice(job, index, ids, row, compiled, spec, kind=traffic_kind(spec, constraint)))
         return job
 
     def submit(self, job: Job) -> None:
@@ -284,8 +290,7 @@ class Engine:
     # --- the engine thread: decode_batch with this engine as its feed ----------------------------
 
     def _run(self) -> None:
-        config = DecodeConfig(max_new_tokens=self.max_tokens, sampling=SamplingParams(do_sample=True),
-                              eos_token_ids=self.eos)  # fmt: skip
+        config = DecodeConfig(max_new_tokens=self.max_tokens, eos_token_ids=self.eos)  # each row has its own settings
         pad = self.eos[0] if self.eos else 0
         while not self._stop:
             job = self._incoming.get()
@@ -297,7 +302,7 @@ class Engine:
             try:
                 decode_batch(self.model, [], config, tokenizer=self.tokenizer, generator=self.generator,
                              pad_token_id=pad, max_batch_size=self.max_batch_size, feed=self,
-                             on_commit=self._on_commit)  # fmt: skip
+                             on_commit=self._on_commit, trace=self.trace)  # fmt: skip
             except Exception as e:  # the loop failed: every row in it fails, the engine goes on
                 traceback.print_exc()
                 failed = {id(c.job): c.job for c in list(self._rows.values()) + self._pending}
@@ -331,8 +336,10 @@ class Engine:
                 self.generator.manual_seed(choice.job.request.seed + choice.index)  # alone: reproducible
             cache, length, extra = self.prefix.lookup(choice.prompt)
             controller = choice.row_request.controller
-            if isinstance(extra, Calibration) and controller is not None:  # a copy: never shared by two rows
-                controller.calibration = copy.deepcopy(extra)
+            if controller is not None:  # a copy: never shared by two rows
+                start = extra if isinstance(extra, Calibration) else self._recent.get(choice.kind)
+                if start is not None:
+                    controller.calibration = copy.deepcopy(start)
             if choice.index == 0:
                 choice.job.reused_tokens = length
             self._rows[self._next] = choice
@@ -345,8 +352,7 @@ class Engine:
         return bool(self._rows)
 
     def cancelled(self, index: int) -> bool:
-        choice = self._rows[index]
-        return choice.job.cancelled or choice.cut is not None
+        return self._rows[index].job.cancelled
 
     def joined(self, row: Row, kv: BatchKV, slot: int) -> None:
         self._keep(self._rows[row.index], row, kv, slot)
@@ -354,8 +360,10 @@ class Engine:
     def finished(self, row: Row, kv: BatchKV | None, slot: int) -> None:
         choice = self._rows[row.index]
         choice.row = row
-        if row.finish_reason == "cancelled" and choice.cut is None:
+        if row.finish_reason == "cancelled":
             self.counters["cancelled"] += 1
+        if choice.row_request.controller is not None and row.stats.target_forwards:
+            self._recent[choice.kind] = copy.deepcopy(choice.row_request.controller.calibration)
         if kv is not None:
             self._keep(choice, row, kv, slot)
         elif choice.row_request.controller is not None:  # no KV to store: its records join its prompt's entry
@@ -365,8 +373,8 @@ class Engine:
         del self._rows[row.index]  # the loop asks no more about it; a busy loop never returns, so forget it now
 
     def _keep(self, choice: Choice, row: Row, kv: BatchKV, slot: int) -> None:
-        """Store the row's cached prompt + answer (no token past the job's cut) in the prefix cache."""
-        length = min(row.cached, len(choice.prompt) + len(choice.tokens))
+        """Store the row's cached prompt + answer in the prefix cache."""
+        length = row.cached
         if length > 0 and self.prefix.budget > 0:
             controller = choice.row_request.controller
             records = copy.deepcopy(controller.calibration) if controller is not None else None  # a snapshot
@@ -375,23 +383,11 @@ class Engine:
     def _on_commit(self, index: int, tokens: list[int]) -> None:
         choice = self._rows[index]
         job = choice.job
-        if choice.cut is not None:
-            return
         if job.first_token_seconds is None:
             job.first_token_seconds = time.perf_counter() - job.started
-        room = job.max_tokens - len(choice.tokens)
-        choice.tokens += tokens[:room]
+        choice.tokens += tokens
         text = self.tokenizer.decode(choice.tokens, skip_special_tokens=True)
-        stops = job.request.stop
-        if stops:
-            hits = [text.find(s) for s in stops if s in text]
-            if hits:
-                text = text[: min(hits)]
-                choice.cut = "stop"
-        if choice.cut is None and len(choice.tokens) >= job.max_tokens and len(tokens) >= room:
-            if not (choice.row_request.matcher is not None and choice.row_request.matcher.is_terminated()):
-                choice.cut = "length"
-        choice.text = text
+        choice.text, choice.stopped = before_stop(text, job.request.stop)
         if job.request.stream:
             self._stream_delta(choice)
 
@@ -400,8 +396,11 @@ class Engine:
         job = choice.job
         text = choice.text
         if job.constraint.get("offered") and job.tool_format == "json" and text.lstrip()[:1] in ("{", "[", ""):
-            return  # a call: sent whole when it ends
-        hold = max((len(s) - 1 for s in job.request.stop), default=0) if choice.cut is None else 0
+            deltas = choice.calls.feed(text)  # a call: its name, then its arguments as they grow
+            if deltas:
+                job.emit(("tool_calls", (choice.index, deltas)))
+            return
+        hold = max((len(s) - 1 for s in job.request.stop), default=0) if not choice.stopped else 0
         end = len(text) - hold
         if text.endswith("\ufffd"):
             end = min(end, len(text) - 1)
@@ -413,24 +412,21 @@ class Engine:
         job, row = choice.job, choice.row
         assert row is not None
         stats = row.stats
-        if choice.cut is not None:
-            reason = choice.cut
+        if choice.stopped:  # the client's text ends before a stop string, whatever else ended the row
+            reason, stats.finish_reason = "stop", "stop_string"
         elif row.finish_reason in ("stop", "eos", "stop_string"):
             reason = "stop"
         elif row.finish_reason == "cancelled":
             reason = "cancelled"
         else:
             reason = "length"
-        if choice.cut is not None:
-            stats.finish_reason = "length" if choice.cut == "length" else "stop_string"
-        if choice.compiled is not None and choice.cut != "stop":
+        if choice.compiled is not None:  # a stop string cut the JSON short: valid false, as a max_tokens cut
             grammar_stats(stats, choice.compiled, choice.spec, choice.text)
         message: dict[str, Any] = {"role": "assistant", "content": choice.text}
         offered = job.constraint.get("offered")
-        if reason == "stop" and choice.cut is None and offered:
+        if reason == "stop" and not choice.stopped and offered:
             try:
-                message = parse_tool_reply(choice.text, offered, job.tool_format,
-                                           [f"call_{uuid.uuid4().hex[:24]}" for _ in range(64)])  # fmt: skip
+                message = parse_tool_reply(choice.text, offered, job.tool_format, choice.calls.call_ids(64))
             except ToolCallError:
                 message = {"role": "assistant", "content": choice.text}
         finish = "tool_calls" if message.get("tool_calls") else reason
