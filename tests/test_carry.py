@@ -18,7 +18,7 @@ from toy import toy_tokenizer, toy_vocab_size
 from toy_models import ToyCausalLM, tiny_llama
 
 import grammarspec
-from grammarspec import api
+from grammarspec import row_requests
 from grammarspec.adaptive import AdaptiveController
 from grammarspec.policy import Calibration
 from grammarspec.serve import Engine
@@ -51,7 +51,7 @@ def _counts(calibration: Calibration) -> dict:
 
 @pytest.fixture()
 def started(monkeypatch):
-    """Every AdaptiveController the HF entry point builds: (it, a snapshot of its records at the start)."""
+    """Every AdaptiveController the one row builder makes: (it, a snapshot of its records at the start)."""
     seen: list[tuple[AdaptiveController, dict]] = []
 
     class Recording(AdaptiveController):
@@ -59,7 +59,7 @@ def started(monkeypatch):
             super().__init__(*args, **kwargs)
             seen.append((self, _counts(self.calibration)))
 
-    monkeypatch.setattr(api, "AdaptiveController", Recording)
+    monkeypatch.setattr(row_requests, "AdaptiveController", Recording)
     return seen
 
 
