@@ -156,7 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="tokenizer families: for --model's tokenizer and each ggml-vocab-*.gguf in DIR, tokens per target "
         "pass of --arms' preset (default auto) against a scripted target that writes each task's reference in "
-        "the family's canonical split (counts, no timing; e.g. ../shared/tokenizers)",
+        "the family's canonical split (counts, no timing; a folder of vocabulary-only GGUFs)",
     )
     bench.set_defaults(run=_cmd_bench)
 

@@ -323,7 +323,7 @@ def _host_seconds_per_token(vocab: int, repeats: int) -> float:
     context = (list(range(100, 164)) + drafted) * 8 + list(range(100, 164))  # a lookup that finds its run
     lookup = PromptLookupProposer()
     masks = xgrammar.allocate_token_bitmask(len(drafted), vocab)
-    scores = torch.zeros((len(drafted), vocab), dtype=torch.float32)
+    scores = torch.zeros((len(drafted), vocab), dtype=torch.float32, device="cpu")
     seconds = []
     for _ in range(repeats + 1):  # the first round warms up and is not counted
         start = time.perf_counter()

@@ -74,8 +74,12 @@ def test_categories_are_filtered_and_unknown_ones_named(tmp_path):
 
 
 def test_the_sample_is_small_and_carries_its_sources_and_licenses():
-    files = [p for p in DATA.rglob("*") if p.is_file()]
+    files = [p for p in DATA.rglob("*") if p.is_file() and "tokenizers" not in p.relative_to(DATA).parts]
     assert sum(p.stat().st_size for p in files) < 1_000_000
+    # the vocabularies the tokenizer-family tests need (two SentencePiece files), with their license and source
+    vocabularies = [p for p in (DATA / "tokenizers").rglob("*") if p.is_file()]
+    assert sum(p.stat().st_size for p in vocabularies) < 2_000_000
+    assert {"LICENSE.llama.cpp", "README.md"} <= {p.name for p in vocabularies}
     schemas = DATA / "schemas"
     assert {p.name for p in (schemas / "LICENSES").iterdir()} >= {"Apache-2.0.txt", "MIT-JSONSchemaBench.txt",
                                                                   "NOTICE-SchemaStore.txt"}  # fmt: skip

@@ -182,7 +182,12 @@ def test_leaky_cache_is_detected(setup, monkeypatch):
     _, compiled = setup
     params = SamplingParams(True, 1.0)
     exact = exact_distribution(TARGET, compiled, params)
-    monkeypatch.setattr(kv, "crop_cache", lambda cache, length, *a: None)
+    keep = kv.BatchKV.keep
+
+    def leaky(self, kept):  # every fed column stays, rejected draft tokens included
+        keep(self, [list(range(fed)) for fed in self._appended])
+
+    monkeypatch.setattr(kv.BatchKV, "keep", leaky)
     with pytest.raises(AssertionError):
         counts, _ = speculative_counts(
             TARGET, compiled, params, lambda p, g: ImprobableProposer(), seed=5, samples=4000

@@ -118,7 +118,9 @@ class OracleLM(torch.nn.Module):
             context = context + [token]
             rows.append(self.next_logits(context, new[j + 1] if j + 1 < len(new) else None))
         logits = torch.stack(rows)[None]  # [1, n, V]
-        if logits_to_keep:
+        if isinstance(logits_to_keep, torch.Tensor):  # the batched pass's [1, n] boolean rows to keep
+            logits = logits[:, logits_to_keep[0]]
+        elif logits_to_keep:
             logits = logits[:, -logits_to_keep:]
         return SimpleNamespace(logits=logits)
 

@@ -53,7 +53,9 @@ def family_files(folder: str | Path) -> list[Path]:
     path = Path(folder)
     files = sorted(path.glob("*.gguf")) if path.is_dir() else [path] if path.suffix == ".gguf" else []
     if not files:
-        raise ValueError(f"--tokenizers {folder}: no *.gguf vocabulary files there (e.g. ../shared/tokenizers)")
+        raise ValueError(
+            f"--tokenizers {folder}: no *.gguf vocabulary files there (point it at a folder of vocabulary-only GGUFs)"
+        )
     return files
 
 
