@@ -229,15 +229,17 @@ def compare_outputs(
 
 
 class _InProcessServer:
-    """grammarspec serve on a free localhost port, in a thread."""
+    """grammarspec serve on a free localhost port, in a thread (``engine_options`` go to :class:`Engine`)."""
 
-    def __init__(self, model: torch.nn.Module, tokenizer: Any, name: str, max_batch_size: int) -> None:
+    def __init__(
+        self, model: torch.nn.Module, tokenizer: Any, name: str, max_batch_size: int, **engine_options: Any
+    ) -> None:
         import uvicorn
 
         from .app import create_app
         from .engine import Engine
 
-        self.engine = Engine(model, tokenizer, max_batch_size=max_batch_size)
+        self.engine = Engine(model, tokenizer, max_batch_size=max_batch_size, **engine_options)
         self.port = _free_port()
         config = uvicorn.Config(create_app(self.engine, name), host="127.0.0.1", port=self.port, log_level="warning")
         self.server = uvicorn.Server(config)

@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import random
 import statistics
-import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -157,31 +156,13 @@ def level_summary(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }  # fmt: skip
 
 
-class _EmbeddedServer:
+def _embedded_server(model: torch.nn.Module, tokenizer: Any, name: str, max_batch_size: int, max_tokens: int) -> Any:
     """``grammarspec serve`` in this process (prefix cache off, every step traced), on a free localhost port."""
+    from .bench import _InProcessServer
 
-    def __init__(self, model: torch.nn.Module, tokenizer: Any, name: str, max_batch_size: int,
-                 max_tokens: int) -> None:  # fmt: skip
-        import uvicorn
-
-        from .app import create_app
-        from .bench import _free_port
-        from .engine import Engine
-
-        self.engine = Engine(model, tokenizer, max_batch_size=max_batch_size, prefix_cache_bytes=0,
-                             max_tokens=max(max_tokens, 16), trace_steps=True)  # fmt: skip
-        self.port = _free_port()
-        config = uvicorn.Config(create_app(self.engine, name), host="127.0.0.1", port=self.port, log_level="warning")
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        while not self.server.started:
-            time.sleep(0.05)
-
-    def close(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=30)
-        self.engine.close()
+    return _InProcessServer(
+        model, tokenizer, name, max_batch_size, prefix_cache_bytes=0, max_tokens=max(max_tokens, 16), trace_steps=True
+    )
 
 
 def _levels(concurrency: Sequence[int], rates: Sequence[float]) -> list[tuple[str, float]]:
@@ -245,7 +226,7 @@ def run_sweep(model: torch.nn.Module, tokenizer: Any, model_name: str, *, worklo
                              f"{summary['ttft_median'] or 0:.2f}s")  # fmt: skip
 
     if ours:
-        server = _EmbeddedServer(model, tokenizer, model_name, max_batch_size, max_tokens)
+        server = _embedded_server(model, tokenizer, model_name, max_batch_size, max_tokens)
         try:
             for body in pools.get("json", []):  # compile every schema before timing
                 server.engine._compile(grammar_spec(schema=body["response_format"]["json_schema"]["schema"]))
