@@ -41,9 +41,21 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 __all__ = [
-    "Support", "Capabilities", "CORE", "FEATURES", "tables", "PROBES", "Probe", "features_used", "unenforced",
-    "refused", "support", "LOOKAROUND", "run_probe", "enforced_keywords",
-]  # fmt: skip
+    "Support",
+    "Capabilities",
+    "CORE",
+    "FEATURES",
+    "tables",
+    "PROBES",
+    "Probe",
+    "features_used",
+    "unenforced",
+    "refused",
+    "support",
+    "LOOKAROUND",
+    "run_probe",
+    "enforced_keywords",
+]
 
 Support = Literal["enforced", "ignored", "refused"]
 
@@ -53,14 +65,15 @@ LOOKAROUND = re.compile(r"\(\?<?[=!]")
 #: Features with a setting of their own (the plain keyword names cover the rest).
 FEATURES = (
     "pattern:lookaround",  # a pattern with (?=...), (?!...), (?<=...), (?<!...)
-    "maxLength+pattern", "minLength+pattern",  # length bounds on a string that has a pattern
+    "maxLength+pattern",
+    "minLength+pattern",  # length bounds on a string that has a pattern
     "multipleOf:number",  # multipleOf on a "number" (not "integer")
     "allOf:multi",  # allOf with two or more parts
     "oneOf:overlap",  # oneOf whose branches both match one value ("exactly one" is not checked)
     "$ref+siblings",  # keywords beside a $ref
     "anyOf+siblings",  # keywords beside anyOf / oneOf / allOf (xgrammar drops them)
     "enum+siblings",  # keywords beside enum / const (xgrammar drops them)
-)  # fmt: skip
+)
 
 _E: Support = "enforced"
 _I: Support = "ignored"
@@ -68,10 +81,22 @@ _R: Support = "refused"
 
 #: The keywords every backend enforces: the start of each backend's table.
 CORE: Mapping[str, Support] = {
-    "type": _E, "enum": _E, "const": _E, "required": _E, "additionalProperties": _E, "items": _E,
-    "prefixItems": _E, "minItems": _E, "maxItems": _E, "minLength": _E, "maxLength": _E, "pattern": _E,
-    "anyOf": _E, "oneOf": _E, "$ref": _E,
-}  # fmt: skip
+    "type": _E,
+    "enum": _E,
+    "const": _E,
+    "required": _E,
+    "additionalProperties": _E,
+    "items": _E,
+    "prefixItems": _E,
+    "minItems": _E,
+    "maxItems": _E,
+    "minLength": _E,
+    "maxLength": _E,
+    "pattern": _E,
+    "anyOf": _E,
+    "oneOf": _E,
+    "$ref": _E,
+}
 
 
 @dataclass(frozen=True)
@@ -118,11 +143,31 @@ def tables() -> dict[str, Mapping[str, Support]]:
 #: Keywords that only annotate or lead to subschemas; never reported as unenforced.
 _NEUTRAL = frozenset(
     {
-        "$schema", "$id", "id", "$anchor", "$comment", "$defs", "definitions", "title", "description", "default",
-        "examples", "deprecated", "readOnly", "writeOnly", "properties", "format", "nullable", "discriminator",
-        "example", "contentEncoding", "contentMediaType", "$dynamicAnchor", "$vocabulary",
+        "$schema",
+        "$id",
+        "id",
+        "$anchor",
+        "$comment",
+        "$defs",
+        "definitions",
+        "title",
+        "description",
+        "default",
+        "examples",
+        "deprecated",
+        "readOnly",
+        "writeOnly",
+        "properties",
+        "format",
+        "nullable",
+        "discriminator",
+        "example",
+        "contentEncoding",
+        "contentMediaType",
+        "$dynamicAnchor",
+        "$vocabulary",
     }
-)  # fmt: skip
+)
 
 
 def support(backend: str, feature: str) -> Support:
@@ -178,9 +223,14 @@ def features_used(schema: Any) -> list[str]:
 
 
 _JSON_TYPES = {
-    "string": (str,), "integer": (int,), "number": (int, float), "boolean": (bool,), "null": (type(None),),
-    "array": (list,), "object": (dict,),
-}  # fmt: skip
+    "string": (str,),
+    "integer": (int,),
+    "number": (int, float),
+    "boolean": (bool,),
+    "null": (type(None),),
+    "array": (list,),
+    "object": (dict,),
+}
 
 
 def _values_have_type(node: dict[str, Any]) -> bool:
@@ -243,8 +293,12 @@ PROBES: tuple[Probe, ...] = (
     Probe("enum", {"enum": ["a", "b"]}, '"c"', '"a"'),
     Probe("const", {"const": "a"}, '"b"', '"a"'),
     Probe("required", {"type": "object", "properties": {"a": _INT}, "required": ["a"]}, "{}", '{"a":1}'),
-    Probe("additionalProperties", {"type": "object", "properties": {"a": _INT}, "additionalProperties": False},
-          '{"b":1}', '{"a":1}'),
+    Probe(
+        "additionalProperties",
+        {"type": "object", "properties": {"a": _INT}, "additionalProperties": False},
+        '{"b":1}',
+        '{"a":1}',
+    ),
     Probe("items", {"type": "array", "items": _INT}, '["a"]', "[1]"),
     Probe("prefixItems", {"type": "array", "prefixItems": [_INT]}, '["a"]', "[1]"),
     Probe("minItems", {"type": "array", "items": _INT, "minItems": 2}, "[1]", "[1,2]"),
@@ -272,33 +326,66 @@ PROBES: tuple[Probe, ...] = (
     Probe("maxLength+pattern", {"type": "string", "pattern": "^a+$", "maxLength": 2}, '"aaa"', '"aa"'),
     Probe("minLength+pattern", {"type": "string", "pattern": "^a+$", "minLength": 2}, '"a"', '"aa"'),
     Probe("allOf", {"allOf": [_INT]}, '"a"', "1"),
-    Probe("allOf:multi", {"allOf": [{"type": "object", "properties": {"a": _INT}}, {"required": ["a"]}]},
-          "{}", '{"a":1}'),
+    Probe(
+        "allOf:multi", {"allOf": [{"type": "object", "properties": {"a": _INT}}, {"required": ["a"]}]}, "{}", '{"a":1}'
+    ),
     Probe("oneOf:overlap", {"oneOf": [_INT, {"type": "integer", "minimum": 0}]}, "1", "-1"),
     Probe("$ref+siblings", {"$defs": {"i": _INT}, "$ref": "#/$defs/i", "minimum": 5}, "3", "7"),
-    Probe("anyOf+siblings", {"type": "object", "properties": {"a": _INT}, "required": ["a"],
-                             "anyOf": [{"type": "object"}]}, "{}", '{"a":1}'),
+    Probe(
+        "anyOf+siblings",
+        {"type": "object", "properties": {"a": _INT}, "required": ["a"], "anyOf": [{"type": "object"}]},
+        "{}",
+        '{"a":1}',
+    ),
     Probe("enum+siblings", {"type": "string", "enum": ["a", "bbb"], "maxLength": 2}, '"bbb"', '"a"'),
     Probe("enum+siblings", {"type": "object", "enum": ["a", {"b": 1}]}, '"a"', '{"b":1}'),  # type beside enum
     Probe("uniqueItems", {"type": "array", "items": _INT, "uniqueItems": True}, "[1,1]", "[1,2]"),
     Probe("contains", {"type": "array", "items": _INT, "contains": {"const": 5}}, "[1]", "[5]"),
     Probe("not", {"type": "integer", "not": {"const": 1}}, "1", "2"),
-    Probe("if", {"type": "object", "properties": _AB, "if": {"required": ["a"]}, "then": {"required": ["b"]}},
-          '{"a":1}', '{"a":1,"b":2}'),
-    Probe("then", {"type": "object", "properties": _AB, "if": {"required": ["a"]}, "then": {"required": ["b"]}},
-          '{"a":1}', '{"b":2}'),
-    Probe("else", {"type": "object", "properties": _AB, "if": {"required": ["a"]}, "then": {},
-                   "else": {"required": ["b"]}}, "{}", '{"b":2}'),
-    Probe("dependentRequired", {"type": "object", "properties": _AB, "dependentRequired": {"a": ["b"]}},
-          '{"a":1}', '{"b":2}'),
-    Probe("dependentSchemas", {"type": "object", "properties": _AB, "dependentSchemas": {"a": {"required": ["b"]}}},
-          '{"a":1}', '{"b":2}'),
+    Probe(
+        "if",
+        {"type": "object", "properties": _AB, "if": {"required": ["a"]}, "then": {"required": ["b"]}},
+        '{"a":1}',
+        '{"a":1,"b":2}',
+    ),
+    Probe(
+        "then",
+        {"type": "object", "properties": _AB, "if": {"required": ["a"]}, "then": {"required": ["b"]}},
+        '{"a":1}',
+        '{"b":2}',
+    ),
+    Probe(
+        "else",
+        {"type": "object", "properties": _AB, "if": {"required": ["a"]}, "then": {}, "else": {"required": ["b"]}},
+        "{}",
+        '{"b":2}',
+    ),
+    Probe(
+        "dependentRequired",
+        {"type": "object", "properties": _AB, "dependentRequired": {"a": ["b"]}},
+        '{"a":1}',
+        '{"b":2}',
+    ),
+    Probe(
+        "dependentSchemas",
+        {"type": "object", "properties": _AB, "dependentSchemas": {"a": {"required": ["b"]}}},
+        '{"a":1}',
+        '{"b":2}',
+    ),
     Probe("dependencies", {"type": "object", "properties": _AB, "dependencies": {"a": ["b"]}}, '{"a":1}', '{"b":2}'),
-    Probe("patternProperties", {"type": "object", "patternProperties": {"^a": _INT}, "additionalProperties": True},
-          '{"ab":"x"}', '{"ab":1}'),
-    Probe("unevaluatedProperties", {"type": "object", "allOf": [{"properties": {"a": _INT}}],
-                                    "unevaluatedProperties": False}, '{"b":1}', '{"a":1}'),
-)  # fmt: skip
+    Probe(
+        "patternProperties",
+        {"type": "object", "patternProperties": {"^a": _INT}, "additionalProperties": True},
+        '{"ab":"x"}',
+        '{"ab":1}',
+    ),
+    Probe(
+        "unevaluatedProperties",
+        {"type": "object", "allOf": [{"properties": {"a": _INT}}], "unevaluatedProperties": False},
+        '{"b":1}',
+        '{"a":1}',
+    ),
+)
 
 
 def run_probe(probe: Probe, backend: str, tokenizer: Any) -> tuple[Support, str]:

@@ -47,9 +47,16 @@ from .spec import GrammarSpec
 from .suggest import NO_VALUE, alternatives, report_unenforced
 
 __all__ = [
-    "compile_grammar", "clear_grammar_cache", "set_cache_limits", "cache_info", "CacheLimits", "BACKENDS",
-    "BACKEND_CHOICES", "SelectedGrammar", "CompileTimeout",
-]  # fmt: skip
+    "compile_grammar",
+    "clear_grammar_cache",
+    "set_cache_limits",
+    "cache_info",
+    "CacheLimits",
+    "BACKENDS",
+    "BACKEND_CHOICES",
+    "SelectedGrammar",
+    "CompileTimeout",
+]
 
 _fingerprints: weakref.WeakKeyDictionary[Any, tuple[int, tuple[Hashable, int, int | None]]] = (
     weakref.WeakKeyDictionary()
@@ -137,9 +144,15 @@ def compile_grammar(
 
 
 def _compile_one(
-    name: str, spec: GrammarSpec, tokenizer: Any, tok_key: Hashable, vocab_size: int, stops: tuple[int, ...],
-    budget: Budget, limit: float | None = None,
-) -> CompiledGrammar:  # fmt: skip
+    name: str,
+    spec: GrammarSpec,
+    tokenizer: Any,
+    tok_key: Hashable,
+    vocab_size: int,
+    stops: tuple[int, ...],
+    budget: Budget,
+    limit: float | None = None,
+) -> CompiledGrammar:
     """The cached grammar of ``spec`` on backend ``name``, compiled when missing within what ``budget`` has left.
 
     ``limit``: at most this many seconds (also without a deadline).  A

@@ -45,9 +45,17 @@ from .deadline import CompileTimeout
 from .registry import get
 
 __all__ = [
-    "CacheLimits", "CompileRefused", "compiled_grammars", "tokenizer_states", "compile_errors", "set_cache_limits", "limits", "cache_info",
-    "clear_grammar_cache", "after_work",
-]  # fmt: skip
+    "CacheLimits",
+    "CompileRefused",
+    "compiled_grammars",
+    "tokenizer_states",
+    "compile_errors",
+    "set_cache_limits",
+    "limits",
+    "cache_info",
+    "clear_grammar_cache",
+    "after_work",
+]
 
 _MIB = 2**20
 #: Default bounds: how many compiled grammars / tokenizer-level states are kept, and their estimated bytes.
@@ -299,10 +307,12 @@ def cache_info() -> dict[str, int]:
     tokenizer-level state per vocabulary entry (measured on SmolLM2's 49k).
     """
     return {
-        "grammars": len(compiled_grammars), "grammar_bytes": compiled_grammars.nbytes,
-        "tokenizers": len(tokenizer_states), "tokenizer_bytes": tokenizer_states.nbytes,
+        "grammars": len(compiled_grammars),
+        "grammar_bytes": compiled_grammars.nbytes,
+        "tokenizers": len(tokenizer_states),
+        "tokenizer_bytes": tokenizer_states.nbytes,
         "failures": len(compile_errors),
-    }  # fmt: skip
+    }
 
 
 def clear_grammar_cache() -> None:

@@ -78,9 +78,14 @@ class Budget:
 
 
 def compile_within(
-    backend: Backend, prepared: Any, spec: GrammarSpec, vocab_size: int, stops: tuple[int, ...],
-    timeout: float | None, total: float | None = None,
-) -> CompiledGrammar:  # fmt: skip
+    backend: Backend,
+    prepared: Any,
+    spec: GrammarSpec,
+    vocab_size: int,
+    stops: tuple[int, ...],
+    timeout: float | None,
+    total: float | None = None,
+) -> CompiledGrammar:
     """Compile ``spec`` on ``backend`` within ``timeout`` seconds (see the module docstring for how).
 
     ``total``: the call's whole ``compile_timeout``, when ``timeout`` is what is left of it (for the message).

@@ -50,9 +50,18 @@ if TYPE_CHECKING:
     import llguidance
 
 __all__ = [
-    "name", "aliases", "capabilities", "LLGuidanceCompiled", "LLGuidanceMatcher", "LLGuidanceTokenizer", "prepare",
-    "compile_spec", "prepared_nbytes", "serialize", "deserialize",
-]  # fmt: skip
+    "name",
+    "aliases",
+    "capabilities",
+    "LLGuidanceCompiled",
+    "LLGuidanceMatcher",
+    "LLGuidanceTokenizer",
+    "prepare",
+    "compile_spec",
+    "prepared_nbytes",
+    "serialize",
+    "deserialize",
+]
 
 #: What ``backend=`` calls this backend, and other spellings it accepts.
 name = "llguidance"
@@ -250,9 +259,12 @@ class LLGuidanceMatcher(WindowedMatcher):
     """Per-request state over an ``llguidance.LLMatcher``."""
 
     def __init__(
-        self, matcher: llguidance.LLMatcher, compiled: LLGuidanceCompiled, window: RollbackWindow,
+        self,
+        matcher: llguidance.LLMatcher,
+        compiled: LLGuidanceCompiled,
+        window: RollbackWindow,
         terminated: bool = False,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self._matcher = matcher
         self._compiled = compiled
         self._window = window

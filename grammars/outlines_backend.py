@@ -54,11 +54,22 @@ if TYPE_CHECKING:
     import outlines_core
 
 __all__ = [
-    "name", "aliases", "capabilities",
-    "OutlinesCompiled", "OutlinesMatcher", "OutlinesVocabulary", "prepare", "compile_spec", "token_bytes",
-    "serialize", "deserialize", "prepared_nbytes",
-    "shape_over_length", "length_yields_to_shape", "FORMATS",
-]  # fmt: skip
+    "name",
+    "aliases",
+    "capabilities",
+    "OutlinesCompiled",
+    "OutlinesMatcher",
+    "OutlinesVocabulary",
+    "prepare",
+    "compile_spec",
+    "token_bytes",
+    "serialize",
+    "deserialize",
+    "prepared_nbytes",
+    "shape_over_length",
+    "length_yields_to_shape",
+    "FORMATS",
+]
 
 #: What ``backend=`` calls this backend, and other spellings it accepts.
 name = "outlines"

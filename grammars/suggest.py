@@ -101,10 +101,7 @@ def decodes(compiled: CompiledGrammar) -> bool:
 
 def advice(features: tuple[str, ...], backend: str) -> str:
     """What to do about ``features`` that ``backend`` does not enforce: a backend that does, or post-validation."""
-    better = [
-        name for name in PREFERENCE
-        if name != backend and all(support(name, f) == "enforced" for f in features)
-    ]  # fmt: skip
+    better = [name for name in PREFERENCE if name != backend and all(support(name, f) == "enforced" for f in features)]
     post = (
         "or rely on post-validation: every finished result carries stats.valid and stats.schema_errors "
         "(grammars.validation.output_errors)"

@@ -40,10 +40,19 @@ if TYPE_CHECKING:
     import xgrammar as xgr
 
 __all__ = [
-    "name", "aliases", "capabilities",
-    "XGrammarCompiled", "XGrammarMatcher", "XGrammarTokenizer", "prepare", "compile_spec", "serialize",
-    "deserialize", "prepared_nbytes", "COMPACT_SEPARATORS",
-]  # fmt: skip
+    "name",
+    "aliases",
+    "capabilities",
+    "XGrammarCompiled",
+    "XGrammarMatcher",
+    "XGrammarTokenizer",
+    "prepare",
+    "compile_spec",
+    "serialize",
+    "deserialize",
+    "prepared_nbytes",
+    "COMPACT_SEPARATORS",
+]
 
 #: What ``backend=`` calls this backend, and other spellings it accepts.
 name = "xgrammar"

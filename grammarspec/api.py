@@ -54,9 +54,16 @@ __all__ = ["DEFAULT_MAX_DRAFT", "GenerationOutput", "enable", "check_options", "
 
 #: grammarspec's own keywords: after ``enable``, a call with any of them (whatever its value) is ours.
 _OUR_KWARGS = Constraint.keywords() + (
-    "assistant", "grammar_backend", "max_draft_tokens", "adaptive", "generator", "strict", "compile_timeout",
-    "max_batch_size", "update_cache",
-)  # fmt: skip
+    "assistant",
+    "grammar_backend",
+    "max_draft_tokens",
+    "adaptive",
+    "generator",
+    "strict",
+    "compile_timeout",
+    "max_batch_size",
+    "update_cache",
+)
 
 
 @dataclass
@@ -136,20 +143,44 @@ def generate(
             f"generate() got unknown arguments: {', '.join(internal)}. Drafting records and earlier documents "
             "carry between turns inside grammarspec.Conversation and grammarspec serve; use those for a conversation."
         )
-    constraint = Constraint(schema=schema, tools=tools, tool_choice=tool_choice, grammar=grammar, regex=regex,
-                            json_object=json_object, parallel_tool_calls=parallel_tool_calls,
-                            any_whitespace=any_whitespace)  # fmt: skip
-    return run_generate(model, input_ids, constraint, tokenizer=tokenizer, grammar_backend=grammar_backend,
-                        strict=strict, compile_timeout=compile_timeout, assistant=assistant,
-                        assistant_model=assistant_model, max_draft_tokens=max_draft_tokens, adaptive=adaptive,
-                        max_batch_size=max_batch_size, generation_config=generation_config, streamer=streamer,
-                        logits_processor=logits_processor, attention_mask=attention_mask, generator=generator,
-                        return_dict_in_generate=return_dict_in_generate, past_key_values=past_key_values,
-                        update_cache=update_cache, **generation_kwargs)  # fmt: skip
+    constraint = Constraint(
+        schema=schema,
+        tools=tools,
+        tool_choice=tool_choice,
+        grammar=grammar,
+        regex=regex,
+        json_object=json_object,
+        parallel_tool_calls=parallel_tool_calls,
+        any_whitespace=any_whitespace,
+    )
+    return run_generate(
+        model,
+        input_ids,
+        constraint,
+        tokenizer=tokenizer,
+        grammar_backend=grammar_backend,
+        strict=strict,
+        compile_timeout=compile_timeout,
+        assistant=assistant,
+        assistant_model=assistant_model,
+        max_draft_tokens=max_draft_tokens,
+        adaptive=adaptive,
+        max_batch_size=max_batch_size,
+        generation_config=generation_config,
+        streamer=streamer,
+        logits_processor=logits_processor,
+        attention_mask=attention_mask,
+        generator=generator,
+        return_dict_in_generate=return_dict_in_generate,
+        past_key_values=past_key_values,
+        update_cache=update_cache,
+        **generation_kwargs,
+    )
 
 
-def run_generate(model: torch.nn.Module, input_ids: Any, constraint: Constraint, *, streamer: Any = None,
-                 **options: Any) -> torch.LongTensor | GenerationOutput:  # fmt: skip
+def run_generate(
+    model: torch.nn.Module, input_ids: Any, constraint: Constraint, *, streamer: Any = None, **options: Any
+) -> torch.LongTensor | GenerationOutput:
     """:func:`generate` with the constraint given as one :class:`Constraint` (``complete`` and ``Conversation`` call this)."""
     try:
         return _generate(model, input_ids, constraint, streamer=streamer, **options)
@@ -159,24 +190,51 @@ def run_generate(model: torch.nn.Module, input_ids: Any, constraint: Constraint,
 
 
 def _generate(
-    model: torch.nn.Module, input_ids: Any, constraint: Constraint, *, tokenizer: Any = None,
-    grammar_backend: str = "xgrammar", strict: bool = False, compile_timeout: float | None = None,
-    assistant: Any = None, assistant_model: Any = None, max_draft_tokens: int = DEFAULT_MAX_DRAFT,
-    adaptive: bool = True, max_batch_size: int | None = None, generation_config: GenerationConfig | None = None,
-    streamer: Any = None, logits_processor: list[Any] | None = None, attention_mask: Any = None,
-    generator: Any = None, return_dict_in_generate: bool | None = None, past_key_values: Any = None,
-    update_cache: bool = False, calibration: Calibration | None = None, documents: Sequence[str] = (),
+    model: torch.nn.Module,
+    input_ids: Any,
+    constraint: Constraint,
+    *,
+    tokenizer: Any = None,
+    grammar_backend: str = "xgrammar",
+    strict: bool = False,
+    compile_timeout: float | None = None,
+    assistant: Any = None,
+    assistant_model: Any = None,
+    max_draft_tokens: int = DEFAULT_MAX_DRAFT,
+    adaptive: bool = True,
+    max_batch_size: int | None = None,
+    generation_config: GenerationConfig | None = None,
+    streamer: Any = None,
+    logits_processor: list[Any] | None = None,
+    attention_mask: Any = None,
+    generator: Any = None,
+    return_dict_in_generate: bool | None = None,
+    past_key_values: Any = None,
+    update_cache: bool = False,
+    calibration: Calibration | None = None,
+    documents: Sequence[str] = (),
     **generation_kwargs: Any,
-) -> torch.LongTensor | GenerationOutput:  # fmt: skip
+) -> torch.LongTensor | GenerationOutput:
     # calibration / documents (Conversation's carry): the row starts from these survival records, updated in
     # place, and its proposer gets these earlier JSON documents (Request.documents).  Drafting policy only.
     refuse_arguments(generation_kwargs)
-    check_arguments({**generation_kwargs, "strict": strict, "adaptive": adaptive, "update_cache": update_cache,
-                     "max_draft_tokens": max_draft_tokens, "max_batch_size": max_batch_size,
-                     "compile_timeout": compile_timeout, "generator": generator,
-                     "json_object": constraint.json_object, "parallel_tool_calls": constraint.parallel_tool_calls,
-                     "any_whitespace": constraint.any_whitespace, "regex": constraint.regex},
-                    generation_config)  # fmt: skip
+    check_arguments(
+        {
+            **generation_kwargs,
+            "strict": strict,
+            "adaptive": adaptive,
+            "update_cache": update_cache,
+            "max_draft_tokens": max_draft_tokens,
+            "max_batch_size": max_batch_size,
+            "compile_timeout": compile_timeout,
+            "generator": generator,
+            "json_object": constraint.json_object,
+            "parallel_tool_calls": constraint.parallel_tool_calls,
+            "any_whitespace": constraint.any_whitespace,
+            "regex": constraint.regex,
+        },
+        generation_config,
+    )
     if generation_config is not None and not isinstance(generation_config, GenerationConfig):
         raise ValueError(
             f"generation_config must be a transformers GenerationConfig, got {type(generation_config).__name__}"
@@ -238,21 +296,43 @@ def _generate(
         record_scores=want_scores or want_logits,  # forced tokens then take a target pass: HF has a row for each
     )
     requests = [
-        row_request(model, prompt, config, max_new_tokens=max_new, eos=eos, stop_strings=stop_strings,
-                    compiled=grammar_, schema=spec.schema if spec is not None else None, tokenizer=tokenizer,
-                    assistant=assistant, assistant_model=assistant_model, processors=processors,
-                    generator=generator, max_draft_tokens=max_draft_tokens, adaptive=adaptive,
-                    calibration=calibration, documents=documents)
+        row_request(
+            model,
+            prompt,
+            config,
+            max_new_tokens=max_new,
+            eos=eos,
+            stop_strings=stop_strings,
+            compiled=grammar_,
+            schema=spec.schema if spec is not None else None,
+            tokenizer=tokenizer,
+            assistant=assistant,
+            assistant_model=assistant_model,
+            processors=processors,
+            generator=generator,
+            max_draft_tokens=max_draft_tokens,
+            adaptive=adaptive,
+            calibration=calibration,
+            documents=documents,
+        )
         for prompt, spec, grammar_ in zip(rows, specs, compiled)
-    ]  # fmt: skip
+    ]
     on_commit = None
     if streamer is not None:
         streamer.put(torch.tensor([rows[0]], dtype=torch.long, device="cpu"))  # streamers decode on the host
         on_commit = lambda index, toks: streamer.put(torch.tensor(toks, dtype=torch.long, device="cpu"))  # noqa: E731
     pad = config.pad_token_id if config.pad_token_id is not None else (eos[0] if eos else 0)
-    finished = decode_batch(model, requests, decode_config, tokenizer=tokenizer, generator=generator,
-                            pad_token_id=int(pad), max_batch_size=max_batch_size, prompt_cache=prompt_cache,
-                            on_commit=on_commit)  # fmt: skip
+    finished = decode_batch(
+        model,
+        requests,
+        decode_config,
+        tokenizer=tokenizer,
+        generator=generator,
+        pad_token_id=int(pad),
+        max_batch_size=max_batch_size,
+        prompt_cache=prompt_cache,
+        on_commit=on_commit,
+    )
     outputs = [row.generated for row in finished]
     all_stats = [row.stats for row in finished]
     for stats, grammar_, spec, new in zip(all_stats, compiled, specs, outputs):
@@ -273,11 +353,27 @@ def _generate(
 
 
 #: generate's own keyword arguments besides the constraint.
-_GENERATE_OPTIONS = frozenset({
-    "tokenizer", "grammar_backend", "strict", "compile_timeout", "assistant", "assistant_model", "max_draft_tokens",
-    "adaptive", "max_batch_size", "generation_config", "streamer", "logits_processor", "attention_mask", "generator",
-    "return_dict_in_generate", "past_key_values", "update_cache",
-})  # fmt: skip
+_GENERATE_OPTIONS = frozenset(
+    {
+        "tokenizer",
+        "grammar_backend",
+        "strict",
+        "compile_timeout",
+        "assistant",
+        "assistant_model",
+        "max_draft_tokens",
+        "adaptive",
+        "max_batch_size",
+        "generation_config",
+        "streamer",
+        "logits_processor",
+        "attention_mask",
+        "generator",
+        "return_dict_in_generate",
+        "past_key_values",
+        "update_cache",
+    }
+)
 
 
 def check_options(model: torch.nn.Module, options: dict[str, Any], where: str = "generate()") -> None:
@@ -362,8 +458,15 @@ def grammar_stats(stats: GenerationStats, compiled: Any, spec: Any, text: str) -
         ]
 
 
-def _compile_rows(specs: list[Any], tokenizer: Any, vocab: int, eos: tuple[int, ...], backend: str, strict: bool,
-                  compile_timeout: float | None) -> list[Any]:  # fmt: skip
+def _compile_rows(
+    specs: list[Any],
+    tokenizer: Any,
+    vocab: int,
+    eos: tuple[int, ...],
+    backend: str,
+    strict: bool,
+    compile_timeout: float | None,
+) -> list[Any]:
     """One compiled grammar per row (rows with the same constraint share it); ``None`` for unconstrained rows."""
     if all(spec is None for spec in specs):
         return [None] * len(specs)
@@ -372,10 +475,21 @@ def _compile_rows(specs: list[Any], tokenizer: Any, vocab: int, eos: tuple[int, 
     compiled: list[Any] = []
     for i, spec in enumerate(specs):
         same = next(j for j in range(i + 1) if specs[j] == spec)
-        compiled.append(compiled[same] if same < i else
-                        compile_grammar(spec, tokenizer, vocab_size=vocab, stop_token_ids=eos, backend=backend,
-                                        strict=strict, compile_timeout=compile_timeout)
-                        if spec is not None else None)  # fmt: skip
+        compiled.append(
+            compiled[same]
+            if same < i
+            else compile_grammar(
+                spec,
+                tokenizer,
+                vocab_size=vocab,
+                stop_token_ids=eos,
+                backend=backend,
+                strict=strict,
+                compile_timeout=compile_timeout,
+            )
+            if spec is not None
+            else None
+        )
     return compiled
 
 
@@ -400,9 +514,13 @@ def _stop_strings(config: GenerationConfig) -> tuple[str, ...]:
 
 
 def _assemble(
-    input_ids: Any, rows: list[list[int]], outputs: list[list[int]], config: GenerationConfig, eos: tuple[int, ...],
+    input_ids: Any,
+    rows: list[list[int]],
+    outputs: list[list[int]],
+    config: GenerationConfig,
+    eos: tuple[int, ...],
     repeat: int = 1,
-) -> torch.LongTensor:  # fmt: skip
+) -> torch.LongTensor:
     ids = torch.as_tensor(input_ids, dtype=torch.long)
     if ids.dim() == 1:
         ids = ids.unsqueeze(0)

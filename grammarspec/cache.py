@@ -23,10 +23,21 @@ except ImportError:  # transformers without per-layer caches
     DynamicLayer = DynamicSlidingWindowLayer = None  # type: ignore[assignment,misc]
 
 __all__ = [
-    "CacheError", "new_cache", "crop_cache", "cache_length", "require_croppable", "forward_with_cache", "cache_argument",
-    "common_prefix_length", "logits_device", "input_device", "check_transformers", "require_transformers_floor", "TRANSFORMERS_FLOOR",
+    "CacheError",
+    "new_cache",
+    "crop_cache",
+    "cache_length",
+    "require_croppable",
+    "forward_with_cache",
+    "cache_argument",
+    "common_prefix_length",
+    "logits_device",
+    "input_device",
+    "check_transformers",
+    "require_transformers_floor",
+    "TRANSFORMERS_FLOOR",
     "has_sliding_window",
-]  # fmt: skip
+]
 
 
 #: The oldest transformers whose models take a 2-D boolean ``logits_to_keep`` (``slice_logits_to_keep``, 5.21.0):

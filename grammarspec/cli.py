@@ -93,20 +93,31 @@ def build_parser() -> argparse.ArgumentParser:
     )
     source = gen.add_mutually_exclusive_group(required=True)
     source.add_argument("--schema", metavar="FILE", help="JSON Schema file the answer must follow")
-    source.add_argument("--tools", metavar="FILE",
-                        help='JSON file with OpenAI-style tool definitions (a list, or {"tools": [...]})')  # fmt: skip
+    source.add_argument(
+        "--tools", metavar="FILE", help='JSON file with OpenAI-style tool definitions (a list, or {"tools": [...]})'
+    )
     gen.add_argument("--prompt", required=True, metavar="TEXT", help="the user message ('-' reads it from stdin)")
     gen.add_argument("--system", metavar="TEXT", help="a system prompt")
     gen.add_argument("--parallel-tool-calls", action="store_true", help="with --tools: allow a list of calls")
-    gen.add_argument("--assistant", choices=ASSISTANTS, default="auto",
-                     help="drafter preset (default: auto; none = no speculation)")  # fmt: skip
+    gen.add_argument(
+        "--assistant", choices=ASSISTANTS, default="auto", help="drafter preset (default: auto; none = no speculation)"
+    )
     gen.add_argument("--draft-model", metavar="DIR", help="a draft model sharing the tokenizer (local directory)")
     gen.add_argument("--max-new-tokens", type=_positive_int, default=512, metavar="N", help="default: 512")
-    gen.add_argument("--temperature", type=_non_negative_float, default=0.0, metavar="T",
-                     help="sampling temperature; 0 (default) decodes greedily")  # fmt: skip
+    gen.add_argument(
+        "--temperature",
+        type=_non_negative_float,
+        default=0.0,
+        metavar="T",
+        help="sampling temperature; 0 (default) decodes greedily",
+    )
     gen.add_argument("--seed", type=_int, default=0, metavar="S", help="random seed (default: 0)")
-    gen.add_argument("--model", default=DEFAULT_MODEL, metavar="NAME_OR_DIR",
-                     help=f"embedded model name or local model directory (default: {DEFAULT_MODEL})")  # fmt: skip
+    gen.add_argument(
+        "--model",
+        default=DEFAULT_MODEL,
+        metavar="NAME_OR_DIR",
+        help=f"embedded model name or local model directory (default: {DEFAULT_MODEL})",
+    )
     gen.add_argument("--grammar-backend", choices=BACKEND_CHOICES, default=DEFAULT_BACKEND)
     gen.add_argument("--json", action="store_true", help="print one JSON object with the answer and statistics")
     gen.set_defaults(run=_cmd_generate)
@@ -120,35 +131,62 @@ def build_parser() -> argparse.ArgumentParser:
             "results.json, results.md and PNG plots to --out."
         ),
     )
-    bench.add_argument("--tasks", action="append", metavar="FILE",
-                       help="task file in the tasks.jsonl format (repeatable; default: $GRAMMARSPEC_TASKS, else "
-                            "the repository's data/tasks/tasks.jsonl, unless --schemas is given)")  # fmt: skip
-    bench.add_argument("--schemas", action="append", metavar="DIR_OR_FILE",
-                       help="schema corpus: a <category>.jsonl file or a folder of them (repeatable)")  # fmt: skip
-    bench.add_argument("--limit", type=_positive_int, metavar="N",
-                       help="run at most N tasks, taken round-robin over the categories")  # fmt: skip
+    bench.add_argument(
+        "--tasks",
+        action="append",
+        metavar="FILE",
+        help="task file in the tasks.jsonl format (repeatable; default: $GRAMMARSPEC_TASKS, else "
+        "the repository's data/tasks/tasks.jsonl, unless --schemas is given)",
+    )
+    bench.add_argument(
+        "--schemas",
+        action="append",
+        metavar="DIR_OR_FILE",
+        help="schema corpus: a <category>.jsonl file or a folder of them (repeatable)",
+    )
+    bench.add_argument(
+        "--limit", type=_positive_int, metavar="N", help="run at most N tasks, taken round-robin over the categories"
+    )
     bench.add_argument("--categories", metavar="A,B", help="only these categories (comma-separated)")
     bench.add_argument("--model", default=DEFAULT_MODEL, metavar="NAME_OR_DIR")
-    bench.add_argument("--arms", metavar="A,B",
-                       help="arms to run (comma-separated; the baseline always runs). Known: baseline, none, "
-                            "jump_forward, prompt_lookup, schema_ngram, auto, draft_model, auto+draft, vllm, vllm-ngram, "
-                            "vllm-grammarspec (in .venv-vllm: make vllm-env). Default: "
-                            "all but the vLLM arms and the draft arms, which are added with --draft-model")  # fmt: skip
+    bench.add_argument(
+        "--arms",
+        metavar="A,B",
+        help="arms to run (comma-separated; the baseline always runs). Known: baseline, none, "
+        "jump_forward, prompt_lookup, schema_ngram, auto, draft_model, auto+draft, vllm, vllm-ngram, "
+        "vllm-grammarspec (in .venv-vllm: make vllm-env). Default: "
+        "all but the vLLM arms and the draft arms, which are added with --draft-model",
+    )
     bench.add_argument("--draft-model", metavar="DIR", help="a draft model sharing the tokenizer")
-    bench.add_argument("--temperature", type=_non_negative_float, default=0.0, metavar="T",
-                       help="0 (default): greedy, and agreement with the baseline is checked")  # fmt: skip
-    bench.add_argument("--max-new-tokens", type=_positive_int, metavar="N",
-                       help=f"default: {BENCH_MAX_NEW_TOKENS} ({QUICK['max_new_tokens']} with --quick)")  # fmt: skip
+    bench.add_argument(
+        "--temperature",
+        type=_non_negative_float,
+        default=0.0,
+        metavar="T",
+        help="0 (default): greedy, and agreement with the baseline is checked",
+    )
+    bench.add_argument(
+        "--max-new-tokens",
+        type=_positive_int,
+        metavar="N",
+        help=f"default: {BENCH_MAX_NEW_TOKENS} ({QUICK['max_new_tokens']} with --quick)",
+    )
     bench.add_argument("--seed", type=_int, default=0, metavar="S")
     bench.add_argument("--repeat", type=_positive_int, default=1, metavar="N", help="runs per task and arm")
     bench.add_argument("--out", default="bench-out", metavar="DIR", help="output folder (default: bench-out)")
-    bench.add_argument("--quick", action="store_true",
-                       help=f"a smoke run: {QUICK['limit']} tasks, arms {QUICK['arms']}, "
-                            f"max_new_tokens {QUICK['max_new_tokens']} (explicit options win)")  # fmt: skip
-    bench.add_argument("--batch-size", metavar="B,B",
-                       help="throughput mode: cut the tasks into batches of B requests and run HF generate + "
-                            "xgrammar's processor on each batch, and grammarspec 'none' and 'auto' with "
-                            "max_batch_size=B (e.g. 1,4,8,16; --arms picks among baseline,none,auto); greedy")  # fmt: skip
+    bench.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"a smoke run: {QUICK['limit']} tasks, arms {QUICK['arms']}, "
+        f"max_new_tokens {QUICK['max_new_tokens']} (explicit options win)",
+    )
+    bench.add_argument(
+        "--batch-size",
+        metavar="B,B",
+        help="throughput mode: cut the tasks into batches of B requests and run HF generate + "
+        "xgrammar's processor on each batch, and grammarspec 'none' and 'auto' with "
+        "max_batch_size=B (e.g. 1,4,8,16; --arms picks among baseline,none,auto); greedy",
+    )
     bench.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     bench.add_argument("--no-progress", action="store_true", help="no progress bar")
     bench.add_argument(
@@ -190,24 +228,54 @@ def _add_serve_commands(commands: Any) -> None:
         "continuous-batching decode loop serves every open request; recent conversations' KV is reused by prefix. "
         "A field the server cannot honour is refused with a 400 in OpenAI's error shape.",
     )
-    serve.add_argument("model", nargs="?", default=DEFAULT_MODEL, metavar="MODEL",
-                       help=f"embedded model name or local model directory (default: {DEFAULT_MODEL})")  # fmt: skip
+    serve.add_argument(
+        "model",
+        nargs="?",
+        default=DEFAULT_MODEL,
+        metavar="MODEL",
+        help=f"embedded model name or local model directory (default: {DEFAULT_MODEL})",
+    )
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     serve.add_argument("--port", type=_positive_int, default=8000, help="port (default: 8000)")
-    serve.add_argument("--served-model-name", metavar="NAME",
-                       help="the model id clients send and /v1/models lists (default: MODEL)")  # fmt: skip
-    serve.add_argument("--max-batch-size", type=_positive_int, default=8, metavar="N",
-                       help="rows decoded together; more requests wait and join as rows finish (default: 8)")  # fmt: skip
-    serve.add_argument("--max-tokens", type=_positive_int, default=1024, metavar="N",
-                       help="the most new tokens one request may ask for (default: 1024; the context also bounds it)")  # fmt: skip
-    serve.add_argument("--prefix-cache-mb", type=_non_negative_float, default=1024.0, metavar="MB",
-                       help="memory budget of the prefix KV cache, LRU-evicted (default: 1024; 0 turns it off)")  # fmt: skip
-    serve.add_argument("--grammar-cache-size", type=_positive_int, default=128, metavar="N",
-                       help="compiled grammars kept, one per distinct schema / tool set (default: 128)")  # fmt: skip
+    serve.add_argument(
+        "--served-model-name", metavar="NAME", help="the model id clients send and /v1/models lists (default: MODEL)"
+    )
+    serve.add_argument(
+        "--max-batch-size",
+        type=_positive_int,
+        default=8,
+        metavar="N",
+        help="rows decoded together; more requests wait and join as rows finish (default: 8)",
+    )
+    serve.add_argument(
+        "--max-tokens",
+        type=_positive_int,
+        default=1024,
+        metavar="N",
+        help="the most new tokens one request may ask for (default: 1024; the context also bounds it)",
+    )
+    serve.add_argument(
+        "--prefix-cache-mb",
+        type=_non_negative_float,
+        default=1024.0,
+        metavar="MB",
+        help="memory budget of the prefix KV cache, LRU-evicted (default: 1024; 0 turns it off)",
+    )
+    serve.add_argument(
+        "--grammar-cache-size",
+        type=_positive_int,
+        default=128,
+        metavar="N",
+        help="compiled grammars kept, one per distinct schema / tool set (default: 128)",
+    )
     serve.add_argument("--grammar-backend", choices=BACKEND_CHOICES, default=DEFAULT_BACKEND)
-    serve.add_argument("--tool-format", default="auto", metavar="FORMAT",
-                       help="how tool calls are written: auto (the chat template's, else json), json, or an "
-                            "xgrammar model format (default: auto)")  # fmt: skip
+    serve.add_argument(
+        "--tool-format",
+        default="auto",
+        metavar="FORMAT",
+        help="how tool calls are written: auto (the chat template's, else json), json, or an "
+        "xgrammar model format (default: auto)",
+    )
     serve.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     serve.set_defaults(run=_cmd_serve)
 
@@ -221,16 +289,32 @@ def _add_serve_commands(commands: Any) -> None:
         "serve.json (every call's output) to --out.",
     )
     bench.add_argument("--model", default=DEFAULT_MODEL, metavar="NAME_OR_DIR")
-    bench.add_argument("--arms", metavar="A,B", help="arms (default: serve,serve_concurrent,hf_resend,"
-                       "transformers_serve,vllm_serve; vllm_serve is skipped with a note without .venv-vllm; "
-                       "with --sweep: none,auto, and vllm,vllm_ngram may be added)")  # fmt: skip
-    bench.add_argument("--concurrency", type=_positive_int, default=8, metavar="N",
-                       help="conversations at once for serve_concurrent (default: 8)")  # fmt: skip
-    bench.add_argument("--conversations", metavar="A,B",
-                       help="only these conversations (comma-separated: weather, orders, shopping, mixed)")  # fmt: skip
+    bench.add_argument(
+        "--arms",
+        metavar="A,B",
+        help="arms (default: serve,serve_concurrent,hf_resend,"
+        "transformers_serve,vllm_serve; vllm_serve is skipped with a note without .venv-vllm; "
+        "with --sweep: none,auto, and vllm,vllm_ngram may be added)",
+    )
+    bench.add_argument(
+        "--concurrency",
+        type=_positive_int,
+        default=8,
+        metavar="N",
+        help="conversations at once for serve_concurrent (default: 8)",
+    )
+    bench.add_argument(
+        "--conversations",
+        metavar="A,B",
+        help="only these conversations (comma-separated: weather, orders, shopping, mixed)",
+    )
     bench.add_argument("--repeat", type=_positive_int, default=1, metavar="N")
-    bench.add_argument("--max-new-tokens", type=_positive_int, metavar="N",
-                       help="cap every turn's max_tokens (default: the scripts' own; for smoke runs)")  # fmt: skip
+    bench.add_argument(
+        "--max-new-tokens",
+        type=_positive_int,
+        metavar="N",
+        help="cap every turn's max_tokens (default: the scripts' own; for smoke runs)",
+    )
     bench.add_argument("--out", default="bench-out", metavar="DIR", help="output folder (default: bench-out)")
     sweep = bench.add_argument_group(
         "load sweep (--sweep)",
@@ -239,16 +323,34 @@ def _add_serve_commands(commands: Any) -> None:
         "writes sweep.md, sweep.json, sweep_throughput.png and sweep_ttft.png",
     )
     sweep.add_argument("--sweep", action="store_true", help="run the load sweep instead of the conversations")
-    sweep.add_argument("--levels", default="1,2,4,8,16,32", metavar="C,C",
-                       help="closed-loop concurrencies (default: 1,2,4,8,16,32; '' for none)")  # fmt: skip
-    sweep.add_argument("--rates", default="", metavar="R,R",
-                       help="open-loop request rates per second, Poisson arrivals (default: none)")  # fmt: skip
-    sweep.add_argument("--workloads", default="json,prose", metavar="A,B",
-                       help="json (the task file, response_format json_schema) and/or prose (no schema)")  # fmt: skip
-    sweep.add_argument("--requests", type=_positive_int, default=8, metavar="N",
-                       help="requests per level (at least C; default: 8)")  # fmt: skip
-    sweep.add_argument("--max-batch-size", type=_positive_int, default=16, metavar="N",
-                       help="the servers' rows decoded together (default: 16)")  # fmt: skip
+    sweep.add_argument(
+        "--levels",
+        default="1,2,4,8,16,32",
+        metavar="C,C",
+        help="closed-loop concurrencies (default: 1,2,4,8,16,32; '' for none)",
+    )
+    sweep.add_argument(
+        "--rates",
+        default="",
+        metavar="R,R",
+        help="open-loop request rates per second, Poisson arrivals (default: none)",
+    )
+    sweep.add_argument(
+        "--workloads",
+        default="json,prose",
+        metavar="A,B",
+        help="json (the task file, response_format json_schema) and/or prose (no schema)",
+    )
+    sweep.add_argument(
+        "--requests", type=_positive_int, default=8, metavar="N", help="requests per level (at least C; default: 8)"
+    )
+    sweep.add_argument(
+        "--max-batch-size",
+        type=_positive_int,
+        default=16,
+        metavar="N",
+        help="the servers' rows decoded together (default: 16)",
+    )
     sweep.add_argument("--tasks", metavar="FILE", help="task file of the json workload (default: data/tasks)")
     sweep.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     bench.set_defaults(run=_cmd_bench_serve)
@@ -266,9 +368,16 @@ def _cmd_serve(args: argparse.Namespace, command: str) -> int:
     _quiet_transformers()
     model, tokenizer = _load(args.model)
     try:
-        engine = Engine(model, tokenizer, max_batch_size=args.max_batch_size, max_tokens=args.max_tokens,
-                        prefix_cache_bytes=int(args.prefix_cache_mb * 2**20), grammar_backend=args.grammar_backend,
-                        grammar_cache_size=args.grammar_cache_size, tool_format=args.tool_format)  # fmt: skip
+        engine = Engine(
+            model,
+            tokenizer,
+            max_batch_size=args.max_batch_size,
+            max_tokens=args.max_tokens,
+            prefix_cache_bytes=int(args.prefix_cache_mb * 2**20),
+            grammar_backend=args.grammar_backend,
+            grammar_cache_size=args.grammar_cache_size,
+            tool_format=args.tool_format,
+        )
     except ToolCallError as e:
         raise CliError(f"--tool-format: {e}") from None
     name = args.served_model_name or args.model
@@ -294,9 +403,17 @@ def _cmd_bench_serve(args: argparse.Namespace, command: str) -> int:
     _quiet_transformers()
     model, tokenizer = _load(args.model)
     _warn_if_busy()
-    result = run_serve_bench(model, tokenizer, args.model, chosen, arms, concurrency=args.concurrency,
-                             repeat=args.repeat, max_new_tokens=args.max_new_tokens,
-                             progress=lambda line: print(line, file=sys.stderr))  # fmt: skip
+    result = run_serve_bench(
+        model,
+        tokenizer,
+        args.model,
+        chosen,
+        arms,
+        concurrency=args.concurrency,
+        repeat=args.repeat,
+        max_new_tokens=args.max_new_tokens,
+        progress=lambda line: print(line, file=sys.stderr),
+    )
     markdown = serve_markdown(result, command)
     out.mkdir(parents=True, exist_ok=True)
     (out / "serve.md").write_text(markdown, encoding="utf-8")
@@ -334,10 +451,20 @@ def _cmd_bench_serve_sweep(args: argparse.Namespace, command: str) -> int:
     _quiet_transformers()
     model, tokenizer = _load(args.model)
     _warn_if_busy()
-    result = run_sweep(model, tokenizer, args.model, workloads=workloads, concurrency=levels, rates=rates, arms=arms,
-                       requests=args.requests, max_tokens=args.max_new_tokens or 96,
-                       max_batch_size=args.max_batch_size, tasks_path=args.tasks,
-                       progress=lambda line: print(line, file=sys.stderr))  # fmt: skip
+    result = run_sweep(
+        model,
+        tokenizer,
+        args.model,
+        workloads=workloads,
+        concurrency=levels,
+        rates=rates,
+        arms=arms,
+        requests=args.requests,
+        max_tokens=args.max_new_tokens or 96,
+        max_batch_size=args.max_batch_size,
+        tasks_path=args.tasks,
+        progress=lambda line: print(line, file=sys.stderr),
+    )
     markdown = write_sweep(result, command, out, plots=not args.no_plots)
     print(markdown)
     print(f"wrote {out / 'sweep.md'}, {out / 'sweep.json'} and the plots", file=sys.stderr)
@@ -449,10 +576,18 @@ def _cmd_generate(args: argparse.Namespace, command: str) -> int:
     torch.manual_seed(args.seed)
     try:
         result = complete(
-            model, tokenizer, prompt, system=args.system, schema=schema, tools=tools,
-            parallel_tool_calls=args.parallel_tool_calls, assistant=assistant,
-            max_new_tokens=args.max_new_tokens, grammar_backend=args.grammar_backend, **sampling,
-        )  # fmt: skip
+            model,
+            tokenizer,
+            prompt,
+            system=args.system,
+            schema=schema,
+            tools=tools,
+            parallel_tool_calls=args.parallel_tool_calls,
+            assistant=assistant,
+            max_new_tokens=args.max_new_tokens,
+            grammar_backend=args.grammar_backend,
+            **sampling,
+        )
     except GrammarError as e:
         source = f"--schema {args.schema}" if schema is not None else f"--tools {args.tools}"
         raise CliError(f"{source}: {_cli_words(str(e))}") from None
@@ -460,20 +595,36 @@ def _cmd_generate(args: argparse.Namespace, command: str) -> int:
         print(f"grammarspec generate: error: {e}", file=sys.stderr)
         return 1
     if args.json:
-        print(json.dumps({"text": result.text, "value": result.value, "valid": result.valid,
-                          "finish_reason": result.finish_reason, "errors": result.errors,
-                          "stats": result.stats.as_dict()}, ensure_ascii=False, indent=2))  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "text": result.text,
+                    "value": result.value,
+                    "valid": result.valid,
+                    "finish_reason": result.finish_reason,
+                    "errors": result.errors,
+                    "stats": result.stats.as_dict(),
+                },
+                ensure_ascii=False,
+                indent=2,
+            )
+        )
     else:
         print(result.text)
         print(result.stats.summary(), file=sys.stderr)
     if result.valid:
         return 0
     if result.finish_reason == "length":
-        print(f"grammarspec generate: the answer was cut at {args.max_new_tokens} tokens and is incomplete; "
-              "raise --max-new-tokens", file=sys.stderr)  # fmt: skip
+        print(
+            f"grammarspec generate: the answer was cut at {args.max_new_tokens} tokens and is incomplete; "
+            "raise --max-new-tokens",
+            file=sys.stderr,
+        )
     else:
-        print(f"grammarspec generate: the answer is not valid: {'; '.join(result.errors) or result.finish_reason}",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"grammarspec generate: the answer is not valid: {'; '.join(result.errors) or result.finish_reason}",
+            file=sys.stderr,
+        )
     return 1
 
 
@@ -495,8 +646,11 @@ def _warn_if_busy() -> None:
     except (AttributeError, OSError):
         return
     if load > cores:  # this process accounts for about 1
-        print(f"grammarspec bench: warning: the machine is busy (load average {load:.1f} on {cores} cores); "
-              "other processes make the timings noisy", file=sys.stderr)  # fmt: skip
+        print(
+            f"grammarspec bench: warning: the machine is busy (load average {load:.1f} on {cores} cores); "
+            "other processes make the timings noisy",
+            file=sys.stderr,
+        )
 
 
 def _bench_tasks(args: argparse.Namespace, limit: int | None) -> list[Any]:
@@ -506,8 +660,10 @@ def _bench_tasks(args: argparse.Namespace, limit: int | None) -> list[Any]:
     if not task_files and not args.schemas:
         default = default_tasks_path()
         if not default.is_file():
-            raise CliError(f"the default task file {default} does not exist; pass --tasks FILE or --schemas DIR "
-                           "(or set GRAMMARSPEC_TASKS)")  # fmt: skip
+            raise CliError(
+                f"the default task file {default} does not exist; pass --tasks FILE or --schemas DIR "
+                "(or set GRAMMARSPEC_TASKS)"
+            )
         task_files = [str(default)]
     tasks = []
     try:
@@ -562,12 +718,20 @@ def _cmd_bench(args: argparse.Namespace, command: str) -> int:
     model, tokenizer = _load(args.model)
     draft = _load(args.draft_model, "--draft-model")[0] if args.draft_model else None
     config = BenchConfig(
-        arms=tuple(arms), max_new_tokens=max_new, temperature=args.temperature, seed=args.seed,
-        repeat=args.repeat, model=args.model, draft_model=args.draft_model,
-    )  # fmt: skip
+        arms=tuple(arms),
+        max_new_tokens=max_new,
+        temperature=args.temperature,
+        seed=args.seed,
+        repeat=args.repeat,
+        model=args.model,
+        draft_model=args.draft_model,
+    )
     progress = None if args.no_progress else _progress_bar
-    print(f"grammarspec bench: {len(tasks)} tasks x {len(arms)} arms ({', '.join(arms)}) x {args.repeat} repeat(s), "
-          f"max_new_tokens {max_new}", file=sys.stderr)  # fmt: skip
+    print(
+        f"grammarspec bench: {len(tasks)} tasks x {len(arms)} arms ({', '.join(arms)}) x {args.repeat} repeat(s), "
+        f"max_new_tokens {max_new}",
+        file=sys.stderr,
+    )
     _warn_if_busy()
     result = run_bench(model, tokenizer, tasks, config, draft_model=draft, progress=progress)
     paths = write_results(result, out, command=command, plots=not args.no_plots)
@@ -633,8 +797,10 @@ def _cmd_batch_bench(args: argparse.Namespace, command: str, tasks: list[Any], o
         raise CliError("--batch-size runs greedily (outputs are compared row by row): drop --temperature")
     _quiet_transformers()
     model, tokenizer = _load(args.model)
-    print(f"grammarspec bench --batch-size {args.batch_size}: {len(tasks)} tasks, max_new_tokens {max_new}",
-          file=sys.stderr)  # fmt: skip
+    print(
+        f"grammarspec bench --batch-size {args.batch_size}: {len(tasks)} tasks, max_new_tokens {max_new}",
+        file=sys.stderr,
+    )
     _warn_if_busy()
     progress = None if args.no_progress else (lambda line: print(line, file=sys.stderr))
     arms = [a for a in args.arms.split(",") if a] if args.arms else None

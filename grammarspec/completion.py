@@ -118,8 +118,11 @@ def _check_prompt(prompt: Any) -> None:
     if not isinstance(prompt, (list, tuple)) or not prompt:
         raise ValueError(f"prompt must be a non-empty string or list of chat messages, got {prompt!r:.60}; {accepts}")
     for i, message in enumerate(prompt):
-        if (not isinstance(message, dict) or message.get("role") not in ("system", "user", "assistant", "tool")
-                or not isinstance(message.get("content"), str)):  # fmt: skip
+        if (
+            not isinstance(message, dict)
+            or message.get("role") not in ("system", "user", "assistant", "tool")
+            or not isinstance(message.get("content"), str)
+        ):
             raise ValueError(
                 f"prompt[{i}] must be a dict with role 'system', 'user', 'assistant' or 'tool' and a string "
                 f"content, got {message!r:.80}; {accepts}"
@@ -156,15 +159,29 @@ def complete(
     from .tool_calls import parse_tool_reply
 
     _check_prompt(prompt)
-    asked = Constraint(schema=schema, tools=tools, tool_choice=tool_choice, grammar=grammar, regex=regex,
-                       json_object=json_object, parallel_tool_calls=parallel_tool_calls,
-                       any_whitespace=any_whitespace)  # fmt: skip
+    asked = Constraint(
+        schema=schema,
+        tools=tools,
+        tool_choice=tool_choice,
+        grammar=grammar,
+        regex=regex,
+        json_object=json_object,
+        parallel_tool_calls=parallel_tool_calls,
+        any_whitespace=any_whitespace,
+    )
     constraint = asked.resolve()
     (spec,) = constraint.specs(1)
     json_schema = spec.schema if spec is not None else None
     offered = tools if tools is not None and tool_choice != "none" else None
-    ids = build_prompt(tokenizer, prompt, system=system, schema=json_schema if not offered else None,
-                       tools=offered, describe=describe, text_allowed=tool_choice == "auto")  # fmt: skip
+    ids = build_prompt(
+        tokenizer,
+        prompt,
+        system=system,
+        schema=json_schema if not offered else None,
+        tools=offered,
+        describe=describe,
+        text_allowed=tool_choice == "auto",
+    )
     out: Any = run_generate(
         model,
         torch.tensor([ids], device="cpu"),  # generate moves the prompt to the model
@@ -195,8 +212,16 @@ def complete(
             value, has_value = text, True
             if message.get("tool_calls"):
                 value = json.loads(text.strip())
-    return Completion(text=text, value=value, finish_reason=stats.finish_reason, stats=stats, tokens=new,
-                      errors=errors, has_value=has_value, message=message)  # fmt: skip
+    return Completion(
+        text=text,
+        value=value,
+        finish_reason=stats.finish_reason,
+        stats=stats,
+        tokens=new,
+        errors=errors,
+        has_value=has_value,
+        message=message,
+    )
 
 
 def _schema_errors(schema: dict[str, Any], value: Any) -> list[str]:

@@ -71,8 +71,12 @@ class Constraint:
     @property
     def others(self) -> list[str]:
         """The constraint arguments other than ``tools`` that are set."""
-        given = (("schema", self.schema), ("grammar", self.grammar), ("regex", self.regex),
-                 ("json_object", self.json_object or None))  # fmt: skip
+        given = (
+            ("schema", self.schema),
+            ("grammar", self.grammar),
+            ("regex", self.regex),
+            ("json_object", self.json_object or None),
+        )
         return [name for name, value in given if value is not None]
 
     def resolve(self) -> Constraint:

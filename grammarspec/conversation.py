@@ -153,8 +153,10 @@ class Conversation:
         self._assistant = assistant
         self._proposer = resolve_assistant(assistant, make_draft=draft_maker())  # one per conversation
         self._options = dict(max_draft_tokens=max_draft_tokens, grammar_backend=grammar_backend, **generation_kwargs)
-        check_options(model, {k: v for k, v in self._options.items() if k not in _CONSTRAINT_KWARGS},
-                      where="Conversation()")  # fmt: skip  # a bad default fails here, not at reply()
+        # a bad default fails here, not at reply()
+        check_options(
+            model, {k: v for k, v in self._options.items() if k not in _CONSTRAINT_KWARGS}, where="Conversation()"
+        )
         self._describe_tools = bool(self.tools) and self.tool_format != "json" and not self._template_renders_tools()
         if self._describe_tools:
             warnings.warn(
@@ -259,8 +261,13 @@ class Conversation:
         options = {**self._options, **generation_kwargs}
         own = {name: options.pop(name) for name in _CONSTRAINT_KWARGS if name in options}
         check_options(self.model, {**options, "max_new_tokens": max_new_tokens}, where="reply()")
-        constraint = Constraint(tools=self.tools, tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls,
-                                tool_format=self.tool_format, **own).resolve()  # fmt: skip
+        constraint = Constraint(
+            tools=self.tools,
+            tool_choice=tool_choice,
+            parallel_tool_calls=parallel_tool_calls,
+            tool_format=self.tool_format,
+            **own,
+        ).resolve()
         ids = self.prompt_ids(tool_choice=tool_choice)
         if self.max_context is not None and len(ids) + max_new_tokens > self.max_context:
             raise ContextLimitError(
@@ -298,8 +305,15 @@ class Conversation:
             message = {"role": "assistant", "content": text}
         self._calls += len(message.get("tool_calls") or [])
         finish = "length" if stats.finish_reason == "length" else ("tool_calls" if "tool_calls" in message else "stop")
-        result = Reply(message=message, finish_reason=finish, stats=stats, tokens=new, prompt_tokens=len(ids),
-                       reused_tokens=keep, seconds=time.perf_counter() - t0)  # fmt: skip
+        result = Reply(
+            message=message,
+            finish_reason=finish,
+            stats=stats,
+            tokens=new,
+            prompt_tokens=len(ids),
+            reused_tokens=keep,
+            seconds=time.perf_counter() - t0,
+        )
         if append:
             self.messages.append(message)
         self.replies.append(result)

@@ -71,8 +71,9 @@ class DraftModelProposer:
         self._cached: list[int] = []
         self._base = 0  # context length at the last propose (its draft follows in the cache)
 
-    def bind(self, *, sampling: SamplingParams, processing: Processing, generator: torch.Generator | None,
-             vocab_size: int) -> None:  # fmt: skip
+    def bind(
+        self, *, sampling: SamplingParams, processing: Processing, generator: torch.Generator | None, vocab_size: int
+    ) -> None:
         """Draft for a request with these settings (the target row's own processing).  Changes state."""
         self.sampling, self.processing, self.generator, self.vocab_size = sampling, processing, generator, vocab_size
 

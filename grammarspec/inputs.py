@@ -24,7 +24,7 @@ __all__ = [
     "needs_tokenizer",
     "prompt_rows",
     "refuse_arguments",
-]  # fmt: skip
+]
 
 #: Hugging Face ``generate`` arguments with no meaning here: refused when given.
 REFUSED_ARGUMENTS = {
@@ -59,8 +59,14 @@ _INT_SETTINGS = {
 #: Generation settings that take a real number.
 _FLOAT_SETTINGS = ("temperature", "top_p", "min_p", "typical_p", "repetition_penalty", "epsilon_cutoff", "eta_cutoff")
 #: Generation settings that take a boolean.
-_BOOL_SETTINGS = ("do_sample", "output_scores", "output_logits", "return_dict_in_generate", "renormalize_logits",
-                  "remove_invalid_values")  # fmt: skip
+_BOOL_SETTINGS = (
+    "do_sample",
+    "output_scores",
+    "output_logits",
+    "return_dict_in_generate",
+    "renormalize_logits",
+    "remove_invalid_values",
+)
 
 
 def _is_int(value: object) -> TypeGuard[int]:
@@ -77,8 +83,13 @@ def check_arguments(options: dict[str, Any], generation_config: GenerationConfig
     """
     settings = {}
     if generation_config is not None:
-        settings.update({k: v for k, v in generation_config.to_dict().items() if k in _INT_SETTINGS or
-                         k in _FLOAT_SETTINGS or k in _BOOL_SETTINGS})  # fmt: skip
+        settings.update(
+            {
+                k: v
+                for k, v in generation_config.to_dict().items()
+                if k in _INT_SETTINGS or k in _FLOAT_SETTINGS or k in _BOOL_SETTINGS
+            }
+        )
     settings.update(options)
     for name, value in settings.items():
         if value is None:

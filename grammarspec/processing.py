@@ -51,10 +51,18 @@ __all__ = ["PREFIX_FREE", "LogitsPipeline", "build_pipeline", "check_stateless",
 
 #: Processor classes that read only the scores (never ``input_ids``): run on all rows at once.
 PREFIX_FREE: tuple[type[lp.LogitsProcessor], ...] = (
-    lp.TemperatureLogitsWarper, lp.TopHLogitsWarper, lp.TopKLogitsWarper, lp.TopPLogitsWarper,
-    lp.MinPLogitsWarper, lp.TypicalLogitsWarper, lp.EpsilonLogitsWarper, lp.EtaLogitsWarper,
-    lp.SuppressTokensLogitsProcessor, lp.InfNanRemoveLogitsProcessor, lp.LogitNormalization,
-)  # fmt: skip
+    lp.TemperatureLogitsWarper,
+    lp.TopHLogitsWarper,
+    lp.TopKLogitsWarper,
+    lp.TopPLogitsWarper,
+    lp.MinPLogitsWarper,
+    lp.TypicalLogitsWarper,
+    lp.EpsilonLogitsWarper,
+    lp.EtaLogitsWarper,
+    lp.SuppressTokensLogitsProcessor,
+    lp.InfNanRemoveLogitsProcessor,
+    lp.LogitNormalization,
+)
 
 #: Modules whose logits processors keep grammar state between calls.
 _STATEFUL_MODULES = ("xgrammar", "outlines", "lmformatenforcer", "llguidance", "guidance", "transformers_cfg")
@@ -150,18 +158,30 @@ class LogitsPipeline:
 
     @classmethod
     def from_sampling(
-        cls, params: Any, processors: Sequence[Any] = (), *, min_new_tokens: int = 0,
-        eos_token_ids: Sequence[int] = (), prompt_length: int = 0, device: str | torch.device = "cpu",
-    ) -> LogitsPipeline:  # fmt: skip
+        cls,
+        params: Any,
+        processors: Sequence[Any] = (),
+        *,
+        min_new_tokens: int = 0,
+        eos_token_ids: Sequence[int] = (),
+        prompt_length: int = 0,
+        device: str | torch.device = "cpu",
+    ) -> LogitsPipeline:
         """The pipeline for a :class:`grammarspec.sampling.SamplingParams` (tests, old callers).
 
         ``device``: where the logits live (the processors' own tensors are built there).
         """
         if not processors:  # pipelines are immutable and their processors stateless: share them
-            return _from_sampling_cached(params, min_new_tokens, tuple(eos_token_ids), prompt_length,
-                                         torch.device(device))  # fmt: skip
-        return build_pipeline(_sampling_config(params, min_new_tokens), prompt_length=prompt_length,
-                              eos_token_ids=eos_token_ids, processors=processors, device=device)  # fmt: skip
+            return _from_sampling_cached(
+                params, min_new_tokens, tuple(eos_token_ids), prompt_length, torch.device(device)
+            )
+        return build_pipeline(
+            _sampling_config(params, min_new_tokens),
+            prompt_length=prompt_length,
+            eos_token_ids=eos_token_ids,
+            processors=processors,
+            device=device,
+        )
 
     @staticmethod
     def _run(processors: Sequence[Any], ids: list[torch.Tensor], scores: torch.Tensor) -> torch.Tensor:
@@ -190,9 +210,12 @@ def prefix_tensors(prefixes: Sequence[Sequence[int]], device: torch.device | str
 
 def _sampling_config(params: Any, min_new_tokens: int) -> GenerationConfig:
     return GenerationConfig(
-        do_sample=not params.greedy, temperature=params.temperature if not params.greedy else 1.0,
-        top_k=params.top_k, top_p=params.top_p, min_new_tokens=min_new_tokens or None,
-    )  # fmt: skip
+        do_sample=not params.greedy,
+        temperature=params.temperature if not params.greedy else 1.0,
+        top_k=params.top_k,
+        top_p=params.top_p,
+        min_new_tokens=min_new_tokens or None,
+    )
 
 
 @functools.lru_cache(maxsize=256)

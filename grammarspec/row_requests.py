@@ -68,8 +68,14 @@ def row_request(
     greedy = not config.do_sample
     sampling = SamplingParams(do_sample=not greedy)
     vocab = logits_width(model)
-    pipeline = build_pipeline(config, prompt_length=len(prompt), eos_token_ids=eos, processors=processors,
-                              max_length=len(prompt) + max_new_tokens, device=logits_device(model))  # fmt: skip
+    pipeline = build_pipeline(
+        config,
+        prompt_length=len(prompt),
+        eos_token_ids=eos,
+        processors=processors,
+        max_length=len(prompt) + max_new_tokens,
+        device=logits_device(model),
+    )
     make_draft = draft_maker(sampling=sampling, processing=pipeline, generator=generator, vocab_size=vocab)
     proposer = resolve_assistant(assistant, assistant_model, make_draft=make_draft)
     for member in members(proposer) if proposer is not None else []:
@@ -77,10 +83,12 @@ def row_request(
             member.bind(sampling=sampling, processing=pipeline, generator=generator, vocab_size=vocab)
     controller = None
     if proposer is not None:
-        controller = AdaptiveController(k_min=k_min(proposer, max_draft_tokens), k_max=max_draft_tokens,
-                                        adaptive=adaptive, calibration=calibration)  # fmt: skip
-        proposer.start(Request(prompt_ids=tuple(prompt), tokenizer=tokenizer, schema=schema,
-                               documents=tuple(documents)))  # fmt: skip
+        controller = AdaptiveController(
+            k_min=k_min(proposer, max_draft_tokens), k_max=max_draft_tokens, adaptive=adaptive, calibration=calibration
+        )
+        proposer.start(
+            Request(prompt_ids=tuple(prompt), tokenizer=tokenizer, schema=schema, documents=tuple(documents))
+        )
     matcher = compiled.matcher(max_rollback=max_draft_tokens + 1) if compiled is not None else None
     settings = RowSettings(max_new_tokens, greedy, tuple(stop_strings))
     return RowRequest(list(prompt), matcher, proposer, controller, pipeline, settings)

@@ -57,17 +57,28 @@ _REFUSED: dict[str, str] = {
 
 #: values that mean "off" for a refused field.
 _OFF: dict[str, tuple[Any, ...]] = {
-    "num_beams": (1,), "num_beam_groups": (1,), "diversity_penalty": (0.0,), "penalty_alpha": (0.0,),
-    "guidance_scale": (1.0,), "encoder_repetition_penalty": (1.0,), "encoder_no_repeat_ngram_size": (0,),
-    "output_attentions": (False,), "output_hidden_states": (False,), "token_healing": (False,),
-    "low_memory": (False,), "use_mtp": (False,),
-}  # fmt: skip
+    "num_beams": (1,),
+    "num_beam_groups": (1,),
+    "diversity_penalty": (0.0,),
+    "penalty_alpha": (0.0,),
+    "guidance_scale": (1.0,),
+    "encoder_repetition_penalty": (1.0,),
+    "encoder_no_repeat_ngram_size": (0,),
+    "output_attentions": (False,),
+    "output_hidden_states": (False,),
+    "token_healing": (False,),
+    "low_memory": (False,),
+    "use_mtp": (False,),
+}
 
 #: Global defaults that concern only refused features: not checked when they are HF's default.
 _ASSISTANT_DEFAULTS = {
-    "num_assistant_tokens": 20, "num_assistant_tokens_schedule": "constant", "assistant_confidence_threshold": 0.4,
-    "assistant_lookbehind": 10, "target_lookbehind": 10,
-}  # fmt: skip
+    "num_assistant_tokens": 20,
+    "num_assistant_tokens_schedule": "constant",
+    "assistant_confidence_threshold": 0.4,
+    "assistant_lookbehind": 10,
+    "target_lookbehind": 10,
+}
 
 
 def resolve_config(

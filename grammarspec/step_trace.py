@@ -56,8 +56,15 @@ class StepTrace:
         self.joins: list[JoinRecord] = []
         self._lock = threading.Lock()
 
-    def step(self, steps: Sequence[Any], results: Sequence[tuple[Sequence[int], Any]], prompt_tokens: int,
-             reading: int, seconds: dict[str, float], forward: tuple[int, int, bool]) -> None:  # fmt: skip
+    def step(
+        self,
+        steps: Sequence[Any],
+        results: Sequence[tuple[Sequence[int], Any]],
+        prompt_tokens: int,
+        reading: int,
+        seconds: dict[str, float],
+        forward: tuple[int, int, bool],
+    ) -> None:
         """Record one step.  Changes the trace.
 
         ``steps`` / ``results``: the stepping rows' :class:`~grammarspec.rows.Step`
@@ -67,12 +74,17 @@ class StepTrace:
         """
         admitted = sum(len(s.tree) for s in steps)
         record = StepRecord(
-            rows=len(steps), reading=reading,
+            rows=len(steps),
+            reading=reading,
             prompt_tokens=prompt_tokens,
             offered=sum(len(s.offered) if not s.is_tree else len(s.tree) for s in steps),
-            admitted=admitted, accepted=sum(len(path) for path, _ in results),
-            forward_rows=forward[0], forward_width=forward[1], masked=forward[2], seconds=dict(seconds),
-        )  # fmt: skip
+            admitted=admitted,
+            accepted=sum(len(path) for path, _ in results),
+            forward_rows=forward[0],
+            forward_width=forward[1],
+            masked=forward[2],
+            seconds=dict(seconds),
+        )
         with self._lock:
             self.steps.append(record)
 

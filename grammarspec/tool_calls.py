@@ -246,10 +246,13 @@ def parse_tool_reply(
         if len(ids) < len(calls):
             raise ToolCallError(f"{len(calls)} calls but only {len(ids)} ids")
         message["tool_calls"] = [
-            {"id": ids[i], "type": "function",
-             "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)}}
+            {
+                "id": ids[i],
+                "type": "function",
+                "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)},
+            }
             for i, (name, arguments) in enumerate(calls)
-        ]  # fmt: skip
+        ]
     return message
 
 

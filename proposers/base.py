@@ -29,9 +29,20 @@ if TYPE_CHECKING:
     from .tree import DraftTree
 
 __all__ = [
-    "Draft", "Request", "GrammarView", "Proposer", "EMPTY_DRAFT", "TreeDrafter", "ProposerGroup", "ModelDrafter",
-    "ForcedSpanDrafter", "TextDrafter", "CostModelled", "SplitLearner", "members",
-]  # fmt: skip
+    "Draft",
+    "Request",
+    "GrammarView",
+    "Proposer",
+    "EMPTY_DRAFT",
+    "TreeDrafter",
+    "ProposerGroup",
+    "ModelDrafter",
+    "ForcedSpanDrafter",
+    "TextDrafter",
+    "CostModelled",
+    "SplitLearner",
+    "members",
+]
 
 
 @dataclass(frozen=True)

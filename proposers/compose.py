@@ -76,8 +76,9 @@ def concat_drafts(first: Draft, second: Draft) -> Draft:
     confidence = None  # a part without estimates gets -1 per token: no estimate (grammarspec.policy)
     if first.confidence is not None or second.confidence is not None:
         confidence = (first.confidence or (-1.0,) * len(first)) + (second.confidence or (-1.0,) * len(second))
-    return Draft(tokens=first.tokens + second.tokens, probs=probs, sources=sources, kind=first.kind,
-                 confidence=confidence)  # fmt: skip
+    return Draft(
+        tokens=first.tokens + second.tokens, probs=probs, sources=sources, kind=first.kind, confidence=confidence
+    )
 
 
 def _rows(draft: Draft, like: torch.Tensor) -> torch.Tensor:
@@ -285,8 +286,11 @@ class CompositeProposer:
             keep = trim_ambiguous(self._tokenizer, context, forced, draft.tokens, grammar, self.splits)
             if keep < len(draft):
                 draft = draft.truncate(keep)
-                lead = lead.truncate(_tokens_within([len(helper.vocab_bytes[t]) for t in lead.tokens],
-                                                    len(helper.bytes_of(draft.tokens))))  # fmt: skip
+                lead = lead.truncate(
+                    _tokens_within(
+                        [len(helper.vocab_bytes[t]) for t in lead.tokens], len(helper.bytes_of(draft.tokens))
+                    )
+                )
                 parts = [(leader, lead)] if lead and leader is not None else []
         offset = 0
         for proposer, part in parts:

@@ -33,10 +33,29 @@ from typing import Any, NamedTuple
 from .schema_nav import Nodes, SchemaIndex
 
 __all__ = [
-    "Cursor", "Frame", "advance", "end_scalar", "signature", "value_path", "value_nodes", "normalize",
-    "VALUE", "ARR_FIRST", "ARR_NEXT", "OBJ_FIRST", "OBJ_NEXT", "KEY", "COLON", "STRING", "SCALAR",
-    "AFTER", "DONE", "ERROR", "VALUE_MODES", "KEY_MODES",
-]  # fmt: skip
+    "Cursor",
+    "Frame",
+    "advance",
+    "end_scalar",
+    "signature",
+    "value_path",
+    "value_nodes",
+    "normalize",
+    "VALUE",
+    "ARR_FIRST",
+    "ARR_NEXT",
+    "OBJ_FIRST",
+    "OBJ_NEXT",
+    "KEY",
+    "COLON",
+    "STRING",
+    "SCALAR",
+    "AFTER",
+    "DONE",
+    "ERROR",
+    "VALUE_MODES",
+    "KEY_MODES",
+]
 
 # Modes: what the next byte may be.
 VALUE = 0  # a value (document start, after ':')

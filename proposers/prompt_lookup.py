@@ -106,8 +106,12 @@ class PromptLookupProposer:
         if not tokens:
             return EMPTY_DRAFT
         # Its estimate: a match of n tokens is right about n times in n + 1 (calibrated by the policy).
-        return Draft(tokens=tuple(tokens), sources=(self.name,) * len(tokens), kind=f"n{min(n, 4)}",
-                     confidence=(n / (n + 1),) * len(tokens))  # fmt: skip
+        return Draft(
+            tokens=tuple(tokens),
+            sources=(self.name,) * len(tokens),
+            kind=f"n{min(n, 4)}",
+            confidence=(n / (n + 1),) * len(tokens),
+        )
 
     def commit(self, draft: Draft, num_accepted: int, committed: Sequence[int]) -> None:
         """Stateless: nothing to learn."""

@@ -211,9 +211,10 @@ class SchemaIndex:
 
     def _filter_by_key(self, nodes: Nodes, key: bytes) -> Nodes:
         kept = tuple(
-            n for n in nodes
+            n
+            for n in nodes
             if key in self.properties(n) or n.get("additionalProperties") is not False and not self.properties(n)
-        )  # fmt: skip
+        )
         return kept or nodes
 
     def filter_by_value(self, nodes: Nodes, key: bytes, value: bytes) -> Nodes:
@@ -309,8 +310,19 @@ def _ids(nodes: Nodes) -> tuple[int, ...]:
 
 
 def _has_content(node: dict[str, Any]) -> bool:
-    ignored = {"anyOf", "oneOf", "allOf", "$ref", "description", "title", "$schema", "$id", "$comment",
-               "definitions", "$defs"}  # fmt: skip
+    ignored = {
+        "anyOf",
+        "oneOf",
+        "allOf",
+        "$ref",
+        "description",
+        "title",
+        "$schema",
+        "$id",
+        "$comment",
+        "definitions",
+        "$defs",
+    }
     return any(k not in ignored for k in node)
 
 

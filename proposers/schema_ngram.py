@@ -159,9 +159,17 @@ class SchemaNgramProposer:
             if doc.cursor.mode in (DONE, ERROR):
                 return EMPTY_DRAFT
             tokens, sources = plan(
-                context, grammar, k, doc, tokenizer=self._tokenizer, splits=self.splits, score=self.score,
-                max_candidates=self.max_candidates, min_score=self.min_score, name=self.name,
-            )  # fmt: skip
+                context,
+                grammar,
+                k,
+                doc,
+                tokenizer=self._tokenizer,
+                splits=self.splits,
+                score=self.score,
+                max_candidates=self.max_candidates,
+                min_score=self.min_score,
+                name=self.name,
+            )
         finally:
             doc.truncate(committed)  # the one place a speculative position is undone
         self.splits.remember(context, tokens)

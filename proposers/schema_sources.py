@@ -62,10 +62,22 @@ from .prompt_spans import MAX_SPAN, find_near, label_values, near_cost, skip_sep
 from .schema_nav import Nodes, SchemaIndex
 
 __all__ = [
-    "Candidate", "candidates", "follow_length", "from_history", "keys", "separators", "values", "sibling_value",
-    "schema_values", "prompt_continuation", "document_continuation", "prompt_string_start", "prompt_number",
-    "prompt_number_start", "labels",
-]  # fmt: skip
+    "Candidate",
+    "candidates",
+    "follow_length",
+    "from_history",
+    "keys",
+    "separators",
+    "values",
+    "sibling_value",
+    "schema_values",
+    "prompt_continuation",
+    "document_continuation",
+    "prompt_string_start",
+    "prompt_number",
+    "prompt_number_start",
+    "labels",
+]
 
 _NEAR_WINDOW = 60  # bytes: how far from the cursor a guessed number may start
 

@@ -79,9 +79,19 @@ def replay(
     oracle = OracleLM(prompt_ids, output, vocab, eos_token_id=eos)
     proposer.start(Request(prompt_ids=tuple(prompt_ids), tokenizer=tokenizer, schema=spec.schema))
     config = DecodeConfig(max_new_tokens=len(output), eos_token_ids=(eos,))
-    new, stats = decode(oracle, prompt_ids, config, matcher=compiled.matcher(max_rollback=k + 1),
-                        proposer=_LegalDrafts(proposer), controller=AdaptiveController(k_min=k, k_max=k, adaptive=False),
-                        tokenizer=tokenizer)  # fmt: skip
+    new, stats = decode(
+        oracle,
+        prompt_ids,
+        config,
+        matcher=compiled.matcher(max_rollback=k + 1),
+        proposer=_LegalDrafts(proposer),
+        controller=AdaptiveController(k_min=k, k_max=k, adaptive=False),
+        tokenizer=tokenizer,
+    )
     assert new[: len(reference)] == list(reference), "the oracle target must reproduce the reference"
-    return Replay(tokens=len(reference), steps=stats.target_forwards, proposed=Counter(stats.proposed),
-                  accepted=Counter(stats.accepted))  # fmt: skip
+    return Replay(
+        tokens=len(reference),
+        steps=stats.target_forwards,
+        proposed=Counter(stats.proposed),
+        accepted=Counter(stats.accepted),
+    )

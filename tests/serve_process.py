@@ -34,16 +34,25 @@ def free_port() -> int:
 def serve_process(*args: str, memory_cap: int = MEMORY_CAP, start_timeout: float = 300.0) -> Iterator[tuple[str, int]]:
     """``grammarspec serve`` with ``args``; yields ``(base_url, pid)`` once ``/health`` answers; stops it after."""
     port = free_port()
-    command = [str(Path(sys.executable).parent / "grammarspec"), "serve", MODEL, "--port", str(port),
-               "--log-level", "warning", *args]  # fmt: skip
+    command = [
+        str(Path(sys.executable).parent / "grammarspec"),
+        "serve",
+        MODEL,
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+        *args,
+    ]
 
     def cap() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (memory_cap, memory_cap))
 
     log = Path(os.environ.get("TMPDIR", "/tmp")) / f"grammarspec-serve-{port}.log"
     with open(log, "wb") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, preexec_fn=cap,
-                                   cwd=Path(__file__).resolve().parents[1])  # fmt: skip
+        process = subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, preexec_fn=cap, cwd=Path(__file__).resolve().parents[1]
+        )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + start_timeout

@@ -28,8 +28,9 @@ def test_a_schema_with_no_finite_value_is_refused_saying_why(schema):
 
 
 def test_a_dead_branch_is_refused_and_a_recursion_with_a_way_out_is_kept():
-    dead = {"anyOf": [{"type": "string"}, {"type": "object", "properties": {"x": {"$ref": "#/anyOf/1"}},
-                                            "required": ["x"]}]}  # fmt: skip
+    dead = {
+        "anyOf": [{"type": "string"}, {"type": "object", "properties": {"x": {"$ref": "#/anyOf/1"}}, "required": ["x"]}]
+    }
     with pytest.raises(GrammarError, match="part of the JSON schema"):
         check_finite(grammar_spec(schema=dead))
     tree = {"type": "object", "properties": {"kids": {"type": "array", "items": {"$ref": "#"}}}, "required": ["kids"]}
@@ -69,6 +70,7 @@ def test_a_runaway_forced_text_is_not_searched(smol_tokenizer):
     spec = grammar_spec(schema={"type": "array", "items": {"const": 1}, "minItems": 100_000})
     matcher = compile_grammar(spec, smol_tokenizer).matcher()
     assert matcher.forced_text() == ""  # xgrammar's own search runs out of memory here
-    closed = compile_grammar(grammar_spec(schema={"type": "array", "items": {"const": 1}, "minItems": 3,
-                                                  "maxItems": 3}), smol_tokenizer)  # fmt: skip
+    closed = compile_grammar(
+        grammar_spec(schema={"type": "array", "items": {"const": 1}, "minItems": 3, "maxItems": 3}), smol_tokenizer
+    )
     assert closed.matcher().forced_text() == "[1,1,1]"

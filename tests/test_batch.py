@@ -27,10 +27,14 @@ from proposers.base import Request
 V = toy_vocab_size()
 SCHEMAS = [
     {"type": "array", "items": {"enum": ["a", "b"]}, "minItems": 1, "maxItems": 2},
-    {"type": "object", "properties": {"a": {"type": "array", "items": {"enum": ["x", "yy", "z"]}, "maxItems": 4}},
-     "required": ["a"], "additionalProperties": False},
+    {
+        "type": "object",
+        "properties": {"a": {"type": "array", "items": {"enum": ["x", "yy", "z"]}, "maxItems": 4}},
+        "required": ["a"],
+        "additionalProperties": False,
+    },
     {"type": "array", "items": {"enum": ["ab", "ba", "b"]}, "minItems": 2, "maxItems": 3},
-]  # fmt: skip
+]
 PROMPTS = [[2, 3], [2, 5, 9, 4, 7], [6]]
 
 
@@ -122,8 +126,11 @@ def test_sampled_rows_follow_their_own_constrained_distributions(grammars):
     counts = [Counter() for _ in chosen]
     samples = 3000
     for _ in range(samples):
-        proposers = [DraftModelProposer(other, sampling=params, generator=generator), ImprobableProposer(),
-                     DraftModelProposer(target, sampling=params, generator=generator)]  # fmt: skip
+        proposers = [
+            DraftModelProposer(other, sampling=params, generator=generator),
+            ImprobableProposer(),
+            DraftModelProposer(target, sampling=params, generator=generator),
+        ]
         requests = [_request(p, g.matcher(), prop, 3, config) for p, g, prop in zip(prompts, chosen, proposers)]
         for row in decode_batch(target, requests, config, generator=generator):
             assert row.stats.finish_reason == "stop"
@@ -144,8 +151,9 @@ def test_left_padded_batch_through_generate_equals_each_row_alone():
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     schemas = [SCHEMAS[0], SCHEMAS[2], SCHEMAS[0]]
     common = {"tokenizer": tok, "max_new_tokens": 24, "eos_token_id": 0, "pad_token_id": 1}
-    out = grammarspec.generate(model, ids, attention_mask=mask, schema=schemas, assistant="auto",
-                               return_dict_in_generate=True, **common)  # fmt: skip
+    out = grammarspec.generate(
+        model, ids, attention_mask=mask, schema=schemas, assistant="auto", return_dict_in_generate=True, **common
+    )
     for i, (prompt, schema) in enumerate(zip(prompts, schemas)):
         alone = grammarspec.generate(model, torch.tensor([prompt]), schema=schema, **common)
         new = alone[0, len(prompt) :].tolist()
@@ -159,8 +167,9 @@ def test_a_schema_list_must_match_the_batch():
 
     tok = toy_tokenizer()
     with pytest.raises(ValueError, match="one schema per row"):
-        grammarspec.generate(tiny_llama(len(tok)), torch.tensor([[5, 6], [7, 8]]), tokenizer=tok, schema=SCHEMAS,
-                             max_new_tokens=4)  # fmt: skip
+        grammarspec.generate(
+            tiny_llama(len(tok)), torch.tensor([[5, 6], [7, 8]]), tokenizer=tok, schema=SCHEMAS, max_new_tokens=4
+        )
 
 
 class Costed(Noisy):
@@ -202,8 +211,9 @@ def test_the_loop_hands_over_the_profiled_cost_model_and_never_teaches_wall_time
     fixed.use_cost_model(batch_cost_model(model))
     assert fixed.cost_model is own
     replayed = Costed([], 0)  # a replay's modelled step cost: its own prior stays
-    decode_batch(model, [_request(PROMPTS[0], grammars[0].matcher(), replayed, 4, config)], config,
-                 step_cost=lambda rows: 1.0)  # fmt: skip
+    decode_batch(
+        model, [_request(PROMPTS[0], grammars[0].matcher(), replayed, 4, config)], config, step_cost=lambda rows: 1.0
+    )
     assert replayed.cost_model is not batch_cost_model(model)
 
 
@@ -247,8 +257,10 @@ def test_alike_prefix_free_pipelines_run_once_per_step_over_every_row(grammars, 
         monkeypatch.setattr(LogitsPipeline, "__call__", spy)
         if not batched:  # every pipeline its own key: the row-by-row path
             monkeypatch.setattr(LogitsPipeline, "batch_key", property(lambda self: None))
-        requests = [RowRequest(p, g.matcher(), None, None, sampling_processing(config, (), len(p)))
-                    for p, g in zip(PROMPTS, grammars)]  # fmt: skip
+        requests = [
+            RowRequest(p, g.matcher(), None, None, sampling_processing(config, (), len(p)))
+            for p, g in zip(PROMPTS, grammars)
+        ]
         rows = decode_batch(model, requests, config, generator=torch.Generator().manual_seed(11))
         monkeypatch.undo()
         return [row.generated for row in rows], calls
@@ -268,8 +280,10 @@ def test_prefix_readers_get_views_of_one_tensor_per_step_and_decode_as_alone(gra
     model = ToyCausalLM(V, seed=3)
     config = DecodeConfig(max_new_tokens=16, eos_token_ids=(0,))
     pipeline = LogitsPipeline(defaults=(lp.RepetitionPenaltyLogitsProcessor(1.7),))
-    alone = [decode_batch(model, [RowRequest(p, g.matcher(), None, None, pipeline)], config)[0].generated
-             for p, g in zip(PROMPTS, grammars)]  # fmt: skip
+    alone = [
+        decode_batch(model, [RowRequest(p, g.matcher(), None, None, pipeline)], config)[0].generated
+        for p, g in zip(PROMPTS, grammars)
+    ]
     storages: list[set[int]] = [set()]
     real = lp.RepetitionPenaltyLogitsProcessor.__call__
 

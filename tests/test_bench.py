@@ -81,8 +81,10 @@ def test_agreement_with_the_baseline():
 
 
 def test_validity_uses_the_format_checker_and_needs_a_complete_output():
-    schema = {"type": "object", "properties": {"email": {"type": "string", "format": "email"},
-                                               "day": {"type": "string", "format": "date"}}}  # fmt: skip
+    schema = {
+        "type": "object",
+        "properties": {"email": {"type": "string", "format": "email"}, "day": {"type": "string", "format": "date"}},
+    }
     assert parse_and_validate('{"email":"a@b.org","day":"2024-01-31"}', schema, True)[1] is True
     value, valid, errors = parse_and_validate('{"email":"nope","day":"2024-13-45"}', schema, True)
     assert value == {"email": "nope", "day": "2024-13-45"} and not valid and len(errors) == 2
@@ -106,11 +108,23 @@ def test_default_task_file_loads_with_its_categories():
 
 
 def test_task_file_with_tools_only_gets_the_call_schema(tmp_path):
-    tool = {"type": "function", "function": {"name": "ping", "parameters": {"type": "object",
-            "properties": {"host": {"type": "string"}}}}}  # fmt: skip
+    tool = {
+        "type": "function",
+        "function": {"name": "ping", "parameters": {"type": "object", "properties": {"host": {"type": "string"}}}},
+    }
     path = tmp_path / "t.jsonl"
-    path.write_text(json.dumps({"id": "x", "kind": "tool_call", "prompt": "ping a", "tools": [tool],
-                                "reference": [{"name": "ping", "arguments": {"host": "a"}}]}) + "\n")  # fmt: skip
+    path.write_text(
+        json.dumps(
+            {
+                "id": "x",
+                "kind": "tool_call",
+                "prompt": "ping a",
+                "tools": [tool],
+                "reference": [{"name": "ping", "arguments": {"host": "a"}}],
+            }
+        )
+        + "\n"
+    )
     (task,) = load_tasks(path)
     assert task.schema["type"] == "array"  # a list reference: parallel calls
     assert task.schema["items"]["properties"]["name"]["const"] == "ping"
@@ -152,8 +166,11 @@ def test_schema_corpus_records_become_tasks(tmp_path):
 
 
 def test_large_schemas_are_summarised_not_quoted():
-    big = {"title": "Deployment", "type": "object",
-           "properties": {f"field_{i}": {"type": "string", "description": "x" * 100} for i in range(80)}}  # fmt: skip
+    big = {
+        "title": "Deployment",
+        "type": "object",
+        "properties": {f"field_{i}": {"type": "string", "description": "x" * 100} for i in range(80)},
+    }
     prompt, quote = schema_prompt(big)
     assert not quote and "field_0" in prompt and "Deployment" in prompt
     assert schema_prompt({"type": "object"})[1] is True
@@ -184,15 +201,31 @@ def test_check_arms_orders_and_refuses_unknown_arms(monkeypatch, tmp_path):
 def _run(task, category, arm, tps, steps=(), repeat=0, **extra):
     new = 40
     record = {
-        "task": task, "category": category, "arm": arm, "repeat": repeat, "prompt_tokens": 100,
-        "new_tokens": new, "seconds": new / tps, "tokens_per_second": tps, "finish_reason": "stop",
-        "valid": True, "errors": [], "field_accuracy": 1.0, "grammar_seconds": 0.0004,
-        "target_forwards": new if arm == "baseline" else 10, "forced_tokens": 0 if arm == "baseline" else 4,
+        "task": task,
+        "category": category,
+        "arm": arm,
+        "repeat": repeat,
+        "prompt_tokens": 100,
+        "new_tokens": new,
+        "seconds": new / tps,
+        "tokens_per_second": tps,
+        "finish_reason": "stop",
+        "valid": True,
+        "errors": [],
+        "field_accuracy": 1.0,
+        "grammar_seconds": 0.0004,
+        "target_forwards": new if arm == "baseline" else 10,
+        "forced_tokens": 0 if arm == "baseline" else 4,
         "proposed": {} if arm == "baseline" else {"schema_ngram": 30},
         "accepted": {} if arm == "baseline" else {"schema_ngram": 24},
-        "draft_seconds": 0.0 if arm == "baseline" else 0.01, "verify_seconds": None if arm == "baseline" else 0.5,
-        "steps": [list(s) for s in steps], "agrees": True, "agreement_prefix": 1.0, "tokens": [], "text": "{}",
-    }  # fmt: skip
+        "draft_seconds": 0.0 if arm == "baseline" else 0.01,
+        "verify_seconds": None if arm == "baseline" else 0.5,
+        "steps": [list(s) for s in steps],
+        "agrees": True,
+        "agreement_prefix": 1.0,
+        "tokens": [],
+        "text": "{}",
+    }
     record.update(extra)
     return record
 
@@ -200,17 +233,27 @@ def _run(task, category, arm, tps, steps=(), repeat=0, **extra):
 def _synthetic_result():
     steps = [(4, 4), (4, 2), (8, 8), (8, 3), (2, 0)] * 2
     runs = []
-    for task, category, base, fast in (("e1", "extraction", 10.0, 40.0), ("e2", "extraction", 10.0, 20.0),
-                                       ("e3", "extraction", 10.0, 35.0), ("t1", "tool_call", 12.0, 24.0)):  # fmt: skip
+    for task, category, base, fast in (
+        ("e1", "extraction", 10.0, 40.0),
+        ("e2", "extraction", 10.0, 20.0),
+        ("e3", "extraction", 10.0, 35.0),
+        ("t1", "tool_call", 12.0, 24.0),
+    ):
         # the decode phase: the baseline at its rate, "auto" at twice its end-to-end ratio
-        runs += [_run(task, category, "baseline", base, decode_tokens_per_second=base),
-                 _run(task, category, "auto", fast, steps, decode_tokens_per_second=2 * fast)]  # fmt: skip
+        runs += [
+            _run(task, category, "baseline", base, decode_tokens_per_second=base),
+            _run(task, category, "auto", fast, steps, decode_tokens_per_second=2 * fast),
+        ]
     runs.append({"task": "t1", "category": "tool_call", "arm": "auto", "repeat": 1, "error": "RuntimeError: boom"})
     config = BenchConfig(arms=("baseline", "auto"), max_new_tokens=64, repeat=1)
-    return BenchResult(config=config, runs=runs, tasks=[{"task": t, "category": "x", "prompt_tokens": 100}
-                                                         for t in ("e1", "e2", "e3", "t1")],  # fmt: skip
-                       skipped=[{"task": "s1", "category": "x", "reason": "grammar: nope"}], wall_seconds=12.0,
-                       machine={"cpu": "test", "cores": 2})  # fmt: skip
+    return BenchResult(
+        config=config,
+        runs=runs,
+        tasks=[{"task": t, "category": "x", "prompt_tokens": 100} for t in ("e1", "e2", "e3", "t1")],
+        skipped=[{"task": "s1", "category": "x", "reason": "grammar: nope"}],
+        wall_seconds=12.0,
+        machine={"cpu": "test", "cores": 2},
+    )
 
 
 def test_summary_takes_the_median_of_pairwise_speedups():
@@ -328,8 +371,17 @@ def test_the_batch_table_reads_runs_without_the_baseline_arm_and_counts_agreemen
 
     def run(arm: str, size: int, outputs: dict[str, list[int]], seconds: float) -> BatchRun:
         tokens = sum(map(len, outputs.values()))
-        return BatchRun(arm, size, seconds=seconds, tokens=tokens, row_passes=tokens // 2, latencies=[seconds],
-                        outputs=outputs, categories={"tool_call": [tokens, seconds]}, drafted=tokens)  # fmt: skip
+        return BatchRun(
+            arm,
+            size,
+            seconds=seconds,
+            tokens=tokens,
+            row_passes=tokens // 2,
+            latencies=[seconds],
+            outputs=outputs,
+            categories={"tool_call": [tokens, seconds]},
+            drafted=tokens,
+        )
 
     same, other = {"a": [1, 2, 3, 4], "b": [5, 6]}, {"a": [1, 2, 3, 4], "b": [5, 7]}
     alone = batch_table([run("auto", 1, same, 2.0), run("auto", 4, same, 1.0)])

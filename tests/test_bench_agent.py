@@ -29,8 +29,11 @@ def test_unknown_conversations_are_refused_before_the_model_loads(capsys, monkey
 @pytest.mark.slow
 def test_every_arm_makes_the_same_calls(smol):
     model, tok = smol
-    script = ["What is 12 * 11?", ModelTurn({"type": "function", "function": {"name": "calculator"}}, 32),
-              ModelTurn("none", 8)]  # fmt: skip
+    script = [
+        "What is 12 * 11?",
+        ModelTurn({"type": "function", "function": {"name": "calculator"}}, 32),
+        ModelTurn("none", 8),
+    ]
     runs = run_agent_bench(model, tok, conversations={"tiny": script})
     assert sorted(r.arm for r in runs) == ["conversation", "hf_cache", "hf_resend"]
     tokens = {r.arm: [t.tokens for t in r.turns] for r in runs}
@@ -52,6 +55,8 @@ def test_bench_serve_answers_equal_hf_resending_call_by_call(smol):
     script = ["How much is the desk lamp?", ModelTurn("required", 32), ModelTurn("none", 12)]
     result = run_serve_bench(model, tok, "smollm2-135m", {"tiny": script}, ["serve", "hf_resend"], concurrency=1)
     by = {r["arm"]: r for r in result["runs"]}
-    assert by["serve"]["outputs"] == [dict(o, finish_reason=by["serve"]["outputs"][i]["finish_reason"])
-                                      for i, o in enumerate(by["hf_resend"]["outputs"])]  # fmt: skip
+    assert by["serve"]["outputs"] == [
+        dict(o, finish_reason=by["serve"]["outputs"][i]["finish_reason"])
+        for i, o in enumerate(by["hf_resend"]["outputs"])
+    ]
     assert "| 2/2 |" in serve_markdown(result, "cmd")

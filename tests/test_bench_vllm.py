@@ -25,25 +25,53 @@ def test_vllm_arms_need_the_vllm_environment(monkeypatch, tmp_path):
 
 
 def _run(tokens, seconds, accepted, drafts, draft_tokens):
-    return {"tokens": tokens, "seconds": seconds, "first_token_seconds": 0.1, "finish_reason": "stop",
-            "accepted_tokens": accepted, "drafts": drafts, "draft_tokens": draft_tokens}  # fmt: skip
+    return {
+        "tokens": tokens,
+        "seconds": seconds,
+        "first_token_seconds": 0.1,
+        "finish_reason": "stop",
+        "accepted_tokens": accepted,
+        "drafts": drafts,
+        "draft_tokens": draft_tokens,
+    }
 
 
 def test_worker_answer_becomes_records_and_tables(smol_tokenizer):
     tok = smol_tokenizer
     body = tok.encode('{"a":1}', add_special_tokens=False) + [tok.eos_token_id]
-    tasks = [(BenchTask(id=f"t{i}", category="extraction", prompt="p", schema=SCHEMA),
-              PreparedTask(prompt_ids=[1, 2, 3], schema=SCHEMA, xgr_grammar=None)) for i in range(2)]  # fmt: skip
-    answer = {"vllm": "0.32.0", "arms": {
-        "vllm-ngram": {"batch1": [{"task": "t0", **_run(body, 2.0, 1, 2, 8)}, {"task": "t1", **_run(body, 2.0, 1, 2, 8)}],
-                       "all": {"seconds": 2.0, "requests": [{"task": "t0", **_run(body, 2, 0, 0, 0)},
-                                                            {"task": "t1", **_run(body, 2, 0, 0, 0)}],
-                               "accepted_tokens": 2, "draft_tokens": 16, "drafts": 4}},
-        "vllm-grammarspec": {"batch1": [{"task": "t0", **_run(body, 1.0, 3, 2, 6)}, {"task": "t1", **_run(body, 1.0, 3, 2, 6)}],
-                             "all": {"seconds": 1.0, "requests": [{"task": "t0", **_run(body, 1, 0, 0, 0)},
-                                                                  {"task": "t1", **_run(body, 1, 0, 0, 0)}],
-                                     "accepted_tokens": 6, "draft_tokens": 12, "drafts": 4}},
-        "vllm": {"error": "RuntimeError: engine died"}}}  # fmt: skip
+    tasks = [
+        (
+            BenchTask(id=f"t{i}", category="extraction", prompt="p", schema=SCHEMA),
+            PreparedTask(prompt_ids=[1, 2, 3], schema=SCHEMA, xgr_grammar=None),
+        )
+        for i in range(2)
+    ]
+    answer = {
+        "vllm": "0.32.0",
+        "arms": {
+            "vllm-ngram": {
+                "batch1": [{"task": "t0", **_run(body, 2.0, 1, 2, 8)}, {"task": "t1", **_run(body, 2.0, 1, 2, 8)}],
+                "all": {
+                    "seconds": 2.0,
+                    "requests": [{"task": "t0", **_run(body, 2, 0, 0, 0)}, {"task": "t1", **_run(body, 2, 0, 0, 0)}],
+                    "accepted_tokens": 2,
+                    "draft_tokens": 16,
+                    "drafts": 4,
+                },
+            },
+            "vllm-grammarspec": {
+                "batch1": [{"task": "t0", **_run(body, 1.0, 3, 2, 6)}, {"task": "t1", **_run(body, 1.0, 3, 2, 6)}],
+                "all": {
+                    "seconds": 1.0,
+                    "requests": [{"task": "t0", **_run(body, 1, 0, 0, 0)}, {"task": "t1", **_run(body, 1, 0, 0, 0)}],
+                    "accepted_tokens": 6,
+                    "draft_tokens": 12,
+                    "drafts": 4,
+                },
+            },
+            "vllm": {"error": "RuntimeError: engine died"},
+        },
+    }
     config = BenchConfig(arms=("baseline", "vllm", "vllm-ngram", "vllm-grammarspec"), max_new_tokens=32)
     records, throughput = collect(answer, tasks, ["vllm", "vllm-ngram", "vllm-grammarspec"], config, tok)
     by = {(r["arm"], r["task"]): r for r in records}

@@ -27,8 +27,12 @@ from grammarspec.tool_calls import earlier_documents
 from proposers.base import Draft, Request
 from proposers.schema_ngram import SchemaNgramProposer
 
-SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
-          "required": ["city", "days"], "additionalProperties": False}  # fmt: skip
+SCHEMA = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+    "required": ["city", "days"],
+    "additionalProperties": False,
+}
 TEMPLATE = "{% for m in messages %}{{ m['role'][0] }}:{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}a:{% endif %}"
 TURNS = ["the trip goes to oslo for three days", "and then to bergen for two", "finally rome, one day"]
 
@@ -64,8 +68,16 @@ def started(monkeypatch):
 
 
 def _plain(model, tok, ids, max_new_tokens=24):
-    out = grammarspec.generate(model, torch.tensor([ids]), tokenizer=tok, schema=SCHEMA, assistant=None,
-                               max_new_tokens=max_new_tokens, do_sample=False, return_dict_in_generate=True)  # fmt: skip
+    out = grammarspec.generate(
+        model,
+        torch.tensor([ids]),
+        tokenizer=tok,
+        schema=SCHEMA,
+        assistant=None,
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        return_dict_in_generate=True,
+    )
     return out.sequences[0, len(ids) : len(ids) + out.stats[0].new_tokens].tolist()
 
 
@@ -137,12 +149,15 @@ def test_earlier_documents_are_the_assistant_json():
     messages = [
         {"role": "user", "content": '{"not": "mine"}'},
         {"role": "assistant", "content": "plain text"},
-        {"role": "assistant", "content": None,
-         "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}}],
+        },
         {"role": "tool", "tool_call_id": "c", "content": '{"y": 2}'},
         {"role": "assistant", "content": '{"answer": [1, 2]}'},
         {"role": "assistant", "content": "{broken"},
-    ]  # fmt: skip
+    ]
     assert earlier_documents(messages) == ('{"name":"f","arguments":{"x":1}}', '{"answer": [1, 2]}')
 
 
@@ -151,8 +166,7 @@ def test_earlier_documents_are_the_assistant_json():
 
 def _ask(engine, messages, n=1):
     events: queue.Queue = queue.Queue()
-    job = engine.prepare(ChatRequest(messages=messages, schema=SCHEMA, temperature=0.0, max_tokens=20, n=n),
-                         events.put)  # fmt: skip
+    job = engine.prepare(ChatRequest(messages=messages, schema=SCHEMA, temperature=0.0, max_tokens=20, n=n), events.put)
     engine.submit(job)
     return job, events
 
@@ -182,7 +196,7 @@ def test_the_server_carries_records_with_the_prefix_cache(model, chat):
     try:
         user = [{"role": "user", "content": "plan a trip to oslo for three days and then bergen"}]
         first, events = _ask(engine, user)
-        (choice, _message, _finish), = _wait(first, events)  # fmt: skip
+        ((choice, _message, _finish),) = _wait(first, events)
         learned = _counts(choice.row_request.controller.calibration)
         assert learned  # the first request learned something
         stored = [e.extra for e in engine.prefix._entries.values()]

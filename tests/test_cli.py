@@ -9,10 +9,19 @@ import pytest
 
 from grammarspec import cli
 
-PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
-          "required": ["name", "age"], "additionalProperties": False}  # fmt: skip
-WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
-    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}  # fmt: skip
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
 
 
 @pytest.fixture
@@ -84,8 +93,9 @@ def test_generate_option_combinations(schema_file, capsys, no_model):
     assert status == 2 and "needs --draft-model DIR" in err
     status, err = _exit(["generate", "--schema", schema_file, "--prompt", "hi", "--parallel-tool-calls"], capsys)
     assert status == 2 and "--parallel-tool-calls needs --tools" in err
-    status, err = _exit(["generate", "--schema", schema_file, "--prompt", "hi", "--assistant", "none",
-                         "--draft-model", "d"], capsys)  # fmt: skip
+    status, err = _exit(
+        ["generate", "--schema", schema_file, "--prompt", "hi", "--assistant", "none", "--draft-model", "d"], capsys
+    )
     assert status == 2 and "--draft-model is used by --assistant auto or draft_model" in err
 
 
@@ -122,8 +132,9 @@ def smol_cli(smol, monkeypatch):
 
 @pytest.mark.slow
 def test_generate_prints_valid_json_and_statistics(smol_cli, schema_file, capsys):
-    status = cli.main(["generate", "--schema", schema_file, "--prompt", "Ada Lovelace is 36 years old.",
-                       "--max-new-tokens", "40"])  # fmt: skip
+    status = cli.main(
+        ["generate", "--schema", schema_file, "--prompt", "Ada Lovelace is 36 years old.", "--max-new-tokens", "40"]
+    )
     out, err = capsys.readouterr()
     assert status == 0, err
     jsonschema.validate(json.loads(out), PERSON)
@@ -134,8 +145,20 @@ def test_generate_prints_valid_json_and_statistics(smol_cli, schema_file, capsys
 def test_generate_json_output_for_a_tool_call(smol_cli, tmp_path, capsys):
     tools = tmp_path / "tools.json"
     tools.write_text(json.dumps({"tools": [WEATHER_TOOL]}))
-    status = cli.main(["generate", "--tools", str(tools), "--prompt", "What is the weather in Oslo?",
-                       "--assistant", "none", "--max-new-tokens", "40", "--json"])  # fmt: skip
+    status = cli.main(
+        [
+            "generate",
+            "--tools",
+            str(tools),
+            "--prompt",
+            "What is the weather in Oslo?",
+            "--assistant",
+            "none",
+            "--max-new-tokens",
+            "40",
+            "--json",
+        ]
+    )
     out, err = capsys.readouterr()
     result = json.loads(out)
     assert status == 0, err
@@ -153,16 +176,40 @@ def test_generate_cut_by_the_token_limit_says_so(smol_cli, schema_file, capsys):
 @pytest.mark.slow
 def test_bench_quick_style_run_writes_every_output(smol_cli, tmp_path, capsys):
     out = tmp_path / "bench"
-    status = cli.main(["bench", "--quick", "--categories", "tool_call", "--limit", "1", "--max-new-tokens", "6",
-                       "--out", str(out), "--no-progress"])  # fmt: skip
+    status = cli.main(
+        [
+            "bench",
+            "--quick",
+            "--categories",
+            "tool_call",
+            "--limit",
+            "1",
+            "--max-new-tokens",
+            "6",
+            "--out",
+            str(out),
+            "--no-progress",
+        ]
+    )
     stdout = capsys.readouterr().out
     assert status == 0
     assert "| tool_call | 1 |" in stdout
     data = json.loads((out / "results.json").read_text())
     assert data["config"]["arms"] == ["baseline", "none", "auto"] and data["config"]["max_new_tokens"] == 6
     assert {r["arm"] for r in data["runs"]} == {"baseline", "none", "auto"}
-    fields = {"tokens_per_second", "accepted_per_forward", "acceptance", "forced_fraction", "grammar_us_per_token",
-              "draft_ms_per_forward", "verify_ms_per_forward", "valid", "agreement", "field_accuracy", "speedup"}  # fmt: skip
+    fields = {
+        "tokens_per_second",
+        "accepted_per_forward",
+        "acceptance",
+        "forced_fraction",
+        "grammar_us_per_token",
+        "draft_ms_per_forward",
+        "verify_ms_per_forward",
+        "valid",
+        "agreement",
+        "field_accuracy",
+        "speedup",
+    }
     assert fields <= set(data["summary"]["categories"]["tool_call"]["auto"])
     assert "### Details per category and arm" in (out / "results.md").read_text()
     for png in ("speedup.png", "accepted_per_step.png", "acceptance_vs_length.png"):

@@ -40,16 +40,20 @@ def fresh_cache():
     previous = set_cache_limits()
     yield
     set_cache_limits(
-        grammar_mb=previous.grammar_bytes / 2**20, grammar_count=previous.grammar_count,
-        tokenizer_mb=previous.tokenizer_bytes / 2**20, tokenizer_count=previous.tokenizer_count,
-    )  # fmt: skip
+        grammar_mb=previous.grammar_bytes / 2**20,
+        grammar_count=previous.grammar_count,
+        tokenizer_mb=previous.tokenizer_bytes / 2**20,
+        tokenizer_count=previous.tokenizer_count,
+    )
     clear_grammar_cache()
 
 
 def slow_schema(tag: str, n: int = 30) -> dict:
     """outlines-core needs far longer than 0.05 s for this (n patterned strings), even on the toy vocabulary."""
-    return {"type": "object", "properties": {f"{tag}{i}": {"type": "string", "pattern": "^[a-z]{2,9}$"}
-                                             for i in range(n)}}  # fmt: skip
+    return {
+        "type": "object",
+        "properties": {f"{tag}{i}": {"type": "string", "pattern": "^[a-z]{2,9}$"} for i in range(n)},
+    }
 
 
 class Spy:
@@ -104,8 +108,12 @@ def test_a_timed_out_grammar_is_not_compiled_again_within_the_same_deadline(toy,
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_grammar_compiled_under_a_deadline_behaves_as_one_compiled_without(toy, backend):
-    schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"enum": ["x", "yz"]}},
-              "required": ["a", "b"], "additionalProperties": False}  # fmt: skip
+    schema = {
+        "type": "object",
+        "properties": {"a": {"type": "integer"}, "b": {"enum": ["x", "yz"]}},
+        "required": ["a", "b"],
+        "additionalProperties": False,
+    }
     timed = compile_grammar(grammar_spec(schema=schema), toy, backend=backend, compile_timeout=60)
     clear_grammar_cache()
     plain = compile_grammar(grammar_spec(schema=schema), toy, backend=backend)

@@ -15,11 +15,27 @@ from grammarspec.tool_calls import tool_constraint
 pytestmark = pytest.mark.slow
 
 TOOLS = [
-    {"type": "function", "function": {"name": "get_weather", "description": "Current weather for a city.",
-     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
-    {"type": "function", "function": {"name": "calculator", "description": "Evaluate arithmetic.",
-     "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}}},
-]  # fmt: skip
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Current weather for a city.",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "calculator",
+            "description": "Evaluate arithmetic.",
+            "parameters": {
+                "type": "object",
+                "properties": {"expression": {"type": "string"}},
+                "required": ["expression"],
+            },
+        },
+    },
+]
 RESULTS = {"get_weather": {"temperature": 4, "conditions": "light rain"}, "calculator": {"result": 391}}
 
 
@@ -28,8 +44,15 @@ def fresh(model, tok, conv, reply_kwargs, max_new_tokens):
     choice = reply_kwargs.get("tool_choice", "auto")
     ids = conv.prompt_ids(tool_choice=choice)  # "none": the tools are not described
     constraint = tool_constraint(conv.tools, choice, False, conv.tool_format)
-    out = grammarspec.generate(model, torch.tensor([ids]), tokenizer=tok, assistant=None, max_new_tokens=max_new_tokens,
-                               return_dict_in_generate=True, **constraint)  # fmt: skip
+    out = grammarspec.generate(
+        model,
+        torch.tensor([ids]),
+        tokenizer=tok,
+        assistant=None,
+        max_new_tokens=max_new_tokens,
+        return_dict_in_generate=True,
+        **constraint,
+    )
     return out.sequences[0, len(ids) : len(ids) + out.stats[0].new_tokens].tolist()
 
 
@@ -57,16 +80,30 @@ def play(model, tok, conv, script, max_new_tokens=40):
 def test_greedy_output_equals_a_fresh_call_over_four_turns(smol):
     model, tok = smol
     conv = grammarspec.Conversation(model, tok, tools=TOOLS, system="You are a helpful assistant.")
-    script = ["What is the weather in Oslo?", {"tool_choice": "required"}, {"tool_choice": "auto"},
-              "And what is 17 * 23?", {"tool_choice": {"type": "function", "function": {"name": "calculator"}}},
-              {"tool_choice": "none"}]  # fmt: skip
+    script = [
+        "What is the weather in Oslo?",
+        {"tool_choice": "required"},
+        {"tool_choice": "auto"},
+        "And what is 17 * 23?",
+        {"tool_choice": {"type": "function", "function": {"name": "calculator"}}},
+        {"tool_choice": "none"},
+    ]
     replies = play(model, tok, conv, script)
     assert [r.finish_reason for r in replies][::2] == ["tool_calls", "tool_calls"]
     assert replies[2].tool_calls[0]["function"]["name"] == "calculator"
     later = replies[1:]
     assert all(r.reused_tokens > 0.6 * r.prompt_tokens for r in later)  # only the new turn is prefilled
-    assert [m["role"] for m in conv.messages] == ["system", "user", "assistant", "tool", "assistant", "user",
-                                                  "assistant", "tool", "assistant"]  # fmt: skip
+    assert [m["role"] for m in conv.messages] == [
+        "system",
+        "user",
+        "assistant",
+        "tool",
+        "assistant",
+        "user",
+        "assistant",
+        "tool",
+        "assistant",
+    ]
 
 
 def test_editing_an_earlier_message_invalidates_exactly_the_suffix(smol):
@@ -95,8 +132,20 @@ def test_a_template_that_rewrites_earlier_turns_is_handled(smol):
         "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
     )
     conv = grammarspec.Conversation(model, tok, system="Answer briefly.")
-    replies = play(model, tok, conv, ["Name a colour.", {"tool_choice": "none"}, "Name a fruit.", {"tool_choice": "none"},
-                                      "Name a city.", {"tool_choice": "none"}], max_new_tokens=12)  # fmt: skip
+    replies = play(
+        model,
+        tok,
+        conv,
+        [
+            "Name a colour.",
+            {"tool_choice": "none"},
+            "Name a fruit.",
+            {"tool_choice": "none"},
+            "Name a city.",
+            {"tool_choice": "none"},
+        ],
+        max_new_tokens=12,
+    )
     first, second = replies[0], replies[1]  # the first answer, rewritten in upper case, was read again
     assert first.content != first.content.upper() and second.reused_tokens < first.prompt_tokens + 3
 
@@ -126,8 +175,13 @@ def test_a_draft_model_keeps_its_cache_across_turns(smol):
     drafter = conv._proposer
     original = drafter._forward
     drafter._forward = lambda ids: (fed.append(len(ids)), original(ids))[1]
-    first = play(model, tok, conv, ["What is the weather in Oslo?", {"tool_choice": "required"},
-                                      {"tool_choice": "none"}], max_new_tokens=16)  # fmt: skip
+    first = play(
+        model,
+        tok,
+        conv,
+        ["What is the weather in Oslo?", {"tool_choice": "required"}, {"tool_choice": "none"}],
+        max_new_tokens=16,
+    )
     assert fed and sum(fed) > 0 and len(first) == 2
     fed.clear()
     third = play(model, tok, conv, ["Thanks. And in Lima?", {"tool_choice": "required"}], max_new_tokens=16)[0]

@@ -81,8 +81,11 @@ def test_the_sample_is_small_and_carries_its_sources_and_licenses():
     assert sum(p.stat().st_size for p in vocabularies) < 2_000_000
     assert {"LICENSE.llama.cpp", "README.md"} <= {p.name for p in vocabularies}
     schemas = DATA / "schemas"
-    assert {p.name for p in (schemas / "LICENSES").iterdir()} >= {"Apache-2.0.txt", "MIT-JSONSchemaBench.txt",
-                                                                  "NOTICE-SchemaStore.txt"}  # fmt: skip
+    assert {p.name for p in (schemas / "LICENSES").iterdir()} >= {
+        "Apache-2.0.txt",
+        "MIT-JSONSchemaBench.txt",
+        "NOTICE-SchemaStore.txt",
+    }
     readme = (schemas / "README.md").read_text()
     assert "How the sample was chosen" in readme and "Sources and licenses" in readme
     assert (DATA / "tasks" / "README.md").is_file()

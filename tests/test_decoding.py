@@ -90,9 +90,14 @@ def test_rollback_leaves_no_trace(compiled, seed):
         checked.append(len(state.generated))
 
     new, stats = run(
-        model, PROMPT, matcher=matcher, proposer=proposer, params=SamplingParams(True, 1.0),
-        generator=generator, on_step=on_step,
-    )  # fmt: skip
+        model,
+        PROMPT,
+        matcher=matcher,
+        proposer=proposer,
+        params=SamplingParams(True, 1.0),
+        generator=generator,
+        on_step=on_step,
+    )
     assert len(checked) == stats.target_forwards and checked
     assert stats.finish_reason == "stop"
 

@@ -41,9 +41,14 @@ def _tensors(pipeline: LogitsPipeline) -> list[tuple[str, torch.Tensor]]:
 
 def test_every_processor_tensor_is_built_on_the_logits_device():
     config = GenerationConfig(
-        do_sample=True, min_length=9, min_new_tokens=3, suppress_tokens=[4], begin_suppress_tokens=[5],
-        eta_cutoff=0.1, bad_words_ids=[[6]],  # forced_eos checks its ids on the device: meta cannot be read
-    )  # fmt: skip
+        do_sample=True,
+        min_length=9,
+        min_new_tokens=3,
+        suppress_tokens=[4],
+        begin_suppress_tokens=[5],
+        eta_cutoff=0.1,
+        bad_words_ids=[[6]],  # forced_eos checks its ids on the device: meta cannot be read
+    )
     pipeline = build_pipeline(config, prompt_length=5, eos_token_ids=(0, 2), device=META)
     tensors = _tensors(pipeline)
     names = {name for name, _ in tensors}
@@ -176,7 +181,13 @@ def test_the_floor_is_checked_where_the_batched_pass_is_built_not_at_import():
         "    print('refused:', e)\n"
     )
     tests = Path(__file__).resolve().parent
-    done = subprocess.run([sys.executable, "-c", script], cwd=tests.parent, capture_output=True, text=True,
-                          env={**__import__("os").environ, "PYTHONPATH": f"{tests.parent}:{tests}"}, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=tests.parent,
+        capture_output=True,
+        text=True,
+        env={**__import__("os").environ, "PYTHONPATH": f"{tests.parent}:{tests}"},
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "refused: grammarspec needs transformers>=5.21 (found 5.19.1)" in done.stdout

@@ -101,9 +101,14 @@ def speculative_counts(model, compiled, params, make_proposer, seed, samples=SAM
         proposer = make_proposer(params, generator)
         proposer.start(Request(prompt_ids=tuple(PROMPT), tokenizer=None))
         new, stats = decode(
-            model, PROMPT, config, matcher=compiled.matcher(), proposer=proposer,
-            controller=AdaptiveController(k_min=k, k_max=k, adaptive=False), generator=generator,
-        )  # fmt: skip
+            model,
+            PROMPT,
+            config,
+            matcher=compiled.matcher(),
+            proposer=proposer,
+            controller=AdaptiveController(k_min=k, k_max=k, adaptive=False),
+            generator=generator,
+        )
         assert stats.finish_reason == "stop"
         counts[tuple(new)] += 1
         proposed += sum(stats.proposed.values())
@@ -199,8 +204,9 @@ def test_leaky_cache_is_detected(setup, monkeypatch):
 def test_llguidance_backend_samples_follow_the_constrained_target(case):
     """The same check with the llguidance matcher driving the loop (3,000 samples per case)."""
     tok = toy_tokenizer()
-    compiled = compile_grammar(grammar_spec(schema=SCHEMA), tok, vocab_size=len(tok), stop_token_ids=(0,),
-                               backend="llguidance")  # fmt: skip
+    compiled = compile_grammar(
+        grammar_spec(schema=SCHEMA), tok, vocab_size=len(tok), stop_token_ids=(0,), backend="llguidance"
+    )
     params, make_proposer, _ = CASES[case]
     exact = exact_distribution(TARGET, compiled, params)
     assert len(exact) > 5

@@ -103,9 +103,16 @@ def test_speculative_samples_follow_the_processed_target(compiled, case):
     for _ in range(SAMPLES):
         proposer = make_proposer(pipeline, generator)
         proposer.start(Request(prompt_ids=tuple(PROMPT), tokenizer=None))
-        new, stats = decode(TARGET, PROMPT, config, matcher=compiled.matcher(), proposer=proposer,
-                            controller=AdaptiveController(k_min=3, k_max=3, adaptive=False), generator=generator,
-                            processing=pipeline)  # fmt: skip
+        new, stats = decode(
+            TARGET,
+            PROMPT,
+            config,
+            matcher=compiled.matcher(),
+            proposer=proposer,
+            controller=AdaptiveController(k_min=3, k_max=3, adaptive=False),
+            generator=generator,
+            processing=pipeline,
+        )
         assert stats.finish_reason == "stop"
         counts[tuple(new)] += 1
         drafted += sum(stats.proposed.values())

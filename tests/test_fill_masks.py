@@ -87,8 +87,10 @@ def test_the_loop_fills_each_step_s_roots_in_one_call_and_decodes_as_before(tok,
     config = DecodeConfig(max_new_tokens=30, eos_token_ids=(0,))
 
     def requests():
-        return [RowRequest([2, 3 + i, 4], compiled.matcher(max_rollback=8), None, None,
-                           sampling_processing(config, (), 3)) for i in range(4)]  # fmt: skip
+        return [
+            RowRequest([2, 3 + i, 4], compiled.matcher(max_rollback=8), None, None, sampling_processing(config, (), 3))
+            for i in range(4)
+        ]
 
     def run() -> list[list[int]]:
         rows = decode_batch(ToyCausalLM(toy_vocab_size(), seed=3), requests(), config)
@@ -104,8 +106,11 @@ def test_the_loop_fills_each_step_s_roots_in_one_call_and_decodes_as_before(tok,
     monkeypatch.setattr(XGrammarMatcher, "fill_masks", classmethod(spy))
     together = run()
     assert batched_calls and max(batched_calls) == 4  # every unfinished row in one call
-    monkeypatch.setattr(XGrammarMatcher, "fill_masks", classmethod(lambda cls, ms, b, rows: [
-        m.fill_mask(b, r) for m, r in zip(ms, rows)]))  # fmt: skip
+    monkeypatch.setattr(
+        XGrammarMatcher,
+        "fill_masks",
+        classmethod(lambda cls, ms, b, rows: [m.fill_mask(b, r) for m, r in zip(ms, rows)]),
+    )
     assert run() == together
 
 

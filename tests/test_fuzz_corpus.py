@@ -113,8 +113,9 @@ def test_outlines_compiles_and_is_sound(grammar_ctx, record):
     assert not _bugs(checks), _bugs(checks)
 
 
-@pytest.mark.parametrize("backend, records", [("xgrammar", XGRAMMAR_SLICE), ("outlines", OUTLINES_SLICE)],
-                         ids=["xgrammar", "outlines"])  # fmt: skip
+@pytest.mark.parametrize(
+    "backend, records", [("xgrammar", XGRAMMAR_SLICE), ("outlines", OUTLINES_SLICE)], ids=["xgrammar", "outlines"]
+)
 def test_most_of_the_slice_compiles_and_its_examples_are_walked(grammar_ctx, backend, records):
     """A backend that refused every schema would pass each test above: the slice as a whole must not.
 
@@ -288,9 +289,13 @@ def _completion(text, finish, valid, new_tokens=5, value="parse"):
         except json.JSONDecodeError:
             parsed = None
     return SimpleNamespace(
-        text=text, finish_reason=finish, valid=valid, value=parsed if value == "parse" else value,
-        errors=[] if valid else ["x"], stats=SimpleNamespace(new_tokens=new_tokens),
-    )  # fmt: skip
+        text=text,
+        finish_reason=finish,
+        valid=valid,
+        value=parsed if value == "parse" else value,
+        errors=[] if valid else ["x"],
+        stats=SimpleNamespace(new_tokens=new_tokens),
+    )
 
 
 NOT_ONE = {"type": "integer", "not": {"const": 1}}
@@ -336,17 +341,23 @@ def test_a_rerun_replaces_the_earlier_checks_of_that_schema_and_backend(tmp_path
         path.write_text("".join(json.dumps(vars(c)) + "\n" for c in checks), encoding="utf-8")
         return path
 
-    first = write("first.jsonl", [
-        Check("a/1", "a", "outlines", "compile", "timeout"),
-        Check("a/1", "a", "xgrammar", "compile", "compiled"),
-        Check("a/2", "a", "outlines", "compile", "compiled"),
-        Check("a/2", "a", "outlines", "invalid_example", "accepted_invalid"),
-    ])  # fmt: skip
-    rerun = write("rerun.jsonl", [
-        Check("a/1", "a", "outlines", "compile", "compiled"),
-        Check("a/2", "a", "outlines", "compile", "compiled"),
-        Check("a/2", "a", "outlines", "invalid_example", "rejected"),
-    ])  # fmt: skip
+    first = write(
+        "first.jsonl",
+        [
+            Check("a/1", "a", "outlines", "compile", "timeout"),
+            Check("a/1", "a", "xgrammar", "compile", "compiled"),
+            Check("a/2", "a", "outlines", "compile", "compiled"),
+            Check("a/2", "a", "outlines", "invalid_example", "accepted_invalid"),
+        ],
+    )
+    rerun = write(
+        "rerun.jsonl",
+        [
+            Check("a/1", "a", "outlines", "compile", "compiled"),
+            Check("a/2", "a", "outlines", "compile", "compiled"),
+            Check("a/2", "a", "outlines", "invalid_example", "rejected"),
+        ],
+    )
     merged = {(c.record, c.backend, c.kind, c.outcome) for c in read_results([first, rerun])}
     assert merged == {
         ("a/1", "outlines", "compile", "compiled"),

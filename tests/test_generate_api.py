@@ -71,9 +71,17 @@ def test_finished_outputs_validate_and_cut_ones_are_legal_prefixes(model, tok, p
     finished = 0
     for seed in range(6):
         sampling = {"do_sample": False} if seed == 0 else {"do_sample": True, "temperature": 1.0}
-        out = grammarspec.generate(model, prompt, tokenizer=tok, schema=SCHEMA, max_new_tokens=60, assistant=assistant,
-                                   generator=torch.Generator().manual_seed(seed), return_dict_in_generate=True,
-                                   **sampling)  # fmt: skip
+        out = grammarspec.generate(
+            model,
+            prompt,
+            tokenizer=tok,
+            schema=SCHEMA,
+            max_new_tokens=60,
+            assistant=assistant,
+            generator=torch.Generator().manual_seed(seed),
+            return_dict_in_generate=True,
+            **sampling,
+        )
         stats = out.stats[0]
         tokens = new_tokens(out.sequences, prompt)[: stats.new_tokens]
         matcher = compiled.matcher(max_rollback=1)
@@ -98,9 +106,14 @@ def test_assistant_model_and_padded_draft_vocabulary(model, tok, prompt):
     plain = grammarspec.generate(model, prompt, tokenizer=tok, schema=SCHEMA, max_new_tokens=40)
     for draft in (tiny_llama(V, seed=3), tiny_llama(V + 8, seed=4)):  # same tokenizer, padded vocabulary
         out = grammarspec.generate(
-            model, prompt, tokenizer=tok, schema=SCHEMA, max_new_tokens=40, assistant_model=draft,
+            model,
+            prompt,
+            tokenizer=tok,
+            schema=SCHEMA,
+            max_new_tokens=40,
+            assistant_model=draft,
             return_dict_in_generate=True,
-        )  # fmt: skip
+        )
         assert torch.equal(out.sequences, plain)
         assert out.stats[0].proposed.get("draft_model", 0) > 0
 
@@ -147,8 +160,16 @@ def test_batch_rows_decode_independently(model, tok):
     pad = tok.pad_token_id
     ids = torch.tensor([[pad] * (width - len(a)) + a, [pad] * (width - len(b)) + b])
     mask = (ids != pad).long()
-    batch = grammarspec.generate(model, ids, attention_mask=mask, tokenizer=tok, schema=SCHEMA, max_new_tokens=25,
-                                 assistant="auto", return_dict_in_generate=True)  # fmt: skip
+    batch = grammarspec.generate(
+        model,
+        ids,
+        attention_mask=mask,
+        tokenizer=tok,
+        schema=SCHEMA,
+        max_new_tokens=25,
+        assistant="auto",
+        return_dict_in_generate=True,
+    )
     for row, single in enumerate((a, b)):
         alone = grammarspec.generate(model, torch.tensor([single]), tokenizer=tok, schema=SCHEMA, max_new_tokens=25)
         n = batch.stats[row].new_tokens
@@ -172,8 +193,15 @@ def test_top_k_1_sampling_is_greedy(model, tok, prompt, assistant, constrained):
     greedy = grammarspec.generate(model, prompt, do_sample=False, **kw)
 
     def sample(seed, top_k):
-        return grammarspec.generate(model, prompt, do_sample=True, temperature=1.7, top_k=top_k,
-                                    generator=torch.Generator().manual_seed(seed), **kw)  # fmt: skip
+        return grammarspec.generate(
+            model,
+            prompt,
+            do_sample=True,
+            temperature=1.7,
+            top_k=top_k,
+            generator=torch.Generator().manual_seed(seed),
+            **kw,
+        )
 
     assert all(torch.equal(sample(seed, 1), greedy) for seed in range(3))
     assert not all(torch.equal(sample(seed, 0), greedy) for seed in range(3))  # without top-k these seeds differ
@@ -186,9 +214,17 @@ def test_top_k_samples_only_the_k_most_probable_tokens(model, tok, assistant):
     prompt = torch.tensor([tok("[1,2,1,2,1,2", add_special_tokens=False)["input_ids"]])
     ranks = []
     for seed in range(4):
-        out = grammarspec.generate(model, prompt, max_new_tokens=24, do_sample=True, temperature=3.0, top_k=k,
-                                   assistant=assistant, generator=torch.Generator().manual_seed(seed),
-                                   return_dict_in_generate=True)  # fmt: skip
+        out = grammarspec.generate(
+            model,
+            prompt,
+            max_new_tokens=24,
+            do_sample=True,
+            temperature=3.0,
+            top_k=k,
+            assistant=assistant,
+            generator=torch.Generator().manual_seed(seed),
+            return_dict_in_generate=True,
+        )
         n = out.stats[0].new_tokens
         sequence = out.sequences[:, : prompt.shape[1] + n]
         with torch.no_grad():
@@ -200,13 +236,21 @@ def test_top_k_samples_only_the_k_most_probable_tokens(model, tok, assistant):
 
 
 def test_min_new_tokens_and_stop_strings(model, tok, prompt):
-    out = grammarspec.generate(model, prompt, max_new_tokens=12, min_new_tokens=12, eos_token_id=0,
-                               return_dict_in_generate=True)  # fmt: skip
+    out = grammarspec.generate(
+        model, prompt, max_new_tokens=12, min_new_tokens=12, eos_token_id=0, return_dict_in_generate=True
+    )
     assert out.stats[0].new_tokens == 12
     text = tok.decode(new_tokens(out.sequences, prompt))
     stop = text[5:7]
-    cut = grammarspec.generate(model, prompt, tokenizer=tok, max_new_tokens=12, stop_strings=[stop],
-                               assistant="prompt_lookup", return_dict_in_generate=True)  # fmt: skip
+    cut = grammarspec.generate(
+        model,
+        prompt,
+        tokenizer=tok,
+        max_new_tokens=12,
+        stop_strings=[stop],
+        assistant="prompt_lookup",
+        return_dict_in_generate=True,
+    )
     assert cut.stats[0].finish_reason == "stop_string"
     assert tok.decode(new_tokens(cut.sequences, prompt)).endswith(stop)
 
@@ -239,8 +283,11 @@ def test_max_new_tokens_zero_returns_the_prompt(model, tok, prompt):
 @pytest.mark.parametrize("kind", ["grammar", "regex", "json_object"])
 def test_complete_marks_finished_answers_of_every_kind_valid(tok, kind):
     model = tiny_llama(V, seed=0)
-    kwargs = {"grammar": {"grammar": 'root ::= "yes" | "no"'}, "regex": {"regex": "[a-c]{2,4}"},
-              "json_object": {"json_object": True}}[kind]  # fmt: skip
+    kwargs = {
+        "grammar": {"grammar": 'root ::= "yes" | "no"'},
+        "regex": {"regex": "[a-c]{2,4}"},
+        "json_object": {"json_object": True},
+    }[kind]
     result = grammarspec.complete(model, tok, "answer", max_new_tokens=60, **kwargs)
     assert result.finish_reason == "stop", result.text
     assert result.valid, (result.text, result.errors)
@@ -274,8 +321,9 @@ def test_streamer_is_ended_when_generation_raises(model, tok, prompt):
 
     def work():
         try:
-            grammarspec.generate(model, prompt, tokenizer=tok, schema=SCHEMA, max_new_tokens=5, streamer=streamer,
-                                 num_beams=2)  # fmt: skip
+            grammarspec.generate(
+                model, prompt, tokenizer=tok, schema=SCHEMA, max_new_tokens=5, streamer=streamer, num_beams=2
+            )
         except ValueError as exc:
             failed["error"] = exc
 

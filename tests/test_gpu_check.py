@@ -37,9 +37,19 @@ def toy_parts(device: str):
             model = tiny_llama(len(tok), seed=4 + seed)
         else:
             torch.manual_seed(4)
-            config = MistralConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, sliding_window=sliding_window,
-                                   bos_token_id=None, eos_token_id=0, pad_token_id=1, tie_word_embeddings=False)  # fmt: skip
+            config = MistralConfig(
+                vocab_size=len(tok),
+                hidden_size=32,
+                intermediate_size=64,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                sliding_window=sliding_window,
+                bos_token_id=None,
+                eos_token_id=0,
+                pad_token_id=1,
+                tie_word_embeddings=False,
+            )
             model = gpu_check.scale_head(MistralForCausalLM(config), 20.0).eval()
         return model.to(dtype=dtype)
 
@@ -52,8 +62,21 @@ def toy_run(monkeypatch, tmp_path):
     monkeypatch.setattr(gpu_check, "install", lambda: None)
 
     def run(*extra):
-        code = gpu_check.main(["--device", "cpu", "--out", str(tmp_path), "--max-new-tokens", "14", "--samples", "150",
-                               "--throughput-tokens", "0", *extra])  # fmt: skip
+        code = gpu_check.main(
+            [
+                "--device",
+                "cpu",
+                "--out",
+                str(tmp_path),
+                "--max-new-tokens",
+                "14",
+                "--samples",
+                "150",
+                "--throughput-tokens",
+                "0",
+                *extra,
+            ]
+        )
         return code, json.loads((tmp_path / "gpu_check.json").read_text()), (tmp_path / "gpu_check.md").read_text()
 
     return run

@@ -227,9 +227,12 @@ def test_eos_inside_a_draft_window(case):
 def test_every_stop_token_ends_the_document(case):
     other = next(t for t in case.tokenizer.all_special_ids if t != case.eos)
     compiled = compile_grammar(
-        grammar_spec(schema=SCHEMA), case.tokenizer, vocab_size=case.vocab_size,
-        stop_token_ids=[case.eos, other], backend=case.backend,
-    )  # fmt: skip
+        grammar_spec(schema=SCHEMA),
+        case.tokenizer,
+        vocab_size=case.vocab_size,
+        stop_token_ids=[case.eos, other],
+        backend=case.backend,
+    )
     assert compiled.matcher().stop_token_ids == (case.eos, other)
     m = compiled.matcher()
     for token in case.doc[:-1]:

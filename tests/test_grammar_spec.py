@@ -111,8 +111,10 @@ def test_tools_one_call_and_parallel_calls():
     both = tools_schema([WEATHER, CLOCK])
     assert [b["properties"]["name"]["const"] for b in both["anyOf"]] == ["get_weather", "get_time"]
     assert both["anyOf"][1]["properties"]["arguments"] == {
-        "type": "object", "properties": {}, "additionalProperties": False,
-    }  # fmt: skip
+        "type": "object",
+        "properties": {},
+        "additionalProperties": False,
+    }
     parallel = tools_schema([WEATHER, CLOCK], parallel=True)
     assert parallel == {"type": "array", "items": both, "minItems": 1}
     spec = grammar_spec(tools=[WEATHER, CLOCK], parallel_tool_calls=True)
@@ -312,9 +314,15 @@ def test_compact_json_on_the_toy_vocabulary(toy, backend):
 
 @pytest.mark.parametrize(
     "module",
-    ["grammars.spec", "grammars.outlines_backend", "grammars.llguidance_backend", "grammars.capabilities",
-     "grammars.keywords", "grammars.validation"],
-)  # fmt: skip
+    [
+        "grammars.spec",
+        "grammars.outlines_backend",
+        "grammars.llguidance_backend",
+        "grammars.capabilities",
+        "grammars.keywords",
+        "grammars.validation",
+    ],
+)
 def test_docstring_examples_run(module):
     failures, tried = doctest.testmod(importlib.import_module(module), verbose=False)
     assert tried > 0 and failures == 0
@@ -432,8 +440,12 @@ def test_features_used_sees_the_settings_that_matter():
         assert feature in used
     assert "description" not in used and "properties" not in used
     assert unenforced(schema, "xgrammar") == [
-        "allOf:multi", "anyOf+siblings", "pattern:lookaround", "maxLength+pattern", "multipleOf:number"
-    ]  # fmt: skip
+        "allOf:multi",
+        "anyOf+siblings",
+        "pattern:lookaround",
+        "maxLength+pattern",
+        "multipleOf:number",
+    ]
     assert unenforced(schema, "llguidance") == ["pattern:lookaround"]  # it refuses lookaround: not enforced either
     # annotations and the values of unknown keywords are not schemas (Snowplow's "self" has a "format")
     snowplow = {
@@ -449,8 +461,11 @@ def test_features_used_sees_the_settings_that_matter():
 
 def test_unenforced_keyword_warns_with_what_to_do_and_strict_refuses(toy):
     spec = grammar_spec(schema={"type": "string", "pattern": "^a+$", "maxLength": 2})
-    with pytest.warns(GrammarWarning, match=r"xgrammar grammar does not enforce maxLength\+pattern.*"
-                                            r"grammar_backend='llguidance'.*post-validation"):  # fmt: skip
+    with pytest.warns(
+        GrammarWarning,
+        match=r"xgrammar grammar does not enforce maxLength\+pattern.*"
+        r"grammar_backend='llguidance'.*post-validation",
+    ):
         compiled = compile_grammar(spec, toy, backend="xgrammar")
     assert compiled.unenforced == ("maxLength+pattern",) and compiled.backend_reason == "requested"
     assert _accepts(compiled, toy, '"aaa"')  # the gap is real
@@ -475,14 +490,20 @@ def test_auto_picks_the_backend_that_enforces_everything(toy):
             chosen.backend == "llguidance"
             and chosen.backend_reason == "auto: llguidance enforces every keyword this schema uses"
         )
-        shaped = compile_grammar(grammar_spec(schema={"type": "string", "pattern": "^a+$", "maxLength": 2}), toy,
-                                 backend="auto", strict=True)  # fmt: skip
+        shaped = compile_grammar(
+            grammar_spec(schema={"type": "string", "pattern": "^a+$", "maxLength": 2}), toy, backend="auto", strict=True
+        )
         # llguidance refuses propertyNames; xgrammar enforces it
-        named = compile_grammar(grammar_spec(schema={"type": "object", "propertyNames": {"pattern": "^a+$"}}), toy,
-                                backend="auto", strict=True)  # fmt: skip
+        named = compile_grammar(
+            grammar_spec(schema={"type": "object", "propertyNames": {"pattern": "^a+$"}}),
+            toy,
+            backend="auto",
+            strict=True,
+        )
     assert shaped.backend == "llguidance" and shaped.unenforced == ()
-    assert compile_grammar(grammar_spec(schema={"type": "string", "pattern": "^a+$", "maxLength": 2}), toy,
-                           backend="xgrammar").unenforced == ("maxLength+pattern",)  # what auto avoided  # fmt: skip
+    assert compile_grammar(
+        grammar_spec(schema={"type": "string", "pattern": "^a+$", "maxLength": 2}), toy, backend="xgrammar"
+    ).unenforced == ("maxLength+pattern",)  # what auto avoided
     assert not _accepts(shaped, toy, '"aaa"') and _accepts(shaped, toy, '"aa"')
     assert named.backend == "xgrammar" and "llguidance does not enforce propertyNames" in named.backend_reason
     assert not _accepts(named, toy, '{"b":1}') and _accepts(named, toy, '{"aa":1}')
@@ -501,9 +522,14 @@ def test_auto_falls_back_to_the_best_with_a_warning(toy):
         compile_grammar(spec, toy, backend="auto", strict=True)
 
 
-@pytest.mark.parametrize("schema", [
-    {"type": "integer", "minimum": 5, "maximum": 2}, {"enum": []}, {"type": "object", "properties": {"a": False}, "required": ["a"]},
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "integer", "minimum": 5, "maximum": 2},
+        {"enum": []},
+        {"type": "object", "properties": {"a": False}, "required": ["a"]},
+    ],
+)
 def test_unsatisfiable_schemas_suggest_no_other_backend(toy, schema):
     for backend in ("auto", "xgrammar", "llguidance"):
         with pytest.raises(GrammarError) as info:
@@ -515,8 +541,12 @@ def test_unsatisfiable_schemas_suggest_no_other_backend(toy, schema):
 def test_compile_timeout_gives_a_grammar_error_instead_of_a_hang(toy):
     import time
 
-    spec = grammar_spec(schema={"type": "object", "properties": {f"k{i}": {"type": "string", "pattern": "^[a-z]{2,9}$"}
-                                                                  for i in range(30)}})  # fmt: skip
+    spec = grammar_spec(
+        schema={
+            "type": "object",
+            "properties": {f"k{i}": {"type": "string", "pattern": "^[a-z]{2,9}$"} for i in range(30)},
+        }
+    )
     started = time.perf_counter()
     with pytest.raises(GrammarError, match=r"outlines did not compile the grammar within compile_timeout=0.001 s"):
         compile_grammar(spec, toy, backend="outlines", compile_timeout=0.001)
@@ -534,8 +564,10 @@ def test_a_local_ref_through_id_is_not_remote(toy):
     }
     spec = grammar_spec(schema=schema)
     assert output_errors(spec, '{"a":2,"b":3}') == []
-    assert output_errors(spec, '{"a":0,"b":"x"}') == ["at a: 0 is less than the minimum of 1",
-                                                       "at b: 'x' is not of type 'integer'"]  # fmt: skip
+    assert output_errors(spec, '{"a":0,"b":"x"}') == [
+        "at a: 0 is less than the minimum of 1",
+        "at b: 'x' is not of type 'integer'",
+    ]
     with pytest.raises(GrammarError, match="remote \\$ref 'https://elsewhere.org/x.json'"):
         grammar_spec(schema={"properties": {"a": {"$ref": "https://elsewhere.org/x.json"}}})
 

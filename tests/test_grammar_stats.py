@@ -30,8 +30,9 @@ def model(tok):
 
 def _run(model, tok, schema, **kw):
     prompt = torch.tensor([tok("{b:1}", add_special_tokens=False)["input_ids"]])
-    out = grammarspec.generate(model, prompt, tokenizer=tok, schema=schema, max_new_tokens=40,
-                               return_dict_in_generate=True, **kw)  # fmt: skip
+    out = grammarspec.generate(
+        model, prompt, tokenizer=tok, schema=schema, max_new_tokens=40, return_dict_in_generate=True, **kw
+    )
     stats = out.stats[0]
     text = tok.decode(out.sequences[0, prompt.shape[1] :][: stats.new_tokens].tolist(), skip_special_tokens=True)
     return stats, text
@@ -56,8 +57,9 @@ def test_strict_refuses_what_the_backend_cannot_enforce(model, tok):
 def test_valid_finished_output_and_backend_in_stats(model, tok, backend):
     stats, text = _run(model, tok, PLAIN, grammar_backend=backend)
     assert stats.grammar_backend == ("llguidance" if backend == "auto" else backend)
-    assert stats.backend_reason == ("auto: llguidance enforces every keyword this schema uses" if backend == "auto"
-                                    else "requested")  # fmt: skip
+    assert stats.backend_reason == (
+        "auto: llguidance enforces every keyword this schema uses" if backend == "auto" else "requested"
+    )
     assert stats.unenforced_keywords == []
     if stats.finish_reason == "stop":
         assert stats.valid is True and stats.schema_errors == [] and output_errors(PLAIN, text) == []
@@ -67,8 +69,14 @@ def test_valid_finished_output_and_backend_in_stats(model, tok, backend):
 
 def test_cut_output_is_never_valid(model, tok):
     prompt = torch.tensor([tok("{b:1}", add_special_tokens=False)["input_ids"]])
-    out = grammarspec.generate(model, prompt, tokenizer=tok, schema={"type": "string", "minLength": 30},
-                               max_new_tokens=3, return_dict_in_generate=True)  # fmt: skip
+    out = grammarspec.generate(
+        model,
+        prompt,
+        tokenizer=tok,
+        schema={"type": "string", "minLength": 30},
+        max_new_tokens=3,
+        return_dict_in_generate=True,
+    )
     stats = out.stats[0]
     assert (
         stats.finish_reason == "length"

@@ -86,12 +86,30 @@ def hf_generate(model, prompt, compiled_xgr, **kw):
 # --- the pipeline is Hugging Face's ------------------------------------------------------------
 
 FULL = dict(
-    do_sample=True, temperature=0.7, top_k=20, top_p=0.9, min_p=0.05, typical_p=0.95, epsilon_cutoff=1e-4,
-    eta_cutoff=1e-3, top_h=0.9, repetition_penalty=1.2, no_repeat_ngram_size=3, sequence_bias={(5,): 1.0},
-    bad_words_ids=[[7, 8]], min_length=3, min_new_tokens=2, forced_bos_token_id=None, forced_eos_token_id=None,
-    remove_invalid_values=True, exponential_decay_length_penalty=(2, 1.1), suppress_tokens=[9],
-    begin_suppress_tokens=[10], renormalize_logits=True, max_length=40,
-)  # fmt: skip
+    do_sample=True,
+    temperature=0.7,
+    top_k=20,
+    top_p=0.9,
+    min_p=0.05,
+    typical_p=0.95,
+    epsilon_cutoff=1e-4,
+    eta_cutoff=1e-3,
+    top_h=0.9,
+    repetition_penalty=1.2,
+    no_repeat_ngram_size=3,
+    sequence_bias={(5,): 1.0},
+    bad_words_ids=[[7, 8]],
+    min_length=3,
+    min_new_tokens=2,
+    forced_bos_token_id=None,
+    forced_eos_token_id=None,
+    remove_invalid_values=True,
+    exponential_decay_length_penalty=(2, 1.1),
+    suppress_tokens=[9],
+    begin_suppress_tokens=[10],
+    renormalize_logits=True,
+    max_length=40,
+)
 
 
 def test_processors_and_order_are_hf_own(model):
@@ -101,9 +119,12 @@ def test_processors_and_order_are_hf_own(model):
     custom = lp.SuppressTokensLogitsProcessor([11])  # same type as a default: takes its place, as in HF
     extra = lp.NoRepeatNGramLogitsProcessor(5)  # replaces the default no-repeat processor
     hf = model._get_logits_processor(
-        generation_config=config, input_ids_seq_length=4, logits_processor=LogitsProcessorList([custom, extra]),
-        device="cpu", model_kwargs={},
-    )  # fmt: skip
+        generation_config=config,
+        input_ids_seq_length=4,
+        logits_processor=LogitsProcessorList([custom, extra]),
+        device="cpu",
+        model_kwargs={},
+    )
     ours = build_pipeline(config, prompt_length=4, eos_token_ids=[0], processors=[custom, extra])
     flat = [*ours.defaults, *ours.custom, *ours.warpers, *ours.final]
     assert [type(p) for p in flat] == [type(p) for p in hf]
@@ -136,9 +157,12 @@ def test_pipeline_rows_equal_hf_processing_with_the_grammar_where_hf_puts_it(mod
     ours = pipeline(apply_bitmask(logits, bitmask), prefixes)
     for r in range(4):
         hf = model._get_logits_processor(
-            generation_config=config, input_ids_seq_length=len(prompt), logits_processor=LogitsProcessorList([Mask(r)]),
-            device="cpu", model_kwargs={},
-        )  # fmt: skip
+            generation_config=config,
+            input_ids_seq_length=len(prompt),
+            logits_processor=LogitsProcessorList([Mask(r)]),
+            device="cpu",
+            model_kwargs={},
+        )
         expected = hf(torch.tensor([prefixes[r]]), logits[r : r + 1].clone())[0]
         assert torch.equal(torch.isneginf(ours[r]), torch.isneginf(expected)), f"row {r}: different tokens kept"
         finite = torch.isfinite(expected)
@@ -157,21 +181,31 @@ def test_greedy_parity_with_hf_generate_per_setting(model, tok, compiled_xgr, se
         prompt = ids_of(tok, text)
         hf = hf_generate(model, prompt, compiled_xgr, max_new_tokens=40, **SETTINGS[setting])
         for assistant in (None, "auto", draft):
-            ours = grammarspec.generate(model, prompt, tokenizer=tok, schema=SCHEMA, max_new_tokens=40,
-                                        assistant=assistant, **SETTINGS[setting])  # fmt: skip
+            ours = grammarspec.generate(
+                model, prompt, tokenizer=tok, schema=SCHEMA, max_new_tokens=40, assistant=assistant, **SETTINGS[setting]
+            )
             assert ours[0].tolist()[: hf.shape[1]] == hf[0].tolist(), f"{text!r}, assistant={assistant!r}"
 
 
-@pytest.mark.parametrize("setting", ["repetition_penalty>1", "no_repeat_ngram_size", "min_new_tokens",
-                                     "exponential_decay_length_penalty", "bad_words_ids"])  # fmt: skip
+@pytest.mark.parametrize(
+    "setting",
+    [
+        "repetition_penalty>1",
+        "no_repeat_ngram_size",
+        "min_new_tokens",
+        "exponential_decay_length_penalty",
+        "bad_words_ids",
+    ],
+)
 def test_unconstrained_greedy_parity_with_hf_generate(model, tok, setting):
     draft = tiny_llama(V, seed=3)
     for text in PROMPTS:
         prompt = ids_of(tok, text)
         hf = hf_generate(model, prompt, None, max_new_tokens=30, eos_token_id=0, **SETTINGS[setting])
         for assistant in (None, "prompt_lookup", draft):
-            ours = grammarspec.generate(model, prompt, max_new_tokens=30, eos_token_id=0, assistant=assistant,
-                                        **SETTINGS[setting])  # fmt: skip
+            ours = grammarspec.generate(
+                model, prompt, max_new_tokens=30, eos_token_id=0, assistant=assistant, **SETTINGS[setting]
+            )
             assert ours[0].tolist()[: hf.shape[1]] == hf[0].tolist(), f"{text!r}, assistant={assistant!r}"
 
 
@@ -184,10 +218,18 @@ def test_processors_never_leave_a_row_without_a_token(model, tok, compiled_xgr):
     hf = hf_generate(model, prompt, compiled_xgr, max_new_tokens=60, no_repeat_ngram_size=2)
     assert 0 in hf[0, prompt.shape[1] :].tolist()[:5]  # HF's undefined case (a premature, illegal EOS)
     outs = [
-        grammarspec.generate(model, prompt, tokenizer=tok, schema=SCHEMA, max_new_tokens=60, assistant=a,
-                             no_repeat_ngram_size=2, return_dict_in_generate=True)
+        grammarspec.generate(
+            model,
+            prompt,
+            tokenizer=tok,
+            schema=SCHEMA,
+            max_new_tokens=60,
+            assistant=a,
+            no_repeat_ngram_size=2,
+            return_dict_in_generate=True,
+        )
         for a in (None, "auto", tiny_llama(V, seed=3))
-    ]  # fmt: skip
+    ]
     assert all(torch.equal(o.sequences, outs[0].sequences) for o in outs)
     if outs[0].stats[0].finish_reason == "stop":
         json.loads(tok.decode(outs[0].sequences[0, prompt.shape[1] :].tolist(), skip_special_tokens=True))
@@ -196,8 +238,14 @@ def test_processors_never_leave_a_row_without_a_token(model, tok, compiled_xgr):
 def test_settings_change_the_output(model, tok):
     """The parity above is not vacuous: each setting changes the output on at least one prompt."""
     for setting, kw in SETTINGS.items():
-        if setting in ("remove_invalid_values", "renormalize_logits", "min_length", "min_new_tokens",
-                       "begin_suppress_tokens", "exponential_decay_length_penalty"):  # fmt: skip
+        if setting in (
+            "remove_invalid_values",
+            "renormalize_logits",
+            "min_length",
+            "min_new_tokens",
+            "begin_suppress_tokens",
+            "exponential_decay_length_penalty",
+        ):
             continue  # no visible effect on these prompts (checked in the pipeline test instead)
         changed = False
         for text in PROMPTS:
@@ -220,8 +268,16 @@ def test_min_new_tokens_and_length_penalty_act_on_eos(model, tok):
         "decay": {"exponential_decay_length_penalty": (0, 4.0)},
     }.items():
         hf = hf_generate(model, prompt, integer, max_new_tokens=12, **kw)
-        ours = grammarspec.generate(model, prompt, tokenizer=tok, schema={"type": "integer"}, max_new_tokens=12,
-                                    assistant="auto", return_dict_in_generate=True, **kw)  # fmt: skip
+        ours = grammarspec.generate(
+            model,
+            prompt,
+            tokenizer=tok,
+            schema={"type": "integer"},
+            max_new_tokens=12,
+            assistant="auto",
+            return_dict_in_generate=True,
+            **kw,
+        )
         assert ours.sequences[0].tolist()[: hf.shape[1]] == hf[0].tolist(), name
         lengths[name] = ours.stats[0].new_tokens
     assert lengths["min_new"] >= 6 and lengths["min_new"] != lengths["plain"] or lengths["plain"] >= 6
@@ -250,8 +306,9 @@ def test_model_generation_config_is_applied(tok):
     hf = model.generate(prompt, max_new_tokens=40, logits_processor=[])  # unconstrained reference below
     ours = grammarspec.generate(model, prompt, tokenizer=tok, schema=SCHEMA, max_new_tokens=40, assistant="auto")
     assert not torch.equal(ours, base)
-    explicit = grammarspec.generate(tiny_llama(V, seed=0), prompt, tokenizer=tok, schema=SCHEMA, max_new_tokens=40,
-                                    repetition_penalty=1.3)  # fmt: skip
+    explicit = grammarspec.generate(
+        tiny_llama(V, seed=0), prompt, tokenizer=tok, schema=SCHEMA, max_new_tokens=40, repetition_penalty=1.3
+    )
     assert torch.equal(ours, explicit)
     assert torch.equal(grammarspec.generate(model, prompt, max_new_tokens=40), hf)
 
@@ -289,8 +346,15 @@ REFUSED = {
 @pytest.mark.parametrize("name", sorted(REFUSED))
 def test_settings_speculation_cannot_honour_are_refused(model, tok, name):
     with pytest.raises(ValueError, match=f"cannot honour.*{name}"):
-        grammarspec.generate(model, ids_of(tok, "{b:1}"), tokenizer=tok, schema=SCHEMA, max_new_tokens=5,
-                             assistant="auto", **REFUSED[name])  # fmt: skip
+        grammarspec.generate(
+            model,
+            ids_of(tok, "{b:1}"),
+            tokenizer=tok,
+            schema=SCHEMA,
+            max_new_tokens=5,
+            assistant="auto",
+            **REFUSED[name],
+        )
 
 
 def test_refused_setting_from_the_model_config_is_refused_too(tok):
@@ -302,8 +366,14 @@ def test_refused_setting_from_the_model_config_is_refused_too(tok):
 
 def test_stateful_grammar_processor_is_refused(model, tok, compiled_xgr):
     with pytest.raises(ValueError, match="schema="):
-        grammarspec.generate(model, ids_of(tok, "{b:1}"), tokenizer=tok, max_new_tokens=5, assistant="auto",
-                             logits_processor=[XgrammarHFProcessor(compiled_xgr)])  # fmt: skip
+        grammarspec.generate(
+            model,
+            ids_of(tok, "{b:1}"),
+            tokenizer=tok,
+            max_new_tokens=5,
+            assistant="auto",
+            logits_processor=[XgrammarHFProcessor(compiled_xgr)],
+        )
 
     class Marked:
         stateful = True
@@ -322,9 +392,18 @@ def test_num_return_sequences_samples_independent_rows(model, tok):
     import json
 
     prompt = ids_of(tok, "{b:1}")
-    out = grammarspec.generate(model, prompt, tokenizer=tok, schema=SCHEMA, max_new_tokens=60, do_sample=True,
-                               num_return_sequences=3, assistant="auto", return_dict_in_generate=True,
-                               generator=torch.Generator().manual_seed(1))  # fmt: skip
+    out = grammarspec.generate(
+        model,
+        prompt,
+        tokenizer=tok,
+        schema=SCHEMA,
+        max_new_tokens=60,
+        do_sample=True,
+        num_return_sequences=3,
+        assistant="auto",
+        return_dict_in_generate=True,
+        generator=torch.Generator().manual_seed(1),
+    )
     assert out.sequences.shape[0] == 3 and len(out.stats) == 3
     texts = []
     for row, stats in zip(out.sequences, out.stats):
@@ -341,8 +420,9 @@ def test_num_return_sequences_samples_independent_rows(model, tok):
 @pytest.mark.parametrize("assistant", [None, "auto"])
 def test_output_scores_and_logits_are_hf_ones(model, tok, compiled_xgr, assistant):
     prompt = ids_of(tok, "name x")
-    kw = dict(max_new_tokens=30, repetition_penalty=1.3, return_dict_in_generate=True, output_scores=True,
-              output_logits=True)  # fmt: skip
+    kw = dict(
+        max_new_tokens=30, repetition_penalty=1.3, return_dict_in_generate=True, output_scores=True, output_logits=True
+    )
     hf = hf_generate(model, prompt, compiled_xgr, **kw)
     ours = grammarspec.generate(model, prompt, tokenizer=tok, schema=SCHEMA, assistant=assistant, **kw)
     assert isinstance(ours, GenerateDecoderOnlyOutput)
@@ -365,8 +445,14 @@ def test_enable_never_forwards_grammarspec_keywords(tok):
     model = grammarspec.enable(tiny_llama(V, seed=0))
     prompt = ids_of(tok, "hello")
     plain = grammarspec.generate(model, prompt, max_new_tokens=6)
-    for kw in ({"json_object": False}, {"any_whitespace": True}, {"max_draft_tokens": 4}, {"adaptive": False},
-               {"grammar_backend": "xgrammar"}, {"parallel_tool_calls": False}):  # fmt: skip
+    for kw in (
+        {"json_object": False},
+        {"any_whitespace": True},
+        {"max_draft_tokens": 4},
+        {"adaptive": False},
+        {"grammar_backend": "xgrammar"},
+        {"parallel_tool_calls": False},
+    ):
         assert torch.equal(model.generate(prompt, max_new_tokens=6, **kw), plain), kw
 
 

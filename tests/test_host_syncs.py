@@ -112,8 +112,15 @@ def reads_per_step(compiled, batch: int, params: SamplingParams, speculate: bool
         prompt = [2, 3 + i % 5, 4 + i]
         proposer = AlwaysB(token) if speculate else None
         controller = AdaptiveController(k_min=3, k_max=3, adaptive=False) if speculate else None
-        requests.append(RowRequest(prompt, grammar.matcher(max_rollback=8), proposer, controller,
-                                   sampling_processing(config, (), len(prompt))))  # fmt: skip
+        requests.append(
+            RowRequest(
+                prompt,
+                grammar.matcher(max_rollback=8),
+                proposer,
+                controller,
+                sampling_processing(config, (), len(prompt)),
+            )
+        )
     per_step: list[int] = []
 
     def close_step(rows, kv):

@@ -24,10 +24,29 @@ def _run(args: list[str], timeout: float = 900) -> subprocess.CompletedProcess[s
 def test_memory_is_flat_after_a_warm_up_on_every_backend_with_timeouts():
     """Two rounds over 8 sample schemas x (xgrammar, outlines, llguidance, auto), a small cache so that every
     round compiles again, and a new outlines compile killed at a 0.05 s deadline every 8th call."""
-    result = _run([
-        "tools/memory_check.py", "--tokenizer", "toy", "--max-schemas", "8", "--calls", "64", "--warm-up", "32",
-        "--compile-timeout", "5", "--cache-mb", "4", "--cache-count", "8", "--slow-every", "8", "--limit-mb", "30",
-    ])  # fmt: skip
+    result = _run(
+        [
+            "tools/memory_check.py",
+            "--tokenizer",
+            "toy",
+            "--max-schemas",
+            "8",
+            "--calls",
+            "64",
+            "--warm-up",
+            "32",
+            "--compile-timeout",
+            "5",
+            "--cache-mb",
+            "4",
+            "--cache-count",
+            "8",
+            "--slow-every",
+            "8",
+            "--limit-mb",
+            "30",
+        ]
+    )
     out = result.stdout + result.stderr
     summary = re.search(r"(\d+) compiled, (\d+) refused, (\d+) timed out", out)
     assert summary, out[-3000:]

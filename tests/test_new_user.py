@@ -142,10 +142,19 @@ def test_output_scores_with_return_dict_gives_no_spurious_transformers_warning(m
 # --- one constraint object: tool_choice wherever tools= is accepted, one output shape ---------------
 
 TOOLS = [
-    {"type": "function", "function": {"name": "get_weather", "parameters": {
-        "type": "object", "properties": {"city": {"type": "string", "maxLength": 3}}, "required": ["city"]}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "maxLength": 3}},
+                "required": ["city"],
+            },
+        },
+    },
     {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}},
-]  # fmt: skip
+]
 
 
 def test_generate_takes_tool_choice(model, tok, prompt):
@@ -168,8 +177,9 @@ def chat(smol_tokenizer):
 def test_complete_takes_tool_choice_and_returns_openai_tool_calls(chat):
     model, tok = chat
     named = {"type": "function", "function": {"name": "get_weather"}}
-    result = grammarspec.complete(model, tok, "Weather in Oslo?", tools=TOOLS, tool_choice=named, assistant=None,
-                                  max_new_tokens=40)  # fmt: skip
+    result = grammarspec.complete(
+        model, tok, "Weather in Oslo?", tools=TOOLS, tool_choice=named, assistant=None, max_new_tokens=40
+    )
     assert result.valid, result
     (call,) = result.tool_calls
     assert call["type"] == "function" and call["function"]["name"] == "get_weather" and call["id"] == "call_0"

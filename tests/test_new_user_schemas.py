@@ -35,8 +35,13 @@ def test_a_long_enum_points_to_compile_timeout():
 
 
 def test_a_ref_to_a_subschema_id_is_enforced():
-    schema = {"$id": "https://ex.com/root", "$defs": {"i": {"$id": "int", "type": "integer"}},
-              "type": "object", "properties": {"a": {"$ref": "int"}}, "required": ["a"]}  # fmt: skip
+    schema = {
+        "$id": "https://ex.com/root",
+        "$defs": {"i": {"$id": "int", "type": "integer"}},
+        "type": "object",
+        "properties": {"a": {"$ref": "int"}},
+        "required": ["a"],
+    }
     spec = grammar_spec(schema=schema)
     assert spec.schema["properties"]["a"]["$ref"] == "#/$defs/i"
     tok = toy_tokenizer()

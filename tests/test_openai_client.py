@@ -23,16 +23,40 @@ from serve_process import MODEL, serve_process
 
 pytestmark = pytest.mark.slow
 
-SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
-          "required": ["city", "days"], "additionalProperties": False}  # fmt: skip
+SCHEMA = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+    "required": ["city", "days"],
+    "additionalProperties": False,
+}
 TOOLS = [
-    {"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city",
-     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
-                    "additionalProperties": False}}},
-    {"type": "function", "function": {"name": "add", "description": "Add two integers",
-     "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-                    "required": ["a", "b"], "additionalProperties": False}}},
-]  # fmt: skip
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Current weather in a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+                "additionalProperties": False,
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "Add two integers",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                "required": ["a", "b"],
+                "additionalProperties": False,
+            },
+        },
+    },
+]
 PARAMETERS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 
 
@@ -83,16 +107,23 @@ def test_plain_json_schema_and_json_object(client):
 
 def test_parse_with_a_pydantic_model(client):
     parsed = client.chat.completions.parse(
-        model=MODEL, messages=[{"role": "user", "content": "Plan 3 days in Lisbon."}], response_format=Plan,
-        temperature=0, max_tokens=40,
-    )  # fmt: skip
+        model=MODEL,
+        messages=[{"role": "user", "content": "Plan 3 days in Lisbon."}],
+        response_format=Plan,
+        temperature=0,
+        max_tokens=40,
+    )
     plan = parsed.choices[0].message.parsed
     assert isinstance(plan, Plan) and plan.city
 
 
 def test_forced_optional_and_parallel_tool_calls(client):
-    forced = _ask(client, "What is the weather in Oslo?", tools=TOOLS,
-                  tool_choice={"type": "function", "function": {"name": "get_weather"}})  # fmt: skip
+    forced = _ask(
+        client,
+        "What is the weather in Oslo?",
+        tools=TOOLS,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+    )
     assert forced.choices[0].finish_reason == "tool_calls"
     ((name, arguments),) = _calls(forced.choices[0].message)
     assert name == "get_weather"
@@ -106,8 +137,14 @@ def test_forced_optional_and_parallel_tool_calls(client):
     else:
         assert message.content and not message.tool_calls
 
-    parallel = _ask(client, "Weather in Oslo and in Paris?", tools=TOOLS, tool_choice="required",
-                    parallel_tool_calls=True, max_tokens=64)  # fmt: skip
+    parallel = _ask(
+        client,
+        "Weather in Oslo and in Paris?",
+        tools=TOOLS,
+        tool_choice="required",
+        parallel_tool_calls=True,
+        max_tokens=64,
+    )
     calls = _calls(parallel.choices[0].message)
     assert parallel.choices[0].finish_reason == "tool_calls" and calls
     for name, arguments in calls:
@@ -126,8 +163,9 @@ def test_the_usual_streaming_loop_works_and_usage_comes_only_when_asked(client):
     assert chunks[-1].choices[0].finish_reason == whole.choices[0].finish_reason
     assert chunks[-1].model_extra["grammarspec"]["choices"][0]["target_forwards"] > 0  # ours: on the last chunk
 
-    chunks = list(_ask(client, "Name three colours.", stream=True, max_tokens=12,
-                       stream_options={"include_usage": True}))  # fmt: skip
+    chunks = list(
+        _ask(client, "Name three colours.", stream=True, max_tokens=12, stream_options={"include_usage": True})
+    )
     *body, last = chunks
     assert last.choices == [] and last.usage.completion_tokens == whole.usage.completion_tokens
     assert last.model_extra["grammarspec"]["choices"][0]["target_forwards"] > 0
@@ -135,15 +173,22 @@ def test_the_usual_streaming_loop_works_and_usage_comes_only_when_asked(client):
 
 
 def test_streamed_tool_calls_accumulate_to_the_non_streamed_call(client):
-    for kwargs in ({"tool_choice": "required"}, {"tool_choice": "required", "parallel_tool_calls": True},
-                   {"tool_choice": {"type": "function", "function": {"name": "get_weather"}}}):  # fmt: skip
+    for kwargs in (
+        {"tool_choice": "required"},
+        {"tool_choice": "required", "parallel_tool_calls": True},
+        {"tool_choice": {"type": "function", "function": {"name": "get_weather"}}},
+    ):
         whole = _ask(client, "What is the weather in Oslo?", tools=TOOLS, max_tokens=128, **kwargs)
         assert whole.choices[0].finish_reason == "tool_calls"  # complete (the stream helper refuses a cut reply)
         argument_deltas = 0
         with client.chat.completions.stream(
-            model=MODEL, messages=[{"role": "user", "content": "What is the weather in Oslo?"}],
-            tools=TOOLS, temperature=0, max_tokens=128, **kwargs,
-        ) as stream:  # fmt: skip
+            model=MODEL,
+            messages=[{"role": "user", "content": "What is the weather in Oslo?"}],
+            tools=TOOLS,
+            temperature=0,
+            max_tokens=128,
+            **kwargs,
+        ) as stream:
             for event in stream:
                 if event.type == "tool_calls.function.arguments.delta":
                     argument_deltas += 1
@@ -164,8 +209,9 @@ def test_n_stop_token_limits_seed_and_metadata(client):
     stopped = _ask(client, "Count: one, two, three, four, five.", max_tokens=24, stop=[word])
     assert stopped.choices[0].finish_reason == "stop" and stopped.choices[0].message.content == text[: text.index(word)]
     for limit in ({"max_tokens": 5}, {"max_completion_tokens": 5}):
-        cut = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "A long story."}],
-                                             temperature=0, **limit)  # fmt: skip
+        cut = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "A long story."}], temperature=0, **limit
+        )
         assert cut.choices[0].finish_reason == "length" and cut.usage.completion_tokens == 5
     tagged = _ask(client, "Say hi.", max_tokens=4, metadata={"team": "search", "run": "1"})
     assert tagged.choices[0].message.content is not None

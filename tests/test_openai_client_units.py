@@ -46,9 +46,14 @@ def test_calls_stream_name_first_then_arguments_and_accumulate_to_the_message():
     stream = ToolCallStream()
     deltas = [d for k in range(len(text) + 1) for d in stream.feed(text[:k])]
     ids = stream.call_ids(2)
-    final = [{"id": ids[i], "type": "function",
-              "function": {"name": c["name"], "arguments": json.dumps(c["arguments"], ensure_ascii=False)}}
-             for i, c in enumerate(calls)]  # fmt: skip
+    final = [
+        {
+            "id": ids[i],
+            "type": "function",
+            "function": {"name": c["name"], "arguments": json.dumps(c["arguments"], ensure_ascii=False)},
+        }
+        for i, c in enumerate(calls)
+    ]
     deltas += stream.finish(final)
     got: dict[int, dict[str, str]] = {}
     for d in deltas:

@@ -42,8 +42,9 @@ def test_greedy_parity_with_hf_generate_on_smollm2(smol, tasks, setting):
     model, tokenizer = smol
     draft = tiny_llama(model.config.vocab_size, seed=5)
     draft.config.bos_token_id, draft.config.eos_token_id = model.config.bos_token_id, model.config.eos_token_id
-    info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=model.config.vocab_size,
-                                              stop_token_ids=[tokenizer.eos_token_id])  # fmt: skip
+    info = xgr.TokenizerInfo.from_huggingface(
+        tokenizer, vocab_size=model.config.vocab_size, stop_token_ids=[tokenizer.eos_token_id]
+    )
     compiler = xgr.GrammarCompiler(info)
     differs = False
     for task in first_of_each_kind(tasks):
@@ -58,11 +59,13 @@ def test_greedy_parity_with_hf_generate_on_smollm2(smol, tasks, setting):
             settings = {"sequence_bias": {(frequent,): -3.0}}
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            hf = model.generate(ids, max_new_tokens=MAX_NEW, do_sample=False, logits_processor=[LogitsProcessor(compiled)],
-                                **settings)[0, len(prompt) :].tolist()  # fmt: skip
+            hf = model.generate(
+                ids, max_new_tokens=MAX_NEW, do_sample=False, logits_processor=[LogitsProcessor(compiled)], **settings
+            )[0, len(prompt) :].tolist()
         differs |= plain[0, len(prompt) :].tolist()[: len(hf)] != hf
         for assistant in (None, "auto", draft):
-            out = grammarspec.generate(model, ids, tokenizer=tokenizer, schema=schema, max_new_tokens=MAX_NEW,
-                                       assistant=assistant, **settings)  # fmt: skip
+            out = grammarspec.generate(
+                model, ids, tokenizer=tokenizer, schema=schema, max_new_tokens=MAX_NEW, assistant=assistant, **settings
+            )
             assert out[0, len(prompt) :].tolist()[: len(hf)] == hf, f"{task['id']}: assistant={assistant!r}"
     assert differs, f"{setting} changed nothing on these tasks: the parity would be vacuous"

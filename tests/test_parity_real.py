@@ -118,8 +118,13 @@ def test_greedy_parity_with_other_backends(smol, tasks, backend):
         schema = grammar_spec(schema=task.get("schema"), tools=None).schema
         prompt = grammarspec.build_prompt(tokenizer, task["prompt"], system=task.get("system"), schema=schema)
         ids = torch.tensor([prompt])
-        kw = dict(tokenizer=tokenizer, schema=schema, max_new_tokens=MAX_NEW, return_dict_in_generate=True,
-                  grammar_backend=backend)  # fmt: skip
+        kw = dict(
+            tokenizer=tokenizer,
+            schema=schema,
+            max_new_tokens=MAX_NEW,
+            return_dict_in_generate=True,
+            grammar_backend=backend,
+        )
         plain = grammarspec.generate(model, ids, **kw)
         spec = grammarspec.generate(model, ids, assistant="auto", **kw)
         assert plain.stats[0].grammar_backend == spec.stats[0].grammar_backend
@@ -127,8 +132,12 @@ def test_greedy_parity_with_other_backends(smol, tasks, backend):
         out = spec.sequences[0, len(prompt) :].tolist()[: len(reference)]
         if out != reference:
             at = next((i for i, (a, b) in enumerate(zip(out, reference)) if a != b), min(len(out), len(reference)))
-            compiled = compile_grammar(grammar_spec(schema=schema), tokenizer, vocab_size=model.config.vocab_size,
-                                       backend=plain.stats[0].grammar_backend)  # fmt: skip
+            compiled = compile_grammar(
+                grammar_spec(schema=schema),
+                tokenizer,
+                vocab_size=model.config.vocab_size,
+                backend=plain.stats[0].grammar_backend,
+            )
             gap = _masked_gap(model, compiled, prompt, reference[:at])
             assert gap < TIE, f"{task['id']}: speculative diverges from plain greedy at token {at} (gap {gap:.2e})"
             ties.append((task["id"], at, gap))

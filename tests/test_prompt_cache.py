@@ -46,8 +46,13 @@ def test_a_prompt_cache_gives_the_same_output_and_is_left_alone(model, tok, assi
     ids = tok("{b:1}{a:[x,yy]}", add_special_tokens=False)["input_ids"]
     cache = prefix_cache(model, ids[:5])
     before = [layer.keys.clone() for layer in cache.layers]
-    kwargs = {"tokenizer": tok, "schema": SCHEMA, "assistant": assistant, "max_new_tokens": 40,
-              "return_dict_in_generate": True}  # fmt: skip
+    kwargs = {
+        "tokenizer": tok,
+        "schema": SCHEMA,
+        "assistant": assistant,
+        "max_new_tokens": 40,
+        "return_dict_in_generate": True,
+    }
     fresh = grammarspec.generate(model, torch.tensor([ids]), **kwargs)
     cached = grammarspec.generate(model, torch.tensor([ids]), past_key_values=cache, **kwargs)
     assert cached.sequences.tolist() == fresh.sequences.tolist()
@@ -69,8 +74,9 @@ def test_a_prompt_cache_skips_the_cached_tokens(model, tok):
 
     model.forward = spy
     try:
-        grammarspec.generate(model, torch.tensor([ids]), tokenizer=tok, schema=SCHEMA, max_new_tokens=3,
-                             past_key_values=cache)  # fmt: skip
+        grammarspec.generate(
+            model, torch.tensor([ids]), tokenizer=tok, schema=SCHEMA, max_new_tokens=3, past_key_values=cache
+        )
     finally:
         del model.forward
     assert seen[0] == len(ids) - 6  # only the uncached prompt tokens are prefilled
@@ -79,8 +85,16 @@ def test_a_prompt_cache_skips_the_cached_tokens(model, tok):
 def test_update_cache_extends_the_users_cache(model, tok):
     ids = tok("{b:1}{a:[x,yy]}", add_special_tokens=False)["input_ids"]
     cache = prefix_cache(model, ids[:5])
-    out = grammarspec.generate(model, torch.tensor([ids]), tokenizer=tok, schema=SCHEMA, max_new_tokens=20,
-                               past_key_values=cache, update_cache=True, return_dict_in_generate=True)  # fmt: skip
+    out = grammarspec.generate(
+        model,
+        torch.tensor([ids]),
+        tokenizer=tok,
+        schema=SCHEMA,
+        max_new_tokens=20,
+        past_key_values=cache,
+        update_cache=True,
+        return_dict_in_generate=True,
+    )
     total = len(ids) + out.stats[0].new_tokens
     assert len(ids) <= cache_length(cache) <= total  # prompt + committed tokens (the last one not yet read)
 
@@ -91,5 +105,6 @@ def test_a_cache_that_covers_the_whole_prompt_is_refused(model, tok):
     with pytest.raises(ValueError, match="must read at least the last prompt token"):
         grammarspec.generate(model, torch.tensor([ids]), tokenizer=tok, schema=SCHEMA, past_key_values=cache)
     with pytest.raises(ValueError, match="batch size 1"):
-        grammarspec.generate(model, torch.tensor([ids, ids]), tokenizer=tok, schema=SCHEMA,
-                             past_key_values=copy.deepcopy(cache))  # fmt: skip
+        grammarspec.generate(
+            model, torch.tensor([ids, ids]), tokenizer=tok, schema=SCHEMA, past_key_values=copy.deepcopy(cache)
+        )

@@ -204,12 +204,18 @@ CALLS = {
     "minItems": 1,
     "items": {
         "type": "object",
-        "properties": {"a": {"type": "object", "properties": {"b": {"type": "string", "enum": ["off", "on"]}},
-                             "required": ["b"], "additionalProperties": False}},
+        "properties": {
+            "a": {
+                "type": "object",
+                "properties": {"b": {"type": "string", "enum": ["off", "on"]}},
+                "required": ["b"],
+                "additionalProperties": False,
+            }
+        },
         "required": ["a"],
         "additionalProperties": False,
     },
-}  # fmt: skip
+}
 
 
 @pytest.fixture()
@@ -250,8 +256,12 @@ def test_jump_forward_drops_a_last_token_that_would_resplit(at_seam):
 
 def test_jump_forward_keeps_a_last_token_nothing_can_extend(smol_tokenizer):
     tok = smol_tokenizer
-    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"],
-              "additionalProperties": False}  # fmt: skip
+    schema = {
+        "type": "object",
+        "properties": {"n": {"type": "integer"}},
+        "required": ["n"],
+        "additionalProperties": False,
+    }
     matcher = compile_grammar(grammar_spec(schema=schema), tok).matcher()
     jf = JumpForwardProposer()
     jf.start(Request(prompt_ids=(1,), tokenizer=tok))

@@ -22,7 +22,7 @@ from proposers.json_cursor import (
     signature,
     value_nodes,
     value_path,
-)  # fmt: skip
+)
 from proposers.prompt_spans import (
     delimiters,
     escape_text,
@@ -32,7 +32,7 @@ from proposers.prompt_spans import (
     number_spans,
     skip_separators,
     span_end,
-)  # fmt: skip
+)
 from proposers.schema_nav import SchemaIndex, json_text
 
 # -- cursor -------------------------------------------------------------------
@@ -95,8 +95,19 @@ def test_advance_takes_string_runs_as_byte_by_byte():
 
     schema = SchemaIndex({"type": "object", "additionalProperties": {"type": "array", "items": {"type": "string"}}})
     rng = random.Random(3)
-    pieces = [b'{"', b'k\\"ey', b'":["', b"plain words", b"\\\\", b'\\"', b"\\u00e9", b'","', b"\xc3\xa9", b'"],"',
-              b"x"]  # fmt: skip
+    pieces = [
+        b'{"',
+        b'k\\"ey',
+        b'":["',
+        b"plain words",
+        b"\\\\",
+        b'\\"',
+        b"\\u00e9",
+        b'","',
+        b"\xc3\xa9",
+        b'"],"',
+        b"x",
+    ]
     for _ in range(300):
         text = b"".join(rng.choice(pieces) for _ in range(rng.randint(1, 12)))
         whole_events: list[tuple[object, ...]] = []
@@ -120,14 +131,25 @@ def test_end_scalar_answers_what_if_the_number_ended():
 
 TOOLS = {
     "anyOf": [
-        {"type": "object", "properties": {"name": {"const": "get_weather"},
-                                          "arguments": {"type": "object", "properties": {"city": {"type": "string"}}}}},
-        {"type": "object", "properties": {"name": {"const": "send_mail"},
-                                          "arguments": {"$ref": "#/$defs/mail"}}},
+        {
+            "type": "object",
+            "properties": {
+                "name": {"const": "get_weather"},
+                "arguments": {"type": "object", "properties": {"city": {"type": "string"}}},
+            },
+        },
+        {"type": "object", "properties": {"name": {"const": "send_mail"}, "arguments": {"$ref": "#/$defs/mail"}}},
     ],
-    "$defs": {"mail": {"type": "object", "properties": {"to": {"type": "string", "format": "email"},
-                                                          "urgent": {"type": "boolean", "default": False}}}},
-}  # fmt: skip
+    "$defs": {
+        "mail": {
+            "type": "object",
+            "properties": {
+                "to": {"type": "string", "format": "email"},
+                "urgent": {"type": "boolean", "default": False},
+            },
+        }
+    },
+}
 
 
 def test_anyof_branches_are_told_apart_by_const_values():
@@ -151,8 +173,15 @@ def test_value_texts_and_types():
 
 
 def test_arrays_prefix_items_and_bounds():
-    schema = SchemaIndex({"type": "array", "prefixItems": [{"type": "string"}], "items": {"type": "integer"},
-                          "minItems": 2, "maxItems": 4})  # fmt: skip
+    schema = SchemaIndex(
+        {
+            "type": "array",
+            "prefixItems": [{"type": "string"}],
+            "items": {"type": "integer"},
+            "minItems": 2,
+            "maxItems": 4,
+        }
+    )
     assert schema.types(schema.array_child(schema.root, 0)) == {"string"}
     assert schema.types(schema.array_child(schema.root, 3)) == {"integer", "number"}
     assert schema.array_bounds(schema.root) == (2, 4)

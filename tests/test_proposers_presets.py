@@ -73,8 +73,13 @@ def test_lists_are_flattened_into_one_composite():
     mine = fixed("mine", [1, 2])
     combined = resolve_assistant(["jump_forward", mine, "auto"])
     assert isinstance(combined, CompositeProposer)
-    assert kinds(combined) == [JumpForwardProposer, type(mine), JumpForwardProposer, SchemaNgramProposer,
-                               PromptLookupProposer]  # fmt: skip
+    assert kinds(combined) == [
+        JumpForwardProposer,
+        type(mine),
+        JumpForwardProposer,
+        SchemaNgramProposer,
+        PromptLookupProposer,
+    ]
     assert combined.name == "jump_forward+mine+jump_forward+schema_ngram+prompt_lookup"
     assert resolve_assistant([mine]) is mine
     assert resolve_assistant(mine) is mine
@@ -107,8 +112,12 @@ def test_auto_learns_the_targets_splits_once_per_step(smol_tokenizer, monkeypatc
     monkeypatch.setattr(SplitPreferences, "observe", counting)
     auto = resolve_assistant("auto")
     assert all(p.splits is auto.splits for p in auto.proposers if hasattr(p, "splits"))
-    schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
-              "required": ["name", "age"], "additionalProperties": False}  # fmt: skip
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+        "required": ["name", "age"],
+        "additionalProperties": False,
+    }
     tok = smol_tokenizer
     prompt = tok.encode("Ada Lovelace is 36 years old.", add_special_tokens=False)
     reference = tok.encode('{"name":"Ada Lovelace","age":36}', add_special_tokens=False)

@@ -124,8 +124,12 @@ def test_a_member_repeats_the_value_of_the_previous_member_of_its_type(smol_toke
 
 
 def test_drafts_are_cut_by_the_grammar(smol_tokenizer):
-    schema = {"type": "object", "properties": {"code": {"type": "string", "pattern": "^[A-Z]{3}$"}},
-              "required": ["code"], "additionalProperties": False}  # fmt: skip
+    schema = {
+        "type": "object",
+        "properties": {"code": {"type": "string", "pattern": "^[A-Z]{3}$"}},
+        "required": ["code"],
+        "additionalProperties": False,
+    }
     s = Setup(smol_tokenizer, schema, "The airport code is LAX today, not SFO.")
     text, _ = s.draft('{"code":"L')
     assert text == 'AX"}', text  # the prompt span would run on to ' today': the pattern closes it
@@ -196,10 +200,17 @@ def replays(smol_tokenizer, tasks):
     """Every task's reference replayed through the "auto" preset (k=16)."""
     out = {}
     for task in tasks:
-        prompt = build_prompt(smol_tokenizer, task["prompt"], system=task.get("system"), schema=task["schema"],
-                              tools=task.get("tools"))  # fmt: skip
-        result = replay(resolve_assistant("auto"), smol_tokenizer, task["schema"], prompt,
-                        reference_ids(smol_tokenizer, task["reference"]), k=16)  # fmt: skip
+        prompt = build_prompt(
+            smol_tokenizer, task["prompt"], system=task.get("system"), schema=task["schema"], tools=task.get("tools")
+        )
+        result = replay(
+            resolve_assistant("auto"),
+            smol_tokenizer,
+            task["schema"],
+            prompt,
+            reference_ids(smol_tokenizer, task["reference"]),
+            k=16,
+        )
         if result is not None:  # a few references are not legal for the grammar (backend quirks)
             out[task["id"]] = (task["kind"], result)
     return out
@@ -231,8 +242,14 @@ def test_schema_ngram_alone_on_extraction(smol_tokenizer, tasks):
     rates = []
     for task in [t for t in tasks if t["kind"] == "extraction"][:4]:
         prompt = build_prompt(smol_tokenizer, task["prompt"], system=task.get("system"), schema=task["schema"])
-        result = replay(SchemaNgramProposer(), smol_tokenizer, task["schema"], prompt,
-                        reference_ids(smol_tokenizer, task["reference"]), k=16)  # fmt: skip
+        result = replay(
+            SchemaNgramProposer(),
+            smol_tokenizer,
+            task["schema"],
+            prompt,
+            reference_ids(smol_tokenizer, task["reference"]),
+            k=16,
+        )
         rates.append(result.per_step)
     print(f"\nschema_ngram alone, 4 extraction tasks: {[round(r, 2) for r in rates]}")
     assert statistics.mean(rates) >= 5.0
@@ -252,8 +269,13 @@ def test_learned_splits_recover_a_non_canonical_target(smol_tokenizer, tasks, mo
     def mean_rate() -> float:
         rates = []
         for task in chosen:
-            prompt = build_prompt(smol_tokenizer, task["prompt"], system=task.get("system"), schema=task["schema"],
-                                  tools=task.get("tools"))  # fmt: skip
+            prompt = build_prompt(
+                smol_tokenizer,
+                task["prompt"],
+                system=task.get("system"),
+                schema=task["schema"],
+                tools=task.get("tools"),
+            )
             ids = model_style_ids(smol_tokenizer, task["reference"])
             result = replay(resolve_assistant("auto"), smol_tokenizer, task["schema"], prompt, ids, k=16)
             assert result is not None

@@ -103,8 +103,9 @@ def test_history_repeats_what_followed_the_same_point():
 def test_keys_stop_at_the_first_required_one():
     schema = obj({"a": S, "b": S, "c": S}, ["b"])
     assert keys(doc_of(b"{", schema).cursor, SchemaIndex(schema)) == [
-        Candidate("schema", b'"a":'), Candidate("schema", b'"b":', 0.5)
-    ]  # fmt: skip
+        Candidate("schema", b'"a":'),
+        Candidate("schema", b'"b":', 0.5),
+    ]
     assert keys(doc_of(b'{"b', schema).cursor, SchemaIndex(schema)) == [Candidate("schema", b'":', 0.5)]  # typed
 
 
@@ -120,8 +121,9 @@ def test_separators_follow_the_required_keys_and_array_bounds():
 def test_values_start_after_a_label_and_open_the_only_type():
     doc = doc_of(b'{"name":', obj({"name": S}), b"Name: Ada")
     assert values(doc.cursor, doc, doc.prompt_cursor) == [
-        Candidate("prompt_label", b'"Ada"', 1.0, 9, True), Candidate("schema", b'"', 0.05, certain=True)
-    ]  # fmt: skip
+        Candidate("prompt_label", b'"Ada"', 1.0, 9, True),
+        Candidate("schema", b'"', 0.05, certain=True),
+    ]
 
 
 def test_sibling_value_copies_the_previous_member_of_the_same_type():
@@ -158,7 +160,7 @@ def test_prompt_string_start_after_a_label_and_after_the_latest_copy():
     prompt = Prompt.from_text(b"Ada. Email: ada@x.io")
     assert prompt_string_start("email", prompt, 0, (), False) == [
         Candidate("prompt_label", b'"ada@x.io"', 1.0, 20, True)
-    ]  # fmt: skip
+    ]
     nxt = prompt_string_start(None, Prompt.from_text(b"Ada, Bob"), 3, (), True)
     assert nxt == [Candidate("prompt_next", b'Bob"', 1.0, 8, True)]
 

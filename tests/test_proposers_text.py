@@ -9,10 +9,16 @@ import pytest
 from proposers.text import SplitPreferences, continuation_tokens, token_text
 
 DOC = json.dumps(
-    {"name": "John Smith", "email": "john@example.com", "items": [{"sku": "A-1", "qty": 2}, {"sku": "B-22", "qty": 10}],
-     "note": "Café ☕ — déjà vu", "ok": True},
-    separators=(",", ":"), ensure_ascii=False,
-)  # fmt: skip
+    {
+        "name": "John Smith",
+        "email": "john@example.com",
+        "items": [{"sku": "A-1", "qty": 2}, {"sku": "B-22", "qty": 10}],
+        "note": "Café ☕ — déjà vu",
+        "ok": True,
+    },
+    separators=(",", ":"),
+    ensure_ascii=False,
+)
 
 
 def names(tok, ids):

@@ -71,8 +71,19 @@ def _row(temperature: float, max_new: int, *, stop=(), compiled=None, asked=None
         overrides["temperature"] = temperature
     config, _, _ = resolve_config(MODEL, None, overrides)
     proposer = BudgetProbe(asked) if asked is not None else None
-    return row_request(MODEL, PROMPT, config, max_new_tokens=max_new, eos=(0,), stop_strings=stop, compiled=compiled,
-                       tokenizer=tokenizer, assistant=proposer, max_draft_tokens=6, adaptive=False)  # fmt: skip
+    return row_request(
+        MODEL,
+        PROMPT,
+        config,
+        max_new_tokens=max_new,
+        eos=(0,),
+        stop_strings=stop,
+        compiled=compiled,
+        tokenizer=tokenizer,
+        assistant=proposer,
+        max_draft_tokens=6,
+        adaptive=False,
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -90,8 +101,12 @@ def test_a_mixed_batch_gives_each_greedy_row_its_output_alone_and_drafts_fit_eac
     plain = decode_batch(MODEL, [_row(0.0, 12, tokenizer=tok)], config, tokenizer=tok)[0].generated
     stop = tok.decode(plain[5:7])
     specs = [  # (temperature, max_new_tokens, stop strings)
-        (0.0, 7, ()), (0.7, 12, ()), (0.0, 12, (stop,)), (1.2, 5, ()), (0.0, 10, ()),
-    ]  # fmt: skip
+        (0.0, 7, ()),
+        (0.7, 12, ()),
+        (0.0, 12, (stop,)),
+        (1.2, 5, ()),
+        (0.0, 10, ()),
+    ]
 
     def rows(probe: list | None) -> list:
         return [_row(t, n, stop=s, asked=probe, tokenizer=tok) for t, n, s in specs]
@@ -107,8 +122,9 @@ def test_a_mixed_batch_gives_each_greedy_row_its_output_alone_and_drafts_fit_eac
         else:
             assert row.finish_reason == "length" and len(row.generated) == max_new
         if temperature == 0:
-            alone = decode_batch(MODEL, [_row(0.0, max_new, stop=stops, asked=[], tokenizer=tok)], config,
-                                 tokenizer=tok)[0]  # fmt: skip
+            alone = decode_batch(
+                MODEL, [_row(0.0, max_new, stop=stops, asked=[], tokenizer=tok)], config, tokenizer=tok
+            )[0]
             assert row.generated == alone.generated, f"row {i}"
     assert any(k > 1 for _, k in asked), "the rows drafted"
 
@@ -156,8 +172,12 @@ def test_sampled_rows_of_a_mixed_batch_follow_their_exact_distributions():
     counts = {0.7: Counter(), 1.2: Counter()}
     greedy_alone = decode_batch(MODEL, [_row(0.0, 20, compiled=compiled, tokenizer=tok)], config)[0].generated
     for _ in range(SAMPLES):
-        rows = [_row(0.0, 20, compiled=compiled, asked=[]), _row(0.7, 20, compiled=compiled, asked=[]),
-                _row(0.0, 2, compiled=compiled), _row(1.2, 20, compiled=compiled, asked=[])]  # fmt: skip
+        rows = [
+            _row(0.0, 20, compiled=compiled, asked=[]),
+            _row(0.7, 20, compiled=compiled, asked=[]),
+            _row(0.0, 2, compiled=compiled),
+            _row(1.2, 20, compiled=compiled, asked=[]),
+        ]
         out = decode_batch(MODEL, rows, config, generator=generator)
         assert out[0].generated == greedy_alone
         assert out[2].generated == greedy_alone[:2] and out[2].finish_reason == "length"

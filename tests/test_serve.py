@@ -28,16 +28,40 @@ from grammarspec.serve import Engine, create_app, prompt_ids
 pytestmark = pytest.mark.slow
 
 MODEL = "smollm2-135m"
-SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
-          "required": ["city", "days"], "additionalProperties": False}  # fmt: skip
+SCHEMA = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+    "required": ["city", "days"],
+    "additionalProperties": False,
+}
 TOOLS = [
-    {"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city",
-     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
-                    "additionalProperties": False}}},
-    {"type": "function", "function": {"name": "add", "description": "Add two integers",
-     "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-                    "required": ["a", "b"], "additionalProperties": False}}},
-]  # fmt: skip
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Current weather in a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+                "additionalProperties": False,
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "Add two integers",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                "required": ["a", "b"],
+                "additionalProperties": False,
+            },
+        },
+    },
+]
 
 
 def _free_port() -> int:
@@ -107,8 +131,12 @@ def test_json_object_gives_json(client):
 
 
 def test_forced_and_auto_tool_calls_have_valid_arguments(client):
-    forced = _ask(client, "What is the weather in Oslo?", tools=TOOLS,
-                  tool_choice={"type": "function", "function": {"name": "get_weather"}})  # fmt: skip
+    forced = _ask(
+        client,
+        "What is the weather in Oslo?",
+        tools=TOOLS,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+    )
     assert forced.choices[0].finish_reason == "tool_calls"
     (call,) = forced.choices[0].message.tool_calls
     assert call.function.name == "get_weather"
@@ -121,14 +149,22 @@ def test_forced_and_auto_tool_calls_have_valid_arguments(client):
     jsonschema.validate(json.loads(call.function.arguments), spec)
 
     # auto: after one worked exchange, the model (its own choice, constrained to text or a valid call) calls
-    shot = [{"role": "user", "content": "Weather in Oslo?"},
-            {"role": "assistant", "content": None, "tool_calls": [{"id": "c0", "type": "function",
-             "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
-            {"role": "tool", "tool_call_id": "c0", "content": "rain"},
-            {"role": "assistant", "content": "It rains in Oslo."},
-            {"role": "user", "content": "Weather in Paris?"}]  # fmt: skip
-    auto = client.chat.completions.create(model=MODEL, messages=shot, tools=TOOLS, tool_choice="auto",
-                                          temperature=0, max_tokens=40)  # fmt: skip
+    shot = [
+        {"role": "user", "content": "Weather in Oslo?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c0", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c0", "content": "rain"},
+        {"role": "assistant", "content": "It rains in Oslo."},
+        {"role": "user", "content": "Weather in Paris?"},
+    ]
+    auto = client.chat.completions.create(
+        model=MODEL, messages=shot, tools=TOOLS, tool_choice="auto", temperature=0, max_tokens=40
+    )
     message = auto.choices[0].message
     assert auto.choices[0].finish_reason == "tool_calls", message.content
     for call in message.tool_calls:
@@ -140,8 +176,7 @@ def test_forced_and_auto_tool_calls_have_valid_arguments(client):
 
 
 def test_streaming_reassembles_to_the_answer(client):
-    for kwargs in ({}, {"response_format": _schema_format()},
-                   {"tools": TOOLS, "tool_choice": "required"}):  # fmt: skip
+    for kwargs in ({}, {"response_format": _schema_format()}, {"tools": TOOLS, "tool_choice": "required"}):
         whole = _ask(client, "Plan 2 days in Rome.", **kwargs)
         stream = _ask(client, "Plan 2 days in Rome.", stream=True, stream_options={"include_usage": True}, **kwargs)
         text, calls, finish, usage = "", {}, None, None
@@ -167,22 +202,39 @@ def test_streaming_reassembles_to_the_answer(client):
 def test_greedy_output_equals_grammarspec_generate(smol, client):
     model, tokenizer = smol
     messages = [{"role": "system", "content": "Reply in JSON."}, {"role": "user", "content": "Two days in Porto."}]
-    r = client.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=40,
-                                       response_format=_schema_format())  # fmt: skip
+    r = client.chat.completions.create(
+        model=MODEL, messages=messages, temperature=0, max_tokens=40, response_format=_schema_format()
+    )
     ids = prompt_ids(tokenizer, messages, None, "json")
-    out = grammarspec.generate(model, torch.tensor([ids]), tokenizer=tokenizer, schema=SCHEMA, assistant="auto",
-                               max_new_tokens=40, do_sample=False)  # fmt: skip
+    out = grammarspec.generate(
+        model,
+        torch.tensor([ids]),
+        tokenizer=tokenizer,
+        schema=SCHEMA,
+        assistant="auto",
+        max_new_tokens=40,
+        do_sample=False,
+    )
     expected = tokenizer.decode(out[0, len(ids) :], skip_special_tokens=True)
     assert r.choices[0].message.content == expected
     plain = _ask(client, "Name three colours.", max_tokens=24)
     ids = prompt_ids(tokenizer, [{"role": "user", "content": "Name three colours."}], None, "json")
-    out = grammarspec.generate(model, torch.tensor([ids]), tokenizer=tokenizer, assistant="auto",
-                               max_new_tokens=24, do_sample=False)  # fmt: skip
+    out = grammarspec.generate(
+        model, torch.tensor([ids]), tokenizer=tokenizer, assistant="auto", max_new_tokens=24, do_sample=False
+    )
     assert plain.choices[0].message.content == tokenizer.decode(out[0, len(ids) :], skip_special_tokens=True)
 
 
-PROMPTS = ["Plan 3 days in Lisbon.", "Two days in Oslo.", "A week in Kyoto.", "Five days in Lima.",
-           "A day in Bern.", "Four days in Cairo.", "Three days in Quito.", "Six days in Hanoi."]  # fmt: skip
+PROMPTS = [
+    "Plan 3 days in Lisbon.",
+    "Two days in Oslo.",
+    "A week in Kyoto.",
+    "Five days in Lima.",
+    "A day in Bern.",
+    "Four days in Cairo.",
+    "Three days in Quito.",
+    "Six days in Hanoi.",
+]
 
 
 def test_eight_concurrent_requests_each_equal_their_solo_answer(client, server):
@@ -203,15 +255,21 @@ def test_eight_concurrent_requests_each_equal_their_solo_answer(client, server):
 
 
 def test_a_later_turn_hits_the_prefix_cache(client, server):
-    messages = [{"role": "system", "content": "You are a travel agent. " * 8},
-                {"role": "user", "content": "Plan 2 days in Madrid."}]  # fmt: skip
-    first = client.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=32,
-                                           response_format=_schema_format())  # fmt: skip
+    messages = [
+        {"role": "system", "content": "You are a travel agent. " * 8},
+        {"role": "user", "content": "Plan 2 days in Madrid."},
+    ]
+    first = client.chat.completions.create(
+        model=MODEL, messages=messages, temperature=0, max_tokens=32, response_format=_schema_format()
+    )
     hits = server[1].prefix.stats.hits
-    messages += [{"role": "assistant", "content": first.choices[0].message.content},
-                 {"role": "user", "content": "Now one more day."}]  # fmt: skip
-    second = client.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=32,
-                                            response_format=_schema_format())  # fmt: skip
+    messages += [
+        {"role": "assistant", "content": first.choices[0].message.content},
+        {"role": "user", "content": "Now one more day."},
+    ]
+    second = client.chat.completions.create(
+        model=MODEL, messages=messages, temperature=0, max_tokens=32, response_format=_schema_format()
+    )
     assert server[1].prefix.stats.hits == hits + 1
     cached = second.usage.prompt_tokens_details.cached_tokens
     assert cached >= first.usage.prompt_tokens  # the first prompt, and the re-rendered answer after it
@@ -236,17 +294,24 @@ def test_max_tokens_stop_and_n(client):
 @pytest.mark.parametrize(
     "body, param",
     [
-        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "bogus"}}}},
-         "response_format"),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "bogus"}}}},
+            "response_format",
+        ),
         ({"top_k": 3}, "top_k"),
         ({"temperature": "hot"}, "temperature"),
         ({"max_tokens": -1}, "max_tokens"),
         ({"logprobs": True}, "logprobs"),
-        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
-          "tool_choice": {"type": "function", "function": {"name": "g"}}}, "tools"),
+        (
+            {
+                "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+                "tool_choice": {"type": "function", "function": {"name": "g"}},
+            },
+            "tools",
+        ),
         ({"messages": "hi"}, "messages"),
     ],
-)  # fmt: skip
+)
 def test_bad_input_gets_a_400_in_openai_shape(server, body, param):
     request = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, **body}
     r = httpx.post(server[0] + "/v1/chat/completions", json=request, timeout=120)
@@ -265,8 +330,13 @@ def test_unknown_model_is_a_404_and_a_non_json_body_a_400(server):
 def test_a_disconnect_cancels_its_row_while_the_others_finish(server, client):
     url, engine = server
     cancelled = engine.counters["cancelled"]
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "Write a very long story."}],
-            "temperature": 0, "max_tokens": 200, "stream": True}  # fmt: skip
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Write a very long story."}],
+        "temperature": 0,
+        "max_tokens": 200,
+        "stream": True,
+    }
     with ThreadPoolExecutor(2) as pool:
         other = pool.submit(_ask, client, "Plan 3 days in Lisbon.", response_format=_schema_format())
         with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=120) as r:
@@ -292,8 +362,9 @@ def test_the_openai_agent_example_runs_a_tool_loop(server):
     spec = importlib.util.spec_from_file_location("example_openai_agent", path)
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
-    messages = example.main(["What is the weather in Oslo, in celsius?", "--base-url", server[0] + "/v1",
-                             "--max-turns", "2"])  # fmt: skip
+    messages = example.main(
+        ["What is the weather in Oslo, in celsius?", "--base-url", server[0] + "/v1", "--max-turns", "2"]
+    )
     assert messages[-1]["role"] == "assistant"
     for message in messages:
         for call in message.get("tool_calls") or []:

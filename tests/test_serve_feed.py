@@ -62,8 +62,9 @@ def test_requests_that_join_while_the_loop_runs_decode_as_alone(grammars):  # no
     gs = [grammars[i % len(grammars)] for i in range(len(PROMPTS))]
     alone = [decode(model, p, config, matcher=g.matcher())[0] for p, g in zip(PROMPTS, gs)]
     first = [_request(PROMPTS[0], gs[0].matcher(), Noisy(alone[0], 1), 2, config)]
-    later = [(_request(p, g.matcher(), Noisy(out, 2), 2, config), None)
-             for p, g, out in zip(PROMPTS[1:], gs[1:], alone[1:])]  # fmt: skip
+    later = [
+        (_request(p, g.matcher(), Noisy(out, 2), 2, config), None) for p, g, out in zip(PROMPTS[1:], gs[1:], alone[1:])
+    ]
     feed = ListFeed(later, delay=1)
     on_step, seen = check_rows({i: g for i, g in enumerate(gs)})
     rows = decode_batch(model, first, config, max_batch_size=3, feed=feed, on_step=on_step)
@@ -101,11 +102,14 @@ def test_a_prompt_cache_from_the_feed_prefills_only_the_rest(grammars):  # noqa:
     seen_cached = []
     widths = []
     original = model.forward
-    model.forward = lambda *args, **kwargs: (widths.append(int(kwargs["input_ids"].shape[1])),
-                                             original(*args, **kwargs))[1]  # fmt: skip
+    model.forward = lambda *args, **kwargs: (
+        widths.append(int(kwargs["input_ids"].shape[1])),
+        original(*args, **kwargs),
+    )[1]
     try:
-        decode_batch(model, [], config, max_batch_size=2, feed=feed,
-                     on_step=lambda rows, kv: seen_cached.append(rows[0].cached))  # fmt: skip
+        decode_batch(
+            model, [], config, max_batch_size=2, feed=feed, on_step=lambda rows, kv: seen_cached.append(rows[0].cached)
+        )
     finally:
         del model.forward
     assert feed.ended[0][0] == alone
@@ -137,8 +141,10 @@ def test_a_request_joining_a_busy_batch_reads_its_prompt_in_chunks_and_decodes_a
 
     batch_rows = []
     original = model.forward
-    model.forward = lambda *args, **kwargs: (batch_rows.append(int(kwargs["input_ids"].shape[0])),
-                                             original(*args, **kwargs))[1]  # fmt: skip
+    model.forward = lambda *args, **kwargs: (
+        batch_rows.append(int(kwargs["input_ids"].shape[0])),
+        original(*args, **kwargs),
+    )[1]
     try:
         rows = decode_batch(model, first, config, max_batch_size=3, feed=feed, on_step=on_step, prompt_chunk=chunk)
     finally:

@@ -59,8 +59,9 @@ def _user_text(prompt) -> str:
     if isinstance(prompt, str):
         return prompt
     messages = prompt.get("messages") or []
-    return next((m["content"] for m in messages if m.get("role") == "user" and isinstance(m.get("content"), str)),
-                str(prompt))  # fmt: skip
+    return next(
+        (m["content"] for m in messages if m.get("role") == "user" and isinstance(m.get("content"), str)), str(prompt)
+    )
 
 
 def test_many_concurrent_requests_are_answered_exactly_and_memory_stays_flat(load_server):
@@ -74,9 +75,12 @@ def test_many_concurrent_requests_are_answered_exactly_and_memory_stays_flat(loa
     def ask(job):
         prompt, schema = job
         r = client.chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": prompt}], temperature=0, max_tokens=12,
+            model=MODEL,
+            messages=[{"role": "user", "content": prompt}],
+            temperature=0,
+            max_tokens=12,
             response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": schema}},
-        )  # fmt: skip
+        )
         return r.choices[0].message.content, r.choices[0].finish_reason
 
     solo = [ask(job) for job in distinct]

@@ -22,8 +22,12 @@ from grammarspec.serve.engine import traffic_kind
 from grammarspec.serve.protocol import ChatRequest
 from grammarspec.step_trace import summarize
 
-SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
-          "required": ["city", "days"], "additionalProperties": False}  # fmt: skip
+SCHEMA = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+    "required": ["city", "days"],
+    "additionalProperties": False,
+}
 TEMPLATE = "{% for m in messages %}{{ m['role'][0] }}:{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}a:{% endif %}"
 
 
@@ -65,24 +69,28 @@ def test_traffic_kinds():
 def test_max_tokens_and_stop_end_the_row_and_greedy_rows_ignore_their_sampled_neighbours(model, chat):
     engine = Engine(model, chat, max_batch_size=4, max_tokens=24, prefix_cache_bytes=0)
     try:
-        (alone, _, _), = _wait(*_ask(engine, "write about oslo", max_tokens=12))  # fmt: skip
+        ((alone, _, _),) = _wait(*_ask(engine, "write about oslo", max_tokens=12))
         assert len(alone.tokens) == 12 and alone.row.finish_reason == "length"
         stop = alone.text[4:6]
         assert stop and alone.text.find(stop) >= 1
-        jobs = [_ask(engine, "write about oslo", max_tokens=12), _ask(engine, "a poem", temperature=1.2, n=2),
-                _ask(engine, "write about oslo", max_tokens=5), _ask(engine, "write about oslo", stop=(stop,)),
-                _ask(engine, "a song", temperature=0.7, max_tokens=3)]  # fmt: skip
-        (same, _, finish_same), = _wait(*jobs[0])  # fmt: skip
+        jobs = [
+            _ask(engine, "write about oslo", max_tokens=12),
+            _ask(engine, "a poem", temperature=1.2, n=2),
+            _ask(engine, "write about oslo", max_tokens=5),
+            _ask(engine, "write about oslo", stop=(stop,)),
+            _ask(engine, "a song", temperature=0.7, max_tokens=3),
+        ]
+        ((same, _, finish_same),) = _wait(*jobs[0])
         assert same.tokens == alone.tokens and finish_same == "length"
         for choice, _, _ in _wait(*jobs[1]):
             assert len(choice.tokens) <= 24
-        (short, _, finish_short), = _wait(*jobs[2])  # fmt: skip
+        ((short, _, finish_short),) = _wait(*jobs[2])
         assert short.tokens == alone.tokens[:5] and finish_short == "length"
-        (stopped, message, finish_stop), = _wait(*jobs[3])  # fmt: skip
+        ((stopped, message, finish_stop),) = _wait(*jobs[3])
         assert finish_stop == "stop" and stopped.row.finish_reason == "stop_string"
         assert message["content"] == alone.text[: alone.text.find(stop)]
         assert stopped.tokens == alone.tokens[: len(stopped.tokens)] and len(stopped.tokens) < 12
-        (tiny, _, _), = _wait(*jobs[4])  # fmt: skip
+        ((tiny, _, _),) = _wait(*jobs[4])
         assert len(tiny.tokens) == 3
     finally:
         engine.close()
@@ -101,12 +109,12 @@ def test_a_request_without_a_cache_hit_starts_from_its_kinds_recent_records(mode
 
     engine.more = more  # type: ignore[method-assign]
     try:
-        (first, _, _), = _wait(*_ask(engine, "plan a trip to oslo", schema=SCHEMA))  # fmt: skip
+        ((first, _, _),) = _wait(*_ask(engine, "plan a trip to oslo", schema=SCHEMA))
         learned = copy.deepcopy(first.row_request.controller.calibration._counts)
         assert learned, "the first request learned something"
         assert engine._recent["schema"]._counts == learned
         _wait(*_ask(engine, "tell me about bergen"))  # free text: its own kind
-        (second, _, _), = _wait(*_ask(engine, "plan a trip to rome and naples", schema=SCHEMA))  # fmt: skip
+        ((second, _, _),) = _wait(*_ask(engine, "plan a trip to rome and naples", schema=SCHEMA))
         assert [kind for kind, _ in starts] == ["schema", "text", "schema"]
         assert starts[0][1] == {} and starts[1][1] == {}  # nothing finished of their kind before them
         assert starts[2][1] == learned  # from the first schema request's records

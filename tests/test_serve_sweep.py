@@ -13,15 +13,25 @@ from grammarspec.cli import main
 from grammarspec.serve.sweep import level_summary, run_sweep, sweep_summary, workload, write_sweep
 
 TEMPLATE = "{% for m in messages %}{{ m['role'][0] }}:{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}a:{% endif %}"
-SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
-          "additionalProperties": False}  # fmt: skip
+SCHEMA = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}},
+    "required": ["city"],
+    "additionalProperties": False,
+}
 
 
 @pytest.fixture()
 def tasks_file(tmp_path):
     path = tmp_path / "tasks.jsonl"
-    task = {"id": "ex-city", "kind": "extraction", "system": "reply in json", "prompt": "the city is oslo",
-            "schema": SCHEMA, "reference": {"city": "oslo"}}  # fmt: skip
+    task = {
+        "id": "ex-city",
+        "kind": "extraction",
+        "system": "reply in json",
+        "prompt": "the city is oslo",
+        "schema": SCHEMA,
+        "reference": {"city": "oslo"},
+    }
     path.write_text(json.dumps(task) + "\n", encoding="utf-8")
     return path
 
@@ -46,8 +56,18 @@ def test_the_sweep_runs_every_level_and_arm_and_the_greedy_outputs_agree(tasks_f
     tok = toy_tokenizer()
     tok.chat_template = TEMPLATE
     model = tiny_llama(toy_vocab_size(tok), seed=3)
-    result = run_sweep(model, tok, "tiny", workloads=("json", "prose"), concurrency=(1, 2), rates=(8.0,),
-                       requests=2, max_tokens=6, max_batch_size=2, tasks_path=tasks_file)  # fmt: skip
+    result = run_sweep(
+        model,
+        tok,
+        "tiny",
+        workloads=("json", "prose"),
+        concurrency=(1, 2),
+        rates=(8.0,),
+        requests=2,
+        max_tokens=6,
+        max_batch_size=2,
+        tasks_path=tasks_file,
+    )
     runs = result["runs"]
     assert len(runs) == 2 * 3 * 3  # workloads x levels x (none, auto, none)
     assert [r["arm"] for r in runs[:3]] == ["none", "auto", "none"]

@@ -16,14 +16,24 @@ MESSAGES = [{"role": "user", "content": "hi"}]
 
 
 def test_a_full_request_is_read_field_by_field():
-    r = parse_request({
-        "model": "m", "messages": [{"role": "developer", "content": [{"type": "text", "text": "be brief"}]},
-                                   *MESSAGES],
-        "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}},
-        "temperature": 0, "top_p": 0.5, "max_completion_tokens": 7, "stop": "END", "seed": 3, "n": 2,
-        "stream": True, "stream_options": {"include_usage": True}, "frequency_penalty": 0,
-        "grammarspec": {"assistant": "prompt_lookup", "max_draft_tokens": 4},
-    }, "m")  # fmt: skip
+    r = parse_request(
+        {
+            "model": "m",
+            "messages": [{"role": "developer", "content": [{"type": "text", "text": "be brief"}]}, *MESSAGES],
+            "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}},
+            "temperature": 0,
+            "top_p": 0.5,
+            "max_completion_tokens": 7,
+            "stop": "END",
+            "seed": 3,
+            "n": 2,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "frequency_penalty": 0,
+            "grammarspec": {"assistant": "prompt_lookup", "max_draft_tokens": 4},
+        },
+        "m",
+    )
     assert r.messages[0] == {"role": "system", "content": "be brief"}
     assert r.schema == {"type": "object"} and r.greedy and r.top_p == 0.5 and r.max_tokens == 7
     assert r.stop == ("END",) and r.seed == 3 and r.n == 2 and r.stream and r.include_usage
@@ -43,14 +53,21 @@ def test_a_full_request_is_read_field_by_field():
         ({"stream_options": {"include_usage": True}}, "stream_options", 400),
         ({"tool_choice": "sometimes"}, "tool_choice", 400),
         ({"response_format": {"type": "yaml"}}, "response_format.type", 400),
-        ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, "messages[0].content", 400),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+            "messages[0].content",
+            400,
+        ),
         ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role", 400),
         ({"grammarspec": {"assistant": "draft_model"}}, "grammarspec.assistant", 400),
         ({"model": "other"}, "model", 404),
-        ({"tools": [{"type": "function", "function": {"name": "f"}}], "response_format": {"type": "json_object"}},
-         "response_format", 400),
+        (
+            {"tools": [{"type": "function", "function": {"name": "f"}}], "response_format": {"type": "json_object"}},
+            "response_format",
+            400,
+        ),
     ],
-)  # fmt: skip
+)
 def test_what_cannot_be_honoured_is_refused_by_name(extra, param, status):
     with pytest.raises(RequestError) as e:
         parse_request({"model": "m", "messages": MESSAGES, **extra}, "m")
@@ -138,12 +155,20 @@ def test_the_table_reports_identical_calls_and_the_first_difference():
     a = {"content": "x", "tool_calls": [], "tokens": 2}
     b = {"content": "y", "tool_calls": [], "tokens": 2}
     run = {"turns": 2, "tokens": 4, "calls": 0, "invalid": 0, "ttft": [0.1], "seconds": 1.0}
-    result = {"notes": [], "runs": [
-        {"conversation": "c", "arm": "hf_resend", "repeat": 0, **run, "outputs": [a, a]},
-        {"conversation": "c", "arm": "serve", "repeat": 0, **run, "outputs": [a, b]},
-        {"conversation": "2 at once", "arm": "serve_concurrent", "repeat": 0, **run,
-         "conversations": [{"conversation": "c", "outputs": [a, a]}, {"conversation": "c", "outputs": [a, a]}]},
-    ]}  # fmt: skip
+    result = {
+        "notes": [],
+        "runs": [
+            {"conversation": "c", "arm": "hf_resend", "repeat": 0, **run, "outputs": [a, a]},
+            {"conversation": "c", "arm": "serve", "repeat": 0, **run, "outputs": [a, b]},
+            {
+                "conversation": "2 at once",
+                "arm": "serve_concurrent",
+                "repeat": 0,
+                **run,
+                "conversations": [{"conversation": "c", "outputs": [a, a]}, {"conversation": "c", "outputs": [a, a]}],
+            },
+        ],
+    }
     table = serve_markdown(result, "cmd")
     assert "| 1/2 |" in table and "| 4/4 |" in table
     assert 'serve, c #0: 1/2 identical; first difference at call 2: "y" (2 tokens)' in table
@@ -154,10 +179,22 @@ def test_foreign_servers_get_grammarspecs_rendering_and_text_calls_are_read():
     from grammarspec.conversation import NO_TOOL_NOTE
     from grammarspec.serve.bench import _text_calls, foreign_messages
 
-    messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "q"},
-                {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function",
-                 "function": {"name": "calculator", "arguments": '{"expression": "1+1"}'}}]},
-                {"role": "tool", "tool_call_id": "c1", "content": '{"result": 2}'}]  # fmt: skip
+    messages = [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": "q"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "c1",
+                    "type": "function",
+                    "function": {"name": "calculator", "arguments": '{"expression": "1+1"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": '{"result": 2}'},
+    ]
     sent = foreign_messages(messages, TOOLS, "none")
     assert "calculator" in sent[0]["content"] and sent[0]["content"].startswith("s")  # tools described
     assert sent[2] == {"role": "assistant", "content": '{"name":"calculator","arguments":{"expression":"1+1"}}'}
@@ -196,8 +233,11 @@ def test_the_vllm_serve_command_speculates_with_ngrams_and_parses_tool_calls():
     assert json.loads(cmd[cmd.index("--speculative-config") + 1])["method"] == "ngram"
     assert json.loads(cmd[cmd.index("--structured-outputs-config") + 1])["backend"] == "xgrammar"
     assert "--enable-auto-tool-choice" in cmd and cmd[cmd.index("--tool-call-parser") + 1] == "pythonic"
-    assert capped(["u", ModelTurn("none", 40), ModelTurn("auto", 8)], 12) == ["u", ModelTurn("none", 12),
-                                                                                ModelTurn("auto", 8)]  # fmt: skip
+    assert capped(["u", ModelTurn("none", 40), ModelTurn("auto", 8)], 12) == [
+        "u",
+        ModelTurn("none", 12),
+        ModelTurn("auto", 8),
+    ]
 
 
 def test_bench_serve_skips_vllm_without_its_environment(monkeypatch):

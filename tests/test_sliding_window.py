@@ -28,12 +28,23 @@ from grammarspec.cache import CacheError, forward_with_cache, new_cache
 
 WINDOW = 8
 SCHEMAS = [
-    {"type": "object", "properties": {"a": {"type": "array", "items": {"enum": ["x", "yy", "z"]}, "maxItems": 6},
-                                      "b": {"type": "boolean"}}, "required": ["a", "b"], "additionalProperties": False},
+    {
+        "type": "object",
+        "properties": {
+            "a": {"type": "array", "items": {"enum": ["x", "yy", "z"]}, "maxItems": 6},
+            "b": {"type": "boolean"},
+        },
+        "required": ["a", "b"],
+        "additionalProperties": False,
+    },
     {"type": "array", "items": {"enum": ["ab", "cd", "e"]}, "minItems": 2, "maxItems": 8},
-    {"type": "object", "properties": {"k": {"type": "string", "maxLength": 12}}, "required": ["k"],
-     "additionalProperties": False},
-]  # fmt: skip
+    {
+        "type": "object",
+        "properties": {"k": {"type": "string", "maxLength": 12}},
+        "required": ["k"],
+        "additionalProperties": False,
+    },
+]
 PROMPTS = ["{b:1}{a:[x,yy]}", "[ab,cd,ab,cd]", "{k:abc}"]
 
 
@@ -41,10 +52,19 @@ def sliding_mistral(vocab_size: int, seed: int = 0) -> MistralForCausalLM:
     """A random Mistral whose two layers attend to the last ``WINDOW`` tokens only (no download)."""
     torch.manual_seed(seed)
     config = MistralConfig(
-        vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=512, sliding_window=WINDOW, bos_token_id=None,
-        eos_token_id=0, pad_token_id=1, tie_word_embeddings=False,
-    )  # fmt: skip
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        sliding_window=WINDOW,
+        bos_token_id=None,
+        eos_token_id=0,
+        pad_token_id=1,
+        tie_word_embeddings=False,
+    )
     model = MistralForCausalLM(config)
     with torch.no_grad():
         model.lm_head.weight.mul_(20.0)  # decisive greedy choices, not near-ties
@@ -68,9 +88,15 @@ def hf_reference(model, tok, prompt: str, schema: dict, max_new: int) -> list[in
         json.dumps(schema), any_whitespace=False, separators=(",", ":")
     )  # grammarspec's compact JSON
     ids = torch.tensor([tok(prompt, add_special_tokens=False)["input_ids"]])
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new, do_sample=False,
-                         logits_processor=LogitsProcessorList([LogitsProcessor(grammar)]), eos_token_id=0,
-                         pad_token_id=1)  # fmt: skip
+    out = model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=max_new,
+        do_sample=False,
+        logits_processor=LogitsProcessorList([LogitsProcessor(grammar)]),
+        eos_token_id=0,
+        pad_token_id=1,
+    )
     row = out[0, ids.shape[1] :].tolist()
     return row[: row.index(0) + 1] if 0 in row else row
 
@@ -80,8 +106,17 @@ def ours(model, tok, prompts: list[str], schemas: list[dict], max_new: int, **kw
     width = max(map(len, rows))
     ids = torch.tensor([[1] * (width - len(r)) + r for r in rows])
     mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
-    out = grammarspec.generate(model, ids, attention_mask=mask, tokenizer=tok, schema=schemas, max_new_tokens=max_new,
-                               do_sample=False, return_dict_in_generate=True, **kwargs)  # fmt: skip
+    out = grammarspec.generate(
+        model,
+        ids,
+        attention_mask=mask,
+        tokenizer=tok,
+        schema=schemas,
+        max_new_tokens=max_new,
+        do_sample=False,
+        return_dict_in_generate=True,
+        **kwargs,
+    )
     return [out.sequences[i, width:].tolist()[: s.new_tokens] for i, s in enumerate(out.stats)]
 
 
@@ -136,27 +171,53 @@ def test_a_caller_s_sliding_prompt_cache(model, tok, reference):
     assert len(ids) > WINDOW
     short = DynamicCache(config=model.config)
     forward_with_cache(model, ids[:4], short, 1)  # within the window: every column is still there
-    out = grammarspec.generate(model, torch.tensor([ids]), tokenizer=tok, schema=SCHEMAS[0], max_new_tokens=40,
-                               do_sample=False, past_key_values=short, return_dict_in_generate=True)  # fmt: skip
+    out = grammarspec.generate(
+        model,
+        torch.tensor([ids]),
+        tokenizer=tok,
+        schema=SCHEMAS[0],
+        max_new_tokens=40,
+        do_sample=False,
+        past_key_values=short,
+        return_dict_in_generate=True,
+    )
     assert out.sequences[0, len(ids) :].tolist()[: out.stats[0].new_tokens] == reference[0]
     full = DynamicCache(config=model.config)
     forward_with_cache(model, ids[:-1], full, 1)  # past the window: the cache has forgotten columns
     with pytest.raises((CacheError, ValueError), match="sliding"):
-        grammarspec.generate(model, torch.tensor([ids]), tokenizer=tok, schema=SCHEMAS[0], max_new_tokens=40,
-                             do_sample=False, past_key_values=full, assistant="auto")  # fmt: skip
+        grammarspec.generate(
+            model,
+            torch.tensor([ids]),
+            tokenizer=tok,
+            schema=SCHEMAS[0],
+            max_new_tokens=40,
+            do_sample=False,
+            past_key_values=full,
+            assistant="auto",
+        )
 
 
 def test_a_conversation_on_a_sliding_model_equals_fresh_calls(model, tok):
     chat = toy_tokenizer()
-    chat.chat_template = "{% for m in messages %}{{ m['role'][0] }}:{{ m['content'] }}\n{% endfor %}" \
-                         "{% if add_generation_prompt %}a:{% endif %}"  # fmt: skip
+    chat.chat_template = (
+        "{% for m in messages %}{{ m['role'][0] }}:{{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}a:{% endif %}"
+    )
     conversation = grammarspec.Conversation(model, chat, assistant="auto", do_sample=False)
     for turn, schema in zip(["ab", "cd e", "x yy z"], SCHEMAS):
         conversation.add_user(turn)
         reply = conversation.reply(schema=schema, max_new_tokens=30)
         ids = conversation.prompt_ids(conversation.messages[:-1])
-        fresh = grammarspec.generate(model, torch.tensor([ids]), tokenizer=chat, schema=schema, max_new_tokens=30,
-                                     do_sample=False, assistant="auto", return_dict_in_generate=True)  # fmt: skip
+        fresh = grammarspec.generate(
+            model,
+            torch.tensor([ids]),
+            tokenizer=chat,
+            schema=schema,
+            max_new_tokens=30,
+            do_sample=False,
+            assistant="auto",
+            return_dict_in_generate=True,
+        )
         assert reply.tokens == fresh.sequences[0, len(ids) :].tolist()[: fresh.stats[0].new_tokens]
     assert (
         len(ids) > 2 * WINDOW and conversation.replies[-1].reused_tokens > WINDOW

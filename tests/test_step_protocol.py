@@ -48,8 +48,7 @@ def test_a_member_shared_by_two_composites_is_refused():
 
 def test_own_proposers_per_row_decode():
     config = DecodeConfig(max_new_tokens=4, eos_token_ids=(0,))
-    rows = decode_batch(ToyCausalLM(V), _requests([ScriptFollower([5, 6, 7, 8], 0) for _ in range(2)], config),
-                        config)  # fmt: skip
+    rows = decode_batch(ToyCausalLM(V), _requests([ScriptFollower([5, 6, 7, 8], 0) for _ in range(2)], config), config)
     assert all(len(row.generated) == 4 for row in rows)
 
 
@@ -95,8 +94,10 @@ def test_a_tree_drafter_under_flash_attention_verifies_chains():
     tok = toy_tokenizer()
     compiled = compile_grammar(
         grammar_spec(schema={"type": "array", "items": {"enum": ["a", "b"]}, "minItems": 1, "maxItems": 2}),
-        tok, vocab_size=len(tok), stop_token_ids=(0,),
-    )  # fmt: skip
+        tok,
+        vocab_size=len(tok),
+        stop_token_ids=(0,),
+    )
     config = DecodeConfig(max_new_tokens=20, eos_token_ids=(0,))
 
     class ChainToo(BranchyTreeProposer):
@@ -110,9 +111,13 @@ def test_a_tree_drafter_under_flash_attention_verifies_chains():
         TARGET.config._attn_implementation = attention
         try:
             proposer = ChainToo(0)
-            request = RowRequest(PROMPT, compiled.matcher(max_rollback=8), proposer,
-                                 AdaptiveController(k_min=3, k_max=3, adaptive=False),
-                                 sampling_processing(config, (), len(PROMPT)))  # fmt: skip
+            request = RowRequest(
+                PROMPT,
+                compiled.matcher(max_rollback=8),
+                proposer,
+                AdaptiveController(k_min=3, k_max=3, adaptive=False),
+                sampling_processing(config, (), len(PROMPT)),
+            )
             (row,) = decode_batch(TARGET, [request], config)
             return row.generated, proposer
         finally:

@@ -17,11 +17,25 @@ from grammarspec.tool_calls import (
 )
 
 TOOLS = [
-    {"type": "function", "function": {"name": "get_weather",
-     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
-    {"type": "function", "function": {"name": "calculator",
-     "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}}},
-]  # fmt: skip
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "calculator",
+            "parameters": {
+                "type": "object",
+                "properties": {"expression": {"type": "string"}},
+                "required": ["expression"],
+            },
+        },
+    },
+]
 IDS = ["call_0", "call_1", "call_2"]
 
 
@@ -65,10 +79,15 @@ def test_replies_become_openai_messages():
     assert text == {"role": "assistant", "content": "It is sunny."}
     call = parse_tool_reply('{"name":"get_weather","arguments":{"city":"Oslo"}}', TOOLS, "json", IDS)
     assert call["content"] is None
-    assert call["tool_calls"] == [{"id": "call_0", "type": "function",
-                                   "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]  # fmt: skip
-    two = parse_tool_reply('[{"name":"calculator","arguments":{"expression":"2*3"}},'
-                           '{"name":"get_weather","arguments":{"city":"Lima"}}]', TOOLS, "json", IDS)  # fmt: skip
+    assert call["tool_calls"] == [
+        {"id": "call_0", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}
+    ]
+    two = parse_tool_reply(
+        '[{"name":"calculator","arguments":{"expression":"2*3"}},{"name":"get_weather","arguments":{"city":"Lima"}}]',
+        TOOLS,
+        "json",
+        IDS,
+    )
     assert [c["id"] for c in two["tool_calls"]] == ["call_0", "call_1"]
     assert json.loads(two["tool_calls"][1]["function"]["arguments"]) == {"city": "Lima"}
     with pytest.raises(ToolCallError, match="not complete JSON"):
@@ -83,8 +102,10 @@ def test_a_native_format_comes_from_xgrammar_and_parses_back(smol_tokenizer):
     message = parse_tool_reply(written, TOOLS, "qwen_3", IDS)
     assert message["content"] == "Let me check."
     assert message["tool_calls"][0]["function"] == {"name": "get_weather", "arguments": '{"city": "Oslo"}'}
-    assert parse_tool_reply("No tools needed.", TOOLS, "qwen_3", IDS) == {"role": "assistant",
-                                                                          "content": "No tools needed."}  # fmt: skip
+    assert parse_tool_reply("No tools needed.", TOOLS, "qwen_3", IDS) == {
+        "role": "assistant",
+        "content": "No tools needed.",
+    }
     forced = tool_constraint(TOOLS, {"type": "function", "function": {"name": "calculator"}}, tool_format="llama")
     assert accepts(smol_tokenizer, forced, '{"name": "calculator", "parameters": {"expression": "1+2"}}')
 

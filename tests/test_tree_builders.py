@@ -108,8 +108,11 @@ def test_tree_proposer_branches_over_schema_candidates_and_passes_chains_through
     drafted = proposer.propose_tree(prompt + ids, GrammarView(matcher), 8)
     assert isinstance(drafted, DraftTree) and not drafted.is_chain and len(drafted) <= 32
     assert drafted.width() >= 2
-    leaves = [tok.decode([drafted.tokens[j] for j in drafted.path(i)]) for i in range(len(drafted))
-              if i not in drafted.parents]  # fmt: skip
+    leaves = [
+        tok.decode([drafted.tokens[j] for j in drafted.path(i)])
+        for i in range(len(drafted))
+        if i not in drafted.parents
+    ]
     assert sum(any(u in leaf for u in ("celsius", "fahrenheit", "kelvin")) for leaf in leaves) >= 2, leaves
     proposer.commit_tree(drafted, list(drafted.tokens[:2]))
     # width 1: the inner chain draft itself

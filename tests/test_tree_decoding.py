@@ -48,8 +48,15 @@ def test_greedy_tree_decoding_equals_plain_greedy_on_the_embedded_model(smol):
     ids = grammarspec.build_prompt(tok, PROMPT)
     plain = grammarspec.generate(model, torch.tensor([ids]), tokenizer=tok, schema=SCHEMA, max_new_tokens=60)
     proposer = CountingTrees(resolve_assistant("auto"), width=4, size=32)
-    out = grammarspec.generate(model, torch.tensor([ids]), tokenizer=tok, schema=SCHEMA, assistant=proposer,
-                               max_new_tokens=60, return_dict_in_generate=True)  # fmt: skip
+    out = grammarspec.generate(
+        model,
+        torch.tensor([ids]),
+        tokenizer=tok,
+        schema=SCHEMA,
+        assistant=proposer,
+        max_new_tokens=60,
+        return_dict_in_generate=True,
+    )
     assert out.sequences[0].tolist() == plain[0].tolist()
     assert proposer.trees > 0  # branching trees went through tree_layout
     stats = out.stats[0]

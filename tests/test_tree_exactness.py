@@ -105,9 +105,15 @@ def tree_counts(compiled, params, seed, samples, on_step=None):
     for i in range(samples):
         proposer = BranchyTreeProposer(seed + i)
         new, stats = decode(
-            TARGET, PROMPT, config, matcher=compiled.matcher(max_rollback=8), proposer=proposer,
-            controller=AdaptiveController(k_min=3, k_max=3, adaptive=False), generator=generator, on_step=on_step,
-        )  # fmt: skip
+            TARGET,
+            PROMPT,
+            config,
+            matcher=compiled.matcher(max_rollback=8),
+            proposer=proposer,
+            controller=AdaptiveController(k_min=3, k_max=3, adaptive=False),
+            generator=generator,
+            on_step=on_step,
+        )
         assert stats.finish_reason == "stop"
         counts[tuple(new)] += 1
         branched += sum(not t.is_chain for t in proposer.trees)
@@ -138,9 +144,13 @@ def test_greedy_tree_decoding_equals_plain_greedy(compiled):
     plain, _ = decode(TARGET, PROMPT, config, matcher=compiled.matcher())
     for seed in range(5):
         new, _ = decode(
-            TARGET, PROMPT, config, matcher=compiled.matcher(max_rollback=8), proposer=BranchyTreeProposer(seed),
+            TARGET,
+            PROMPT,
+            config,
+            matcher=compiled.matcher(max_rollback=8),
+            proposer=BranchyTreeProposer(seed),
             controller=AdaptiveController(k_min=3, k_max=3, adaptive=False),
-        )  # fmt: skip
+        )
         assert new == plain
 
 
@@ -184,9 +194,14 @@ def test_user_processors_see_each_node_s_own_prefix(compiled):
     for seed in range(5):
         proposer = BranchyTreeProposer(seed)
         new, _ = decode(
-            TARGET, PROMPT, config, matcher=compiled.matcher(max_rollback=8), proposer=proposer,
-            controller=AdaptiveController(k_min=3, k_max=3, adaptive=False), processors=[favour_by_prefix],
-        )  # fmt: skip
+            TARGET,
+            PROMPT,
+            config,
+            matcher=compiled.matcher(max_rollback=8),
+            proposer=proposer,
+            controller=AdaptiveController(k_min=3, k_max=3, adaptive=False),
+            processors=[favour_by_prefix],
+        )
         assert new == plain
         assert any(not t.is_chain for t in proposer.trees)
 
@@ -201,8 +216,9 @@ def batch_of_trees(compiled, config, prompts, seeds, generator=None, on_step=Non
     for prompt, seed in zip(prompts, seeds):
         controller = AdaptiveController(k_min=3, k_max=3, adaptive=False)
         processing = sampling_processing(config, (), len(prompt))
-        requests.append(RowRequest(prompt, compiled.matcher(max_rollback=8), BranchyTreeProposer(seed), controller,
-                                   processing))  # fmt: skip
+        requests.append(
+            RowRequest(prompt, compiled.matcher(max_rollback=8), BranchyTreeProposer(seed), controller, processing)
+        )
     return decode_batch(TARGET, requests, config, generator=generator, on_step=on_step)
 
 
@@ -231,8 +247,14 @@ def test_sampled_trees_at_batch_4_follow_the_constrained_target(compiled):
     branched = 0
     batches = 600
     for b in range(batches):
-        rows = batch_of_trees(compiled, config, [PROMPT] * 4, [4 * b + i for i in range(4)], generator,
-                              on_step=check_batch_cache if b < 20 else None)  # fmt: skip
+        rows = batch_of_trees(
+            compiled,
+            config,
+            [PROMPT] * 4,
+            [4 * b + i for i in range(4)],
+            generator,
+            on_step=check_batch_cache if b < 20 else None,
+        )
         for row in rows:
             assert row.finish_reason == "stop"
             counts[tuple(row.generated)] += 1

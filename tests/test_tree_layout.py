@@ -91,8 +91,11 @@ def test_tree_logits_equal_chain_logits_on_the_embedded_model(smol):
     model, tok = smol
     prompt = tok.encode('Extract: {"name":"Ann","age":31}. Answer: {"name":"', add_special_tokens=False)
     ann = tok.encode("Ann", add_special_tokens=False)
-    paths = [ann + tok.encode('","', add_special_tokens=False), ann + tok.encode('",', add_special_tokens=False),
-             tok.encode("Bob", add_special_tokens=False)]  # fmt: skip
+    paths = [
+        ann + tok.encode('","', add_special_tokens=False),
+        ann + tok.encode('",', add_special_tokens=False),
+        tok.encode("Bob", add_special_tokens=False),
+    ]
     tree = DraftTree.from_paths(paths)
     assert not tree.is_chain
     check_tree_pass(model, prompt, tree, len(prompt) - 1, atol=1e-3)  # float32 over 30 layers

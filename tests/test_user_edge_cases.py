@@ -20,10 +20,19 @@ from grammars import GrammarError
 ROOT = Path(__file__).resolve().parents[1]
 
 TOOLS = [
-    {"type": "function", "function": {"name": "get_weather", "parameters": {
-        "type": "object", "properties": {"city": {"type": "string", "maxLength": 3}}, "required": ["city"]}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "maxLength": 3}},
+                "required": ["city"],
+            },
+        },
+    },
     {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}},
-]  # fmt: skip
+]
 
 
 @pytest.fixture(scope="module")
@@ -50,8 +59,9 @@ def test_complete_and_reply_refuse_a_parallel_tool_calls_that_is_not_a_bool(chat
     model, tok = chat
     for bad in ("yes", 1):
         with pytest.raises(ValueError, match=f"parallel_tool_calls= must be True or False, got {bad!r}"):
-            grammarspec.complete(model, tok, "Hi", tools=TOOLS, parallel_tool_calls=bad, assistant=None,
-                                 max_new_tokens=4)  # fmt: skip
+            grammarspec.complete(
+                model, tok, "Hi", tools=TOOLS, parallel_tool_calls=bad, assistant=None, max_new_tokens=4
+            )
     conv = grammarspec.Conversation(model, tok, tools=TOOLS, assistant=None)
     conv.add_user("Hi")
     with pytest.raises(ValueError, match="parallel_tool_calls= must be True or False, got 'yes'"):

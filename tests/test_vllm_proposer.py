@@ -17,8 +17,12 @@ import pytest
 
 from proposers.base import Draft
 
-SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
-          "required": ["city", "days"], "additionalProperties": False}  # fmt: skip
+SCHEMA = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+    "required": ["city", "days"],
+    "additionalProperties": False,
+}
 MAX_LEN = 512
 
 
@@ -231,8 +235,7 @@ def test_find_model_runner_walks_the_stack():
 def test_speculative_config_and_import_without_vllm():
     import grammarspec.vllm as gsv
 
-    assert gsv.speculative_config(5) == {"method": "custom_class", "model": gsv.CLASS_PATH,
-                                         "num_speculative_tokens": 5}  # fmt: skip
+    assert gsv.speculative_config(5) == {"method": "custom_class", "model": gsv.CLASS_PATH, "num_speculative_tokens": 5}
     with pytest.raises(ValueError, match="num_speculative_tokens"):
         gsv.speculative_config(0)
     module, name = gsv.CLASS_PATH.rsplit(".", 1)

@@ -23,9 +23,15 @@ class ToyCausalLM(torch.nn.Module):
         super().__init__()
         g = torch.Generator().manual_seed(seed)
         self.config = LlamaConfig(
-            vocab_size=vocab_size, hidden_size=8, num_hidden_layers=1, num_attention_heads=1,
-            num_key_value_heads=1, intermediate_size=8, bos_token_id=None, eos_token_id=0,
-        )  # fmt: skip
+            vocab_size=vocab_size,
+            hidden_size=8,
+            num_hidden_layers=1,
+            num_attention_heads=1,
+            num_key_value_heads=1,
+            intermediate_size=8,
+            bos_token_id=None,
+            eos_token_id=0,
+        )
         self.bigram = scale * torch.randn(vocab_size, vocab_size, generator=g)
         self.position = scale * 0.5 * torch.randn(8, vocab_size, generator=g)
         self.history = scale * 0.5 * torch.randn(buckets, vocab_size, generator=g)
@@ -50,8 +56,13 @@ class ToyCausalLM(torch.nn.Module):
         batch, n = input_ids.shape
         if attention_mask is not None and attention_mask.dim() == 4:
             logits = self._attend(input_ids, cache, attention_mask, position_ids)
-            return SimpleNamespace(logits=logits[logits_to_keep] if isinstance(logits_to_keep, torch.Tensor)
-                                   else logits[:, -logits_to_keep:] if logits_to_keep else logits)  # fmt: skip
+            return SimpleNamespace(
+                logits=logits[logits_to_keep]
+                if isinstance(logits_to_keep, torch.Tensor)
+                else logits[:, -logits_to_keep:]
+                if logits_to_keep
+                else logits
+            )
         past_len = cache.get_seq_length() if cache is not None else 0
         past = cache.layers[0].keys[:, 0, :, 0].long().tolist() if past_len else [[] for _ in range(batch)]
         mask = attention_mask.tolist() if attention_mask is not None else [[1] * (past_len + n)] * batch
@@ -101,10 +112,18 @@ def tiny_llama(vocab_size: int, seed: int = 0) -> LlamaForCausalLM:
     """A real (random) Llama with a handful of parameters."""
     torch.manual_seed(seed)
     config = LlamaConfig(
-        vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-        bos_token_id=None, eos_token_id=0, pad_token_id=1, tie_word_embeddings=False,
-    )  # fmt: skip
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        bos_token_id=None,
+        eos_token_id=0,
+        pad_token_id=1,
+        tie_word_embeddings=False,
+    )
     model = LlamaForCausalLM(config)
     with torch.no_grad():
         model.lm_head.weight.mul_(20.0)  # peaky enough that sampling differs from uniform

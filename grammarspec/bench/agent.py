@@ -103,9 +103,15 @@ def _hf_turn(model: torch.nn.Module, ids: list[int], compiled: Any, max_new: int
     extra = {"past_key_values": cache} if cache is not None else {}
     with torch.inference_mode():
         out = model.generate(  # type: ignore[operator]
-            input_ids, attention_mask=torch.ones_like(input_ids), logits_processor=processors,
-                             max_new_tokens=max_new, do_sample=False, eos_token_id=eos, pad_token_id=eos,
-                             **extra)  # fmt: skip
+            input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            logits_processor=processors,
+            max_new_tokens=max_new,
+            do_sample=False,
+            eos_token_id=eos,
+            pad_token_id=eos,
+            **extra,
+        )
     new = out[0, len(ids) :].tolist()
     return new[: new.index(eos) + 1] if eos in new else new
 
@@ -182,8 +188,9 @@ def run_agent_bench(
                 grammars.get(constraint)
                 spec = grammar_spec(**constraint)
                 if spec is not None:
-                    compile_grammar(spec, tokenizer, vocab_size=logits_width(model),
-                                    stop_token_ids=(tokenizer.eos_token_id,))  # fmt: skip
+                    compile_grammar(
+                        spec, tokenizer, vocab_size=logits_width(model), stop_token_ids=(tokenizer.eos_token_id,)
+                    )
     first = next(iter(conversations.values()))
     for arm in arms:  # warm-up: one untimed short conversation per arm
         play(model, tokenizer, first[:2] + [ModelTurn("required", 8)], arm, grammars)
@@ -203,10 +210,15 @@ def agent_markdown(runs: list[ConversationRun], command: str) -> str:
     arms = [a for a in AGENT_ARMS if any(run.arm == a for run in runs)]
     names = list(dict.fromkeys(run.conversation for run in runs))
     by = {(run.conversation, run.arm, run.repeat): run for run in runs}
-    lines = [f"`{command}`", "",
-             ("| conversation | model turns | tool calls | generated | prompt tokens (sum) | prefilled: resend / cache / conv "
-             "| tokens per target pass (conv) | seconds: resend / cache / conv | speedup vs resend | vs cache | identical |"),
-             "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        f"`{command}`",
+        "",
+        (
+            "| conversation | model turns | tool calls | generated | prompt tokens (sum) | prefilled: resend / cache / conv "
+            "| tokens per target pass (conv) | seconds: resend / cache / conv | speedup vs resend | vs cache | identical |"
+        ),
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     totals = {a: 0.0 for a in arms}
     ratios: dict[str, list[float]] = {"hf_resend": [], "hf_cache": []}
     for name in names:
@@ -215,8 +227,9 @@ def agent_markdown(runs: list[ConversationRun], command: str) -> str:
         for a in arms:
             totals[a] += secs[a]
         ref = by[(name, arms[-1], repeats[0])]
-        same = all([t.tokens for t in by[(name, a, r)].turns] == [t.tokens for t in ref.turns]
-                   for a in arms for r in repeats)  # fmt: skip
+        same = all(
+            [t.tokens for t in by[(name, a, r)].turns] == [t.tokens for t in ref.turns] for a in arms for r in repeats
+        )
         prefilled = " / ".join(str(sum(t.prefilled for t in by[(name, a, repeats[0])].turns)) for a in arms)
         conv = by.get((name, "conversation", repeats[0]))
         per_pass = f"{conv.generated / max(1, sum(t.target_forwards or 0 for t in conv.turns)):.2f}" if conv else "-"
@@ -231,8 +244,10 @@ def agent_markdown(runs: list[ConversationRun], command: str) -> str:
         )
     if "conversation" in totals:
         whole = {b: totals[b] / totals["conversation"] for b in ratios if b in totals}
-        lines.append(f"| **all** | | | | | | | {' / '.join(f'{totals[a]:.2f}' for a in arms)} "
-                     f"| {_x(whole.get('hf_resend'))} | {_x(whole.get('hf_cache'))} | |")  # fmt: skip
+        lines.append(
+            f"| **all** | | | | | | | {' / '.join(f'{totals[a]:.2f}' for a in arms)} "
+            f"| {_x(whole.get('hf_resend'))} | {_x(whole.get('hf_cache'))} | |"
+        )
     lines += ["", "Calls per conversation (first repeat, the conversation arm):", ""]
     for name in names:
         ref = by[(name, arms[-1], 0)]

@@ -24,18 +24,34 @@ SYSTEM = "You are a helpful shop assistant. Use the tools to look things up, the
 
 
 def _function(name: str, description: str, properties: dict[str, Any]) -> dict[str, Any]:
-    return {"type": "function", "function": {"name": name, "description": description, "parameters": {
-        "type": "object", "properties": properties, "required": list(properties)}}}  # fmt: skip
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description,
+            "parameters": {"type": "object", "properties": properties, "required": list(properties)},
+        },
+    }
 
 
 TOOLS: list[dict[str, Any]] = [
-    _function("get_weather", "Current weather for a city.",
-              {"city": {"type": "string", "maxLength": 24}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}),
-    _function("calculator", "Evaluate an arithmetic expression with + - * / and parentheses.",
-              {"expression": {"type": "string", "maxLength": 40}}),
-    _function("lookup_order", "Status of an order by its id, e.g. A-1042.", {"order_id": {"type": "string", "maxLength": 12}}),
-    _function("find_product", "Price and stock of a product in the shop.", {"name": {"type": "string", "maxLength": 32}}),
-]  # fmt: skip
+    _function(
+        "get_weather",
+        "Current weather for a city.",
+        {"city": {"type": "string", "maxLength": 24}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+    ),
+    _function(
+        "calculator",
+        "Evaluate an arithmetic expression with + - * / and parentheses.",
+        {"expression": {"type": "string", "maxLength": 40}},
+    ),
+    _function(
+        "lookup_order", "Status of an order by its id, e.g. A-1042.", {"order_id": {"type": "string", "maxLength": 12}}
+    ),
+    _function(
+        "find_product", "Price and stock of a product in the shop.", {"name": {"type": "string", "maxLength": 32}}
+    ),
+]
 
 _WEATHER = {"oslo": (4.0, "light rain"), "paris": (14.5, "sunny"), "lima": (21.0, "fog"), "tokyo": (18.0, "cloudy")}
 _ORDERS: dict[str, dict[str, Any]] = {
@@ -49,9 +65,13 @@ _PRODUCTS: dict[str, dict[str, Any]] = {
     "monitor arm": {"price": 74.5, "currency": "EUR", "in_stock": 5},
 }
 _OPERATORS: dict[type, Callable[..., Any]] = {
-    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-    ast.USub: operator.neg, ast.UAdd: operator.pos,
-}  # fmt: skip
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.USub: operator.neg,
+    ast.UAdd: operator.pos,
+}
 
 
 def _calculate(expression: str) -> dict[str, Any]:
@@ -108,21 +128,38 @@ CALL, ANSWER = ModelTurn("required", 64), ModelTurn("none", 40)
 #: name -> script.  Each has at least four model turns with tool results fed back.
 CONVERSATIONS: dict[str, list[Any]] = {
     "weather": [
-        "What is the weather in Oslo, in celsius?", CALL, ANSWER,
-        "And in Lima, in fahrenheit?", CALL, ModelTurn("auto", 40),
+        "What is the weather in Oslo, in celsius?",
+        CALL,
+        ANSWER,
+        "And in Lima, in fahrenheit?",
+        CALL,
+        ModelTurn("auto", 40),
     ],
     "orders": [
-        "Where is my order A-1042?", CALL, ANSWER,
-        "What about order A-1043?", ModelTurn({"type": "function", "function": {"name": "lookup_order"}}), ANSWER,
+        "Where is my order A-1042?",
+        CALL,
+        ANSWER,
+        "What about order A-1043?",
+        ModelTurn({"type": "function", "function": {"name": "lookup_order"}}),
+        ANSWER,
     ],
     "shopping": [
-        "How much is the desk lamp?", CALL, ANSWER,
-        "I want 3 of them. What is the total?", ModelTurn({"type": "function", "function": {"name": "calculator"}}),
+        "How much is the desk lamp?",
+        CALL,
         ANSWER,
-        "Is the office chair in stock?", CALL, ANSWER,
+        "I want 3 of them. What is the total?",
+        ModelTurn({"type": "function", "function": {"name": "calculator"}}),
+        ANSWER,
+        "Is the office chair in stock?",
+        CALL,
+        ANSWER,
     ],
     "mixed": [
-        "Is the monitor arm in stock?", CALL, ANSWER,
-        "What is 74.5 * 2 + 39.9?", CALL, ModelTurn("auto", 40),
+        "Is the monitor arm in stock?",
+        CALL,
+        ANSWER,
+        "What is 74.5 * 2 + 39.9?",
+        CALL,
+        ModelTurn("auto", 40),
     ],
-}  # fmt: skip
+}

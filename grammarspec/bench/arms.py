@@ -48,8 +48,17 @@ __all__ = [
 #: Arms run by vLLM in its own environment (:mod:`.vllm_arms`; opt-in with ``--arms``).
 VLLM_ARMS = ("vllm", "vllm-ngram", "vllm-grammarspec")
 #: Every arm the bench knows, in report order.
-ARMS = ("baseline", "none", "jump_forward", "prompt_lookup", "schema_ngram", "auto", "draft_model", "auto+draft",
-        *VLLM_ARMS)  # fmt: skip
+ARMS = (
+    "baseline",
+    "none",
+    "jump_forward",
+    "prompt_lookup",
+    "schema_ngram",
+    "auto",
+    "draft_model",
+    "auto+draft",
+    *VLLM_ARMS,
+)
 #: Arms that need a draft model (``--draft-model``).
 DRAFT_ARMS = ("draft_model", "auto+draft")
 #: Arms of a full run (the draft arms are added when a draft model is given).
@@ -94,8 +103,13 @@ class GenerationSettings:
         if self.greedy:
             return {"max_new_tokens": self.max_new_tokens, "do_sample": False}
         # pure temperature sampling: no top-k / top-p on either side
-        return {"max_new_tokens": self.max_new_tokens, "do_sample": True, "temperature": self.temperature,
-                "top_k": 0, "top_p": 1.0}  # fmt: skip
+        return {
+            "max_new_tokens": self.max_new_tokens,
+            "do_sample": True,
+            "temperature": self.temperature,
+            "top_k": 0,
+            "top_p": 1.0,
+        }
 
 
 class BaselineGrammars:
@@ -212,10 +226,15 @@ def run_arm(
     tokens = out.sequences[0, input_ids.shape[1] :].tolist()[: stats.new_tokens]
     finish = "stop" if stats.finish_reason in ("stop", "eos") else stats.finish_reason
     setup = seconds - stats.total_seconds  # grammar lookup and proposer start, before decoding
-    return RunResult(tokens=tokens, seconds=seconds, finish_reason=finish, stats=stats,
-                     grammar_seconds=stats.grammar_seconds,
-                     first_step_seconds=setup + stats.first_step_seconds,
-                     first_step_tokens=stats.first_step_tokens)  # fmt: skip
+    return RunResult(
+        tokens=tokens,
+        seconds=seconds,
+        finish_reason=finish,
+        stats=stats,
+        grammar_seconds=stats.grammar_seconds,
+        first_step_seconds=setup + stats.first_step_seconds,
+        first_step_tokens=stats.first_step_tokens,
+    )
 
 
 def _run_baseline(
@@ -242,5 +261,11 @@ def _run_baseline(
         tokens = tokens[: tokens.index(eos) + 1]
     finish = "stop" if tokens and tokens[-1] == eos else "length"
     first = (processor.first_call - t0) if processor.first_call is not None else 0.0
-    return RunResult(tokens=tokens, seconds=seconds, finish_reason=finish, grammar_seconds=processor.seconds,
-                     first_step_seconds=first, first_step_tokens=1 if tokens else 0)  # fmt: skip
+    return RunResult(
+        tokens=tokens,
+        seconds=seconds,
+        finish_reason=finish,
+        grammar_seconds=processor.seconds,
+        first_step_seconds=first,
+        first_step_tokens=1 if tokens else 0,
+    )

@@ -76,17 +76,25 @@ class BatchRun:
         return self.drafted / self.row_passes if self.row_passes else 0.0
 
     def as_dict(self) -> dict[str, Any]:
-        return {"arm": self.arm, "batch_size": self.batch_size, "seconds": round(self.seconds, 3),
-                "tokens": self.tokens, "throughput": round(self.throughput, 2), "target_passes": self.target_passes,
-                "tokens_per_pass": round(self.tokens_per_pass, 3), "drafted_per_row": round(self.drafted_per_row, 3),
-                "latency_p50": round(statistics.median(self.latencies), 3) if self.latencies else 0.0,
-                "latency_max": round(max(self.latencies), 3) if self.latencies else 0.0,
-                "categories": {c: round(v[0] / v[1], 2) if v[1] else 0.0 for c, v in self.categories.items()}}  # fmt: skip
+        return {
+            "arm": self.arm,
+            "batch_size": self.batch_size,
+            "seconds": round(self.seconds, 3),
+            "tokens": self.tokens,
+            "throughput": round(self.throughput, 2),
+            "target_passes": self.target_passes,
+            "tokens_per_pass": round(self.tokens_per_pass, 3),
+            "drafted_per_row": round(self.drafted_per_row, 3),
+            "latency_p50": round(statistics.median(self.latencies), 3) if self.latencies else 0.0,
+            "latency_max": round(max(self.latencies), 3) if self.latencies else 0.0,
+            "categories": {c: round(v[0] / v[1], 2) if v[1] else 0.0 for c, v in self.categories.items()},
+        }
 
 
 def _prompt(tokenizer: Any, task: BenchTask) -> list[int]:
-    return grammarspec.build_prompt(tokenizer, task.prompt, system=task.system,
-                                    schema=task.schema if not task.tools else None, tools=task.tools)  # fmt: skip
+    return grammarspec.build_prompt(
+        tokenizer, task.prompt, system=task.system, schema=task.schema if not task.tools else None, tools=task.tools
+    )
 
 
 def _left_pad(prompts: Sequence[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -100,15 +108,23 @@ def _cut(tokens: list[int], eos: int) -> list[int]:
     return tokens[: tokens.index(eos) + 1] if eos in tokens else tokens
 
 
-def _run_baseline(model: Any, ids: torch.Tensor, mask: torch.Tensor, grammars: list[Any], eos: int,
-                  max_new: int) -> tuple[list[list[int]], float, int]:  # fmt: skip
+def _run_baseline(
+    model: Any, ids: torch.Tensor, mask: torch.Tensor, grammars: list[Any], eos: int, max_new: int
+) -> tuple[list[list[int]], float, int]:
     from transformers import LogitsProcessorList
     from xgrammar.contrib.hf import LogitsProcessor
 
     t0 = time.perf_counter()
     with torch.inference_mode():
-        out = model.generate(ids, attention_mask=mask, logits_processor=LogitsProcessorList([LogitsProcessor(grammars)]),
-                             eos_token_id=eos, pad_token_id=eos, max_new_tokens=max_new, do_sample=False)  # fmt: skip
+        out = model.generate(
+            ids,
+            attention_mask=mask,
+            logits_processor=LogitsProcessorList([LogitsProcessor(grammars)]),
+            eos_token_id=eos,
+            pad_token_id=eos,
+            max_new_tokens=max_new,
+            do_sample=False,
+        )
     seconds = time.perf_counter() - t0
     new = out[:, ids.shape[1] :]
     return [_cut(row.tolist(), eos) for row in new], seconds, int(new.shape[1])
@@ -161,8 +177,9 @@ def _serve(arm: str) -> Callable[..., float]:
     return lambda *args: _serve_grammarspec(arm, *args)
 
 
-def _serve_baseline(model: Any, tokenizer: Any, items: list[Any], size: int, eos: int, max_new: int,
-                    run: BatchRun) -> float:  # fmt: skip
+def _serve_baseline(
+    model: Any, tokenizer: Any, items: list[Any], size: int, eos: int, max_new: int, run: BatchRun
+) -> float:
     """HF generate over ``items`` cut into batches of ``size``; returns the seconds."""
     elapsed = run.seconds
     start = elapsed
@@ -175,26 +192,48 @@ def _serve_baseline(model: Any, tokenizer: Any, items: list[Any], size: int, eos
     return elapsed - start
 
 
-def _serve_grammarspec(assistant: str, model: Any, tokenizer: Any, items: list[Any], size: int, eos: int,
-                       max_new: int, run: BatchRun) -> float:  # fmt: skip
+def _serve_grammarspec(
+    assistant: str, model: Any, tokenizer: Any, items: list[Any], size: int, eos: int, max_new: int, run: BatchRun
+) -> float:
     """One grammarspec call over ``items`` with ``max_batch_size=size`` and ``assistant``; returns the seconds."""
     ids, mask = _left_pad([p for _, p, _ in items], eos)
     t0 = time.perf_counter()
-    out = grammarspec.generate(model, ids, attention_mask=mask, tokenizer=tokenizer, schema=[t.schema for t, _, _ in items],
-                               assistant=assistant, max_batch_size=size, max_new_tokens=max_new, do_sample=False,
-                               return_dict_in_generate=True)  # fmt: skip
+    out = grammarspec.generate(
+        model,
+        ids,
+        attention_mask=mask,
+        tokenizer=tokenizer,
+        schema=[t.schema for t, _, _ in items],
+        assistant=assistant,
+        max_batch_size=size,
+        max_new_tokens=max_new,
+        do_sample=False,
+        return_dict_in_generate=True,
+    )
     seconds = time.perf_counter() - t0
     assert isinstance(out, grammarspec.GenerationOutput) and out.stats is not None  # return_dict_in_generate=True
     setup = seconds - max(s.total_seconds for s in out.stats)
     outputs = [out.sequences[i, ids.shape[1] :].tolist()[: s.new_tokens] for i, s in enumerate(out.stats)]
-    _add(run, [t for t, _, _ in items], outputs, [setup + s.total_seconds for s in out.stats],
-         max(s.target_forwards for s in out.stats), sum(s.target_forwards for s in out.stats))  # fmt: skip
+    _add(
+        run,
+        [t for t, _, _ in items],
+        outputs,
+        [setup + s.total_seconds for s in out.stats],
+        max(s.target_forwards for s in out.stats),
+        sum(s.target_forwards for s in out.stats),
+    )
     run.drafted += sum(longest for s in out.stats for longest, _ in s.steps)
     return seconds
 
 
-def _add(run: BatchRun, tasks: Sequence[BenchTask], outputs: list[list[int]], latencies: list[float], steps: int,
-         row_passes: int) -> None:  # fmt: skip
+def _add(
+    run: BatchRun,
+    tasks: Sequence[BenchTask],
+    outputs: list[list[int]],
+    latencies: list[float],
+    steps: int,
+    row_passes: int,
+) -> None:
     """Record one call's outputs in ``run``: tokens per category, latencies, passes."""
     run.target_passes += steps
     run.row_passes += row_passes
@@ -222,17 +261,21 @@ def batch_table(runs: Sequence[BatchRun]) -> str:
     by = {(r.arm, r.batch_size): r for r in runs}
     sizes = sorted({r.batch_size for r in runs})
     auto1 = by.get(("auto", 1))
-    lines = ["| B | baseline tok/s | none tok/s | auto tok/s | auto / baseline | auto / none | auto / auto at B=1 "
-             "| auto tokens per pass | auto drafted per row-step | latency p50 baseline / auto (s) "
-             "| lowest category (auto / baseline) | identical outputs |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    lines = [
+        "| B | baseline tok/s | none tok/s | auto tok/s | auto / baseline | auto / none | auto / auto at B=1 "
+        "| auto tokens per pass | auto drafted per row-step | latency p50 baseline / auto (s) "
+        "| lowest category (auto / baseline) | identical outputs |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for size in sizes:
         base, auto, none = by.get(("baseline", size)), by[("auto", size)], by.get(("none", size))
         others = [r for r in (base, none) if r is not None]
         same = sum(all(r.outputs.get(k) == v for r in others) for k, v in auto.outputs.items())
-        ratios = {c: (auto.categories[c][0] / auto.categories[c][1]) / (base.categories[c][0] / base.categories[c][1])
-                  for c in auto.categories
-                  if base is not None and base.categories.get(c, [0, 0])[1] and auto.categories[c][1]}  # fmt: skip
+        ratios = {
+            c: (auto.categories[c][0] / auto.categories[c][1]) / (base.categories[c][0] / base.categories[c][1])
+            for c in auto.categories
+            if base is not None and base.categories.get(c, [0, 0])[1] and auto.categories[c][1]
+        }
         lowest = min(ratios.items(), key=lambda kv: kv[1]) if ratios else None
         low = f"{lowest[0]} {lowest[1]:.2f}x" if lowest else "-"
         vs1 = f"{auto.throughput / auto1.throughput:.2f}x" if auto1 and auto1.throughput else "-"

@@ -156,9 +156,14 @@ def run_bench(
                 if bar is not None:
                     bar.set_postfix_str(f"{task.id[:32]} {arm}", refresh=False)
                 records[arm] = _record(
-                    task, prepared, arm, repeat, tokenizer, settings,
+                    task,
+                    prepared,
+                    arm,
+                    repeat,
+                    tokenizer,
+                    settings,
                     _safe_run(arm, model, tokenizer, prepared, settings, config.seed + repeat, draft_model),
-                )  # fmt: skip
+                )
                 if bar is not None:
                     bar.update(1)
             _add_agreement(records, settings.greedy)
@@ -172,8 +177,9 @@ def run_bench(
     return result
 
 
-def _run_vllm(result: BenchResult, prepared: list[tuple[BenchTask, PreparedTask]], tokenizer: Any,
-              config: BenchConfig) -> None:  # fmt: skip
+def _run_vllm(
+    result: BenchResult, prepared: list[tuple[BenchTask, PreparedTask]], tokenizer: Any, config: BenchConfig
+) -> None:
     """The vLLM arms on the prepared tasks (batch-1 records, agreement with the baseline, throughput)."""
     from grammarspec.loading import _resolve
 
@@ -216,8 +222,9 @@ def _safe_run(
 ) -> Any:
     """The arm's :class:`RunResult`, or the error text if the library raised."""
     try:
-        return run_arm(arm, model, tokenizer, prepared, settings, seed=seed, draft_model=draft_model,
-                       max_new_tokens=max_new_tokens)  # fmt: skip
+        return run_arm(
+            arm, model, tokenizer, prepared, settings, seed=seed, draft_model=draft_model, max_new_tokens=max_new_tokens
+        )
     except Exception as e:  # noqa: BLE001 - reported per run; the bench goes on
         frames = traceback.extract_tb(e.__traceback__)
         where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
@@ -265,8 +272,15 @@ def _record(
     }
     stats = run.stats
     if stats is None:  # the baseline: one forward pass per token, no drafts
-        record.update(target_forwards=new, forced_tokens=0, proposed={}, accepted={},
-                      draft_seconds=0.0, verify_seconds=None, steps=[])  # fmt: skip
+        record.update(
+            target_forwards=new,
+            forced_tokens=0,
+            proposed={},
+            accepted={},
+            draft_seconds=0.0,
+            verify_seconds=None,
+            steps=[],
+        )
     else:
         record.update(
             target_forwards=stats.target_forwards,

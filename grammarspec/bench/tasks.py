@@ -173,8 +173,9 @@ def read_schema_records(
     if wanted is not None:
         missing = [c for c in wanted if c not in {r["category"] for r in records}]
         if missing:
-            raise TaskFileError(f"no records of the categor{'y' if len(missing) == 1 else 'ies'} "
-                                f"{', '.join(missing)} in {path}")  # fmt: skip
+            raise TaskFileError(
+                f"no records of the categor{'y' if len(missing) == 1 else 'ies'} {', '.join(missing)} in {path}"
+            )
     return records
 
 

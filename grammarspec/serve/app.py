@@ -32,24 +32,37 @@ def _stats(choice: Choice) -> dict[str, Any]:
     assert choice.row is not None
     s = choice.row.stats
     return {
-        "index": choice.index, "tokens_per_target_pass": round(s.accepted_per_forward, 3),
-        "target_forwards": s.target_forwards, "forced_tokens": s.forced_tokens, "proposed": s.proposed,
-        "accepted": s.accepted, "grammar_backend": s.grammar_backend or None, "valid": s.valid,
-        "schema_errors": s.schema_errors, "unenforced_keywords": s.unenforced_keywords,
-    }  # fmt: skip
+        "index": choice.index,
+        "tokens_per_target_pass": round(s.accepted_per_forward, 3),
+        "target_forwards": s.target_forwards,
+        "forced_tokens": s.forced_tokens,
+        "proposed": s.proposed,
+        "accepted": s.accepted,
+        "grammar_backend": s.grammar_backend or None,
+        "valid": s.valid,
+        "schema_errors": s.schema_errors,
+        "unenforced_keywords": s.unenforced_keywords,
+    }
 
 
 def _usage(job: Job) -> dict[str, Any]:
     completion = sum(len(c.tokens) for c in job.choices)
-    return {"prompt_tokens": len(job.prompt), "completion_tokens": completion,
-            "total_tokens": len(job.prompt) + completion,
-            "prompt_tokens_details": {"cached_tokens": job.reused_tokens}}  # fmt: skip
+    return {
+        "prompt_tokens": len(job.prompt),
+        "completion_tokens": completion,
+        "total_tokens": len(job.prompt) + completion,
+        "prompt_tokens_details": {"cached_tokens": job.reused_tokens},
+    }
 
 
 def _ours(job: Job, engine: Engine) -> dict[str, Any]:
-    return {"choices": [_stats(c) for c in job.choices], "prefix_reused_tokens": job.reused_tokens,
-            "time_to_first_token": job.first_token_seconds, "assistant": job.request.assistant,
-            "prefix_cache": engine.prefix.as_dict()}  # fmt: skip
+    return {
+        "choices": [_stats(c) for c in job.choices],
+        "prefix_reused_tokens": job.reused_tokens,
+        "time_to_first_token": job.first_token_seconds,
+        "assistant": job.request.assistant,
+        "prefix_cache": engine.prefix.as_dict(),
+    }
 
 
 def _error(e: RequestError) -> JSONResponse:
@@ -60,13 +73,17 @@ def create_app(engine: Engine, model_name: str) -> Starlette:
     """The ASGI app serving ``engine`` under the model name ``model_name``."""
 
     async def models(request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [
-            {"id": model_name, "object": "model", "created": 0, "owned_by": "grammarspec"}]})  # fmt: skip
+        return JSONResponse(
+            {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "grammarspec"}]}
+        )
 
     async def health(request: Request) -> Response:
         alive = engine.healthy and engine._thread.is_alive()
-        body = {"status": "ok" if alive else "down", "counters": dict(engine.counters),
-                "prefix_cache": engine.prefix.as_dict()}  # fmt: skip
+        body = {
+            "status": "ok" if alive else "down",
+            "counters": dict(engine.counters),
+            "prefix_cache": engine.prefix.as_dict(),
+        }
         return JSONResponse(body, status_code=200 if alive else 503)
 
     async def chat(request: Request) -> Response:
@@ -90,11 +107,13 @@ def create_app(engine: Engine, model_name: str) -> Starlette:
             return StreamingResponse(_stream(job, events, engine, model_name), media_type="text/event-stream")
         return await _answer(request, job, events, engine, model_name)
 
-    return Starlette(routes=[
-        Route("/v1/chat/completions", chat, methods=["POST"]),
-        Route("/v1/models", models, methods=["GET"]),
-        Route("/health", health, methods=["GET"]),
-    ])  # fmt: skip
+    return Starlette(
+        routes=[
+            Route("/v1/chat/completions", chat, methods=["POST"]),
+            Route("/v1/models", models, methods=["GET"]),
+            Route("/health", health, methods=["GET"]),
+        ]
+    )
 
 
 async def _answer(request: Request, job: Job, events: asyncio.Queue, engine: Engine, model_name: str) -> Response:
@@ -113,15 +132,32 @@ async def _answer(request: Request, job: Job, events: asyncio.Queue, engine: Eng
         if kind == "choice":
             choice, message, finish = value
             done[choice.index] = (message, finish)
-    choices = [{"index": i, "message": done[i][0], "finish_reason": done[i][1], "logprobs": None}
-               for i in range(len(job.choices))]  # fmt: skip
-    return JSONResponse({"id": job.id, "object": "chat.completion", "created": job.created, "model": model_name,
-                         "choices": choices, "usage": _usage(job), "grammarspec": _ours(job, engine)})  # fmt: skip
+    choices = [
+        {"index": i, "message": done[i][0], "finish_reason": done[i][1], "logprobs": None}
+        for i in range(len(job.choices))
+    ]
+    return JSONResponse(
+        {
+            "id": job.id,
+            "object": "chat.completion",
+            "created": job.created,
+            "model": model_name,
+            "choices": choices,
+            "usage": _usage(job),
+            "grammarspec": _ours(job, engine),
+        }
+    )
 
 
 def _chunk(job: Job, model_name: str, choices: list[dict[str, Any]], **extra: Any) -> str:
-    body = {"id": job.id, "object": "chat.completion.chunk", "created": job.created, "model": model_name,
-            "choices": choices, **extra}  # fmt: skip
+    body = {
+        "id": job.id,
+        "object": "chat.completion.chunk",
+        "created": job.created,
+        "model": model_name,
+        "choices": choices,
+        **extra,
+    }
     return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
 
 
@@ -138,8 +174,12 @@ async def _stream(job: Job, events: asyncio.Queue, engine: Engine, model_name: s
     finished = 0
     try:
         for i in range(len(job.choices)):
-            yield _chunk(job, model_name, [{"index": i, "delta": {"role": "assistant", "content": ""},
-                                            "finish_reason": None}], **extra)  # fmt: skip
+            yield _chunk(
+                job,
+                model_name,
+                [{"index": i, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}],
+                **extra,
+            )
         while finished < len(job.choices):
             kind, value = await events.get()
             if kind == "error":
@@ -147,12 +187,14 @@ async def _stream(job: Job, events: asyncio.Queue, engine: Engine, model_name: s
                 return
             if kind == "delta":
                 index, text = value
-                yield _chunk(job, model_name, [{"index": index, "delta": {"content": text}, "finish_reason": None}],
-                             **extra)  # fmt: skip
+                yield _chunk(
+                    job, model_name, [{"index": index, "delta": {"content": text}, "finish_reason": None}], **extra
+                )
             elif kind == "tool_calls":
                 index, deltas = value
-                yield _chunk(job, model_name, [{"index": index, "delta": {"tool_calls": deltas},
-                                                "finish_reason": None}], **extra)  # fmt: skip
+                yield _chunk(
+                    job, model_name, [{"index": index, "delta": {"tool_calls": deltas}, "finish_reason": None}], **extra
+                )
             elif kind == "choice":
                 choice, message, finish = value
                 finished += 1
@@ -160,15 +202,24 @@ async def _stream(job: Job, events: asyncio.Queue, engine: Engine, model_name: s
                 # a reply that began as a call but was cut short keeps what was sent of the call
                 rest = "" if calls or choice.calls.sent else (message.get("content") or "")[choice.sent :]
                 if rest:
-                    yield _chunk(job, model_name, [{"index": choice.index, "delta": {"content": rest},
-                                                    "finish_reason": None}], **extra)  # fmt: skip
+                    yield _chunk(
+                        job,
+                        model_name,
+                        [{"index": choice.index, "delta": {"content": rest}, "finish_reason": None}],
+                        **extra,
+                    )
                 deltas = choice.calls.finish(calls)
                 if deltas:
-                    yield _chunk(job, model_name, [{"index": choice.index, "delta": {"tool_calls": deltas},
-                                                    "finish_reason": None}], **extra)  # fmt: skip
+                    yield _chunk(
+                        job,
+                        model_name,
+                        [{"index": choice.index, "delta": {"tool_calls": deltas}, "finish_reason": None}],
+                        **extra,
+                    )
                 ours = {"grammarspec": _ours(job, engine)} if finished == len(job.choices) and not include_usage else {}
-                yield _chunk(job, model_name, [{"index": choice.index, "delta": {}, "finish_reason": finish}],
-                             **extra, **ours)  # fmt: skip
+                yield _chunk(
+                    job, model_name, [{"index": choice.index, "delta": {}, "finish_reason": finish}], **extra, **ours
+                )
         if include_usage:
             yield _chunk(job, model_name, [], usage=_usage(job), grammarspec=_ours(job, engine))
         yield "data: [DONE]\n\n"

@@ -49,8 +49,17 @@ from typing import Any
 
 import torch
 
-__all__ = ["SERVE_ARMS", "compare_outputs", "foreign_messages", "capped", "play_openai", "run_serve_bench", "serve_markdown",
-           "servable_model_dir", "vllm_serve_command"]  # fmt: skip
+__all__ = [
+    "SERVE_ARMS",
+    "compare_outputs",
+    "foreign_messages",
+    "capped",
+    "play_openai",
+    "run_serve_bench",
+    "serve_markdown",
+    "servable_model_dir",
+    "vllm_serve_command",
+]
 
 SERVE_ARMS = ("serve", "serve_concurrent", "hf_resend", "transformers_serve", "vllm_serve")
 FOREIGN_ARMS = ("transformers_serve", "vllm_serve")
@@ -105,8 +114,10 @@ def _unparsed_calls_as_text(message: dict[str, Any]) -> dict[str, Any]:
         for call in calls:
             json.loads(call["function"]["arguments"])
     except (json.JSONDecodeError, TypeError, KeyError):
-        text = "".join(f'{{"name":{json.dumps(c["function"].get("name"))},"arguments":'
-                       f'{c["function"].get("arguments") or ""}}}' for c in calls)  # fmt: skip
+        text = "".join(
+            f'{{"name":{json.dumps(c["function"].get("name"))},"arguments":{c["function"].get("arguments") or ""}}}'
+            for c in calls
+        )
         return {"role": "assistant", "content": ((message.get("content") or "") + text)}
     return message
 
@@ -119,13 +130,22 @@ def _text_calls(text: str, tools: list[dict[str, Any]]) -> list[dict[str, str]]:
         message = parse_tool_reply(text, tools, "json", [f"text_call_{i}" for i in range(64)])
     except (ToolCallError, KeyError, TypeError, AttributeError):
         return []
-    return [{"id": c["id"], "name": c["function"]["name"], "arguments": c["function"]["arguments"]}
-            for c in message.get("tool_calls") or []]  # fmt: skip
+    return [
+        {"id": c["id"], "name": c["function"]["name"], "arguments": c["function"]["arguments"]}
+        for c in message.get("tool_calls") or []
+    ]
 
 
-def play_openai(client: Any, model_id: str, script: list[Any], *, max_new_tokens: int | None = None,
-                send_tool_choice: bool = True, render: Callable[[list[dict], Any], list[dict]] | None = None,
-                text_calls: bool = False) -> dict[str, Any]:  # fmt: skip
+def play_openai(
+    client: Any,
+    model_id: str,
+    script: list[Any],
+    *,
+    max_new_tokens: int | None = None,
+    send_tool_choice: bool = True,
+    render: Callable[[list[dict], Any], list[dict]] | None = None,
+    text_calls: bool = False,
+) -> dict[str, Any]:
     """One conversation through the client (streamed); wall time, tokens, calls, invalid calls, first-token times.
 
     ``render(messages, tool_choice)``: the messages to send (default: as they are).
@@ -136,8 +156,16 @@ def play_openai(client: Any, model_id: str, script: list[Any], *, max_new_tokens
     from ..bench.agent_tasks import SYSTEM, TOOLS, ModelTurn, run_tool
 
     messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}]
-    record: dict[str, Any] = {"turns": 0, "tokens": 0, "calls": 0, "invalid": 0, "ttft": [], "errors": [],
-                              "outputs": [], "text_calls": 0}  # fmt: skip
+    record: dict[str, Any] = {
+        "turns": 0,
+        "tokens": 0,
+        "calls": 0,
+        "invalid": 0,
+        "ttft": [],
+        "errors": [],
+        "outputs": [],
+        "text_calls": 0,
+    }
     started = time.perf_counter()
     for step in script:
         if isinstance(step, str):
@@ -153,8 +181,14 @@ def play_openai(client: Any, model_id: str, script: list[Any], *, max_new_tokens
         text, usage, finish = "", None, None
         calls: dict[int, dict[str, str]] = {}  # tool call index -> its id, name and arguments so far
         stream = client.chat.completions.create(
-            model=model_id, messages=sent, temperature=0, max_tokens=min(step.max_new_tokens, max_new_tokens or
-            step.max_new_tokens), stream=True, stream_options={"include_usage": True}, **kwargs)  # fmt: skip
+            model=model_id,
+            messages=sent,
+            temperature=0,
+            max_tokens=min(step.max_new_tokens, max_new_tokens or step.max_new_tokens),
+            stream=True,
+            stream_options={"include_usage": True},
+            **kwargs,
+        )
         for chunk in stream:
             if chunk.usage is not None:
                 usage = chunk.usage
@@ -178,16 +212,24 @@ def play_openai(client: Any, model_id: str, script: list[Any], *, max_new_tokens
         wanted = step.tool_choice != "none" and step.tool_choice != "auto"
         message: dict[str, Any] = {"role": "assistant", "content": None if calls else (text or None)}
         if calls:
-            message["tool_calls"] = [{"id": c["id"], "type": "function",
-                                      "function": {"name": c["name"], "arguments": c["arguments"]}}
-                                     for _, c in sorted(calls.items())]  # fmt: skip
+            message["tool_calls"] = [
+                {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
+                for _, c in sorted(calls.items())
+            ]
         elif wanted:
             record["invalid"] += 1  # a call was required and none came
         if step.tool_choice == "none" and calls:
             record["invalid"] += 1
-        record["outputs"].append({"content": message["content"], "tool_calls": [
-            [c["function"]["name"], c["function"]["arguments"]] for c in message.get("tool_calls") or []],
-            "tokens": tokens, "finish_reason": finish})  # fmt: skip
+        record["outputs"].append(
+            {
+                "content": message["content"],
+                "tool_calls": [
+                    [c["function"]["name"], c["function"]["arguments"]] for c in message.get("tool_calls") or []
+                ],
+                "tokens": tokens,
+                "finish_reason": finish,
+            }
+        )
         messages.append(message)
         for call in message.get("tool_calls") or []:
             record["calls"] += 1
@@ -303,13 +345,34 @@ def vllm_serve_command(
     from ..vllm.engine import llm_kwargs, speculation
 
     kw = llm_kwargs(model_dir, speculation("vllm-ngram", NUM_SPECULATIVE_TOKENS))
-    command = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
-            "--host", "127.0.0.1", "--port", str(port), "--served-model-name", served_name,
-            "--dtype", kw["dtype"], "--enforce-eager", "--max-model-len", str(kw["max_model_len"]),
-            "--seed", str(kw["seed"]), "--kv-cache-memory-bytes", str(kw["kv_cache_memory_bytes"]),
-            "--structured-outputs-config", json.dumps(kw["structured_outputs_config"]),
-            "--enable-auto-tool-choice", "--tool-call-parser", "pythonic",
-            "--disable-uvicorn-access-log"]  # fmt: skip
+    command = [
+        str(python),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        model_dir,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--served-model-name",
+        served_name,
+        "--dtype",
+        kw["dtype"],
+        "--enforce-eager",
+        "--max-model-len",
+        str(kw["max_model_len"]),
+        "--seed",
+        str(kw["seed"]),
+        "--kv-cache-memory-bytes",
+        str(kw["kv_cache_memory_bytes"]),
+        "--structured-outputs-config",
+        json.dumps(kw["structured_outputs_config"]),
+        "--enable-auto-tool-choice",
+        "--tool-call-parser",
+        "pythonic",
+        "--disable-uvicorn-access-log",
+    ]
     if speculative:
         command += ["--speculative-config", json.dumps(kw["speculative_config"])]
     if max_num_seqs is not None:
@@ -324,8 +387,12 @@ class _Subprocess:
         import urllib.request
 
         self.port = _free_port()
-        self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", prefix="grammarspec-bench-serve-",  # noqa: SIM115
-                                               delete=False)  # fmt: skip
+        self.log = tempfile.NamedTemporaryFile(
+            "w+",
+            suffix=".log",
+            prefix="grammarspec-bench-serve-",  # noqa: SIM115
+            delete=False,
+        )
         self.error: str | None = None
         self.proc = subprocess.Popen(cmd(self.port), stdout=self.log, stderr=subprocess.STDOUT, env=env)
         deadline = time.time() + timeout
@@ -351,8 +418,18 @@ class _Subprocess:
 def _start_transformers_serve(model: torch.nn.Module, model_dir: str, workdir: str) -> tuple[_Subprocess, str]:
     """``transformers serve`` (CPU, float32) and the model id to send it (a loadable copy of ``model_dir``)."""
     servable = servable_model_dir(model_dir, type(model).__name__, Path(workdir) / "model")
-    cmd = [sys.executable, "-m", "transformers.cli.transformers", "serve", "--host", "127.0.0.1", "--device", "cpu",
-           "--dtype", "float32"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "transformers.cli.transformers",
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--device",
+        "cpu",
+        "--dtype",
+        "float32",
+    ]
     return _Subprocess(lambda port: cmd + ["--port", str(port)], dict(os.environ), "transformers serve", 300), str(
         servable
     )
@@ -374,22 +451,38 @@ def capped(script: list[Any], max_new_tokens: int) -> list[Any]:
     """``script`` with every model turn's budget at most ``max_new_tokens``.  Pure."""
     from ..bench.agent_tasks import ModelTurn
 
-    return [ModelTurn(s.tool_choice, min(s.max_new_tokens, max_new_tokens)) if isinstance(s, ModelTurn) else s
-            for s in script]  # fmt: skip
+    return [
+        ModelTurn(s.tool_choice, min(s.max_new_tokens, max_new_tokens)) if isinstance(s, ModelTurn) else s
+        for s in script
+    ]
 
 
 def _hf_outputs(tokenizer: Any, turns: Sequence[Any]) -> list[dict[str, Any]]:
     """HF re-sending's turns as ``outputs`` (the shape :func:`play_openai` records).  Pure."""
     eos = tokenizer.eos_token_id
-    return [{"content": None if t.calls else tokenizer.decode(t.tokens, skip_special_tokens=True),
-             "tool_calls": [[n, a] for n, a in t.calls], "tokens": len(t.tokens),
-             "finish_reason": ("tool_calls" if t.calls else "stop") if t.tokens and t.tokens[-1] == eos else "length"}
-            for t in turns]  # fmt: skip
+    return [
+        {
+            "content": None if t.calls else tokenizer.decode(t.tokens, skip_special_tokens=True),
+            "tool_calls": [[n, a] for n, a in t.calls],
+            "tokens": len(t.tokens),
+            "finish_reason": ("tool_calls" if t.calls else "stop") if t.tokens and t.tokens[-1] == eos else "length",
+        }
+        for t in turns
+    ]
 
 
-def run_serve_bench(model: torch.nn.Module, tokenizer: Any, model_name: str, conversations: dict[str, list[Any]],
-                    arms: list[str], *, concurrency: int = 8, repeat: int = 1, max_new_tokens: int | None = None,
-                    progress: Callable[[str], None] = lambda line: None) -> dict[str, Any]:  # fmt: skip
+def run_serve_bench(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    model_name: str,
+    conversations: dict[str, list[Any]],
+    arms: list[str],
+    *,
+    concurrency: int = 8,
+    repeat: int = 1,
+    max_new_tokens: int | None = None,
+    progress: Callable[[str], None] = lambda line: None,
+) -> dict[str, Any]:
     """Every conversation under every arm, interleaved (``repeat`` rounds); the records and a summary."""
     import openai
 
@@ -402,8 +495,11 @@ def run_serve_bench(model: torch.nn.Module, tokenizer: Any, model_name: str, con
     runs: list[dict[str, Any]] = []
     notes: list[str] = []
     grammar_server = _InProcessServer(model, tokenizer, model_name, max_batch_size=concurrency)
-    clients = {"serve": openai.OpenAI(base_url=f"http://127.0.0.1:{grammar_server.port}/v1", api_key="-",
-                                      max_retries=0, timeout=1800)}  # fmt: skip
+    clients = {
+        "serve": openai.OpenAI(
+            base_url=f"http://127.0.0.1:{grammar_server.port}/v1", api_key="-", max_retries=0, timeout=1800
+        )
+    }
     model_ids = {"serve": model_name}
     foreign: list[_Subprocess] = []
     workdir = tempfile.mkdtemp(prefix="grammarspec-bench-serve-")
@@ -420,12 +516,15 @@ def run_serve_bench(model: torch.nn.Module, tokenizer: Any, model_name: str, con
             if server.error:
                 drop("transformers_serve", f"did not start ({server.error})")
             else:
-                clients["transformers_serve"] = openai.OpenAI(base_url=f"http://127.0.0.1:{server.port}/v1",
-                                                              api_key="-", max_retries=0, timeout=1800)  # fmt: skip
-                notes.append("transformers_serve: started with a copy of the model directory whose config.json "
-                             "names the architecture (the embedded model's has `architectures: null`, which "
-                             "transformers serve answers with a 500); it ignores `tool_choice` (a logged warning) "
-                             "and cannot constrain, so a required call it does not write is invalid")  # fmt: skip
+                clients["transformers_serve"] = openai.OpenAI(
+                    base_url=f"http://127.0.0.1:{server.port}/v1", api_key="-", max_retries=0, timeout=1800
+                )
+                notes.append(
+                    "transformers_serve: started with a copy of the model directory whose config.json "
+                    "names the architecture (the embedded model's has `architectures: null`, which "
+                    "transformers serve answers with a 500); it ignores `tool_choice` (a logged warning) "
+                    "and cannot constrain, so a required call it does not write is invalid"
+                )
         if "vllm_serve" in arms:
             started = _start_vllm_serve(model_path(model_name), model_name)
             if isinstance(started, str):
@@ -435,20 +534,25 @@ def run_serve_bench(model: torch.nn.Module, tokenizer: Any, model_name: str, con
                 if started.error:
                     drop("vllm_serve", f"did not start ({started.error})")
                 else:
-                    clients["vllm_serve"] = openai.OpenAI(base_url=f"http://127.0.0.1:{started.port}/v1",
-                                                          api_key="-", max_retries=0, timeout=1800)  # fmt: skip
+                    clients["vllm_serve"] = openai.OpenAI(
+                        base_url=f"http://127.0.0.1:{started.port}/v1", api_key="-", max_retries=0, timeout=1800
+                    )
                     model_ids["vllm_serve"] = model_name
-                    notes.append("vllm_serve: vLLM's OpenAI server, xgrammar structured outputs (compact JSON) + "
-                                 "n-gram speculation (prompt lookup 2-5, 8 draft tokens), float32, eager; "
-                                 "`--tool-call-parser pythonic` (vLLM refuses tool_choice other than none without "
-                                 "a parser); its required and named calls are vLLM's own constrained format "
-                                 "(`[{name, parameters}]`), so its token counts differ from the other arms'")  # fmt: skip
+                    notes.append(
+                        "vllm_serve: vLLM's OpenAI server, xgrammar structured outputs (compact JSON) + "
+                        "n-gram speculation (prompt lookup 2-5, 8 draft tokens), float32, eager; "
+                        "`--tool-call-parser pythonic` (vLLM refuses tool_choice other than none without "
+                        "a parser); its required and named calls are vLLM's own constrained format "
+                        "(`[{name, parameters}]`), so its token counts differ from the other arms'"
+                    )
         if any(a in FOREIGN_ARMS for a in arms):
-            notes.append("transformers_serve / vllm_serve get the conversation rendered as grammarspec renders it "
-                         "(tools described in the system message, earlier calls as JSON text, the plain-text note "
-                         "on tool_choice=none turns: SmolLM2's template drops `tools` and `tool_calls`), with "
-                         "`tools` and `tool_choice` sent too; a reply with no `tool_calls` whose text is a JSON "
-                         "call is read as that call (counted in serve.json's `text_calls`)")  # fmt: skip
+            notes.append(
+                "transformers_serve / vllm_serve get the conversation rendered as grammarspec renders it "
+                "(tools described in the system message, earlier calls as JSON text, the plain-text note "
+                "on tool_choice=none turns: SmolLM2's template drops `tools` and `tool_calls`), with "
+                "`tools` and `tool_choice` sent too; a reply with no `tool_calls` whose text is a JSON "
+                "call is read as that call (counted in serve.json's `text_calls`)"
+            )
         grammars = _Grammars(tokenizer, logits_width(model))
         from grammars import grammar_spec
 
@@ -485,9 +589,15 @@ def run_serve_bench(model: torch.nn.Module, tokenizer: Any, model_name: str, con
                 for arm in sequential[shift:] + sequential[:shift]:
                     if arm == "hf_resend":
                         seconds, turns = play(model, tokenizer, script, "hf_resend", grammars)
-                        record = {"turns": len(turns), "tokens": sum(len(t.tokens) for t in turns),
-                                  "calls": sum(len(t.calls) for t in turns), "invalid": 0, "ttft": [],
-                                  "seconds": seconds, "outputs": _hf_outputs(tokenizer, turns)}  # fmt: skip
+                        record = {
+                            "turns": len(turns),
+                            "tokens": sum(len(t.tokens) for t in turns),
+                            "calls": sum(len(t.calls) for t in turns),
+                            "invalid": 0,
+                            "ttft": [],
+                            "seconds": seconds,
+                            "outputs": _hf_outputs(tokenizer, turns),
+                        }
                     else:
                         try:
                             record = play_arm(arm, script)
@@ -497,21 +607,30 @@ def run_serve_bench(model: torch.nn.Module, tokenizer: Any, model_name: str, con
                             notes.append(f"{arm} failed on {name} #{r}: {str(e)[:200]}")
                             continue
                     runs.append({"conversation": name, "arm": arm, "repeat": r, **record})
-                    progress(f"{name} #{r} {arm}: {record['seconds']:.1f}s, {record['tokens']} tokens, "
-                             f"{record['invalid']} invalid")  # fmt: skip
+                    progress(
+                        f"{name} #{r} {arm}: {record['seconds']:.1f}s, {record['tokens']} tokens, "
+                        f"{record['invalid']} invalid"
+                    )
             if "serve_concurrent" in arms:
                 names = [list(conversations)[j % len(conversations)] for j in range(concurrency)]
                 t0 = time.perf_counter()
                 with ThreadPoolExecutor(concurrency) as pool:
                     records = list(pool.map(lambda n: play_arm("serve", conversations[n]), names))
                 wall = time.perf_counter() - t0
-                runs.append({"conversation": f"{concurrency} at once", "arm": "serve_concurrent", "repeat": r,
-                             "seconds": wall, "tokens": sum(x["tokens"] for x in records),
-                             "turns": sum(x["turns"] for x in records), "calls": sum(x["calls"] for x in records),
-                             "invalid": sum(x["invalid"] for x in records),
-                             "ttft": [t for x in records for t in x["ttft"]],
-                             "conversations": [{"conversation": n, "outputs": x["outputs"]}
-                                               for n, x in zip(names, records)]})  # fmt: skip
+                runs.append(
+                    {
+                        "conversation": f"{concurrency} at once",
+                        "arm": "serve_concurrent",
+                        "repeat": r,
+                        "seconds": wall,
+                        "tokens": sum(x["tokens"] for x in records),
+                        "turns": sum(x["turns"] for x in records),
+                        "calls": sum(x["calls"] for x in records),
+                        "invalid": sum(x["invalid"] for x in records),
+                        "ttft": [t for x in records for t in x["ttft"]],
+                        "conversations": [{"conversation": n, "outputs": x["outputs"]} for n, x in zip(names, records)],
+                    }
+                )
                 progress(f"{concurrency} conversations at once #{r}: {wall:.1f}s")
     finally:
         grammar_server.close()
@@ -551,9 +670,11 @@ def _agreement(result: dict[str, Any]) -> tuple[dict[str, tuple[int, int]], list
             if first is not None:
                 ours = part["outputs"][first] if first < len(part["outputs"]) else None
                 theirs = ref[first] if first < len(ref) else None
-                lines.append(f"{run['arm']}, {part['conversation']} #{run['repeat']}: {same}/{n} identical; first "
-                             f"difference at call {first + 1}: {short(ours) if ours else 'none'} against HF "
-                             f"re-sending's {short(theirs) if theirs else 'none'}")  # fmt: skip
+                lines.append(
+                    f"{run['arm']}, {part['conversation']} #{run['repeat']}: {same}/{n} identical; first "
+                    f"difference at call {first + 1}: {short(ours) if ours else 'none'} against HF "
+                    f"re-sending's {short(theirs) if theirs else 'none'}"
+                )
     return counts, lines
 
 
@@ -568,13 +689,20 @@ def serve_markdown(result: dict[str, Any], command: str) -> str:
     if by_arm.get("serve"):
         serve_tps = sum(r["tokens"] for r in by_arm["serve"]) / sum(r["seconds"] for r in by_arm["serve"])
     agreement, differences = _agreement(result)
-    lines = [f"`{command}`", "", "| arm | conversations | median s / conversation | x hf_resend (median) | tokens/s | "
-             "x serve tokens/s | tool calls | invalid calls | median TTFT s | identical calls k/n |",
-             "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        f"`{command}`",
+        "",
+        "| arm | conversations | median s / conversation | x hf_resend (median) | tokens/s | "
+        "x serve tokens/s | tool calls | invalid calls | median TTFT s | identical calls k/n |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for arm, items in by_arm.items():
         tps = sum(r["tokens"] for r in items) / max(1e-9, sum(r["seconds"] for r in items))
-        ratios = [base[(r["conversation"], r["repeat"])] / r["seconds"] for r in items
-                  if (r["conversation"], r["repeat"]) in base]  # fmt: skip
+        ratios = [
+            base[(r["conversation"], r["repeat"])] / r["seconds"]
+            for r in items
+            if (r["conversation"], r["repeat"]) in base
+        ]
         ttft = _median([t for r in items for t in r["ttft"]])
         same = agreement.get(arm)
         lines.append(
@@ -584,9 +712,12 @@ def serve_markdown(result: dict[str, Any], command: str) -> str:
             f"{sum(r['invalid'] for r in items)} | {f'{ttft:.3f}' if ttft is not None else '-'} | "
             f"{f'{same[0]}/{same[1]}' if same else '-'} |"
         )
-    lines += ["", "- identical calls: one call is one chat completion (a model turn); identical = the same text, the "
-              "same tool calls and the same number of tokens as HF re-sending's call in the same conversation and "
-              "round (every arm is greedy). Each call's output is in serve.json (`runs[].outputs`)."]  # fmt: skip
+    lines += [
+        "",
+        "- identical calls: one call is one chat completion (a model turn); identical = the same text, the "
+        "same tool calls and the same number of tokens as HF re-sending's call in the same conversation and "
+        "round (every arm is greedy). Each call's output is in serve.json (`runs[].outputs`).",
+    ]
     lines += [f"- {note}" for note in result["notes"]]
     if differences:
         lines += ["", "Differences from HF re-sending (first different call of each conversation run):", ""]

@@ -78,8 +78,13 @@ __all__ = ["Choice", "Engine", "Job", "prompt_ids", "traffic_kind", "COMPILE_TIM
 COMPILE_TIMEOUT = 60.0
 
 
-def prompt_ids(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-               tool_format: str, tool_choice: Any = "auto") -> list[int]:  # fmt: skip
+def prompt_ids(
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    tool_format: str,
+    tool_choice: Any = "auto",
+) -> list[int]:
     """The token ids of ``messages`` as the chat template renders them (assistant turn opened).  Pure.
 
     The same rendering as :meth:`grammarspec.Conversation.prompt_ids`, so a
@@ -165,10 +170,20 @@ class Job:
 class Engine:
     """Owns the model; serves jobs with one continuous-batching decode loop on its own thread."""
 
-    def __init__(self, model: torch.nn.Module, tokenizer: Any, *, max_batch_size: int = 8,
-                 prefix_cache_bytes: int = 1 << 30, max_tokens: int = 1024, grammar_backend: str = "xgrammar",
-                 grammar_cache_size: int = 128, tool_format: str = "auto",
-                 compile_timeout: float | None = COMPILE_TIMEOUT, trace_steps: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: Any,
+        *,
+        max_batch_size: int = 8,
+        prefix_cache_bytes: int = 1 << 30,
+        max_tokens: int = 1024,
+        grammar_backend: str = "xgrammar",
+        grammar_cache_size: int = 128,
+        tool_format: str = "auto",
+        compile_timeout: float | None = COMPILE_TIMEOUT,
+        trace_steps: bool = False,
+    ) -> None:
         self.model, self.tokenizer = model, tokenizer
         #: every step's rows, drafts, forward and phase times (``trace_steps``; read with ``trace.take()``)
         self.trace = StepTrace() if trace_steps else None
@@ -191,8 +206,16 @@ class Engine:
         self._next = 0
         self.generator = torch.Generator(device=self._device())
         self.generator.manual_seed(0)
-        self.counters = {"requests": 0, "rows": 0, "cancelled": 0, "failed": 0, "loops": 0, "prompt_tokens": 0,
-                         "completion_tokens": 0, "target_forwards": 0}  # fmt: skip
+        self.counters = {
+            "requests": 0,
+            "rows": 0,
+            "cancelled": 0,
+            "failed": 0,
+            "loops": 0,
+            "prompt_tokens": 0,
+            "completion_tokens": 0,
+            "target_forwards": 0,
+        }
         self.healthy = True
         self._thread = threading.Thread(target=self._run, name="grammarspec-engine", daemon=True)
         self._stop = False
@@ -204,14 +227,23 @@ class Engine:
     # --- preparing a request (the HTTP side; errors are 400s) -------------------------------------
 
     def _compile(self, spec: Any) -> Any:
-        key = json.dumps([spec.kind, spec.schema, getattr(spec, "grammar", None), getattr(spec, "regex", None),
-                          repr(spec)], sort_keys=True, default=str)  # fmt: skip
+        key = json.dumps(
+            [spec.kind, spec.schema, getattr(spec, "grammar", None), getattr(spec, "regex", None), repr(spec)],
+            sort_keys=True,
+            default=str,
+        )
         with self._grammar_lock:
             if key in self._grammars:
                 self._grammars.move_to_end(key)
                 return self._grammars[key]
-        compiled = compile_grammar(spec, self.tokenizer, vocab_size=self.vocab, stop_token_ids=self.eos,
-                                   backend=self.grammar_backend, compile_timeout=self.compile_timeout)  # fmt: skip
+        compiled = compile_grammar(
+            spec,
+            self.tokenizer,
+            vocab_size=self.vocab,
+            stop_token_ids=self.eos,
+            backend=self.grammar_backend,
+            compile_timeout=self.compile_timeout,
+        )
         with self._grammar_lock:
             self._grammars[key] = compiled
             while len(self._grammars) > self._grammar_cache_size:
@@ -222,30 +254,39 @@ class Engine:
         """A job ready to submit.  Raises :class:`RequestError` for what cannot be served."""
         try:
             check_tools(request.tools)
-            constraint = tool_constraint(request.tools, request.tool_choice, request.parallel_tool_calls,
-                                         self.tool_format)  # fmt: skip
+            constraint = tool_constraint(
+                request.tools, request.tool_choice, request.parallel_tool_calls, self.tool_format
+            )
             offered = constraint.get("tools") or (request.tools if constraint else None)
             ids = prompt_ids(self.tokenizer, request.messages, request.tools, self.tool_format, request.tool_choice)
         except ToolCallError as e:
             raise RequestError(str(e), param="tools", code="invalid_value") from None
         except Exception as e:  # a template that cannot render these messages
-            raise RequestError(f"the chat template cannot render these messages: {e}", param="messages",
-                               code="invalid_value") from None  # fmt: skip
+            raise RequestError(
+                f"the chat template cannot render these messages: {e}", param="messages", code="invalid_value"
+            ) from None
         if not ids:
             raise RequestError("the rendered prompt is empty", param="messages", code="invalid_value")
         room = (self.context - len(ids)) if self.context else self.max_tokens
         if room < 1:
-            raise RequestError(f"the prompt is {len(ids)} tokens, the model's context is {self.context}",
-                               param="messages", code="context_length_exceeded")  # fmt: skip
+            raise RequestError(
+                f"the prompt is {len(ids)} tokens, the model's context is {self.context}",
+                param="messages",
+                code="context_length_exceeded",
+            )
         max_tokens = request.max_tokens or min(self.max_tokens, room)
         if max_tokens > min(self.max_tokens, room):
-            raise RequestError(f"max_tokens={max_tokens} is more than this server allows for this prompt "
-                               f"({min(self.max_tokens, room)}: --max-tokens {self.max_tokens}, context "
-                               f"{self.context}, prompt {len(ids)})", param="max_tokens",
-                               code="invalid_value")  # fmt: skip
+            raise RequestError(
+                f"max_tokens={max_tokens} is more than this server allows for this prompt "
+                f"({min(self.max_tokens, room)}: --max-tokens {self.max_tokens}, context "
+                f"{self.context}, prompt {len(ids)})",
+                param="max_tokens",
+                code="invalid_value",
+            )
         try:
-            spec = grammar_spec(schema=request.schema, json_object=request.json_object,
-                                **{k: v for k, v in constraint.items()})  # fmt: skip
+            spec = grammar_spec(
+                schema=request.schema, json_object=request.json_object, **{k: v for k, v in constraint.items()}
+            )
             compiled = self._compile(spec) if spec is not None else None
         except (GrammarError, ValueError, TypeError) as e:
             param = "tools" if constraint else "response_format"
@@ -261,13 +302,21 @@ class Engine:
             raise RequestError(str(e), code="invalid_value") from None
         documents = earlier_documents(request.messages)
         for index in range(request.n):
-            row = row_request(self.model, ids, config, max_new_tokens=max_tokens, eos=self.eos,
-                              stop_strings=request.stop, compiled=compiled,
-                              schema=spec.schema if spec is not None else None, tokenizer=self.tokenizer,
-                              assistant=None if request.assistant == "none" else request.assistant,
-                              generator=self.generator,
-                              max_draft_tokens=request.max_draft_tokens or DEFAULT_MAX_DRAFT,
-                              documents=documents)  # fmt: skip
+            row = row_request(
+                self.model,
+                ids,
+                config,
+                max_new_tokens=max_tokens,
+                eos=self.eos,
+                stop_strings=request.stop,
+                compiled=compiled,
+                schema=spec.schema if spec is not None else None,
+                tokenizer=self.tokenizer,
+                assistant=None if request.assistant == "none" else request.assistant,
+                generator=self.generator,
+                max_draft_tokens=request.max_draft_tokens or DEFAULT_MAX_DRAFT,
+                documents=documents,
+            )
             job.choices.append(Choice(job, index, ids, row, compiled, spec, kind=traffic_kind(spec, constraint)))
         return job
 
@@ -300,9 +349,18 @@ class Engine:
             self._rows, self._next = {}, 0
             self.counters["loops"] += 1
             try:
-                decode_batch(self.model, [], config, tokenizer=self.tokenizer, generator=self.generator,
-                             pad_token_id=pad, max_batch_size=self.max_batch_size, feed=self,
-                             on_commit=self._on_commit, trace=self.trace)  # fmt: skip
+                decode_batch(
+                    self.model,
+                    [],
+                    config,
+                    tokenizer=self.tokenizer,
+                    generator=self.generator,
+                    pad_token_id=pad,
+                    max_batch_size=self.max_batch_size,
+                    feed=self,
+                    on_commit=self._on_commit,
+                    trace=self.trace,
+                )
             except Exception as e:  # the loop failed: every row in it fails, the engine goes on
                 traceback.print_exc()
                 failed = {id(c.job): c.job for c in list(self._rows.values()) + self._pending}

@@ -144,8 +144,12 @@ class PrefixCache:
 
     def as_dict(self) -> dict[str, Any]:
         with self._lock:
-            return {"entries": len(self._entries), "bytes": self.nbytes, "budget_bytes": self.budget,
-                    **vars(self.stats)}  # fmt: skip
+            return {
+                "entries": len(self._entries),
+                "bytes": self.nbytes,
+                "budget_bytes": self.budget,
+                **vars(self.stats),
+            }
 
 
 def row_cache(kv: Any, slot: int, length: int) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -31,8 +31,16 @@ from typing import Any
 
 import torch
 
-__all__ = ["OUR_ARMS", "PROSE_PROMPTS", "SWEEP_ARMS", "VLLM_ARMS", "run_sweep", "sweep_markdown", "workload",
-           "write_sweep_plots"]  # fmt: skip
+__all__ = [
+    "OUR_ARMS",
+    "PROSE_PROMPTS",
+    "SWEEP_ARMS",
+    "VLLM_ARMS",
+    "run_sweep",
+    "sweep_markdown",
+    "workload",
+    "write_sweep_plots",
+]
 
 OUR_ARMS = ("none", "auto")
 VLLM_ARMS = ("vllm", "vllm_ngram")
@@ -72,8 +80,11 @@ def workload(name: str, tasks_path: str | Path | None = None) -> list[dict[str, 
 
     bodies = []
     for task in load_tasks(tasks_path):
-        messages = ([{"role": "user", "content": task.prompt}] if isinstance(task.prompt, str)
-                    else [dict(m) for m in task.prompt])  # fmt: skip
+        messages = (
+            [{"role": "user", "content": task.prompt}]
+            if isinstance(task.prompt, str)
+            else [dict(m) for m in task.prompt]
+        )
         extra = describe_schema(task.schema if task.describe_schema else None, task.tools)
         system = "\n\n".join(part for part in (task.system, extra) if part)
         if system:
@@ -89,8 +100,15 @@ def _send(client: Any, model_id: str, body: dict[str, Any], arm: str, max_tokens
     sent = time.perf_counter()
     first = last = None
     text, tokens, finish = "", 0, None
-    stream = client.chat.completions.create(model=model_id, temperature=0, max_tokens=max_tokens, stream=True,
-                                            stream_options={"include_usage": True}, **body, **extra)  # fmt: skip
+    stream = client.chat.completions.create(
+        model=model_id,
+        temperature=0,
+        max_tokens=max_tokens,
+        stream=True,
+        stream_options={"include_usage": True},
+        **body,
+        **extra,
+    )
     for chunk in stream:
         if chunk.usage is not None:
             tokens = chunk.usage.completion_tokens
@@ -106,15 +124,17 @@ def _send(client: Any, model_id: str, body: dict[str, Any], arm: str, max_tokens
     return {"sent": sent, "end": end, "ttft": ttft, "itl": itl, "tokens": tokens, "text": text, "finish": finish}
 
 
-def closed_loop(send: Callable[[dict[str, Any]], dict[str, Any]], bodies: Sequence[dict[str, Any]],
-                concurrency: int) -> list[dict[str, Any]]:  # fmt: skip
+def closed_loop(
+    send: Callable[[dict[str, Any]], dict[str, Any]], bodies: Sequence[dict[str, Any]], concurrency: int
+) -> list[dict[str, Any]]:
     """``concurrency`` clients, each sending its next body when its last answer ends; records in body order."""
     with ThreadPoolExecutor(concurrency) as pool:
         return list(pool.map(send, bodies))
 
 
-def open_loop(send: Callable[[dict[str, Any]], dict[str, Any]], bodies: Sequence[dict[str, Any]], rate: float,
-              seed: int = 0) -> list[dict[str, Any]]:  # fmt: skip
+def open_loop(
+    send: Callable[[dict[str, Any]], dict[str, Any]], bodies: Sequence[dict[str, Any]], rate: float, seed: int = 0
+) -> list[dict[str, Any]]:
     """Bodies sent at random times, ``rate`` a second on average (Poisson arrivals, fixed ``seed``)."""
     rng = random.Random(seed)
     start = time.perf_counter()
@@ -149,11 +169,14 @@ def level_summary(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     wall = max(r["end"] for r in records) - min(r["sent"] for r in records)
     ttft = [r["ttft"] for r in records if r["ttft"] is not None]
     return {
-        "requests": len(records), "tokens": sum(r["tokens"] for r in records), "seconds": wall,
+        "requests": len(records),
+        "tokens": sum(r["tokens"] for r in records),
+        "seconds": wall,
         "tok_s": sum(r["tokens"] for r in records) / max(wall, 1e-9),
-        "ttft_median": statistics.median(ttft) if ttft else None, "ttft_p90": _percentile(ttft, 0.9),
+        "ttft_median": statistics.median(ttft) if ttft else None,
+        "ttft_p90": _percentile(ttft, 0.9),
         "itl_median": _percentile([r["itl"] for r in records if r["itl"] is not None], 0.5),
-    }  # fmt: skip
+    }
 
 
 def _embedded_server(model: torch.nn.Module, tokenizer: Any, name: str, max_batch_size: int, max_tokens: int) -> Any:
@@ -173,11 +196,21 @@ def _bodies(pool: list[dict[str, Any]], n: int, offset: int) -> list[dict[str, A
     return [pool[(offset + i) % len(pool)] for i in range(n)]
 
 
-def run_sweep(model: torch.nn.Module, tokenizer: Any, model_name: str, *, workloads: Sequence[str] = WORKLOADS,
-              concurrency: Sequence[int] = (1, 2, 4, 8, 16, 32), rates: Sequence[float] = (),
-              arms: Sequence[str] = OUR_ARMS, requests: int = 8, max_tokens: int = 96, max_batch_size: int = 16,
-              tasks_path: str | Path | None = None,
-              progress: Callable[[str], None] = lambda line: None) -> dict[str, Any]:  # fmt: skip
+def run_sweep(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    model_name: str,
+    *,
+    workloads: Sequence[str] = WORKLOADS,
+    concurrency: Sequence[int] = (1, 2, 4, 8, 16, 32),
+    rates: Sequence[float] = (),
+    arms: Sequence[str] = OUR_ARMS,
+    requests: int = 8,
+    max_tokens: int = 96,
+    max_batch_size: int = 16,
+    tasks_path: str | Path | None = None,
+    progress: Callable[[str], None] = lambda line: None,
+) -> dict[str, Any]:
     """Every workload at every load level under every arm; records, summaries and step tables.
 
     A level sends ``max(requests, C)`` requests (open loop: ``requests``), the
@@ -197,8 +230,9 @@ def run_sweep(model: torch.nn.Module, tokenizer: Any, model_name: str, *, worklo
     notes: list[str] = []
     ours = [a for a in OUR_ARMS if a in arms]
 
-    def level_runs(client: Any, model_id: str, arm_order: Sequence[str], trace: Any = None,
-                   counters: dict[str, int] | None = None) -> None:  # fmt: skip
+    def level_runs(
+        client: Any, model_id: str, arm_order: Sequence[str], trace: Any = None, counters: dict[str, int] | None = None
+    ) -> None:
         for name, pool in pools.items():
             for kind, value in levels:
                 n = max(requests, int(value)) if kind == "C" else requests
@@ -219,19 +253,31 @@ def run_sweep(model: torch.nn.Module, tokenizer: Any, model_name: str, *, worklo
                         from ..step_trace import summarize
 
                         summary["step_table"] = summarize(*trace.take())
-                    runs.append({"workload": name, "load": kind, "level": value, "arm": arm, "position": position,
-                                 "summary": summary, "outputs": [r["text"] for r in records],
-                                 "records": [{k: v for k, v in r.items() if k != "text"} for r in records]})  # fmt: skip
-                    progress(f"{name} {kind}={value:g} {arm}: {summary['tok_s']:.1f} tok/s, TTFT median "
-                             f"{summary['ttft_median'] or 0:.2f}s")  # fmt: skip
+                    runs.append(
+                        {
+                            "workload": name,
+                            "load": kind,
+                            "level": value,
+                            "arm": arm,
+                            "position": position,
+                            "summary": summary,
+                            "outputs": [r["text"] for r in records],
+                            "records": [{k: v for k, v in r.items() if k != "text"} for r in records],
+                        }
+                    )
+                    progress(
+                        f"{name} {kind}={value:g} {arm}: {summary['tok_s']:.1f} tok/s, TTFT median "
+                        f"{summary['ttft_median'] or 0:.2f}s"
+                    )
 
     if ours:
         server = _embedded_server(model, tokenizer, model_name, max_batch_size, max_tokens)
         try:
             for body in pools.get("json", []):  # compile every schema before timing
                 server.engine._compile(grammar_spec(schema=body["response_format"]["json_schema"]["schema"]))
-            client = openai.OpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key="-", max_retries=0,
-                                   timeout=3600)  # fmt: skip
+            client = openai.OpenAI(
+                base_url=f"http://127.0.0.1:{server.port}/v1", api_key="-", max_retries=0, timeout=3600
+            )
             for pool in pools.values():  # warm-up, untimed
                 for arm in ours:
                     _send(client, model_name, pool[0], arm, 8)
@@ -250,15 +296,22 @@ def run_sweep(model: torch.nn.Module, tokenizer: Any, model_name: str, *, worklo
             if started.error:
                 notes.append(f"{arm}: did not start ({started.error}); its arm is left out")
                 continue
-            client = openai.OpenAI(base_url=f"http://127.0.0.1:{started.port}/v1", api_key="-", max_retries=0,
-                                   timeout=3600)  # fmt: skip
+            client = openai.OpenAI(
+                base_url=f"http://127.0.0.1:{started.port}/v1", api_key="-", max_retries=0, timeout=3600
+            )
             for pool in pools.values():
                 _send(client, model_name, pool[0], arm, 8)
             level_runs(client, model_name, [arm])
         finally:
             started.close()
-    return {"runs": runs, "notes": notes, "max_tokens": max_tokens, "max_batch_size": max_batch_size,
-            "levels": [[k, v] for k, v in levels], "workloads": list(pools)}  # fmt: skip
+    return {
+        "runs": runs,
+        "notes": notes,
+        "max_tokens": max_tokens,
+        "max_batch_size": max_batch_size,
+        "levels": [[k, v] for k, v in levels],
+        "workloads": list(pools),
+    }
 
 
 def _start_vllm(model_name: str, max_batch_size: int, *, speculative: bool) -> Any:
@@ -274,8 +327,9 @@ def _start_vllm(model_name: str, max_batch_size: int, *, speculative: bool) -> A
     env = {**_environment(python), "HF_HUB_OFFLINE": "1"}
 
     def command(port: int) -> list[str]:
-        return vllm_serve_command(python, model_path(model_name), port, model_name, speculative=speculative,
-                                  max_num_seqs=max_batch_size)  # fmt: skip
+        return vllm_serve_command(
+            python, model_path(model_name), port, model_name, speculative=speculative, max_num_seqs=max_batch_size
+        )
 
     return _Subprocess(command, env, "vllm serve", 900)
 
@@ -311,9 +365,15 @@ def sweep_summary(result: dict[str, Any]) -> list[dict[str, Any]]:
                 same += sum(a == b for a, b in zip(run["outputs"], reference["outputs"]))
                 total += len(run["outputs"])
         keys = ("tok_s", "ttft_median", "ttft_p90", "itl_median", "tokens_per_pass")
-        line = {"workload": name, "load": kind, "level": value, "arm": arm, "runs": len(runs),
-                **{k: _mean([r["summary"].get(k) for r in runs]) for k in keys},
-                "identical": (same, total) if total else None}  # fmt: skip
+        line = {
+            "workload": name,
+            "load": kind,
+            "level": value,
+            "arm": arm,
+            "runs": len(runs),
+            **{k: _mean([r["summary"].get(k) for r in runs]) for k in keys},
+            "identical": (same, total) if total else None,
+        }
         lines.append(line)
     return lines
 
@@ -322,36 +382,55 @@ def sweep_markdown(result: dict[str, Any], command: str) -> str:
     """The load table (every arm's throughput against ``none``'s) and the per-step table of the embedded arms."""
     lines_ = sweep_summary(result)
     base = {(s["workload"], s["load"], s["level"]): s["tok_s"] for s in lines_ if s["arm"] == "none"}
-    out = [f"`{command}`", "", f"Greedy, max_tokens {result['max_tokens']}, --max-batch-size "
-           f"{result['max_batch_size']}, prefix cache off; `none` is the mean of its runs (none, auto, none).", "",
-           "| workload | load | arm | output tok/s | x none | median TTFT s | p90 TTFT s | median ITL ms | "
-           "tokens/pass | identical to none |", "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    out = [
+        f"`{command}`",
+        "",
+        f"Greedy, max_tokens {result['max_tokens']}, --max-batch-size "
+        f"{result['max_batch_size']}, prefix cache off; `none` is the mean of its runs (none, auto, none).",
+        "",
+        "| workload | load | arm | output tok/s | x none | median TTFT s | p90 TTFT s | median ITL ms | "
+        "tokens/pass | identical to none |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for s in lines_:
-        ratio = s["tok_s"] / base[(s["workload"], s["load"], s["level"])] if base.get(
-            (s["workload"], s["load"], s["level"])) else None  # fmt: skip
+        ratio = (
+            s["tok_s"] / base[(s["workload"], s["load"], s["level"])]
+            if base.get((s["workload"], s["load"], s["level"]))
+            else None
+        )
         itl = s["itl_median"] * 1000 if s["itl_median"] is not None else None
         same = f"{s['identical'][0]}/{s['identical'][1]}" if s["identical"] else "-"
-        out.append(f"| {s['workload']} | {s['load']}={s['level']:g} | {s['arm']} | {s['tok_s']:.1f} | {_cell(ratio)} | "
-                   f"{_cell(s['ttft_median'])} | {_cell(s['ttft_p90'])} | {_cell(itl, 1)} | "
-                   f"{_cell(s['tokens_per_pass'])} | {same} |")  # fmt: skip
-    out += ["", "Where each step's time goes (embedded server; ms per step, mean over the level's steps; forward ms "
-            "by path: steps without / with draft tokens, on the mask-free decode path / the masked ragged path):", "",
-            "| workload | load | arm | steps | rows/step | drafts offered/admitted | survival | forward ms "
-            "plain free/masked, drafted free/masked | masked share | forced | propose | walk | verify | commit | "
-            "prefill steps (s) | joins (s) |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        out.append(
+            f"| {s['workload']} | {s['load']}={s['level']:g} | {s['arm']} | {s['tok_s']:.1f} | {_cell(ratio)} | "
+            f"{_cell(s['ttft_median'])} | {_cell(s['ttft_p90'])} | {_cell(itl, 1)} | "
+            f"{_cell(s['tokens_per_pass'])} | {same} |"
+        )
+    out += [
+        "",
+        "Where each step's time goes (embedded server; ms per step, mean over the level's steps; forward ms "
+        "by path: steps without / with draft tokens, on the mask-free decode path / the masked ragged path):",
+        "",
+        "| workload | load | arm | steps | rows/step | drafts offered/admitted | survival | forward ms "
+        "plain free/masked, drafted free/masked | masked share | forced | propose | walk | verify | commit | "
+        "prefill steps (s) | joins (s) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for run in result["runs"]:
         t = run["summary"].get("step_table")
         if not t or not t["steps"]:
             continue
         per = {k: 1000 * v / t["steps"] for k, v in t["seconds"].items()}
         fw = t["forward_ms"]
-        forward = ", ".join(_cell(fw[k], 1) for k in ("plain_maskfree", "plain_masked", "drafted_maskfree",
-                                                      "drafted_masked"))  # fmt: skip
-        out.append(f"| {run['workload']} | {run['load']}={run['level']:g} | {run['arm']} #{run['position']} | "
-                   f"{t['steps']} | {t['rows']:.1f} | {t['offered']:.1f}/{t['admitted']:.1f} | "
-                   f"{_cell(t['survival'])} | {forward} | {t['masked_share']:.2f} | {per['forced']:.1f} | "
-                   f"{per['propose']:.1f} | {per['walk']:.1f} | {per['verify']:.1f} | {per['commit']:.1f} | "
-                   f"{t['prefill_steps']} ({t['prefill_seconds']:.2f}) | {t['joins']} ({t['join_seconds']:.3f}) |")  # fmt: skip
+        forward = ", ".join(
+            _cell(fw[k], 1) for k in ("plain_maskfree", "plain_masked", "drafted_maskfree", "drafted_masked")
+        )
+        out.append(
+            f"| {run['workload']} | {run['load']}={run['level']:g} | {run['arm']} #{run['position']} | "
+            f"{t['steps']} | {t['rows']:.1f} | {t['offered']:.1f}/{t['admitted']:.1f} | "
+            f"{_cell(t['survival'])} | {forward} | {t['masked_share']:.2f} | {per['forced']:.1f} | "
+            f"{per['propose']:.1f} | {per['walk']:.1f} | {per['verify']:.1f} | {per['commit']:.1f} | "
+            f"{t['prefill_steps']} ({t['prefill_seconds']:.2f}) | {t['joins']} ({t['join_seconds']:.3f}) |"
+        )
     out += [f"- {note}" for note in result["notes"]]
     return "\n".join(out) + "\n"
 
@@ -368,13 +447,18 @@ def write_sweep_plots(result: dict[str, Any], out: Path) -> dict[str, Path]:
     panels = sorted({(s["workload"], s["load"]) for s in lines_})
     arms = list(dict.fromkeys(s["arm"] for s in lines_))
     paths: dict[str, Path] = {}
-    for key, label, file in (("tok_s", "output tokens / s", "sweep_throughput.png"),
-                             ("ttft_median", "median time to first token (s)", "sweep_ttft.png")):  # fmt: skip
+    for key, label, file in (
+        ("tok_s", "output tokens / s", "sweep_throughput.png"),
+        ("ttft_median", "median time to first token (s)", "sweep_ttft.png"),
+    ):
         fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(4.2 * max(1, len(panels)), 3.6), squeeze=False)
         for ax, (name, kind) in zip(axes[0], panels):
             for arm in arms:
-                points = sorted((s["level"], s[key]) for s in lines_
-                                if (s["workload"], s["load"], s["arm"]) == (name, kind, arm) and s[key] is not None)  # fmt: skip
+                points = sorted(
+                    (s["level"], s[key])
+                    for s in lines_
+                    if (s["workload"], s["load"], s["arm"]) == (name, kind, arm) and s[key] is not None
+                )
                 if points:
                     ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=arm)
             ax.set_xscale("log", base=2)

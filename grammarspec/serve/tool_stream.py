@@ -186,8 +186,14 @@ class ToolCallStream:
         for index, (name, raw) in enumerate(call_prefixes(text)):
             if index == len(self.sent):
                 self.sent.append("")
-                deltas.append({"index": index, "id": self.call_ids(index + 1)[index], "type": "function",
-                               "function": {"name": name, "arguments": ""}})  # fmt: skip
+                deltas.append(
+                    {
+                        "index": index,
+                        "id": self.call_ids(index + 1)[index],
+                        "type": "function",
+                        "function": {"name": name, "arguments": ""},
+                    }
+                )
             arguments, _ = normalized_prefix(raw)
             if arguments.startswith(self.sent[index]) and len(arguments) > len(self.sent[index]):
                 deltas.append({"index": index, "function": {"arguments": arguments[len(self.sent[index]) :]}})
@@ -201,8 +207,14 @@ class ToolCallStream:
             arguments = call["function"]["arguments"]
             if index == len(self.sent):
                 self.sent.append("")
-                deltas.append({"index": index, "id": call["id"], "type": "function",
-                               "function": {"name": call["function"]["name"], "arguments": ""}})  # fmt: skip
+                deltas.append(
+                    {
+                        "index": index,
+                        "id": call["id"],
+                        "type": "function",
+                        "function": {"name": call["function"]["name"], "arguments": ""},
+                    }
+                )
             sent = self.sent[index]
             if not arguments.startswith(sent):  # cannot happen for a reply that parses (the deltas are its prefix)
                 raise ValueError(f"streamed arguments {sent!r} are not a prefix of {arguments!r}")

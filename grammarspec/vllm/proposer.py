@@ -278,16 +278,23 @@ class GrammarspecProposer:
         matcher = None
         if info.spec is not None:
             try:
-                compiled = compile_grammar(info.spec, self.tokenizer, vocab_size=self.vocab_size,
-                                           stop_token_ids=(self.eos,))  # fmt: skip
+                compiled = compile_grammar(
+                    info.spec, self.tokenizer, vocab_size=self.vocab_size, stop_token_ids=(self.eos,)
+                )
                 matcher = compiled.matcher(max_rollback=self.k + 1)
             except GrammarError:
                 matcher = None
         proposer = self.make_proposer()
         proposer.start(Request(prompt_ids=prompt, tokenizer=self.tokenizer, schema=info.schema))
-        state = _State(proposer=proposer, view=GrammarView(matcher) if matcher is not None else None,
-                       matcher=matcher, prompt_length=len(prompt), synced=len(prompt), head=head,
-                       max_tokens=info.max_tokens)  # fmt: skip
+        state = _State(
+            proposer=proposer,
+            view=GrammarView(matcher) if matcher is not None else None,
+            matcher=matcher,
+            prompt_length=len(prompt),
+            synced=len(prompt),
+            head=head,
+            max_tokens=info.max_tokens,
+        )
         self.states[key] = state
         return state
 

@@ -17,16 +17,44 @@ from grammarspec import build_prompt
 from grammarspec.loading import load_tokenizer
 from grammarspec.vllm.engine import make_llm, spec_decode_counts
 
-PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "born": {"type": "integer"},
-          "city": {"type": "string"}}, "required": ["name", "born", "city"], "additionalProperties": False}  # fmt: skip
-ORDER = {"type": "object", "properties": {"items": {"type": "array", "minItems": 1, "maxItems": 3, "items": {
-    "type": "object", "properties": {"sku": {"type": "string"}, "qty": {"type": "integer"}},
-    "required": ["sku", "qty"], "additionalProperties": False}}}, "required": ["items"],
-    "additionalProperties": False}  # fmt: skip
-CALL = {"type": "object", "properties": {"name": {"const": "get_weather"}, "arguments": {"type": "object",
-        "properties": {"city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}},
-        "required": ["city", "unit"], "additionalProperties": False}}, "required": ["name", "arguments"],
-        "additionalProperties": False}  # fmt: skip
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "born": {"type": "integer"}, "city": {"type": "string"}},
+    "required": ["name", "born", "city"],
+    "additionalProperties": False,
+}
+ORDER = {
+    "type": "object",
+    "properties": {
+        "items": {
+            "type": "array",
+            "minItems": 1,
+            "maxItems": 3,
+            "items": {
+                "type": "object",
+                "properties": {"sku": {"type": "string"}, "qty": {"type": "integer"}},
+                "required": ["sku", "qty"],
+                "additionalProperties": False,
+            },
+        }
+    },
+    "required": ["items"],
+    "additionalProperties": False,
+}
+CALL = {
+    "type": "object",
+    "properties": {
+        "name": {"const": "get_weather"},
+        "arguments": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+    "required": ["name", "arguments"],
+    "additionalProperties": False,
+}
 
 PERSON_TEXT = "Ada Lovelace was born in 1815 in London. Extract name, born and city as JSON."
 ORDER_TEXT = "Order: 3 x SKU-1182 (blue mugs), 12 x SKU-2209 (napkins). Extract the items as JSON."
@@ -48,8 +76,11 @@ def _generate(llm, tokenizer):
     prompts, params = [], []
     for _, text, schema, max_tokens, stop in REQUESTS:
         prompts.append({"prompt_token_ids": build_prompt(tokenizer, text, schema=schema)})
-        params.append(SamplingParams(temperature=0, max_tokens=max_tokens, stop=stop,
-                                     structured_outputs=StructuredOutputsParams(json=schema)))  # fmt: skip
+        params.append(
+            SamplingParams(
+                temperature=0, max_tokens=max_tokens, stop=stop, structured_outputs=StructuredOutputsParams(json=schema)
+            )
+        )
     outputs = llm.generate(prompts, params, use_tqdm=False)
     return {name: out.outputs[0] for (name, *_), out in zip(REQUESTS, outputs)}
 

@@ -42,6 +42,7 @@ BACKENDS = ("xgrammar", "outlines")
 #: :func:`_step_enforced` and :func:`_keyword_enforced`).  Measured on xgrammar 0.2.9 and outlines-core 0.2.14 in
 #: grammarspec's default (compact, strict) mode; tests/test_fuzz_corpus.py pins every
 #: entry with a violating instance on a toy vocabulary.
+# Keyword tables: packed lines read better than one keyword per line.
 # fmt: off
 ENFORCED: dict[str, frozenset[str]] = {
     "xgrammar": frozenset(
@@ -86,6 +87,7 @@ _NAMED_CHILDREN = frozenset(
 #: Keywords whose next schema-path segment is an index.
 _INDEXED_CHILDREN = frozenset({"anyOf", "oneOf", "allOf", "prefixItems", "items"})
 #: Keywords that only constrain one JSON type; both backends ignore them unless ``type`` names it.
+# A keyword -> type table, packed like the ones above.
 # fmt: off
 _TYPE_OF = {
     "pattern": "string", "minLength": "string", "maxLength": "string", "format": "string",
