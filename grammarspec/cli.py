@@ -13,9 +13,9 @@
 Errors in the arguments or inputs exit with status 2 and say what to fix;
 errors while generating exit with status 1.
 
-(About 450 lines: every subcommand's options and its glue to the library live here, so
-``--help`` and the error messages of all of them read from one place; the work itself is
-in :mod:`grammarspec.bench` and the library.)
+(Every subcommand's options and its glue to the library live here, so ``--help`` and the
+error messages of all of them read from one place; the work itself is in
+:mod:`grammarspec.bench` and the library.)
 """
 
 from __future__ import annotations
@@ -45,31 +45,29 @@ class CliError(Exception):
     """Bad arguments or inputs: printed as ``error: ...`` with exit status 2."""
 
 
-def _non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0 (0 means greedy), got {text}")
-    return value
+def _number(parse: Callable[[str], Any], minimum: int | None = None, why: str = "") -> Callable[[str], Any]:
+    """An argparse ``type=``: *parse* (``int`` or ``float``) the text, refusing values under *minimum*.
+
+    Both refusals say what was expected (*why* explains the bound), and argparse prints them after the option name.
+    """
+    kind = "a whole number" if parse is int else "a number"
+
+    def read(text: str) -> Any:
+        try:
+            value = parse(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {kind}, got {text!r}") from None
+        if minimum is not None and value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}{why}, got {text}")
+        return value
+
+    return read
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
-    return value
-
-
-def _int(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+_int = _number(int)
+_positive_int = _number(int, 1)
+_non_negative_float = _number(float, 0)
+_temperature = _number(float, 0, " (0 means greedy)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -106,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--max-new-tokens", type=_positive_int, default=512, metavar="N", help="default: 512")
     gen.add_argument(
         "--temperature",
-        type=_non_negative_float,
+        type=_temperature,
         default=0.0,
         metavar="T",
         help="sampling temperature; 0 (default) decodes greedily",
@@ -160,7 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--draft-model", metavar="DIR", help="a draft model sharing the tokenizer")
     bench.add_argument(
         "--temperature",
-        type=_non_negative_float,
+        type=_temperature,
         default=0.0,
         metavar="T",
         help="0 (default): greedy, and agreement with the baseline is checked",
@@ -260,6 +258,14 @@ def _add_serve_commands(commands: Any) -> None:
         default=1024.0,
         metavar="MB",
         help="memory budget of the prefix KV cache, LRU-evicted (default: 1024; 0 turns it off)",
+    )
+    serve.add_argument(
+        "--prompt-chunk",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="the most prompt tokens one step reads for requests that join a busy batch, beside the decoding "
+        "rows (default: derived from the measured pass cost, so a step costs at most twice a plain one)",
     )
     serve.add_argument(
         "--grammar-cache-size",
@@ -377,6 +383,7 @@ def _cmd_serve(args: argparse.Namespace, command: str) -> int:
             grammar_backend=args.grammar_backend,
             grammar_cache_size=args.grammar_cache_size,
             tool_format=args.tool_format,
+            prompt_chunk=args.prompt_chunk,
         )
     except ToolCallError as e:
         raise CliError(f"--tool-format: {e}") from None
@@ -392,14 +399,9 @@ def _cmd_bench_serve(args: argparse.Namespace, command: str) -> int:
 
     if args.sweep:
         return _cmd_bench_serve_sweep(args, command)
-    arms = [a.strip() for a in (args.arms or ",".join(SERVE_ARMS)).split(",") if a.strip()]
-    unknown = [a for a in arms if a not in SERVE_ARMS]
-    if unknown:
-        raise CliError(f"--arms: unknown {', '.join(unknown)}; choose from {', '.join(SERVE_ARMS)}")
+    arms = _known("--arms", _names(args.arms or ",".join(SERVE_ARMS)), SERVE_ARMS)
     chosen = _chosen_conversations(args.conversations, CONVERSATIONS)
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise CliError(f"--out {out} exists and is not a folder")
+    out = _out_folder(args.out)
     _quiet_transformers()
     model, tokenizer = _load(args.model)
     _warn_if_busy()
@@ -414,12 +416,7 @@ def _cmd_bench_serve(args: argparse.Namespace, command: str) -> int:
         max_new_tokens=args.max_new_tokens,
         progress=lambda line: print(line, file=sys.stderr),
     )
-    markdown = serve_markdown(result, command)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "serve.md").write_text(markdown, encoding="utf-8")
-    (out / "serve.json").write_text(json.dumps(result, indent=1, default=str), encoding="utf-8")
-    print(markdown)
-    print(f"wrote {out / 'serve.md'} and {out / 'serve.json'}", file=sys.stderr)
+    _write_report(out, "serve", serve_markdown(result, command), result)
     return 0
 
 
@@ -435,19 +432,14 @@ def _cmd_bench_serve_sweep(args: argparse.Namespace, command: str) -> int:
             raise CliError(f"{flag}: every value must be > 0, got {text!r}")
         return values
 
-    arms = [a.strip() for a in (args.arms or "none,auto").split(",") if a.strip()]
-    unknown = [a for a in arms if a not in SWEEP_ARMS]
-    if unknown:
-        raise CliError(f"--arms: unknown {', '.join(unknown)}; with --sweep choose from {', '.join(SWEEP_ARMS)}")
-    workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    arms = _known("--arms", _names(args.arms or "none,auto"), SWEEP_ARMS, "with --sweep ")
+    workloads = _names(args.workloads)
     if not workloads or any(w not in WORKLOADS for w in workloads):
         raise CliError(f"--workloads: choose from {', '.join(WORKLOADS)}, got {args.workloads!r}")
     levels, rates = listed(args.levels, int, "--levels"), listed(args.rates, float, "--rates")
     if not levels and not rates:
         raise CliError("--levels and --rates are both empty: give at least one load level")
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise CliError(f"--out {out} exists and is not a folder")
+    out = _out_folder(args.out)
     _quiet_transformers()
     model, tokenizer = _load(args.model)
     _warn_if_busy()
@@ -519,6 +511,36 @@ def _quiet_transformers() -> None:
         hf_logging.disable_progress_bar()
     except ImportError:  # pragma: no cover
         pass
+
+
+def _names(text: str | None) -> list[str]:
+    """A comma-separated option's names, blanks dropped."""
+    return [n.strip() for n in (text or "").split(",") if n.strip()]
+
+
+def _known(flag: str, names: list[str], known: Sequence[str] | dict[str, Any], note: str = "") -> list[str]:
+    """*names* when each is one of *known*; else a CliError that names the unknown ones and the choices."""
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise CliError(f"{flag}: unknown {', '.join(unknown)}; {note}choose from {', '.join(known)}")
+    return names
+
+
+def _out_folder(text: str) -> Path:
+    """``--out``: a folder, or a path that does not exist yet (a file there is a CliError)."""
+    out = Path(text)
+    if out.exists() and not out.is_dir():
+        raise CliError(f"--out {out} exists and is not a folder")
+    return out
+
+
+def _write_report(out: Path, stem: str, markdown: str, data: Any) -> None:
+    """Write ``stem.md`` and ``stem.json`` into *out*, print the markdown and say where they went."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.md").write_text(markdown, encoding="utf-8")
+    (out / f"{stem}.json").write_text(json.dumps(data, indent=1, default=str), encoding="utf-8")
+    print(markdown)
+    print(f"wrote {out / (stem + '.md')} and {out / (stem + '.json')}", file=sys.stderr)
 
 
 def _load(name: str, what: str = "--model") -> tuple[Any, Any]:
@@ -673,7 +695,7 @@ def _bench_tasks(args: argparse.Namespace, limit: int | None) -> list[Any]:
             if not Path(corpus).exists():
                 raise TaskFileError(f"--schemas {corpus}: no such file or folder")
             tasks += load_schema_corpus(corpus)
-        categories = [c.strip() for c in args.categories.split(",") if c.strip()] if args.categories else None
+        categories = _names(args.categories) or None
         chosen = select_tasks(tasks, categories, limit)
     except TaskFileError as e:
         raise CliError(str(e)) from None
@@ -692,7 +714,7 @@ def _cmd_bench(args: argparse.Namespace, command: str) -> int:
     arm_list = args.arms or quick.get("arms")
     max_new = args.max_new_tokens or quick.get("max_new_tokens") or BENCH_MAX_NEW_TOKENS
     if arm_list:
-        names = [a.strip() for a in arm_list.split(",") if a.strip()]
+        names = _names(arm_list)
     else:
         names = list(DEFAULT_ARMS) + (list(DRAFT_ARMS) if args.draft_model else [])
     try:
@@ -700,9 +722,7 @@ def _cmd_bench(args: argparse.Namespace, command: str) -> int:
     except ValueError as e:
         raise CliError(f"--arms: {e}") from None
     tasks = _bench_tasks(args, limit)
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise CliError(f"--out {out} exists and is not a folder")
+    out = _out_folder(args.out)
     if args.batch_size:
         return _cmd_batch_bench(args, command, tasks, out, max_new)
     if not args.no_plots:
@@ -830,35 +850,23 @@ def _cmd_bench_agent(args: argparse.Namespace, command: str) -> int:
     from .bench.agent_tasks import CONVERSATIONS
 
     chosen = _chosen_conversations(args.conversations, CONVERSATIONS)
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise CliError(f"--out {out} exists and is not a folder")
+    out = _out_folder(args.out)
     _quiet_transformers()
     model, tokenizer = _load(args.model)
     _warn_if_busy()
-    progress = (lambda line: print(line, file=sys.stderr)) if not getattr(args, "no_progress", False) else None
     runs = run_agent_bench(
-        model, tokenizer, conversations=chosen, repeat=args.repeat, progress=progress or (lambda _: None)
+        model, tokenizer, conversations=chosen, repeat=args.repeat, progress=lambda line: print(line, file=sys.stderr)
     )
-    markdown = agent_markdown(runs, command)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "agent.md").write_text(markdown, encoding="utf-8")
-    (out / "agent.json").write_text(json.dumps([asdict(r) for r in runs], indent=1), encoding="utf-8")
-    print(markdown)
-    print(f"wrote {out / 'agent.md'} and {out / 'agent.json'}", file=sys.stderr)
+    _write_report(out, "agent", agent_markdown(runs, command), [asdict(r) for r in runs])
     return 0
-
-
-if __name__ == "__main__":  # python -m grammarspec.cli
-    sys.exit(main())
 
 
 def _chosen_conversations(names: str | None, conversations: dict[str, Any]) -> dict[str, Any]:
     """``--conversations a,b`` -> those scripts (all when not given); an unknown name is a CliError."""
     if not names:
         return dict(conversations)
-    wanted = [n.strip() for n in names.split(",") if n.strip()]
-    unknown = [n for n in wanted if n not in conversations]
-    if unknown:
-        raise CliError(f"--conversations: unknown {', '.join(unknown)}; choose from {', '.join(conversations)}")
-    return {n: conversations[n] for n in wanted}
+    return {n: conversations[n] for n in _known("--conversations", _names(names), conversations)}
+
+
+if __name__ == "__main__":  # python -m grammarspec.cli
+    sys.exit(main())
