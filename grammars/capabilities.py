@@ -40,6 +40,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from .keywords import ANNOTATIONS, KNOWN_KEYWORDS, schema_objects
+
 __all__ = [
     "Support",
     "Capabilities",
@@ -141,33 +143,7 @@ def tables() -> dict[str, Mapping[str, Support]]:
 
 
 #: Keywords that only annotate or lead to subschemas; never reported as unenforced.
-_NEUTRAL = frozenset(
-    {
-        "$schema",
-        "$id",
-        "id",
-        "$anchor",
-        "$comment",
-        "$defs",
-        "definitions",
-        "title",
-        "description",
-        "default",
-        "examples",
-        "deprecated",
-        "readOnly",
-        "writeOnly",
-        "properties",
-        "format",
-        "nullable",
-        "discriminator",
-        "example",
-        "contentEncoding",
-        "contentMediaType",
-        "$dynamicAnchor",
-        "$vocabulary",
-    }
-)
+_NEUTRAL = ANNOTATIONS | {"properties", "format"}
 
 
 def support(backend: str, feature: str) -> Support:
@@ -186,12 +162,10 @@ def features_used(schema: Any) -> list[str]:
     >>> features_used({"type": "string", "pattern": "^(?!x)a+$", "maxLength": 3})
     ['type', 'pattern', 'maxLength', 'pattern:lookaround', 'maxLength+pattern']
     """
-    from .keywords import ANNOTATIONS, KNOWN_KEYWORDS, schema_objects
-
     found: dict[str, None] = {}
     for node in schema_objects(schema):
         for key in node:
-            if isinstance(key, str) and key in KNOWN_KEYWORDS and key not in ANNOTATIONS and key not in _NEUTRAL:
+            if isinstance(key, str) and key in KNOWN_KEYWORDS and key not in _NEUTRAL:
                 found[key] = None
         if isinstance(node.get("format"), str) and node.get("type", "string") == "string":
             found[f"format:{node['format']}"] = None
@@ -208,7 +182,7 @@ def features_used(schema: Any) -> list[str]:
             found["allOf:multi"] = None
         if isinstance(node.get("oneOf"), list) and len(node["oneOf"]) > 1:
             found["oneOf:overlap"] = None  # overlap is not decidable here: assume it may
-        validation = [k for k in node if k in KNOWN_KEYWORDS and k not in ANNOTATIONS and k not in _NEUTRAL]
+        validation = [k for k in node if k in KNOWN_KEYWORDS and k not in _NEUTRAL]
         if "$ref" in node and validation:
             found["$ref+siblings"] = None
         if any(k in node for k in ("anyOf", "oneOf", "allOf")) and any(

@@ -140,28 +140,21 @@ def unknown_keywords(schema: Any) -> list[str]:
     """Keywords no JSON Schema draft defines (``x-...`` extensions aside), in order of appearance.
 
     A typo such as ``propertiez`` makes a schema object accept anything, so
-    callers warn about these.  The value of an unknown keyword is not
-    searched (it is not a schema).  Pure.
+    callers warn about these.  Only schema objects are searched (those of
+    :func:`schema_objects`): the values of unknown keywords and annotations
+    such as OpenAPI's ``discriminator`` are not schemas.  Pure.
+
+    >>> unknown_keywords({"discriminator": {"propertyName": "kind"}, "oneOf": [{"typ": "string"}]})
+    ['typ']
     """
     found: dict[str, None] = {}
-    stack: list[Any] = [schema]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, list):
-            stack.extend(reversed(node))
-            continue
-        if not isinstance(node, dict):
-            continue
-        for key, value in node.items():
-            if not isinstance(key, str) or key.startswith("x-") or key in _DATA:
-                continue
-            if key not in KNOWN_KEYWORDS:
-                found[key] = None
-            elif key in _MAPS and isinstance(value, dict):
-                stack.extend(value.values())
-            elif isinstance(value, (dict, list)):
-                stack.append(value)
+    for node in schema_objects(schema):
+        found.update((key, None) for key in node if isinstance(key, str) and _unknown(key))
     return list(found)
+
+
+def _unknown(key: str) -> bool:
+    return key not in KNOWN_KEYWORDS and not key.startswith("x-")
 
 
 #: Annotations whose values are not schemas (``$defs``/``definitions`` are maps of schemas; ``contentSchema`` is one).
