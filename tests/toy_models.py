@@ -15,21 +15,22 @@ from collections.abc import Sequence
 from types import SimpleNamespace
 
 import torch
-from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+from transformers import DynamicCache, LlamaForCausalLM
+
+from grammarspec.bench.tiny_llama import tiny_llama as random_llama
+from grammarspec.bench.tiny_llama import tiny_llama_config
 
 
 class ToyCausalLM(torch.nn.Module):
     def __init__(self, vocab_size: int, seed: int = 0, scale: float = 2.0, buckets: int = 7) -> None:
         super().__init__()
         g = torch.Generator().manual_seed(seed)
-        self.config = LlamaConfig(
-            vocab_size=vocab_size,
+        self.config = tiny_llama_config(
+            vocab_size,
             hidden_size=8,
-            num_hidden_layers=1,
-            num_attention_heads=1,
-            num_key_value_heads=1,
             intermediate_size=8,
-            bos_token_id=None,
+            num_attention_heads=1,
+            max_position_embeddings=2048,
             eos_token_id=0,
         )
         self.bigram = scale * torch.randn(vocab_size, vocab_size, generator=g)
@@ -109,25 +110,22 @@ class ToyCausalLM(torch.nn.Module):
 
 
 def tiny_llama(vocab_size: int, seed: int = 0) -> LlamaForCausalLM:
-    """A real (random) Llama with a handful of parameters."""
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=vocab_size,
-        hidden_size=32,
-        intermediate_size=64,
+    """A real (random) 2-layer Llama with a handful of parameters, its logits peaky enough that sampling differs
+    from uniform."""
+    model = random_llama(
+        vocab_size,
+        seed,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=1024,
-        bos_token_id=None,
         eos_token_id=0,
         pad_token_id=1,
         tie_word_embeddings=False,
     )
-    model = LlamaForCausalLM(config)
     with torch.no_grad():
-        model.lm_head.weight.mul_(20.0)  # peaky enough that sampling differs from uniform
-    return model.eval()
+        model.lm_head.weight.mul_(20.0)
+    return model
 
 
 def new_toy_cache() -> DynamicCache:

@@ -19,7 +19,9 @@ from collections.abc import Sequence
 from types import SimpleNamespace
 
 import torch
-from transformers import DynamicCache, LlamaConfig
+from transformers import DynamicCache
+
+from grammarspec.bench.tiny_llama import tiny_llama_config
 
 __all__ = ["OracleLM"]
 
@@ -47,14 +49,8 @@ class OracleLM(torch.nn.Module):
         super().__init__()
         self.prompt, self.output = list(prompt), list(output)
         self.vocab_size = vocab_size
-        self.config = LlamaConfig(
-            vocab_size=vocab_size,
-            hidden_size=8,
-            num_hidden_layers=1,
-            num_attention_heads=1,
-            num_key_value_heads=1,
-            intermediate_size=8,
-            eos_token_id=eos_token_id,
+        self.config = tiny_llama_config(
+            vocab_size, hidden_size=8, intermediate_size=8, num_attention_heads=1, eos_token_id=eos_token_id
         )
         self.device = torch.device("cpu")
         self.split_bytes = split_bytes

@@ -42,6 +42,7 @@ import grammarspec  # noqa: E402
 from grammarspec.bench.arms import BaselineGrammars, prepare_grammars  # noqa: E402
 from grammarspec.bench.batch import _left_pad, _prompt, _run_baseline  # noqa: E402
 from grammarspec.bench.tasks import load_tasks  # noqa: E402
+from grammarspec.bench.tiny_llama import tiny_llama  # noqa: E402
 from grammarspec.decoding import logits_width  # noqa: E402
 from grammarspec.loading import load_tokenizer  # noqa: E402
 
@@ -51,20 +52,17 @@ PHASES = ("forced", "propose", "walk", "forward", "verify", "commit")
 
 def tiny_target(vocab_size: int, seed: int = 0) -> torch.nn.Module:
     """The 1-layer random Llama (hidden 64) over ``vocab_size`` tokens."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=vocab_size,
+    return tiny_llama(
+        vocab_size,
+        seed,
         hidden_size=64,
         intermediate_size=128,
-        num_hidden_layers=1,
         num_attention_heads=4,
         num_key_value_heads=4,
         max_position_embeddings=8192,
+        bos_token_id=1,
         tie_word_embeddings=False,
     )
-    return LlamaForCausalLM(config).eval()
 
 
 def run_arm(arm: str, model: Any, tokenizer: Any, chunk: list[Any], eos: int, max_new: int) -> dict[str, Any]:

@@ -29,9 +29,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
 from .tasks import BenchTask
+from .tiny_llama import tiny_llama_config
 
 __all__ = [
     "FamilyResult",
@@ -94,18 +95,7 @@ class ScriptedLlama(LlamaForCausalLM):
 
     @classmethod
     def tiny(cls, vocab_size: int, eos_token_id: int, seed: int = 0) -> ScriptedLlama:
-        config = LlamaConfig(
-            vocab_size=vocab_size,
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            num_key_value_heads=1,
-            max_position_embeddings=16384,
-            bos_token_id=None,
-            eos_token_id=eos_token_id,
-            pad_token_id=eos_token_id,
-        )
+        config = tiny_llama_config(vocab_size, eos_token_id=eos_token_id, pad_token_id=eos_token_id)
         torch.manual_seed(seed)
         model = cls(config).eval()
         model.script = []
