@@ -11,6 +11,7 @@ rollback(2) -> 1 stored; rollback(2) raises.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 
 from .base import GrammarError, Matcher
@@ -82,3 +83,77 @@ def _count_legal(matcher: Matcher, tokens: Sequence[int]) -> int:
             break
         n += 1
     return n
+
+
+class StopMarkingMatcher(WindowedMatcher):
+    """A windowed matcher whose backend never sees a stop token: accepting one, where the grammar may end, only
+    marks the matcher terminated, and rolling it back only clears the mark.
+
+    A backend module's matcher gives :attr:`backend` (its name) and the hooks over its own state:
+    :meth:`_can_stop`, :meth:`_advance`, :meth:`_undo` and :meth:`_restart`.
+    """
+
+    backend: str
+    _terminated: bool
+    _stops: frozenset[int]
+
+    def accept(self, token: int) -> bool:
+        """Advance by ``token`` if legal; changes state only when it returns ``True``."""
+        token = operator.index(token)
+        if self._terminated or not 0 <= token < self.vocab_size:
+            return False
+        if token in self._stops:
+            if not self._can_stop():
+                return False
+            self._terminated = True
+        elif not self._advance(token):
+            return False
+        self._window.push()
+        self._accepted(token)
+        return True
+
+    def rollback(self, n: int) -> None:
+        """Undo the last ``n`` accepted tokens.  Changes state."""
+        self._window.pop(n, self.backend)
+        if n and self._terminated:
+            self._terminated = False
+            self._undo(n, n - 1)
+        elif n:
+            self._undo(n, n)
+
+    def is_terminated(self) -> bool:
+        """Whether a stop token was accepted.  Does not change state."""
+        return self._terminated
+
+    def reset(self) -> None:
+        """Return to the initial state.  Changes state."""
+        self._restart()
+        self._terminated = False
+        self._window.clear()
+
+    def _check_open(self) -> None:
+        """Refuse to say what comes next after a stop token."""
+        if self._terminated:
+            raise GrammarError(
+                f"the {self.backend} matcher is terminated (a stop token was accepted) and has no next "
+                "token; stop generating, or roll back the stop token first"
+            )
+
+    def _can_stop(self) -> bool:
+        """Whether the grammar may end here.  Does not change state."""
+        raise NotImplementedError
+
+    def _advance(self, token: int) -> bool:
+        """Advance the backend by the non-stop ``token`` if legal; changes state only when it returns ``True``."""
+        raise NotImplementedError
+
+    def _accepted(self, token: int) -> None:
+        """Called after each accepted token (stop tokens included)."""
+
+    def _undo(self, tokens: int, in_backend: int) -> None:
+        """Undo the last ``tokens`` accepted tokens, of which the last ``in_backend`` reached the backend."""
+        raise NotImplementedError
+
+    def _restart(self) -> None:
+        """Return the backend to its initial state."""
+        raise NotImplementedError

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ._bitmask import check_bitmask, clear_padding
-from ._window import RollbackWindow, WindowedMatcher
+from ._window import RollbackWindow, StopMarkingMatcher
 from .base import CompiledGrammar, GrammarError, allocate_bitmask
 from .capabilities import Capabilities
 from .spec import GrammarSpec, schema_nodes
@@ -255,8 +255,10 @@ class LLGuidanceCompiled(CompiledGrammar):
         return LLGuidanceMatcher(self._template.deep_copy(), self, window)
 
 
-class LLGuidanceMatcher(WindowedMatcher):
+class LLGuidanceMatcher(StopMarkingMatcher):
     """Per-request state over an ``llguidance.LLMatcher``."""
+
+    backend = name
 
     def __init__(
         self,
@@ -275,21 +277,22 @@ class LLGuidanceMatcher(WindowedMatcher):
         self._stops = frozenset(self.stop_token_ids)
         self._scratch: torch.Tensor | None = None  # a one-row mask for _legal_text_token
 
-    def accept(self, token: int) -> bool:
-        """Advance by ``token`` if legal; changes state only when it returns ``True``."""
-        token = operator.index(token)
-        if self._terminated or not 0 <= token < self.vocab_size:
+    def _can_stop(self) -> bool:
+        return bool(self._matcher.is_accepting())  # stop tokens are kept out of llguidance (the module docstring)
+
+    def _advance(self, token: int) -> bool:
+        if not self._legal_text_token(token):
             return False
-        if token in self._stops:
-            if not self._matcher.is_accepting():
-                return False
-            self._terminated = True  # kept out of llguidance (see the module docstring)
-        elif not self._legal_text_token(token):
-            return False
-        elif not self._matcher.consume_token(token):
+        if not self._matcher.consume_token(token):
             raise GrammarError(f"llguidance failed on a validated token {token}: {self._matcher.get_error()}")
-        self._window.push()
         return True
+
+    def _undo(self, tokens: int, in_backend: int) -> None:
+        if in_backend and not self._matcher.rollback(in_backend):
+            raise GrammarError(f"llguidance could not roll back {in_backend} tokens: {self._matcher.get_error()}")
+
+    def _restart(self) -> None:
+        self._matcher.reset()
 
     def _legal_text_token(self, token: int) -> bool:
         """Whether the (non-stop) ``token`` is legal now, exactly as the mask says.  Does not change state.
@@ -345,15 +348,6 @@ class LLGuidanceMatcher(WindowedMatcher):
                 self._matcher.rollback(n)
         return n + int(complete)
 
-    def rollback(self, n: int) -> None:
-        """Undo the last ``n`` accepted tokens.  Changes state."""
-        self._window.pop(n, name)
-        if n and self._terminated:
-            self._terminated = False
-            n -= 1
-        if n and not self._matcher.rollback(n):
-            raise GrammarError(f"llguidance could not roll back {n} tokens: {self._matcher.get_error()}")
-
     def fill_mask(self, bitmask: torch.Tensor, row: int = 0) -> None:
         """Write the legal next tokens into ``bitmask[row]``.  Does not change state.
 
@@ -362,11 +356,7 @@ class LLGuidanceMatcher(WindowedMatcher):
         """
         from llguidance.numpy import fill_next_token_bitmask
 
-        if self._terminated:
-            raise GrammarError(
-                "the llguidance matcher is terminated (a stop token was accepted) and has no next "
-                "token; stop generating, or roll back the stop token first"
-            )
+        self._check_open()
         mask_row = check_bitmask(bitmask, row, self.vocab_size)
         fill_next_token_bitmask(self._matcher, bitmask.numpy(), row)
         clear_padding(mask_row, self.vocab_size)
@@ -390,16 +380,6 @@ class LLGuidanceMatcher(WindowedMatcher):
         if self._terminated:
             return []
         return list(self._matcher.compute_ff_tokens())
-
-    def is_terminated(self) -> bool:
-        """Whether a stop token was accepted.  Does not change state."""
-        return self._terminated
-
-    def reset(self) -> None:
-        """Return to the initial state.  Changes state."""
-        self._matcher.reset()
-        self._terminated = False
-        self._window.clear()
 
     def fork(self) -> LLGuidanceMatcher:
         """An independent copy in the current state, with the same rollback window."""

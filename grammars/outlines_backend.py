@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import copy
 import json
-import operator
 import os
 import pickle
 import re
@@ -45,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ._bitmask import check_bitmask, clear_padding
-from ._window import RollbackWindow, WindowedMatcher
+from ._window import RollbackWindow, StopMarkingMatcher
 from .base import CompiledGrammar, GrammarError
 from .capabilities import Capabilities
 from .spec import GrammarSpec, schema_nodes
@@ -327,8 +326,10 @@ class OutlinesCompiled(CompiledGrammar):
         return OutlinesMatcher(self, window)
 
 
-class OutlinesMatcher(WindowedMatcher):
+class OutlinesMatcher(StopMarkingMatcher):
     """Per-request state over an outlines-core ``Guide``."""
+
+    backend = name
 
     def __init__(self, compiled: OutlinesCompiled, window: RollbackWindow, history: Sequence[int] = ()) -> None:
         from outlines_core import Guide
@@ -351,43 +352,31 @@ class OutlinesMatcher(WindowedMatcher):
                 self._guide.advance(token, return_tokens=False)
             self._history.append(token)
 
-    def accept(self, token: int) -> bool:
-        """Advance by ``token`` if legal; changes state only when it returns ``True``."""
-        token = operator.index(token)
-        if self._terminated or not 0 <= token < self.vocab_size:
+    def _can_stop(self) -> bool:
+        return bool(self._guide.is_finished())
+
+    def _advance(self, token: int) -> bool:
+        try:
+            self._guide.advance(token, return_tokens=False)
+        except ValueError:  # no transition: the guide's state is unchanged
             return False
-        if token in self._stops:
-            if not self._guide.is_finished():
-                return False
-            self._terminated = True
-        else:
-            try:
-                self._guide.advance(token, return_tokens=False)
-            except ValueError:  # no transition: the guide's state is unchanged
-                return False
-        self._window.push()
-        self._history.append(token)
         return True
 
-    def rollback(self, n: int) -> None:
-        """Undo the last ``n`` accepted tokens.  Changes state."""
-        self._window.pop(n, name)
-        if n == 0:
-            return
-        del self._history[-n:]
-        if self._terminated:
-            self._terminated = False
-            n -= 1
-        if n:
-            self._guide.rollback_state(n)
+    def _accepted(self, token: int) -> None:
+        self._history.append(token)
+
+    def _undo(self, tokens: int, in_backend: int) -> None:
+        del self._history[-tokens:]
+        if in_backend:
+            self._guide.rollback_state(in_backend)
+
+    def _restart(self) -> None:
+        self._guide.reset()
+        self._history.clear()
 
     def fill_mask(self, bitmask: torch.Tensor, row: int = 0) -> None:
         """Write the legal next tokens into ``bitmask[row]``.  Does not change state."""
-        if self._terminated:
-            raise GrammarError(
-                "the outlines matcher is terminated (a stop token was accepted) and has no next "
-                "token; stop generating, or roll back the stop token first"
-            )
+        self._check_open()
         mask_row = check_bitmask(bitmask, row, self.vocab_size)
         self._guide.write_mask_into(mask_row.data_ptr(), mask_row.numel(), mask_row.element_size())
         if self._guide.is_finished():  # the guide sets the EOS bit only; add the other stop tokens
@@ -406,17 +395,6 @@ class OutlinesMatcher(WindowedMatcher):
             return ""
         state = self._guide.get_state()
         return _whole_characters(_forced_bytes(self._compiled.index, self._compiled.vocab.token_bytes, state))
-
-    def is_terminated(self) -> bool:
-        """Whether a stop token was accepted.  Does not change state."""
-        return self._terminated
-
-    def reset(self) -> None:
-        """Return to the initial state.  Changes state."""
-        self._guide.reset()
-        self._history.clear()
-        self._terminated = False
-        self._window.clear()
 
     def fork(self) -> OutlinesMatcher:
         """An independent copy in the current state, with the same rollback window."""
