@@ -1,7 +1,8 @@
 """A real ``grammarspec serve`` process on a free loopback port, under an address-space cap (test helper).
 
 Used by the test modules that talk to the server as its users do: one process
-per module, started with the embedded SmolLM2-135M.
+per module, started with the embedded SmolLM2-135M; and the README's snippets
+those modules run as written.
 """
 
 from __future__ import annotations
@@ -74,3 +75,11 @@ def serve_process(*args: str, memory_cap: int = MEMORY_CAP, start_timeout: float
             process.kill()
             process.wait()
         log.unlink(missing_ok=True)
+
+
+def readme_block(heading: str, starts: str) -> str:
+    """The README's python block under ``heading`` that starts with ``starts``."""
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = text[text.index(heading) :]
+    blocks = section.split("```python\n")[1:]
+    return next(b.split("```")[0] for b in blocks if b.startswith(starts))
