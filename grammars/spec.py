@@ -142,14 +142,11 @@ def grammar_spec(
 
 #: Deepest nesting of subschemas accepted: the validator and the compilers recurse once per level.
 MAX_SCHEMA_DEPTH = 64
-#: An enum this long takes xgrammar seconds to compile (about 1.5 s at 20,000 values, a minute at 100,000).
-LONG_ENUM = 20_000
 
 
 def _json_spec(kind: GrammarKind, schema: dict[str, Any], any_whitespace: bool) -> GrammarSpec:
     check_json_schema(schema)
     _warn_unknown_keywords(schema)
-    _warn_long_enums(schema)
     _resolve_id_refs(schema)
     try:
         source = json.dumps(schema, ensure_ascii=False)
@@ -180,23 +177,6 @@ def _check_depth(schema: Any) -> None:
             stack.extend((v, k not in _SCHEMA_MAPS, depth + 1) for k, v in item.items() if k not in _DATA_KEYWORDS)
 
 
-def _warn_long_enums(schema: dict[str, Any]) -> None:
-    """Say up front that a very long ``enum`` is slow to compile, and what bounds it."""
-    import warnings
-
-    from .base import GrammarWarning
-
-    longest = max((len(n["enum"]) for n in schema_nodes(schema) if isinstance(n.get("enum"), list)), default=0)
-    if longest >= LONG_ENUM:
-        warnings.warn(
-            f"the schema has an enum of {longest} values: xgrammar (the default backend) takes seconds to compile "
-            "one this long (about 1.5 s at 20,000 values, a minute at 100,000). Pass compile_timeout=<seconds> to "
-            "bound the wait, or shorten the enum (a pattern, or a string checked afterwards).",
-            GrammarWarning,
-            stacklevel=4,
-        )
-
-
 def _resolve_id_refs(schema: dict[str, Any]) -> None:
     """Rewrite each ``$ref`` to a subschema's ``$id`` as the local ``#/...`` pointer to it.  Changes ``schema``.
 
@@ -206,27 +186,9 @@ def _resolve_id_refs(schema: dict[str, Any]) -> None:
     that does not resolve in the document stays as it is (the remote check
     refuses it).
     """
-    targets: list[tuple[dict[str, Any], str]] = []  # every schema object and its JSON pointer
-    refs: list[dict[str, Any]] = []
-    stack: list[tuple[Any, str, bool, bool]] = [(schema, "", True, False)]  # (item, pointer, is schema, in $id scope)
-    while stack:
-        item, pointer, is_schema, scoped = stack.pop()
-        if isinstance(item, list):
-            stack.extend((x, f"{pointer}/{i}", True, scoped) for i, x in enumerate(item))
-        elif isinstance(item, dict) and not is_schema:
-            stack.extend((v, f"{pointer}/{_escape(k)}", True, scoped) for k, v in item.items())
-        elif isinstance(item, dict):
-            targets.append((item, pointer))
-            ref = item.get("$ref")
-            if isinstance(ref, str) and not ref.startswith("#") and not scoped:
-                refs.append(item)
-            inner = scoped or (bool(pointer) and isinstance(item.get("$id"), str))
-            for key, value in item.items():
-                if key not in _DATA_KEYWORDS:
-                    stack.append((value, f"{pointer}/{_escape(key)}", key not in _SCHEMA_MAPS, inner))
-    if not refs:
-        return
-    resolver = _local_resolver(schema)
+    targets, refs = _refs_and_targets(schema)
+    refs = [node for node in refs if not node["$ref"].startswith("#")]
+    resolver = _local_resolver(schema) if refs else None
     if resolver is None:
         return
     for node in refs:
@@ -237,6 +199,56 @@ def _resolve_id_refs(schema: dict[str, Any]) -> None:
         where = next((p for obj, p in targets if obj is found), None)
         if where is not None:
             node["$ref"] = "#" + where
+
+
+def _rebase_refs(schema: dict[str, Any], prefix: str) -> None:
+    """Rewrite the local refs in ``schema`` for its place at JSON pointer ``prefix`` in a larger one.  Changes it.
+
+    ``#`` and ``#/...`` (and ``#anchor``) inside a tool's parameters mean the
+    parameters object; once it sits inside the tools' combined schema they
+    must name the same subschema from that schema's root.  Refs inside a
+    nested ``$id`` scope are relative to that scope and stay.  The refs were
+    checked to resolve (:func:`check_json_schema`).
+    """
+    targets, refs = _refs_and_targets(schema)
+    refs = [node for node in refs if node["$ref"].startswith("#")]
+    resolver = _local_resolver(schema) if refs else None
+    if resolver is None:
+        return
+    for node in refs:
+        ref = node["$ref"]
+        try:
+            found = resolver.lookup(ref).contents
+        except Exception:  # referencing.exceptions.Unresolvable: refused before, by the check
+            continue
+        where = next((p for obj, p in targets if obj is found), None)
+        if where is None and (ref == "#" or ref.startswith("#/")):
+            where = ref[1:]  # a boolean subschema: the pointer itself
+        if where is not None:
+            node["$ref"] = "#" + prefix + where
+
+
+def _refs_and_targets(schema: dict[str, Any]) -> tuple[list[tuple[dict[str, Any], str]], list[dict[str, Any]]]:
+    """Every schema object in ``schema`` with its JSON pointer, and the objects with a string ``$ref``
+    outside any nested ``$id`` scope (where ``#`` means the root).  Pure."""
+    targets: list[tuple[dict[str, Any], str]] = []
+    refs: list[dict[str, Any]] = []
+    stack: list[tuple[Any, str, bool, bool]] = [(schema, "", True, False)]  # (item, pointer, is schema, in $id scope)
+    while stack:
+        item, pointer, is_schema, scoped = stack.pop()
+        if isinstance(item, list):
+            stack.extend((x, f"{pointer}/{i}", True, scoped) for i, x in enumerate(item))
+        elif isinstance(item, dict) and not is_schema:
+            stack.extend((v, f"{pointer}/{_escape(k)}", True, scoped) for k, v in item.items())
+        elif isinstance(item, dict):
+            targets.append((item, pointer))
+            if isinstance(item.get("$ref"), str) and not scoped:
+                refs.append(item)
+            inner = scoped or (bool(pointer) and isinstance(item.get("$id"), str))
+            for key, value in item.items():
+                if key not in _DATA_KEYWORDS:
+                    stack.append((value, f"{pointer}/{_escape(key)}", key not in _SCHEMA_MAPS, inner))
+    return targets, refs
 
 
 def _escape(key: Any) -> str:
@@ -381,6 +393,21 @@ def _remote_ref(node: Any) -> str | None:
     return None
 
 
+def _dangling_ref(node: dict[str, Any]) -> str | None:
+    """The first local ``$ref`` (``#...``, outside nested ``$id`` scopes) that resolves to nothing in ``node``."""
+    _, refs = _refs_and_targets(node)
+    local = [n["$ref"] for n in refs if n["$ref"].startswith("#")]
+    resolver = _local_resolver(node) if local else None
+    if resolver is None:
+        return None
+    for ref in local:
+        try:
+            resolver.lookup(ref)
+        except Exception:  # referencing.exceptions.Unresolvable and friends
+            return ref
+    return None
+
+
 def _local_resolver(node: Any) -> Any:
     """A ``referencing`` resolver over ``node`` and the subschemas it names with ``$id`` (nothing remote)."""
     try:
@@ -478,7 +505,11 @@ def tools_schema(tools: Sequence[Mapping[str, Any]], parallel: bool = False) -> 
     tools the schema is an ``anyOf`` over them, in the given order.  The
     arguments object gets ``additionalProperties: false`` unless the tool sets
     it (as OpenAI's strict mode does).  With ``parallel=True`` the schema is an
-    array of such calls with ``minItems: 1``.  Pure function.
+    array of such calls with ``minItems: 1``.  A local ``$ref`` inside a
+    tool's parameters names a part of those parameters (``#`` is the
+    parameters object), as when the tool is used alone: it is rewritten to
+    that part's path in the combined schema; one that names nothing there is
+    refused, naming the tool and the ref.  Pure function.
     """
     if isinstance(tools, (str, bytes, Mapping)) or not isinstance(tools, Sequence):
         raise GrammarError(
@@ -494,6 +525,9 @@ def tools_schema(tools: Sequence[Mapping[str, Any]], parallel: bool = False) -> 
         if name in seen:
             raise GrammarError(f"tools[{i}]: the tool name {name!r} is used twice; tool names must be unique")
         seen.add(name)
+        # refs inside name the tool's own parameters: rebase them onto the root of the combined schema
+        where = ("/items" if parallel else "") + (f"/anyOf/{i}" if len(tools) > 1 else "") + "/properties/arguments"
+        _rebase_refs(parameters, where)
         calls.append(
             {
                 "type": "object",
@@ -544,4 +578,11 @@ def _tool_definition(tool: Any, i: int) -> tuple[str, dict[str, Any]]:
     parameters.setdefault("type", "object")
     parameters.setdefault("additionalProperties", False)
     check_json_schema(parameters, where=f"{where} parameters")
+    dangling = _dangling_ref(parameters)
+    if dangling is not None:  # checked here, where the tool can be named: once combined, a backend only sees a path
+        raise GrammarError(
+            f"{where} parameters has a $ref {dangling!r} that points at nothing in them (there '#' means the "
+            "parameters object, and '#/$defs/NAME' a schema under its own $defs). Fix the reference, or add "
+            "the schema it names."
+        )
     return name, parameters

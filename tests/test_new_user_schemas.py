@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import warnings
+
 import pytest
 from toy import toy_tokenizer
 
@@ -29,9 +32,14 @@ def test_a_deep_schema_names_the_limit_not_pythons_recursion():
     assert "recursion" not in str(info.value)
 
 
-def test_a_long_enum_points_to_compile_timeout():
-    with pytest.warns(GrammarWarning, match="enum of 20000 values.*compile_timeout="):
-        grammar_spec(schema={"enum": [f"v{i}" for i in range(20000)]})
+def test_a_long_enum_gives_one_warning_that_points_to_compile_timeout():
+    spec = grammar_spec(schema={"enum": [f"v{i}" for i in range(20000)]})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        compile_grammar(spec, toy_tokenizer(), backend="xgrammar")
+    said = [str(w.message) for w in caught if issubclass(w.category, GrammarWarning)]
+    assert len(said) == 1, said
+    assert "enum of 20,000 values" in said[0] and "compile_timeout=" in said[0] and "shorten the enum" in said[0]
 
 
 def test_a_ref_to_a_subschema_id_is_enforced():
@@ -63,3 +71,49 @@ def test_the_cli_says_a_schema_file_holding_a_string_is_json_but_not_a_schema(tm
         status = e.code
     err = capsys.readouterr().err
     assert status != 0 and "valid JSON but holds a str" in err and "object" in err and "boolean" in err
+
+
+TREE = {  # a tree node: '#' is the tool's parameters, and the leaf (no children) ends it
+    "type": "object",
+    "properties": {"label": {"type": "string"}, "children": {"type": "array", "items": {"$ref": "#"}, "maxItems": 2}},
+    "required": ["label"],
+}
+POINT = {
+    "type": "object",
+    "$defs": {"pt": {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}},
+    "properties": {"at": {"$ref": "#/$defs/pt"}},
+    "required": ["at"],
+}
+
+
+def _tool(name: str, parameters: dict) -> dict:
+    return {"type": "function", "function": {"name": name, "parameters": parameters}}
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+def test_refs_in_a_tools_parameters_resolve_against_those_parameters(parallel):
+    import jsonschema
+
+    tools = [_tool("tree", TREE), _tool("mark", POINT)]
+    spec = grammar_spec(tools=tools, parallel_tool_calls=parallel)
+    tree = {"name": "tree", "arguments": {"label": "a", "children": [{"label": "b", "children": [{"label": "c"}]}]}}
+    mark = {"name": "mark", "arguments": {"at": {"x": 3}}}
+    wrong = {"name": "tree", "arguments": {"label": "a", "children": [tree]}}  # a child is a node, not a call
+    good = [[tree, mark]] if parallel else [tree, mark]
+    bad = [[wrong], [{"name": "mark", "arguments": {"at": {"x": "3"}}}]] if parallel else [wrong]
+    for value in good:
+        jsonschema.validate(value, spec.schema)
+    for value in bad:
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(value, spec.schema)
+    tok = toy_tokenizer()
+    compiled = compile_grammar(spec, tok, backend="xgrammar")
+    for value, ok in [(v, True) for v in good] + [(v, False) for v in bad]:
+        ids = tok(json.dumps(value, separators=(",", ":")), add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+        assert (compiled.matcher().validate(ids) == len(ids)) is ok, value
+
+
+def test_a_ref_to_nothing_in_a_tools_parameters_names_the_tool_and_the_ref():
+    broken = {"type": "object", "properties": {"at": {"$ref": "#/$defs/nope"}}, "required": ["at"]}
+    with pytest.raises(GrammarError, match=r"tools\[1\] \('mark'\) parameters has a \$ref '#/\$defs/nope'"):
+        grammar_spec(tools=[_tool("tree", TREE), _tool("mark", broken)])

@@ -19,7 +19,7 @@ pytest.importorskip("uvicorn")
 openai = pytest.importorskip("openai")
 import httpx2 as httpx
 import pydantic
-from serve_process import MODEL, serve_process
+from serve_process import MODEL, readme_block, serve_process
 
 pytestmark = pytest.mark.slow
 
@@ -243,6 +243,31 @@ def test_errors_are_typed_with_our_message_and_param(client):
         client.chat.completions.create(model="gpt-9", messages=[{"role": "user", "content": "hi"}])
 
 
+def test_refs_inside_a_tools_parameters_name_that_tools_parameters(client):
+    """'#' in a tool's parameters is those parameters (a place near places), '#/$defs/...' their own $defs."""
+    place = {
+        "type": "object",
+        "$defs": {"name": {"type": "string", "maxLength": 20}},
+        "properties": {"city": {"$ref": "#/$defs/name"}, "near": {"anyOf": [{"type": "null"}, {"$ref": "#"}]}},
+        "required": ["city", "near"],
+        "additionalProperties": False,
+    }
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": place}}]
+    reply = _ask(client, "What is the weather in Oslo?", tools=tools, tool_choice="required", max_tokens=40)
+    choice = reply.choices[0]
+    if choice.finish_reason == "tool_calls":
+        [(name, arguments)] = _calls(choice.message)
+        assert name == "get_weather"
+        jsonschema.validate(json.loads(arguments), place)
+    else:  # greedy SmolLM2 nests places until the token limit: each nested level is a place, not a tool call
+        assert choice.finish_reason == "length" and '"near":{"city":"' in choice.message.content
+        assert '"near":{"name"' not in choice.message.content
+    broken = {"type": "object", "properties": {"at": {"$ref": "#/$defs/nope"}}}
+    with pytest.raises(openai.BadRequestError) as e:
+        _ask(client, "hi", tools=[{"type": "function", "function": {"name": "mark", "parameters": broken}}])
+    assert e.value.param == "tools" and "('mark') parameters has a $ref '#/$defs/nope'" in e.value.message
+
+
 def test_a_client_timeout_mid_stream_leaves_the_server_serving(client, server):
     hasty = client.with_options(timeout=httpx.Timeout(60.0, read=0.01))
     received = 0
@@ -254,18 +279,8 @@ def test_a_client_timeout_mid_stream_leaves_the_server_serving(client, server):
     assert httpx.get(server + "/health", timeout=30).json()["status"] == "ok"
 
 
-def _readme_block(heading: str, starts: str) -> str:
-    """The README's python block under ``heading`` that starts with ``starts``."""
-    from pathlib import Path
-
-    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = text[text.index(heading) :]
-    blocks = section.split("```python\n")[1:]
-    return next(b.split("```")[0] for b in blocks if b.startswith(starts))
-
-
 def test_the_readme_serving_snippet_runs_as_written(server, capsys):
-    code = _readme_block("## Serving", "import openai")
+    code = readme_block("## Serving", "import openai")
     exec(compile(code.replace("http://127.0.0.1:8000/v1", server + "/v1"), "README.md", "exec"), {})
     printed = capsys.readouterr().out
     assert '"city"' in printed and "tokens_per_target_pass" in printed
@@ -275,7 +290,7 @@ def test_the_readme_conversation_snippet_runs_as_written(smol, monkeypatch, caps
     import grammarspec
 
     monkeypatch.setattr(grammarspec, "load_model", lambda *args, **kwargs: smol)  # the session's model, loaded once
-    code = _readme_block("## Conversations", "import grammarspec")
+    code = readme_block("## Conversations", "import grammarspec")
     namespace: dict = {}
     exec(compile(code, "README.md", "exec"), namespace)
     assert namespace["call"]["function"]["name"] == "get_weather"
