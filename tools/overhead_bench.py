@@ -28,7 +28,6 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +39,7 @@ if str(ROOT) not in sys.path:
 
 import grammarspec  # noqa: E402
 from grammarspec.bench.arms import BaselineGrammars, prepare_grammars  # noqa: E402
-from grammarspec.bench.batch import _left_pad, _prompt, _run_baseline  # noqa: E402
+from grammarspec.bench.batch import _left_pad, _prompt, _run_baseline, generate_greedy  # noqa: E402
 from grammarspec.bench.tasks import load_tasks  # noqa: E402
 from grammarspec.bench.tiny_llama import tiny_llama  # noqa: E402
 from grammarspec.decoding import logits_width  # noqa: E402
@@ -71,21 +70,8 @@ def run_arm(arm: str, model: Any, tokenizer: Any, chunk: list[Any], eos: int, ma
     if arm == "baseline":
         outputs, seconds, passes = _run_baseline(model, ids, mask, [g for _, _, g in chunk], eos, max_new)
         return {"outputs": outputs, "seconds": seconds, "passes": passes, "phases": {}}
-    t0 = time.perf_counter()
-    out = grammarspec.generate(
-        model,
-        ids,
-        attention_mask=mask,
-        tokenizer=tokenizer,
-        schema=[t.schema for t, _, _ in chunk],
-        assistant=None if arm == "none" else arm,
-        max_new_tokens=max_new,
-        do_sample=False,
-        return_dict_in_generate=True,
-    )
-    seconds = time.perf_counter() - t0
-    outputs = [out.sequences[i, ids.shape[1] :].tolist()[: s.new_tokens] for i, s in enumerate(out.stats)]
-    longest = max(out.stats, key=lambda s: s.target_forwards)
+    outputs, seconds, stats = generate_greedy(model, tokenizer, chunk, eos, max_new, None if arm == "none" else arm)
+    longest = max(stats, key=lambda s: s.target_forwards)
     return {"outputs": outputs, "seconds": seconds, "passes": longest.target_forwards, "phases": dict(longest.phases)}
 
 

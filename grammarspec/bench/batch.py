@@ -196,6 +196,33 @@ def _serve_grammarspec(
     assistant: str, model: Any, tokenizer: Any, items: list[Any], size: int, eos: int, max_new: int, run: BatchRun
 ) -> float:
     """One grammarspec call over ``items`` with ``max_batch_size=size`` and ``assistant``; returns the seconds."""
+    outputs, seconds, stats = generate_greedy(model, tokenizer, items, eos, max_new, assistant, max_batch_size=size)
+    setup = seconds - max(s.total_seconds for s in stats)
+    _add(
+        run,
+        [t for t, _, _ in items],
+        outputs,
+        [setup + s.total_seconds for s in stats],
+        max(s.target_forwards for s in stats),
+        sum(s.target_forwards for s in stats),
+    )
+    run.drafted += sum(longest for s in stats for longest, _ in s.steps)
+    return seconds
+
+
+def generate_greedy(
+    model: Any,
+    tokenizer: Any,
+    items: list[Any],
+    eos: int,
+    max_new: int,
+    assistant: str | None,
+    max_batch_size: int | None = None,
+) -> tuple[list[list[int]], float, list[Any]]:
+    """One greedy ``grammarspec.generate`` call over ``items`` (task, prompt ids, _), left-padded with ``eos``.
+
+    Returns each row's new tokens, the call's seconds and each row's :class:`~grammarspec.GenerationStats`.
+    """
     ids, mask = _left_pad([p for _, p, _ in items], eos)
     t0 = time.perf_counter()
     out = grammarspec.generate(
@@ -205,25 +232,15 @@ def _serve_grammarspec(
         tokenizer=tokenizer,
         schema=[t.schema for t, _, _ in items],
         assistant=assistant,
-        max_batch_size=size,
+        max_batch_size=max_batch_size,
         max_new_tokens=max_new,
         do_sample=False,
         return_dict_in_generate=True,
     )
     seconds = time.perf_counter() - t0
     assert isinstance(out, grammarspec.GenerationOutput) and out.stats is not None  # return_dict_in_generate=True
-    setup = seconds - max(s.total_seconds for s in out.stats)
     outputs = [out.sequences[i, ids.shape[1] :].tolist()[: s.new_tokens] for i, s in enumerate(out.stats)]
-    _add(
-        run,
-        [t for t, _, _ in items],
-        outputs,
-        [setup + s.total_seconds for s in out.stats],
-        max(s.target_forwards for s in out.stats),
-        sum(s.target_forwards for s in out.stats),
-    )
-    run.drafted += sum(longest for s in out.stats for longest, _ in s.steps)
-    return seconds
+    return outputs, seconds, list(out.stats)
 
 
 def _add(

@@ -79,10 +79,7 @@ def write_plots(result: BenchResult, summary: dict[str, Any], out: Path) -> dict
     ax.set_title("Speedup by category and arm")
     if arms:
         ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.tight_layout()
-    paths["speedup_png"] = out / "speedup.png"
-    fig.savefig(paths["speedup_png"], dpi=90)
-    plt.close(fig)
+    paths["speedup_png"] = _save(fig, out / "speedup.png")
 
     # 2. distribution of accepted draft tokens per step
     spec_arms = [a for a in arms if any(p for p, _ in _steps(result, a))]
@@ -97,12 +94,7 @@ def write_plots(result: BenchResult, summary: dict[str, Any], out: Path) -> dict
     ax.set_xlabel("accepted draft tokens in one verification step (+1 token from the target)")
     ax.set_ylabel("fraction of steps with a draft")
     ax.set_title("Accepted tokens per step")
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    paths["accepted_png"] = out / "accepted_per_step.png"
-    fig.savefig(paths["accepted_png"], dpi=90)
-    plt.close(fig)
+    paths["accepted_png"] = _save(fig, out / "accepted_per_step.png", legend=ax)
 
     # 3. acceptance against proposal length
     fig, ax = plt.subplots(figsize=(7.0, 4.2))
@@ -115,12 +107,7 @@ def write_plots(result: BenchResult, summary: dict[str, Any], out: Path) -> dict
     ax.set_ylabel("acceptance (accepted / proposed)")
     ax.set_ylim(0, 1.05)
     ax.set_title(f"Acceptance against proposal length (lengths with >= {MIN_STEPS_PER_LENGTH} steps)")
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    paths["acceptance_png"] = out / "acceptance_vs_length.png"
-    fig.savefig(paths["acceptance_png"], dpi=90)
-    plt.close(fig)
+    paths["acceptance_png"] = _save(fig, out / "acceptance_vs_length.png", legend=ax)
     return paths
 
 
@@ -140,7 +127,16 @@ def plot_batch_throughput(runs: Sequence[Any], path: Path) -> Path:
     ax.set_xscale("log", base=2)
     ax.grid(alpha=0.3)
     ax.legend()
+    return _save(fig, path, dpi=120)
+
+
+def _save(fig: Any, path: Path, dpi: int = 90, legend: Any = None) -> Path:
+    """Lay out, write and close ``fig``; with ``legend`` (an axes), add its legend first when it has labelled artists."""
+    import matplotlib.pyplot as plt
+
+    if legend is not None and legend.get_legend_handles_labels()[0]:
+        legend.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=dpi)
     plt.close(fig)
     return path
