@@ -74,3 +74,19 @@ def test_a_runaway_forced_text_is_not_searched(smol_tokenizer):
         grammar_spec(schema={"type": "array", "items": {"const": 1}, "minItems": 3, "maxItems": 3}), smol_tokenizer
     )
     assert closed.matcher().forced_text() == "[1,1,1]"
+
+
+def test_a_draft_tokenizes_forced_text_only_up_to_its_budget(smol_tokenizer, monkeypatch):
+    import proposers.jump_forward as jump_forward
+
+    read: list[int] = []
+    real = jump_forward.continuation_tokens
+
+    def spy(tokenizer, context, text):
+        read.append(len(text))
+        return real(tokenizer, context, text)
+
+    monkeypatch.setattr(jump_forward, "continuation_tokens", spy)
+    tokens = jump_forward.forced_tokens(smol_tokenizer, [], "1," * 1_000_000, None, 4)
+    assert read == [jump_forward.forced_limit(4)] == [4 * jump_forward.FORCED_CHARS_PER_TOKEN]
+    assert 0 < len(tokens) <= 4 and ("1," * 64).startswith(smol_tokenizer.decode(tokens))

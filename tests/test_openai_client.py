@@ -296,3 +296,19 @@ def test_the_readme_conversation_snippet_runs_as_written(smol, monkeypatch, caps
     assert namespace["call"]["function"]["name"] == "get_weather"
     json.loads(namespace["call"]["function"]["arguments"])
     assert capsys.readouterr().out.strip()
+
+
+def test_the_readme_quick_start_snippet_runs_as_written(smol, monkeypatch, capsys):
+    import copy
+
+    import grammarspec
+
+    model, tokenizer = smol
+    own = copy.copy(model)  # enable() patches generate on this copy; the session's model stays as it is
+    monkeypatch.setattr(grammarspec, "load_model", lambda *args, **kwargs: (own, tokenizer))
+    namespace: dict = {}
+    exec(compile(readme_block("## Quick start", "import grammarspec"), "README.md", "exec"), namespace)
+    result, out = namespace["result"], namespace["out"]
+    assert result.valid and set(result.value) == {"city", "days"}
+    assert out.stats[0].accepted_per_forward >= 1 and not hasattr(model, "_grammarspec_original_generate")
+    assert capsys.readouterr().out.count("\n") == 2  # the snippet's two prints
