@@ -12,7 +12,12 @@ by least squares (``per_row >= 0``, ``base > 0``) for each measured ``min_rows``
 and keep the one with the lowest squared error (the smallest on near-ties).
 ``base`` and ``per_row`` are then rounded to 2 significant digits
 (``per_row`` at least 0.001 plain steps a row) so that profiles repeated on
-one machine give the same curve as often as possible.
+one machine give the same curve as often as possible.  The points ``y[n]``
+themselves, rounded alike, are kept as the curve's table
+(:func:`proposers.cost.monotone_table`): the cost is read from them, and the
+line serves beyond the widest measured pass.  The rows measured are dense
+where drafts of a lone request fall (2 to 8) and reach the widest padded
+pass of a full batch (16 rows of 16 tokens).
 
 On a CPU extra rows cost real time (a steep ``per_row``); on a GPU a pass of
 tens of rows costs about one plain step (``per_row`` near 0.001, ``min_rows``
@@ -83,25 +88,21 @@ def stored_profile(model: Any, key: str) -> PassCost:
     entry: Any = _read_profiles(path).get(key)
     cost: PassCost | None = None
     try:
-        cost = PassCost(
+        return PassCost(
             float(entry["base"]),
             float(entry["per_row"]),
             int(entry["min_rows"]),
             switch=float(entry["switch"]),
             per_token=float(entry["per_token"]),
+            table={int(rows): float(cost) for rows, cost in entry["table"].items()},
         )
-        return cost
-    except (ValueError, KeyError, TypeError):  # none stored (entry is None), or an entry that is not a whole curve
+    except (ValueError, KeyError, TypeError, AttributeError):  # none stored, or not a whole curve: profile again
         pass
     try:
-        try:  # a line stored without the extra terms keeps its line: only the unit and the terms are measured
-            line = PassCost(float(entry["base"]), float(entry["per_row"]), int(entry["min_rows"]))
-            unit = _median_seconds(model, DEFAULT_CONTEXT, [1], DEFAULT_REPEATS)[1]
-        except (ValueError, KeyError, TypeError):
-            medians = _median_seconds(model, DEFAULT_CONTEXT, list(DEFAULT_ROWS), DEFAULT_REPEATS)
-            line, unit = fit_pass_cost(medians), medians[1]
-        switch, per_token = profile_extra_terms(model, unit)
-        cost = PassCost(line.base, line.per_row, line.min_rows, switch=switch, per_token=per_token)
+        medians = _median_seconds(model, DEFAULT_CONTEXT, list(DEFAULT_ROWS), DEFAULT_REPEATS)
+        line = fit_pass_cost(medians)
+        switch, per_token = profile_extra_terms(model, medians[1])
+        cost = PassCost(line.base, line.per_row, line.min_rows, switch=switch, per_token=per_token, table=_table(line))
     except Exception as error:  # the model refused: the prior, and nothing stored (the next process tries again)
         return _fallback(model, error)
     stored = _read_profiles(path)  # read again: another process may have stored a key since
@@ -111,6 +112,7 @@ def stored_profile(model: Any, key: str) -> PassCost:
         "min_rows": cost.min_rows,
         "switch": cost.switch,
         "per_token": cost.per_token,
+        "table": {str(rows): value for rows, value in _table(cost).items()},
     }
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -123,8 +125,13 @@ def stored_profile(model: Any, key: str) -> PassCost:
 
 
 DEFAULT_CONTEXT = 128
-DEFAULT_ROWS = (1, 2, 4, 8, 16, 32, 64)
-DEFAULT_REPEATS = 2
+DEFAULT_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+DEFAULT_REPEATS = 3
+
+
+def _table(cost: PassCost) -> dict[int, float]:
+    """``cost``'s measured points beyond one row (none for a bare line)."""
+    return {rows: value for rows, value in cost.table or [] if rows > 1}
 
 
 def _read_profiles(path: Path) -> dict[str, Any]:
@@ -156,7 +163,7 @@ def profile_pass_cost(
     except Exception as error:  # the model refused: draft as before rather than fail the request
         return _fallback(model, error)
     switch, per_token = profile_extra_terms(model, medians[1], context=context, repeats=repeats)
-    return PassCost(line.base, line.per_row, line.min_rows, switch=switch, per_token=per_token)
+    return PassCost(line.base, line.per_row, line.min_rows, switch=switch, per_token=per_token, table=_table(line))
 
 
 def _fallback(model: Any, error: Exception) -> PassCost:
@@ -363,6 +370,9 @@ def fit_pass_cost(medians: Mapping[int, float]) -> PassCost:
     >>> c = fit_pass_cost({1: 0.01, 2: 0.01, 8: 0.01, 32: 0.01, 64: 0.012})  # flat to 32 rows: a GPU
     >>> c.base, c.per_row, c.min_rows, c.cost(32), round(c.cost(64), 2)
     (0.8, 0.0062, 32, 1.0, 1.2)
+    >>> c = fit_pass_cost({1: 0.06, 2: 0.063, 3: 0.06, 4: 0.1, 8: 0.13, 16: 0.2, 32: 0.22, 64: 0.23})  # a CPU
+    >>> round(c.cost(2), 2), round(c.cost(4), 2), round(c.base + c.per_row * 2, 2)  # the table; the line's 2 rows
+    (1.05, 1.7, 1.69)
     """
     unit = medians[1]
     points = [(n, seconds / unit) for n, seconds in sorted(medians.items()) if n > 1]
@@ -375,7 +385,8 @@ def fit_pass_cost(medians: Mapping[int, float]) -> PassCost:
             best = (error, base, per_row, min_rows)
     assert best is not None, "fit_pass_cost needs 1 and a larger row count"
     _, base, per_row, min_rows = best
-    return PassCost(max(_two_digits(base), 0.01), max(_two_digits(per_row), 0.001), min_rows)
+    table = {n: max(1.0, _two_digits(y)) for n, y in points}
+    return PassCost(max(_two_digits(base), 0.01), max(_two_digits(per_row), 0.001), min_rows, table=table)
 
 
 def _line(xs: list[float], ys: list[float]) -> tuple[float, float]:

@@ -51,7 +51,8 @@ _REFUSED: dict[str, str] = {
     "output_hidden_states": "hidden states of verification passes are not collected",
     "max_time": "use max_new_tokens (or a stop string) to bound the generation",
     "token_healing": "token healing rewrites the prompt, which the grammar state does not follow",
-    "prefill_chunk_size": "the prompt is prefilled in one pass",
+    "prefill_chunk_size": "a generate call reads its prompts in one pass (prompts joining a busy server batch are "
+    "read in chunks: grammarspec serve --prompt-chunk)",
     "low_memory": "it only applies to beam search and contrastive search",
 }
 

@@ -128,6 +128,9 @@ def run_step(
     for row, step, (path, next_token) in zip(stepping, steps, results):
         account(row, step, path, next_token, verify_seconds, commit_seconds, shared.started)
         phases.add_to(row.stats.phases)
+    for row in active:
+        if id(row) in reading:
+            row.stats.prompt_passes += 1
     if shared.trace is not None:
         shared.trace.step(steps, results, prompt_fed, len(reading), phases.seconds, kv.last_pass)
     if shared.on_step is not None:

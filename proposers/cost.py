@@ -24,6 +24,14 @@ On a GPU a pass stays near one plain step up to tens of rows
 (:func:`flat_until` models such a curve) and the host terms are what a draft
 token costs.
 
+A profiled curve also keeps its measured points (``table``: rows -> plain
+steps, made monotone): :meth:`PassCost.cost` interpolates between them and
+follows the line only beyond the last.  Real curves are not lines where it
+matters most: on a CPU a pass of 2 or 3 rows may cost little more than one
+row while 4 rows cost much more (the matrix kernels change shape), and a
+line fitted over 1 to 64 rows prices the short draft of a lone request
+several times too high.
+
 :meth:`PassCost.update` learns the line from measured passes: the seconds of
 1-row passes set the unit (an exponential average; before any is seen, the
 first wider pass sets it from the prior's shape, so a batch that never runs a
@@ -44,7 +52,9 @@ prior, a profiled curve or a GPU curve.
 
 from __future__ import annotations
 
-__all__ = ["PassCost", "PRIOR_BASE", "PRIOR_PER_ROW", "PRIOR_MIN_ROWS", "flat_until"]
+from collections.abc import Mapping
+
+__all__ = ["PassCost", "PRIOR_BASE", "PRIOR_PER_ROW", "PRIOR_MIN_ROWS", "flat_until", "monotone_table"]
 
 PRIOR_BASE = 1.3
 PRIOR_PER_ROW = 0.03
@@ -81,6 +91,7 @@ class PassCost:
         *,
         switch: float = 0.0,
         per_token: float = 0.0,
+        table: Mapping[int, float] | None = None,
         prior_weight: float = 2.0,
         decay: float = 0.95,
         unit_alpha: float = 0.2,
@@ -90,6 +101,8 @@ class PassCost:
         if switch < 0 or per_token < 0:
             raise ValueError(f"PassCost needs switch >= 0 and per_token >= 0; got {switch}, {per_token}")
         self.switch, self.per_token = switch, per_token
+        #: Measured ``(rows, plain steps)`` points, rising, beginning at ``(1, 1.0)``; ``None``: the line alone.
+        self.table: list[tuple[int, float]] | None = monotone_table(table) if table else None
         if not 0 < decay <= 1 or not 0 < unit_alpha <= 1 or prior_weight <= 0:
             raise ValueError("PassCost needs 0 < decay <= 1, 0 < unit_alpha <= 1 and prior_weight > 0")
         self.base, self.per_row, self.min_rows = base, per_row, min_rows
@@ -111,6 +124,12 @@ class PassCost:
         """A pass over ``rows`` rows, in plain steps (1.0 for one row or fewer).  Does not change state."""
         if rows <= 1:
             return 1.0
+        if self.table is not None:
+            for (r0, c0), (r1, c1) in zip(self.table, self.table[1:]):
+                if rows <= r1:
+                    return c0 + (c1 - c0) * (rows - r0) / (r1 - r0)
+            last_rows, last_cost = self.table[-1]
+            return last_cost + self.per_row * (rows - last_rows)  # beyond the table: the line's slope
         return max(1.0, self.base + self.per_row * max(rows, self.min_rows))
 
     def __call__(self, rows: int) -> float:
@@ -165,6 +184,7 @@ class PassCost:
         if self.unit_seconds is None:
             self.unit_seconds = seconds / self.cost(rows)
             return True
+        self.table = None  # measured passes teach the line; a profiled table gives way to it
         x, y = float(max(rows, self.min_rows)), seconds / self.unit_seconds
         self._data = [s * self.decay for s in self._data]
         for i, term in enumerate((1.0, x, x * x, y, x * y)):
@@ -176,6 +196,28 @@ class PassCost:
         self.per_row = max(0.0, (w * sxy - sx * sy) / det)
         self.base = max(1e-6, (sy - self.per_row * sx) / w)
         return True
+
+
+def monotone_table(table: Mapping[int, float]) -> list[tuple[int, float]]:
+    """``table``'s points as a rising curve from ``(1, 1.0)``: the least-squares monotone fit of its costs.  Pure.
+
+    Timings are noisy, and a pass of more rows never costs less, so
+    neighbouring points that fall are pooled to their mean (pool adjacent
+    violators); no point is below one plain step.
+
+    >>> monotone_table({2: 1.05, 3: 0.95, 4: 1.7, 8: 2.2})
+    [(1, 1.0), (2, 1.025), (3, 1.025), (4, 1.7), (8, 2.2)]
+    """
+    points = sorted((int(rows), max(1.0, float(cost))) for rows, cost in table.items() if rows > 1)
+    blocks: list[list[float]] = []  # [sum, count] of each pooled run
+    for _, cost in points:
+        blocks.append([cost, 1.0])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            total, count = blocks.pop()
+            blocks[-1][0] += total
+            blocks[-1][1] += count
+    costs = [total / count for total, count in blocks for _ in range(int(count))]
+    return [(1, 1.0)] + [(rows, round(cost, 4)) for (rows, _), cost in zip(points, costs)]
 
 
 def flat_until(rows: int, per_row: float = 0.01, *, switch: float = 0.0, per_token: float = 0.0) -> PassCost:

@@ -243,3 +243,15 @@ def test_unsatisfiable_schema_suggests_no_other_backend(tmp_path, capsys, toy_cl
     status, err = _exit(["generate", "--schema", str(path), "--prompt", "hi"], capsys)
     assert status == 2 and f"--schema {path}" in err and "accepts no value" in err
     assert "outlines" not in err and "--grammar-backend" not in err
+
+
+def test_serve_passes_its_prompt_chunk_to_the_engine(capsys, toy_cli, monkeypatch):
+    import grammarspec.serve as serving
+
+    started = []
+    monkeypatch.setattr(serving, "serve", lambda engine, name, **kwargs: (started.append(engine), engine.close()))
+    assert _exit(["serve", "--prompt-chunk", "16"], capsys)[0] == 0
+    assert _exit(["serve"], capsys)[0] == 0
+    assert [engine.prompt_chunk for engine in started] == [16, None]  # None: derived from the pass cost
+    status, err = _exit(["serve", "--prompt-chunk", "0"], capsys)
+    assert status == 2 and "--prompt-chunk" in err and "must be >= 1" in err

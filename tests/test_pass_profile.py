@@ -102,7 +102,21 @@ def test_the_fit_recovers_known_curves_and_is_coarse():
     noisy = fit_pass_cost({n: 0.1 * prior.cost(n) * (1.001 if n % 3 else 0.999) for n in (1, 2, 4, 8, 16, 32, 64)})
     assert (noisy.base, noisy.per_row, noisy.min_rows) == (1.3, 0.03, 4)  # 0.1% noise does not move it
     flat = fit_pass_cost({n: 0.02 for n in (1, 2, 4, 8, 16, 32, 64)})
-    assert flat.per_row == 0.001 and flat.cost(64) == pytest.approx(1.064)  # never quite free
+    assert flat.per_row == 0.001 and flat.cost(64) == 1.0  # as measured
+    assert flat.cost(128) == pytest.approx(1.064)  # beyond the table: the line's slope, never quite free
+
+
+def test_the_curve_reads_the_measured_points_where_a_line_cannot_follow_them():
+    # A CPU-shaped step: 2 and 3 rows cost about one row, 4 rows much more; a line over 1..64 rows cannot bend there.
+    medians = {1: 0.06, 2: 0.063, 3: 0.058, 4: 0.1, 8: 0.13, 16: 0.2, 32: 0.22, 64: 0.21}
+    cost = fit_pass_cost(medians)
+    assert cost.cost(2) == cost.cost(3) == pytest.approx(1.05)  # 0.058 pooled with 0.063: the curve never falls
+    assert cost.cost(4) == pytest.approx(1.7) and cost.cost(6) == pytest.approx(1.95)  # read between points
+    assert cost.base + cost.per_row * max(2, cost.min_rows) > 1.5  # what the line alone would charge for 2 rows
+    assert [cost.cost(n) for n in (32, 64)] == pytest.approx([3.6, 3.6])  # 0.22 and 0.21 pooled
+    # A lone row's short draft pays here and not on the line: a 2-token draft expected to keep 0.3 token.
+    assert allocate([[0.2, 0.5]], cost, base_rows=1) == [2]
+    assert allocate([[0.2, 0.5]], PassCost(cost.base, cost.per_row, cost.min_rows), base_rows=1) == [0]
 
 
 def test_profiling_leaves_the_model_as_it_was():
@@ -187,10 +201,14 @@ def test_a_profile_prices_the_masked_path_and_the_host_work_of_a_draft_token():
     assert cost.drafted(8, 4, batch=4) == pytest.approx(cost.cost(8) + 4 * cost.per_token + cost.switch)
 
 
-def test_a_stored_line_without_the_extra_terms_keeps_its_line_and_gains_them(profile_mode):
+def test_a_stored_entry_that_is_not_a_whole_curve_is_profiled_again_and_kept_whole(profile_mode):
     profile_file().parent.mkdir(parents=True, exist_ok=True)
-    profile_file().write_text(json.dumps({"old-key": {"base": 1.5, "per_row": 0.05, "min_rows": 8}}))
+    line_only = {"base": 1.5, "per_row": 0.05, "min_rows": 8, "switch": 0.0, "per_token": 0.01}  # no table
+    profile_file().write_text(json.dumps({"old-key": line_only}))
     cost = stored_profile(tiny_llama(64, seed=0), "old-key")
-    assert (cost.base, cost.per_row, cost.min_rows) == (1.5, 0.05, 8) and cost.per_token > 0.0
+    assert cost.table is not None and cost.per_token > 0.0
     entry = json.loads(profile_file().read_text())["old-key"]
-    assert entry["per_token"] == cost.per_token and entry["switch"] == cost.switch and entry["base"] == 1.5
+    assert entry["per_token"] == cost.per_token and entry["switch"] == cost.switch
+    assert {int(n) for n in entry["table"]} == {n for n, _ in cost.table if n > 1}
+    again = stored_profile(tiny_llama(64, seed=0), "old-key")  # read back whole: the same curve
+    assert again.table == cost.table and again.cost(5) == cost.cost(5)

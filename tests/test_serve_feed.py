@@ -131,6 +131,7 @@ def test_a_request_joining_a_busy_batch_reads_its_prompt_in_chunks_and_decodes_a
     feed = ListFeed([(_request(LONG, gs[2].matcher(), Noisy(alone[2], 2), 2, config), None)], delay=1)
     check, _ = check_rows(dict(enumerate(gs)))
     reading = []  # (row 2's cached tokens, rows decoding beside it) after each step while it reads its prompt
+    joined = []  # row 2
 
     def on_step(rows, kv):
         if kind == "toy":
@@ -138,6 +139,8 @@ def test_a_request_joining_a_busy_batch_reads_its_prompt_in_chunks_and_decodes_a
         for row in rows:
             if row.index == 2 and row.cached < len(LONG):
                 reading.append((row.cached, sum(r.index != 2 for r in rows)))
+            if row.index == 2 and not joined:
+                joined.append(row)
 
     batch_rows = []
     original = model.forward
@@ -157,6 +160,8 @@ def test_a_request_joining_a_busy_batch_reads_its_prompt_in_chunks_and_decodes_a
         assert all(0 < b - a <= chunk for a, b in zip(cached, cached[1:]))  # a chunk a step, within the budget
     if kind == "llama":
         assert max(batch_rows) > 3  # a chunk wider than the step rode as folded batch rows
+    stats = joined[0].stats  # each pass that read only a chunk is counted apart from the passes that scored the row
+    assert stats.prompt_passes == len(reading) and stats.target_forwards == len(stats.steps)
 
 
 def test_joins_and_leaves_copy_no_other_row_s_cache():

@@ -367,7 +367,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--trees", default=None, help="tree shapes to replay: WxS[xB][s], e.g. 1x16,2x16,4x32,4x32x4s (s: TreeSizer)"
     )
-    parser.add_argument("--cost-table", default=None, help="JSON {rows: plain steps} for --trees (from --time-rows)")
+    parser.add_argument(
+        "--cost-table",
+        default=None,
+        help="JSON {rows: plain steps}: the measured curve (from --time-rows, or a pass_cost.json entry's table)",
+    )
     parser.add_argument("--time-rows", default=None, help="time passes over these row counts, e.g. 1,2,4,8,16,32,64")
     parser.add_argument("--repeats", type=int, default=7, help="repeats per row count for --time-rows (median)")
     parser.add_argument("--context", type=int, default=850, help="context length for --time-rows")
@@ -402,6 +406,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.gpu_flat:  # a modelled GPU: a pass costs one plain step up to this many rows
         cost = flat_until(args.gpu_flat, switch=args.switch, per_token=args.per_token)
         curve = f"flat to {args.gpu_flat} rows (a GPU)"
+    elif args.cost_table and not args.trees:  # a profiled curve: its measured points, the line beyond them
+        table = {int(k): float(v) for k, v in json.loads(Path(args.cost_table).read_text()).items()}
+        cost = PassCost(
+            args.pass_base, args.row_cost, args.min_rows, switch=args.switch, per_token=args.per_token, table=table
+        )
+        curve = f"the table {args.cost_table}, then {args.row_cost} a row"
     curve += f", + {args.per_token} per draft token"
     if args.trees:  # [tree16]
         return _trees_main(args, tokenizer, tasks, outputs, cost)

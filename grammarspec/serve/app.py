@@ -35,6 +35,7 @@ def _stats(choice: Choice) -> dict[str, Any]:
         "index": choice.index,
         "tokens_per_target_pass": round(s.accepted_per_forward, 3),
         "target_forwards": s.target_forwards,
+        "prompt_passes": s.prompt_passes,
         "forced_tokens": s.forced_tokens,
         "proposed": s.proposed,
         "accepted": s.accepted,

@@ -183,7 +183,12 @@ class Engine:
         tool_format: str = "auto",
         compile_timeout: float | None = COMPILE_TIMEOUT,
         trace_steps: bool = False,
+        prompt_chunk: int | None = None,
     ) -> None:
+        if prompt_chunk is not None and prompt_chunk < 1:
+            raise ValueError(f"prompt_chunk must be >= 1 prompt tokens a step (or None: derived), got {prompt_chunk}")
+        #: the most prompt tokens a step reads for joining requests (None: from the pass cost; decode_batch)
+        self.prompt_chunk = prompt_chunk
         self.model, self.tokenizer = model, tokenizer
         #: every step's rows, drafts, forward and phase times (``trace_steps``; read with ``trace.take()``)
         self.trace = StepTrace() if trace_steps else None
@@ -215,6 +220,7 @@ class Engine:
             "prompt_tokens": 0,
             "completion_tokens": 0,
             "target_forwards": 0,
+            "prompt_passes": 0,
         }
         self.healthy = True
         self._thread = threading.Thread(target=self._run, name="grammarspec-engine", daemon=True)
@@ -360,6 +366,7 @@ class Engine:
                     feed=self,
                     on_commit=self._on_commit,
                     trace=self.trace,
+                    prompt_chunk=self.prompt_chunk,
                 )
             except Exception as e:  # the loop failed: every row in it fails, the engine goes on
                 traceback.print_exc()
@@ -490,6 +497,7 @@ class Engine:
         finish = "tool_calls" if message.get("tool_calls") else reason
         self.counters["completion_tokens"] += len(choice.tokens)
         self.counters["target_forwards"] += stats.target_forwards
+        self.counters["prompt_passes"] += stats.prompt_passes
         job.done += 1
         if job.done == len(job.choices):
             self.counters["prompt_tokens"] += len(job.prompt)

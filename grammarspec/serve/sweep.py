@@ -249,6 +249,7 @@ def run_sweep(
                         forwards = counters["target_forwards"] - before["target_forwards"]
                         done = counters["completion_tokens"] - before["completion_tokens"]
                         summary["tokens_per_pass"] = done / forwards if forwards else None
+                        summary["prompt_passes"] = counters["prompt_passes"] - before["prompt_passes"]
                     if trace is not None:
                         from ..step_trace import summarize
 
