@@ -33,6 +33,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -247,20 +248,8 @@ def generation_pass(
                 continue
             s = c.stats
             errors = output_errors(record["schema"], c.text) if c.finish_reason == "stop" else ["cut"]
-            row.update(
-                declared=True,
-                finish=c.finish_reason,
-                valid=not errors,
-                stats_valid=s.valid,
-                errors=errors[:3],
-                tokens=s.new_tokens,
-                forwards=s.target_forwards,
-                grammar_s=s.grammar_seconds,
-                verify_s=s.verify_seconds,
-                total_s=s.total_seconds,
-                chosen=s.grammar_backend,
-                unenforced=s.unenforced_keywords,
-            )
+            row.update(declared=True, finish=c.finish_reason, valid=not errors, errors=errors[:3])
+            row.update({column: getattr(s, field) for column, field in _STATS_COLUMNS.items()})
             rows.append(row)
             done[record["id"], backend] = row
             if log is not None:
@@ -329,6 +318,28 @@ def _pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
 
 
+#: A generation row's columns read from its GenerationStats: column -> stats field.
+_STATS_COLUMNS = {
+    "stats_valid": "valid",
+    "tokens": "new_tokens",
+    "forwards": "target_forwards",
+    "grammar_s": "grammar_seconds",
+    "verify_s": "verify_seconds",
+    "total_s": "total_seconds",
+    "chosen": "grammar_backend",
+    "unenforced": "unenforced_keywords",
+}
+
+
+def _groups(rows: list[dict[str, Any]], cats: list[str]) -> Iterator[tuple[str, str, list[dict[str, Any]]]]:
+    """(category, backend, its rows) for each category and then "all", each backend, where there are rows."""
+    for cat in cats + ["all"]:
+        for backend in BACKENDS:
+            group = [r for r in rows if r["backend"] == backend and (cat == "all" or r["category"] == cat)]
+            if group:
+                yield cat, backend, group
+
+
 def tables(
     grammar_rows: list[dict[str, Any]],
     gen_rows: list[dict[str, Any]],
@@ -343,22 +354,18 @@ def tables(
         "mask+accept p50 µs/token | p99 µs/token | invalid accepted | reports unenforced |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for cat in cats + ["all"]:
-        for backend in BACKENDS:
-            rows = [r for r in grammar_rows if r["backend"] == backend and (cat == "all" or r["category"] == cat)]
-            if not rows:
-                continue
-            ok = [r for r in rows if r.get("declared")]
-            comp = [r["compile_s"] * 1e3 for r in ok]
-            mask = [t for r in ok for t in r.get("mask_us", [])]
-            inv_total = sum(r.get("invalid_total", 0) for r in ok)
-            inv_acc = sum(r.get("invalid_accepted", 0) for r in ok)
-            out.append(
-                f"| {cat} | {backend} | {len(rows)} | {len(ok)} ({len(ok) / len(rows):.0%}) | "
-                f"{sum(1 for r in rows if r.get('timeout'))} | {_pct(comp, 0.5):.0f} | {_pct(comp, 0.99):.0f} | "
-                f"{_pct(mask, 0.5):.0f} | {_pct(mask, 0.99):.0f} | {inv_acc}/{inv_total} | "
-                f"{sum(1 for r in ok if r.get('unenforced'))} |"
-            )
+    for cat, backend, rows in _groups(grammar_rows, cats):
+        ok = [r for r in rows if r.get("declared")]
+        comp = [r["compile_s"] * 1e3 for r in ok]
+        mask = [t for r in ok for t in r.get("mask_us", [])]
+        inv_total = sum(r.get("invalid_total", 0) for r in ok)
+        inv_acc = sum(r.get("invalid_accepted", 0) for r in ok)
+        out.append(
+            f"| {cat} | {backend} | {len(rows)} | {len(ok)} ({len(ok) / len(rows):.0%}) | "
+            f"{sum(1 for r in rows if r.get('timeout'))} | {_pct(comp, 0.5):.0f} | {_pct(comp, 0.99):.0f} | "
+            f"{_pct(mask, 0.5):.0f} | {_pct(mask, 0.99):.0f} | {inv_acc}/{inv_total} | "
+            f"{sum(1 for r in ok if r.get('unenforced'))} |"
+        )
     if gen_rows:
         out += [
             "",
@@ -368,20 +375,16 @@ def tables(
             "finished but invalid | stats.valid agrees |",
             "|---|---|---|---|---|---|---|---|---|",
         ]
-        for cat in cats + ["all"]:
-            for backend in BACKENDS:
-                rows = [r for r in gen_rows if r["backend"] == backend and (cat == "all" or r["category"] == cat)]
-                if not rows:
-                    continue
-                dec = [r for r in rows if r.get("declared")]
-                valid = [r for r in dec if r.get("valid")]
-                cut = [r for r in dec if r.get("finish") != "stop"]
-                bad = [r for r in dec if r.get("finish") == "stop" and not r.get("valid")]
-                agree = sum(1 for r in dec if bool(r.get("stats_valid")) == bool(r.get("valid")))
-                out.append(
-                    f"| {cat} | {backend} | {len(rows)} | {len(dec)} | {len(valid)} ({len(valid) / len(rows):.0%}) | "
-                    f"{(len(valid) / len(dec) if dec else 0):.0%} | {len(cut)} | {len(bad)} | {agree}/{len(dec)} |"
-                )
+        for cat, backend, rows in _groups(gen_rows, cats):
+            dec = [r for r in rows if r.get("declared")]
+            valid = [r for r in dec if r.get("valid")]
+            cut = [r for r in dec if r.get("finish") != "stop"]
+            bad = [r for r in dec if r.get("finish") == "stop" and not r.get("valid")]
+            agree = sum(1 for r in dec if bool(r.get("stats_valid")) == bool(r.get("valid")))
+            out.append(
+                f"| {cat} | {backend} | {len(rows)} | {len(dec)} | {len(valid)} ({len(valid) / len(rows):.0%}) | "
+                f"{(len(valid) / len(dec) if dec else 0):.0%} | {len(cut)} | {len(bad)} | {agree}/{len(dec)} |"
+            )
     for label, step in (("measured during this run", step_s), ("reference", reference_step_s)):
         if not step:
             continue

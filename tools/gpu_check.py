@@ -527,52 +527,18 @@ def run_checks(
 
     model = make_model(torch.float32)
     draft = draft if draft is not None else make_model(torch.float32, seed=1)
+    parity_cases: list[tuple[str, int, dict[str, Any]]] = [  # (name, batch, generate's extra settings)
+        ("greedy parity, batch 1", 1, {}),
+        ("greedy parity, batch 4", 4, {}),
+        ("greedy parity, batch 4, max_batch_size 2 (rows join)", 4, {"max_batch_size": 2}),
+        ("greedy parity, batch 4, repetition_penalty 1.3", 4, {"repetition_penalty": 1.3}),
+        ("greedy parity, batch 4, min_new_tokens 6", 4, {"min_new_tokens": 6}),
+        ("greedy parity, draft-model assistant, batch 1", 1, {"assistant_model": draft}),
+    ]
     rows = [
-        parity("greedy parity, batch 1", model, tok, device, PROMPTS, SCHEMAS, max_new, 1),
-        parity("greedy parity, batch 4", model, tok, device, PROMPTS, SCHEMAS, max_new, 4),
-        parity(
-            "greedy parity, batch 4, max_batch_size 2 (rows join)",
-            model,
-            tok,
-            device,
-            PROMPTS,
-            SCHEMAS,
-            max_new,
-            4,
-            max_batch_size=2,
-        ),
-        parity(
-            "greedy parity, batch 4, repetition_penalty 1.3",
-            model,
-            tok,
-            device,
-            PROMPTS,
-            SCHEMAS,
-            max_new,
-            4,
-            repetition_penalty=1.3,
-        ),
-        parity(
-            "greedy parity, batch 4, min_new_tokens 6",
-            model,
-            tok,
-            device,
-            PROMPTS,
-            SCHEMAS,
-            max_new,
-            4,
-            min_new_tokens=6,
-        ),
-        parity(
-            "greedy parity, draft-model assistant, batch 1",
-            model,
-            tok,
-            device,
-            PROMPTS,
-            SCHEMAS,
-            max_new,
-            1,
-            assistant_model=draft,
+        *(
+            parity(name, model, tok, device, PROMPTS, SCHEMAS, max_new, batch, **extra)
+            for name, batch, extra in parity_cases
         ),
         slot_leaves(model, tok, device, 4 * max_new),
         trees_against_chains(model, tok, device, max_new),

@@ -71,6 +71,13 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def local_client(port: int, timeout: float = 1800) -> Any:
+    """An openai client for a server on this machine's ``port``: no retries, so a failed call shows as one."""
+    import openai
+
+    return openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="-", max_retries=0, timeout=timeout)
+
+
 def _valid_call(name: str, arguments: str, tools: list[dict[str, Any]]) -> bool:
     from grammars.validation import schema_errors
 
@@ -495,11 +502,7 @@ def run_serve_bench(
     runs: list[dict[str, Any]] = []
     notes: list[str] = []
     grammar_server = _InProcessServer(model, tokenizer, model_name, max_batch_size=concurrency)
-    clients = {
-        "serve": openai.OpenAI(
-            base_url=f"http://127.0.0.1:{grammar_server.port}/v1", api_key="-", max_retries=0, timeout=1800
-        )
-    }
+    clients = {"serve": local_client(grammar_server.port)}
     model_ids = {"serve": model_name}
     foreign: list[_Subprocess] = []
     workdir = tempfile.mkdtemp(prefix="grammarspec-bench-serve-")
@@ -509,42 +512,38 @@ def run_serve_bench(
         notes.append(f"{arm}: {why}; its arm is left out")
         arms = [a for a in arms if a != arm]
 
+    def connect(arm: str, server: _Subprocess | str, note: str) -> None:
+        """Talk to ``server`` as ``arm`` (noting how it runs), or leave the arm out saying why it did not start."""
+        if isinstance(server, str):
+            return drop(arm, server)
+        foreign.append(server)
+        if server.error:
+            return drop(arm, f"did not start ({server.error})")
+        clients[arm] = local_client(server.port)
+        notes.append(note)
+
     try:
         if "transformers_serve" in arms:
             server, model_ids["transformers_serve"] = _start_transformers_serve(model, model_path(model_name), workdir)
-            foreign.append(server)
-            if server.error:
-                drop("transformers_serve", f"did not start ({server.error})")
-            else:
-                clients["transformers_serve"] = openai.OpenAI(
-                    base_url=f"http://127.0.0.1:{server.port}/v1", api_key="-", max_retries=0, timeout=1800
-                )
-                notes.append(
-                    "transformers_serve: started with a copy of the model directory whose config.json "
-                    "names the architecture (the embedded model's has `architectures: null`, which "
-                    "transformers serve answers with a 500); it ignores `tool_choice` (a logged warning) "
-                    "and cannot constrain, so a required call it does not write is invalid"
-                )
+            connect(
+                "transformers_serve",
+                server,
+                "transformers_serve: started with a copy of the model directory whose config.json "
+                "names the architecture (the embedded model's has `architectures: null`, which "
+                "transformers serve answers with a 500); it ignores `tool_choice` (a logged warning) "
+                "and cannot constrain, so a required call it does not write is invalid",
+            )
         if "vllm_serve" in arms:
-            started = _start_vllm_serve(model_path(model_name), model_name)
-            if isinstance(started, str):
-                drop("vllm_serve", started)
-            else:
-                foreign.append(started)
-                if started.error:
-                    drop("vllm_serve", f"did not start ({started.error})")
-                else:
-                    clients["vllm_serve"] = openai.OpenAI(
-                        base_url=f"http://127.0.0.1:{started.port}/v1", api_key="-", max_retries=0, timeout=1800
-                    )
-                    model_ids["vllm_serve"] = model_name
-                    notes.append(
-                        "vllm_serve: vLLM's OpenAI server, xgrammar structured outputs (compact JSON) + "
-                        "n-gram speculation (prompt lookup 2-5, 8 draft tokens), float32, eager; "
-                        "`--tool-call-parser pythonic` (vLLM refuses tool_choice other than none without "
-                        "a parser); its required and named calls are vLLM's own constrained format "
-                        "(`[{name, parameters}]`), so its token counts differ from the other arms'"
-                    )
+            model_ids["vllm_serve"] = model_name
+            connect(
+                "vllm_serve",
+                _start_vllm_serve(model_path(model_name), model_name),
+                "vllm_serve: vLLM's OpenAI server, xgrammar structured outputs (compact JSON) + "
+                "n-gram speculation (prompt lookup 2-5, 8 draft tokens), float32, eager; "
+                "`--tool-call-parser pythonic` (vLLM refuses tool_choice other than none without "
+                "a parser); its required and named calls are vLLM's own constrained format "
+                "(`[{name, parameters}]`), so its token counts differ from the other arms'",
+            )
         if any(a in FOREIGN_ARMS for a in arms):
             notes.append(
                 "transformers_serve / vllm_serve get the conversation rendered as grammarspec renders it "

@@ -9,7 +9,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from pathlib import Path
 
 from grammarspec.bench.tasks import TaskFileError, read_schema_records
@@ -131,14 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"wrote {args.out} ({len(checks)} checks)")
         return 1 if any(c.is_bug for c in checks) else 0
     jobs = _jobs(args)
-    options = RunOptions(
-        model=args.model,
-        max_new_tokens=args.max_new_tokens,
-        seed=args.seed,
-        compile_timeout=args.compile_timeout,
-        job_timeout=args.job_timeout,
-        threads=args.threads,
-    )
+    options = RunOptions(**{f.name: getattr(args, f.name) for f in fields(RunOptions)})  # each has its flag
     results_path = Path(args.results)
     started = time.monotonic()
     done = Counter()
