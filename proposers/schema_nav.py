@@ -14,10 +14,11 @@ ranks guesses, the grammar decides what is legal.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 __all__ = ["SchemaIndex", "Nodes", "json_text", "escape_key"]
 
@@ -25,6 +26,7 @@ Nodes = tuple[dict[str, Any], ...]
 _MAX_DEPTH = 16
 _MEMO_SIZE = 4096  # entries of a SchemaIndex's memo before it starts afresh
 _T = TypeVar("_T")
+_P = ParamSpec("_P")
 
 
 def json_text(value: Any) -> bytes:
@@ -35,6 +37,26 @@ def json_text(value: Any) -> bytes:
 def escape_key(key: str) -> bytes:
     """A property name as it appears between the quotes in JSON text."""
     return json.dumps(key, ensure_ascii=False)[1:-1].encode("utf-8")
+
+
+def _memoized(
+    kind: str, copy: Callable[[Any], Any] | None = None
+) -> Callable[[Callable[Concatenate[SchemaIndex, Nodes, _P], _T]], Callable[Concatenate[SchemaIndex, Nodes, _P], _T]]:
+    """A :class:`SchemaIndex` lookup over ``(nodes, *plain values)``, answered once per argument through
+    :meth:`SchemaIndex._memo`; ``copy`` hands each caller its own copy of a mutable answer."""
+
+    def wrap(
+        compute: Callable[Concatenate[SchemaIndex, Nodes, _P], _T],
+    ) -> Callable[Concatenate[SchemaIndex, Nodes, _P], _T]:
+        @functools.wraps(compute)
+        def lookup(index: SchemaIndex, nodes: Nodes, *args: _P.args, **kwargs: _P.kwargs) -> _T:
+            key = _ids(nodes) + args + tuple(kwargs.items())
+            answer = index._memo(kind, nodes, key, lambda: compute(index, nodes, *args, **kwargs))
+            return copy(answer) if copy is not None else answer
+
+        return lookup
+
+    return wrap
 
 
 class SchemaIndex:
@@ -131,22 +153,18 @@ class SchemaIndex:
         self._props[id(node)] = (node, cached)
         return cached
 
+    @_memoized("names", copy=list)
     def property_names(self, nodes: Nodes) -> list[bytes]:
         """Declared property names of an object (union over candidates, in order)."""
-        return list(self._memo("names", nodes, _ids(nodes), lambda: self._property_names(nodes)))
-
-    def _property_names(self, nodes: Nodes) -> list[bytes]:
         seen: dict[bytes, None] = {}
         for node in nodes:
             for key in self.properties(node):
                 seen.setdefault(key, None)
         return list(seen)
 
+    @_memoized("required", copy=set)
     def required(self, nodes: Nodes) -> set[bytes]:
         """Required property names (union over candidates)."""
-        return set(self._memo("required", nodes, _ids(nodes), lambda: self._required(nodes)))
-
-    def _required(self, nodes: Nodes) -> set[bytes]:
         out: set[bytes] = set()
         for node in nodes:
             req = node.get("required")
@@ -154,11 +172,9 @@ class SchemaIndex:
                 out.update(escape_key(k) for k in req if isinstance(k, str))
         return out
 
+    @_memoized("object")
     def object_child(self, nodes: Nodes, key: bytes) -> Nodes:
         """Candidate schemas of the value under ``key`` in an object described by ``nodes``."""
-        return self._memo("object", nodes, _ids(nodes) + (key,), lambda: self._object_child(nodes, key))
-
-    def _object_child(self, nodes: Nodes, key: bytes) -> Nodes:
         out: list[dict[str, Any]] = []
         name = _unescape(key)
         for node in nodes:
@@ -181,11 +197,9 @@ class SchemaIndex:
                 out.extend(self.resolve(extra))
         return tuple(out)
 
+    @_memoized("array")
     def array_child(self, nodes: Nodes, index: int) -> Nodes:
         """Candidate schemas of element ``index`` of an array described by ``nodes``."""
-        return self._memo("array", nodes, _ids(nodes) + (index,), lambda: self._array_child(nodes, index))
-
-    def _array_child(self, nodes: Nodes, index: int) -> Nodes:
         out: list[dict[str, Any]] = []
         for node in nodes:
             prefix = node.get("prefixItems")
@@ -207,8 +221,9 @@ class SchemaIndex:
         """Candidates that allow property ``key`` (all of them if none does)."""
         if len(nodes) < 2:
             return nodes
-        return self._memo("by_key", nodes, _ids(nodes) + (key,), lambda: self._filter_by_key(nodes, key))
+        return self._filter_by_key(nodes, key)
 
+    @_memoized("by_key")
     def _filter_by_key(self, nodes: Nodes, key: bytes) -> Nodes:
         kept = tuple(
             n
@@ -221,9 +236,9 @@ class SchemaIndex:
         """Candidates whose ``const``/``enum`` for ``key`` admits the JSON text ``value``."""
         if len(nodes) < 2:
             return nodes
-        memo_key = _ids(nodes) + (key, value)
-        return self._memo("by_value", nodes, memo_key, lambda: self._filter_by_value(nodes, key, value))
+        return self._filter_by_value(nodes, key, value)
 
+    @_memoized("by_value")
     def _filter_by_value(self, nodes: Nodes, key: bytes, value: bytes) -> Nodes:
         kept = []
         for node in nodes:
@@ -233,12 +248,9 @@ class SchemaIndex:
                 kept.append(node)
         return tuple(kept) or nodes
 
+    @_memoized("fixed", copy=lambda found: set(found) if found is not None else None)
     def fixed_values(self, nodes: Nodes) -> set[bytes] | None:
         """The JSON texts a value may take when ``const``/``enum`` pin it, else ``None``."""
-        found = self._memo("fixed", nodes, _ids(nodes), lambda: self._fixed_values(nodes))
-        return set(found) if found is not None else None
-
-    def _fixed_values(self, nodes: Nodes) -> set[bytes] | None:
         out: set[bytes] = set()
         for node in nodes:
             if "const" in node:
@@ -251,11 +263,9 @@ class SchemaIndex:
 
     # -- what a value may look like -----------------------------------------
 
+    @_memoized("texts")
     def value_texts(self, nodes: Nodes) -> list[tuple[str, bytes]]:
         """``(kind, json_text)`` for const, enum, default and examples values, in that order (shared: do not modify)."""
-        return self._memo("texts", nodes, _ids(nodes), lambda: self._value_texts(nodes))
-
-    def _value_texts(self, nodes: Nodes) -> list[tuple[str, bytes]]:
         found: dict[bytes, str] = {}
         for kind in ("const", "enum", "default", "examples"):
             for node in nodes:
@@ -271,11 +281,9 @@ class SchemaIndex:
                         continue
         return [(kind, text) for text, kind in found.items()]
 
+    @_memoized("types", copy=set)
     def types(self, nodes: Nodes) -> set[str]:
         """JSON types the value may have (empty: unknown, anything goes)."""
-        return set(self._memo("types", nodes, _ids(nodes), lambda: self._types(nodes)))
-
-    def _types(self, nodes: Nodes) -> set[str]:
         out: set[str] = set()
         for node in nodes:
             declared = node.get("type")
