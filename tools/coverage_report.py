@@ -331,6 +331,11 @@ _STATS_COLUMNS = {
 }
 
 
+def _heading(title: str, columns: str) -> list[str]:
+    """A markdown table's title, header row and separator row; ``columns`` are separated by `` | ``."""
+    return [f"### {title}", "", f"| {columns} |", "|" + "---|" * len(columns.split(" | "))]
+
+
 def _groups(rows: list[dict[str, Any]], cats: list[str]) -> Iterator[tuple[str, str, list[dict[str, Any]]]]:
     """(category, backend, its rows) for each category and then "all", each backend, where there are rows."""
     for cat in cats + ["all"]:
@@ -347,13 +352,11 @@ def tables(
     reference_step_s: float | None = None,
 ) -> str:
     cats = sorted({r["category"] for r in grammar_rows} | {r["category"] for r in gen_rows})
-    out = [
-        "### Grammar pass (no model)",
-        "",
-        "| category | backend | schemas | declared | timeouts | compile p50 ms | compile p99 ms | "
-        "mask+accept p50 µs/token | p99 µs/token | invalid accepted | reports unenforced |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
+    out = _heading(
+        "Grammar pass (no model)",
+        "category | backend | schemas | declared | timeouts | compile p50 ms | compile p99 ms | "
+        "mask+accept p50 µs/token | p99 µs/token | invalid accepted | reports unenforced",
+    )
     for cat, backend, rows in _groups(grammar_rows, cats):
         ok = [r for r in rows if r.get("declared")]
         comp = [r["compile_s"] * 1e3 for r in ok]
@@ -367,14 +370,11 @@ def tables(
             f"{sum(1 for r in ok if r.get('unenforced'))} |"
         )
     if gen_rows:
-        out += [
-            "",
-            "### Generation pass (SmolLM2-135M, greedy)",
-            "",
-            "| category | backend | schemas | declared | empirical (valid) | compliance | cut by the limit | "
-            "finished but invalid | stats.valid agrees |",
-            "|---|---|---|---|---|---|---|---|---|",
-        ]
+        out += [""] + _heading(
+            "Generation pass (SmolLM2-135M, greedy)",
+            "category | backend | schemas | declared | empirical (valid) | compliance | cut by the limit | "
+            "finished but invalid | stats.valid agrees",
+        )
         for cat, backend, rows in _groups(gen_rows, cats):
             dec = [r for r in rows if r.get("declared")]
             valid = [r for r in dec if r.get("valid")]
@@ -388,13 +388,10 @@ def tables(
     for label, step in (("measured during this run", step_s), ("reference", reference_step_s)):
         if not step:
             continue
-        out += [
-            "",
-            f"### Grammar share of a target step ({label}: plain SmolLM2-135M step {step * 1e3:.1f} ms)",
-            "",
-            "| backend | mask+accept mean µs/token | share (mean) | p50 µs | share p50 | p99 µs | share p99 |",
-            "|---|---|---|---|---|---|---|",
-        ]
+        out += [""] + _heading(
+            f"Grammar share of a target step ({label}: plain SmolLM2-135M step {step * 1e3:.1f} ms)",
+            "backend | mask+accept mean µs/token | share (mean) | p50 µs | share p50 | p99 µs | share p99",
+        )
         for backend in BACKENDS:
             mask = [
                 t for r in grammar_rows if r["backend"] == backend and r.get("declared") for t in r.get("mask_us", [])
