@@ -402,9 +402,7 @@ def _cmd_bench_serve(args: argparse.Namespace, command: str) -> int:
     arms = _known("--arms", _names(args.arms or ",".join(SERVE_ARMS)), SERVE_ARMS)
     chosen = _chosen_conversations(args.conversations, CONVERSATIONS)
     out = _out_folder(args.out)
-    _quiet_transformers()
-    model, tokenizer = _load(args.model)
-    _warn_if_busy()
+    model, tokenizer = _load_for_timing(args.model)
     result = run_serve_bench(
         model,
         tokenizer,
@@ -440,9 +438,7 @@ def _cmd_bench_serve_sweep(args: argparse.Namespace, command: str) -> int:
     if not levels and not rates:
         raise CliError("--levels and --rates are both empty: give at least one load level")
     out = _out_folder(args.out)
-    _quiet_transformers()
-    model, tokenizer = _load(args.model)
-    _warn_if_busy()
+    model, tokenizer = _load_for_timing(args.model)
     result = run_sweep(
         model,
         tokenizer,
@@ -659,6 +655,14 @@ def _progress_bar(total: int) -> Any:
     return tqdm(total=total, desc="bench", unit="run", dynamic_ncols=True, file=sys.stderr)
 
 
+def _load_for_timing(name: str) -> tuple[Any, Any]:
+    """``--model`` loaded quietly, then a warning if the machine is busy (the timings would be off)."""
+    _quiet_transformers()
+    loaded = _load(name)
+    _warn_if_busy()
+    return loaded
+
+
 def _warn_if_busy() -> None:
     """Timings are only as good as the machine is quiet: say so when it is not."""
     import os
@@ -851,9 +855,7 @@ def _cmd_bench_agent(args: argparse.Namespace, command: str) -> int:
 
     chosen = _chosen_conversations(args.conversations, CONVERSATIONS)
     out = _out_folder(args.out)
-    _quiet_transformers()
-    model, tokenizer = _load(args.model)
-    _warn_if_busy()
+    model, tokenizer = _load_for_timing(args.model)
     runs = run_agent_bench(
         model, tokenizer, conversations=chosen, repeat=args.repeat, progress=lambda line: print(line, file=sys.stderr)
     )
