@@ -122,7 +122,7 @@ def test_serve_help_documents_every_flag(capsys):
     assert main(["bench-serve", "--arms", "nope"]) == 2
 
 
-# --- bench-serve's pure parts (issue 25's three gaps) ------------------------------------
+# --- bench-serve's pure parts -----------------------------------------------------------------------
 
 
 def test_the_server_renders_tool_choice_none_as_conversation_does(smol_tokenizer):

@@ -208,7 +208,7 @@ def time_passes(
     return out
 
 
-# --- [tree16] tree shapes on recorded outputs (issue 16) ----------------------------------------------
+# --- tree shapes on recorded outputs ------------------------------------------------------------------
 
 
 def measured_cost(table: dict[int, float]) -> Callable[[int], float]:
@@ -341,9 +341,6 @@ def tree_shapes(
     return out
 
 
-# --- [/tree16]
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("results", nargs="?", help="a results.json of grammarspec bench (its baseline outputs)")
@@ -363,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="bound: count a rejected draft's text as accepted where the output spells it otherwise",
     )
-    # [tree16] tree shapes: width x size, with a measured cost table (see --time-rows)
+    # tree shapes: width x size, with a measured cost table (see --time-rows)
     parser.add_argument(
         "--trees", default=None, help="tree shapes to replay: WxS[xB][s], e.g. 1x16,2x16,4x32,4x32x4s (s: TreeSizer)"
     )
@@ -413,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         curve = f"the table {args.cost_table}, then {args.row_cost} a row"
     curve += f", + {args.per_token} per draft token"
-    if args.trees:  # [tree16]
+    if args.trees:
         return _trees_main(args, tokenizer, tasks, outputs, cost)
     for task_id, output in outputs:
         task = tasks[task_id]
@@ -448,7 +445,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _time_rows_main(args: argparse.Namespace) -> int:  # [tree16]
+def _time_rows_main(args: argparse.Namespace) -> int:
     import torch
 
     from grammarspec import load_model
@@ -482,9 +479,7 @@ def _time_rows_main(args: argparse.Namespace) -> int:  # [tree16]
     return 0
 
 
-def _trees_main(
-    args: argparse.Namespace, tokenizer: Any, tasks: dict, outputs: list, cost: Callable
-) -> int:  # [tree16]
+def _trees_main(args: argparse.Namespace, tokenizer: Any, tasks: dict, outputs: list, cost: Callable) -> int:
     from grammarspec.bench.runner import _prompt_ids
 
     if args.cost_table:
