@@ -208,7 +208,14 @@ def _text_or_call_ebnf(call_schema: dict[str, Any]) -> str:
         StructuralTag,
     )
 
-    call = str(xgr.Grammar.from_json_schema(json.dumps(call_schema), any_whitespace=False, separators=(",", ":")))
+    try:
+        call = str(xgr.Grammar.from_json_schema(json.dumps(call_schema), any_whitespace=False, separators=(",", ":")))
+    except RuntimeError as e:  # xgrammar's converter: a cycle with no content, an unsupported pattern, ...
+        reason = str(e).strip().splitlines()[0].split("] ", 1)[-1]  # without its timestamp
+        raise ToolCallError(
+            f"the tools' parameters do not compile into a grammar (xgrammar: {reason.split(': ', 1)[-1]}); "
+            "fix or simplify that part of the tool's parameters"
+        ) from None
     text = SequenceFormat(elements=[RegexFormat(pattern="[^{\\[]"), AnyTextFormat()])
     return str(
         xgr.Grammar.from_structural_tag(StructuralTag(format=OrFormat(elements=[GrammarFormat(grammar=call), text])))
