@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .kv import BatchKV
-from .rows import Row, Shared, Step
+from .rows import Row, Step, StepResources
 from .stopping import stop_reason
 
 __all__ = ["commit"]
@@ -23,7 +23,7 @@ def commit(
     steps: Sequence[Step],
     results: Sequence[tuple[list[int], int | None]],
     kv: BatchKV | None,
-    shared: Shared,
+    shared: StepResources,
     fed: Sequence[int | None] | None = None,
 ) -> list[int]:
     """Commit each row's step.  Returns how many tokens each row committed.  Changes every stateful part.
@@ -65,7 +65,7 @@ def commit(
     return counts
 
 
-def _commit_row(row: Row, new: Sequence[int], shared: Shared) -> list[int]:
+def _commit_row(row: Row, new: Sequence[int], shared: StepResources) -> list[int]:
     """Append ``new`` token by token until a stop condition; advance the matcher.  Returns what was appended."""
     emitted: list[int] = []
     settings = row.settings

@@ -75,7 +75,7 @@ from .commit import commit
 from .kv import BatchKV
 from .policy import batch_cost_model
 from .processing import LogitsPipeline
-from .rows import DecodeConfig, DecodeState, Processing, Row, RowRequest, Shared
+from .rows import DecodeConfig, DecodeState, Processing, Row, RowRequest, StepResources
 from .sampling import LogitsProcessorFn
 from .stats import GenerationStats
 from .step import leave, run_step
@@ -238,7 +238,7 @@ def decode_batch(
         raise ValueError("a prompt cache (past_key_values) serves one request; pass batch size 1")
     if prompt_chunk is not None and prompt_chunk < 1:
         raise ValueError(f"prompt_chunk must be >= 1 prompt tokens a step (or None: derived), got {prompt_chunk}")
-    shared = Shared(
+    shared = StepResources(
         config,
         tokenizer,
         generator,
@@ -291,7 +291,7 @@ def _admit(
         batch.waiting.append(row)
 
 
-def _join(batch: Batch, model: torch.nn.Module, shared: Shared, pad: int, caller_cache: Any) -> None:
+def _join(batch: Batch, model: torch.nn.Module, shared: StepResources, pad: int, caller_cache: Any) -> None:
     """Waiting rows take the free slots (a prompt cache is copied into its row's slot).  Changes ``batch``.
 
     The first join makes the cache (a caller's prompt cache becomes it); a later

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from .adaptive import AdaptiveController
     from .step_trace import StepTrace
 
-__all__ = ["DecodeConfig", "DecodeState", "Processing", "Row", "RowRequest", "RowSettings", "Shared", "Step"]
+__all__ = ["DecodeConfig", "DecodeState", "Processing", "Row", "RowRequest", "RowSettings", "StepResources", "Step"]
 
 #: Row processing: (logits [n, V] float32 already masked, prefixes) -> scores [n, V].
 Processing = Callable[[torch.Tensor, Sequence[Sequence[int]]], torch.Tensor]
@@ -148,8 +148,9 @@ class Step:
 
 
 @dataclass
-class Shared:
-    """What every step of one :func:`decode_batch` call shares (plain holder)."""
+class StepResources:
+    """The resources every step of one :func:`decode_batch` call uses: settings, tokenizer, generator, the host
+    mask buffer, the callbacks and the trace (a plain holder)."""
 
     config: DecodeConfig
     tokenizer: Any

@@ -25,7 +25,7 @@ from .masking import apply_masks, forced_token, prune_and_fill_masks
 from .policy import batch_cost_model, plan_drafts
 from .processing import LogitsPipeline, prefix_tensors
 from .rejection import Segment, target_choices
-from .rows import DecodeConfig, Row, Shared, Step
+from .rows import DecodeConfig, Row, Step, StepResources
 from .tree_layout import descend
 
 __all__ = ["run_step", "prompt_plan", "Phases", "leave"]
@@ -36,7 +36,7 @@ PROMPT_STEP_COST = 2.0
 
 
 def run_step(
-    model: torch.nn.Module, active: list[Row], kv: BatchKV, shared: Shared, prompt_chunk: int | None = None
+    model: torch.nn.Module, active: list[Row], kv: BatchKV, shared: StepResources, prompt_chunk: int | None = None
 ) -> list[Row]:
     """One decoding step for the rows of ``kv`` (in slot order); returns the rows still in the batch.
 
@@ -138,7 +138,9 @@ def run_step(
     return active
 
 
-def prompt_plan(model: torch.nn.Module, active: Sequence[Row], shared: Shared, chunk: int | None) -> list[int | None]:
+def prompt_plan(
+    model: torch.nn.Module, active: Sequence[Row], shared: StepResources, chunk: int | None
+) -> list[int | None]:
     """How many prompt tokens each row reads this step without stepping (``None``: a full step).
 
     A row that joined a busy batch reads its prompt in chunks while more of it
@@ -167,7 +169,7 @@ def prompt_plan(model: torch.nn.Module, active: Sequence[Row], shared: Shared, c
     return plan
 
 
-def prompt_budget(model: torch.nn.Module, decoding_tokens: int, shared: Shared) -> int:
+def prompt_budget(model: torch.nn.Module, decoding_tokens: int, shared: StepResources) -> int:
     """The most prompt tokens a step may add to ``decoding_tokens`` and cost at most :data:`PROMPT_STEP_COST` times
     the step without them, on the target's pass cost model (a flat curve -- a GPU -- reads whole prompts at once;
     a linear one -- a CPU -- reads them in chunks about as large as the decoding rows).  Does not change state."""
@@ -231,7 +233,7 @@ class Phases:
             totals[name] = totals.get(name, 0.0) + seconds
 
 
-def _masks(shared: Shared, rows: int) -> torch.Tensor:
+def _masks(shared: StepResources, rows: int) -> torch.Tensor:
     """The step's mask rows (the buffer grows when a step has more rows than any before: trees)."""
     if shared.masks.shape[0] < rows:
         shared.masks = allocate_bitmask(rows, shared.masks.shape[1] * 32)
@@ -287,7 +289,7 @@ def _segment(step: Step) -> Segment:
     return Segment(step.start, step.tree.tokens, not step.ends[-1], probs[:n])
 
 
-def _fill_roots(active: Sequence[Row], shared: Shared) -> None:
+def _fill_roots(active: Sequence[Row], shared: StepResources) -> None:
     """Each constrained row's mask for its current state, in one batched call per grammar backend.
 
     :func:`grammars.base.fill_masks` (xgrammar: ``BatchGrammarMatcher``).  The
@@ -306,7 +308,7 @@ def _fill_roots(active: Sequence[Row], shared: Shared) -> None:
         row.stats.grammar_seconds += share
 
 
-def _commit_forced(row: Row, shared: Shared) -> None:
+def _commit_forced(row: Row, shared: StepResources) -> None:
     """Commit every token the grammar forces through :func:`commit` (no target pass; the proposer is told).
 
     The last check's mask -- the row's state now -- stays in ``row.root`` for the walk.
@@ -352,7 +354,7 @@ def _propose(row: Row, config: DecodeConfig, trees: bool) -> Step:
     return step
 
 
-def _allocate(model: torch.nn.Module, active: list[Row], steps: list[Step], shared: Shared) -> None:
+def _allocate(model: torch.nn.Module, active: list[Row], steps: list[Step], shared: StepResources) -> None:
     """Cut each row's chain to its share of one goodput allocation over the batch (:func:`policy.plan_drafts`).
 
     A proposer's token tree is verified whole; its rows count in the batch's cost.  Changes ``steps``.
