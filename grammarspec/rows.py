@@ -94,8 +94,10 @@ class Row:
     finish_reason: str | None = None
     scores: list[torch.Tensor] = field(default_factory=list)  # processed scores of committed tokens (record_scores)
     logits: list[torch.Tensor] = field(default_factory=list)  # raw logits of committed tokens (record_scores)
-    root: torch.Tensor | None = None  # [1, ceil(V/32)] int32 host row: the forced check's mask of the current state
-    root_ready: bool = False  # whether ``root`` holds the current state's mask (the walk then reuses it)
+    state_mask: torch.Tensor | None = (
+        None  # [1, ceil(V/32)] int32 host row: the mask of the current state (forced check)
+    )
+    state_mask_ready: bool = False  # whether ``state_mask`` holds the current state's mask (the walk then reuses it)
 
     @property
     def generated(self) -> list[int]:

@@ -51,7 +51,7 @@ def run_step(
     stepping = [row for row in active if id(row) not in reading]
     # (+) Forced: a grammar that allows exactly one token needs no sampling.
     if not config.record_scores:
-        _fill_roots(stepping, shared)
+        _fill_state_masks(stepping, shared)
         for row in stepping:
             _commit_forced(row, shared)
     active = leave(active, kv, shared.started)
@@ -72,9 +72,9 @@ def run_step(
     for row, step in zip(stepping, steps):
         t0 = time.perf_counter()
         step.tree, step.ends = prune_and_fill_masks(
-            row.matcher, masks, start, step.tree, eos, row.root if row.root_ready else None
+            row.matcher, masks, start, step.tree, eos, row.state_mask if row.state_mask_ready else None
         )
-        row.root_ready = False
+        row.state_mask_ready = False
         step.start = start
         step.grammar_seconds += time.perf_counter() - t0
         start += 1 + len(step.tree)
@@ -289,12 +289,12 @@ def _segment(step: Step) -> Segment:
     return Segment(step.start, step.tree.tokens, not step.ends[-1], probs[:n])
 
 
-def _fill_roots(active: Sequence[Row], shared: StepResources) -> None:
+def _fill_state_masks(active: Sequence[Row], shared: StepResources) -> None:
     """Each constrained row's mask for its current state, in one batched call per grammar backend.
 
     :func:`grammars.base.fill_masks` (xgrammar: ``BatchGrammarMatcher``).  The
     forced check reads it, and the walk reuses it as the tree's root row, so
-    no state's mask is filled twice.  Changes each row's ``root``.
+    no state's mask is filled twice.  Changes each row's ``state_mask``.
     """
     pairs = [(row, row.matcher) for row in active if row.matcher is not None and row.finish_reason is None]
     if not pairs:
@@ -304,25 +304,27 @@ def _fill_roots(active: Sequence[Row], shared: StepResources) -> None:
     fill_masks([matcher for _, matcher in pairs], roots, range(len(pairs)))
     share = (time.perf_counter() - t0) / len(pairs)
     for i, (row, _) in enumerate(pairs):
-        row.root, row.root_ready = roots[i : i + 1], True
+        row.state_mask, row.state_mask_ready = roots[i : i + 1], True
         row.stats.grammar_seconds += share
 
 
 def _commit_forced(row: Row, shared: StepResources) -> None:
     """Commit every token the grammar forces through :func:`commit` (no target pass; the proposer is told).
 
-    The last check's mask -- the row's state now -- stays in ``row.root`` for the walk.
+    The last check's mask -- the row's state now -- stays in ``row.state_mask`` for the walk.
     """
     while row.matcher is not None and row.finish_reason is None:
         t0 = time.perf_counter()
-        if row.root is None:
-            row.root = torch.zeros((1, shared.masks.shape[1]), dtype=torch.int32, device="cpu")  # host, as xgrammar
-        token = forced_token(row.matcher, row.root, filled=row.root_ready)
+        if row.state_mask is None:
+            row.state_mask = torch.zeros(
+                (1, shared.masks.shape[1]), dtype=torch.int32, device="cpu"
+            )  # host, as xgrammar
+        token = forced_token(row.matcher, row.state_mask, filled=row.state_mask_ready)
         row.stats.grammar_seconds += time.perf_counter() - t0
         if token is None:
-            row.root_ready = True
+            row.state_mask_ready = True
             return
-        row.root_ready = False
+        row.state_mask_ready = False
         (count,) = commit([row], [Step()], [([], token)], None, shared)
         row.stats.forced_tokens += count
 
