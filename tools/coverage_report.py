@@ -472,19 +472,8 @@ def main(argv: list[str] | None = None) -> int:
         gen_rows = [r for r in rows if r.get("pass") == "generate"]
         steps = [r["seconds"] for r in rows if r.get("pass") == "step"]
         gen_rows = auto_from_chosen(grammar_rows, gen_rows)
-        text = tables(
-            grammar_rows,
-            gen_rows,
-            steps[0] if steps else None,
-            args.reference_step_ms / 1e3 if args.reference_step_ms else None,
-        )
-        if args.plot:
-            plot(grammar_rows, gen_rows, Path(args.plot))
-        if args.out:
-            Path(args.out).write_text(text)
-        else:
-            print(text)
-        return 0
+        reference = args.reference_step_ms / 1e3 if args.reference_step_ms else None
+        return _report(args, grammar_rows, gen_rows, steps[0] if steps else None, reference)
     corpus = Path(args.corpus)
     backends = tuple(b for b in args.backends.split(",") if b)
     grammar_rows = grammar_pass(load_records(corpus, args.per_category), backends, args.compile_timeout)
@@ -505,7 +494,18 @@ def main(argv: list[str] | None = None) -> int:
             f.write(json.dumps({"pass": "generate", **row}) + "\n")
         if step_s:
             f.write(json.dumps({"pass": "step", "seconds": step_s}) + "\n")
-    text = tables(grammar_rows, gen_rows, step_s)
+    return _report(args, grammar_rows, gen_rows, step_s)
+
+
+def _report(
+    args: argparse.Namespace,
+    grammar_rows: list[dict[str, Any]],
+    gen_rows: list[dict[str, Any]],
+    step_s: float | None,
+    reference_step_s: float | None = None,
+) -> int:
+    """Write the tables to ``--out`` (else print them) and the plot to ``--plot``; the exit status."""
+    text = tables(grammar_rows, gen_rows, step_s, reference_step_s)
     if args.plot:
         plot(grammar_rows, gen_rows, Path(args.plot))
     if args.out:

@@ -244,24 +244,10 @@ def hf_generate(
     **settings: Any,
 ) -> list:
     """Hugging Face generate + xgrammar's HF processor; each row's new tokens up to its EOS."""
-    import torch
-    from transformers import LogitsProcessorList
-    from xgrammar.contrib.hf import LogitsProcessor
+    from grammarspec.bench.batch import _run_baseline
 
     grammars = grammars or compile_for_hf(tokenizer, model, schemas)
-    settings = {"do_sample": False, **settings}
-    with torch.inference_mode():
-        out = model.generate(
-            ids,
-            attention_mask=mask,
-            logits_processor=LogitsProcessorList([LogitsProcessor(grammars)]),
-            max_new_tokens=max_new,
-            eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.eos_token_id,
-            **settings,
-        )
-    eos = tokenizer.eos_token_id
-    return [row[: row.index(eos) + 1] if eos in row else row for row in out[:, ids.shape[1] :].tolist()]
+    return _run_baseline(model, ids, mask, grammars, tokenizer.eos_token_id, max_new, **settings)[0]
 
 
 #: what --break changes in grammarspec's arm ("parity": every row loses its last token; "exactness": samples).

@@ -38,8 +38,12 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import grammarspec  # noqa: E402
-from grammarspec.bench.arms import BaselineGrammars, prepare_grammars  # noqa: E402
-from grammarspec.bench.batch import _left_pad, _prompt, _run_baseline, generate_greedy  # noqa: E402
+from grammarspec.bench.arms import (  # noqa: E402
+    BaselineGrammars,
+    generate_rows,  # noqa: E402
+    prepare_grammars,
+)
+from grammarspec.bench.batch import _left_pad, _prompt, _run_baseline  # noqa: E402
 from grammarspec.bench.tasks import load_tasks  # noqa: E402
 from grammarspec.bench.tiny_llama import tiny_llama  # noqa: E402
 from grammarspec.decoding import logits_width  # noqa: E402
@@ -70,7 +74,16 @@ def run_arm(arm: str, model: Any, tokenizer: Any, chunk: list[Any], eos: int, ma
     if arm == "baseline":
         outputs, seconds, passes = _run_baseline(model, ids, mask, [g for _, _, g in chunk], eos, max_new)
         return {"outputs": outputs, "seconds": seconds, "passes": passes, "phases": {}}
-    outputs, seconds, stats = generate_greedy(model, tokenizer, chunk, eos, max_new, None if arm == "none" else arm)
+    outputs, stats, seconds = generate_rows(
+        model,
+        tokenizer,
+        [p for _, p, _ in chunk],
+        [t.schema for t, _, _ in chunk],
+        None if arm == "none" else arm,
+        pad=eos,
+        max_new_tokens=max_new,
+        do_sample=False,
+    )
     longest = max(stats, key=lambda s: s.target_forwards)
     return {"outputs": outputs, "seconds": seconds, "passes": longest.target_forwards, "phases": dict(longest.phases)}
 

@@ -52,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         BaselineGrammars,
         GenerationSettings,
         PreparedTask,
+        generate_one,
         prepare_grammars,
         run_arm,
     )
@@ -102,20 +103,9 @@ def main(argv: list[str] | None = None) -> int:
                     assistant: Any = "auto"
                 else:
                     assistant = TreeProposer.from_shape(resolve_assistant("auto"), arm.split()[1])
-                t0 = time.perf_counter()
-                out = grammarspec.generate(
-                    model,
-                    torch.tensor([prompt]),
-                    tokenizer=tokenizer,
-                    schema=task.schema,
-                    assistant=assistant,
-                    max_new_tokens=args.max_new_tokens,
-                    return_dict_in_generate=True,
-                    **sampling,
+                tokens, stats, seconds = generate_one(
+                    model, tokenizer, prompt, task.schema, assistant, max_new_tokens=args.max_new_tokens, **sampling
                 )
-                seconds = time.perf_counter() - t0
-                stats = out.stats[0]
-                tokens = out.sequences[0, len(prompt) :].tolist()[: stats.new_tokens]
                 record = {
                     "tokens": tokens,
                     "seconds": seconds,

@@ -190,6 +190,47 @@ def _assistant(arm: str, draft_model: Any) -> Any:
     return arm
 
 
+def generate_rows(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    prompts: list[list[int]],
+    schemas: list[Any],
+    assistant: Any,
+    pad: int = 0,
+    **settings: Any,
+) -> tuple[list[list[int]], list[GenerationStats], float]:
+    """One ``grammarspec.generate`` call over ``prompts`` (left-padded with ``pad`` when there are several).
+
+    Returns each row's new tokens, each row's ``GenerationStats`` and the call's seconds.
+    """
+    width = max(map(len, prompts))
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], dtype=torch.long)
+    if len(prompts) > 1:
+        settings["attention_mask"] = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    t0 = time.perf_counter()
+    out = grammarspec.generate(
+        model,
+        ids,
+        tokenizer=tokenizer,
+        schema=schemas if len(prompts) > 1 else schemas[0],
+        assistant=assistant,
+        return_dict_in_generate=True,
+        **settings,
+    )
+    seconds = time.perf_counter() - t0
+    assert isinstance(out, grammarspec.GenerationOutput) and out.stats is not None  # return_dict_in_generate=True
+    outputs = [out.sequences[i, width:].tolist()[: s.new_tokens] for i, s in enumerate(out.stats)]
+    return outputs, list(out.stats), seconds
+
+
+def generate_one(
+    model: torch.nn.Module, tokenizer: Any, prompt: list[int], schema: Any, assistant: Any, **settings: Any
+) -> tuple[list[int], GenerationStats, float]:
+    """:func:`generate_rows` on one prompt -> its new tokens, its ``GenerationStats`` and the seconds."""
+    (tokens,), (stats,), seconds = generate_rows(model, tokenizer, [list(prompt)], [schema], assistant, **settings)
+    return tokens, stats, seconds
+
+
 def run_arm(
     arm: str,
     model: torch.nn.Module,
@@ -210,20 +251,9 @@ def run_arm(
     torch.manual_seed(seed)
     if arm == "baseline":
         return _run_baseline(model, input_ids, task.xgr_grammar, eos, kwargs)
-    t0 = time.perf_counter()
-    out = grammarspec.generate(
-        model,
-        input_ids,
-        tokenizer=tokenizer,
-        schema=task.schema,
-        assistant=_assistant(arm, draft_model),
-        return_dict_in_generate=True,
-        **kwargs,
+    tokens, stats, seconds = generate_one(
+        model, tokenizer, task.prompt_ids, task.schema, _assistant(arm, draft_model), **kwargs
     )
-    seconds = time.perf_counter() - t0
-    assert isinstance(out, grammarspec.GenerationOutput) and out.stats is not None  # return_dict_in_generate=True
-    stats = out.stats[0]
-    tokens = out.sequences[0, input_ids.shape[1] :].tolist()[: stats.new_tokens]
     finish = "stop" if stats.finish_reason in ("stop", "eos") else stats.finish_reason
     setup = seconds - stats.total_seconds  # grammar lookup and proposer start, before decoding
     return RunResult(

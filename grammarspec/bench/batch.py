@@ -36,7 +36,7 @@ import torch
 import grammarspec
 from grammarspec.decoding import logits_width
 
-from .arms import BaselineGrammars, prepare_grammars
+from .arms import BaselineGrammars, generate_rows, prepare_grammars
 from .tasks import BenchTask
 
 __all__ = ["BatchRun", "run_batch_bench", "batch_table"]
@@ -109,8 +109,10 @@ def _cut(tokens: list[int], eos: int) -> list[int]:
 
 
 def _run_baseline(
-    model: Any, ids: torch.Tensor, mask: torch.Tensor, grammars: list[Any], eos: int, max_new: int
+    model: Any, ids: torch.Tensor, mask: torch.Tensor, grammars: list[Any], eos: int, max_new: int, **settings: Any
 ) -> tuple[list[list[int]], float, int]:
+    """HF generate + xgrammar's HF processor (greedy unless ``settings`` say otherwise) -> each row's new tokens
+    up to its EOS, the seconds and the steps."""
     from transformers import LogitsProcessorList
     from xgrammar.contrib.hf import LogitsProcessor
 
@@ -123,7 +125,7 @@ def _run_baseline(
             eos_token_id=eos,
             pad_token_id=eos,
             max_new_tokens=max_new,
-            do_sample=False,
+            **{"do_sample": False, **settings},
         )
     seconds = time.perf_counter() - t0
     new = out[:, ids.shape[1] :]
@@ -196,7 +198,17 @@ def _serve_grammarspec(
     assistant: str, model: Any, tokenizer: Any, items: list[Any], size: int, eos: int, max_new: int, run: BatchRun
 ) -> float:
     """One grammarspec call over ``items`` with ``max_batch_size=size`` and ``assistant``; returns the seconds."""
-    outputs, seconds, stats = generate_greedy(model, tokenizer, items, eos, max_new, assistant, max_batch_size=size)
+    outputs, stats, seconds = generate_rows(
+        model,
+        tokenizer,
+        [p for _, p, _ in items],
+        [t.schema for t, _, _ in items],
+        assistant,
+        pad=eos,
+        max_batch_size=size,
+        max_new_tokens=max_new,
+        do_sample=False,
+    )
     setup = seconds - max(s.total_seconds for s in stats)
     _add(
         run,
@@ -208,39 +220,6 @@ def _serve_grammarspec(
     )
     run.drafted += sum(longest for s in stats for longest, _ in s.steps)
     return seconds
-
-
-def generate_greedy(
-    model: Any,
-    tokenizer: Any,
-    items: list[Any],
-    eos: int,
-    max_new: int,
-    assistant: str | None,
-    max_batch_size: int | None = None,
-) -> tuple[list[list[int]], float, list[Any]]:
-    """One greedy ``grammarspec.generate`` call over ``items`` (task, prompt ids, _), left-padded with ``eos``.
-
-    Returns each row's new tokens, the call's seconds and each row's :class:`~grammarspec.GenerationStats`.
-    """
-    ids, mask = _left_pad([p for _, p, _ in items], eos)
-    t0 = time.perf_counter()
-    out = grammarspec.generate(
-        model,
-        ids,
-        attention_mask=mask,
-        tokenizer=tokenizer,
-        schema=[t.schema for t, _, _ in items],
-        assistant=assistant,
-        max_batch_size=max_batch_size,
-        max_new_tokens=max_new,
-        do_sample=False,
-        return_dict_in_generate=True,
-    )
-    seconds = time.perf_counter() - t0
-    assert isinstance(out, grammarspec.GenerationOutput) and out.stats is not None  # return_dict_in_generate=True
-    outputs = [out.sequences[i, ids.shape[1] :].tolist()[: s.new_tokens] for i, s in enumerate(out.stats)]
-    return outputs, seconds, list(out.stats)
 
 
 def _add(

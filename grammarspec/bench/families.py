@@ -31,6 +31,7 @@ from typing import Any
 import torch
 from transformers import LlamaForCausalLM
 
+from .arms import generate_one
 from .tasks import BenchTask
 from .tiny_llama import tiny_llama_config
 
@@ -222,18 +223,9 @@ def run_family(name: str, tokenizer: Any, tasks: Sequence[BenchTask], *, assista
             result.skipped.append(f"{task.id}: the tokenizer cannot spell the reference answer")
             continue
         model.script = list(prompt) + scripted
-        out = grammarspec.generate(
-            model,
-            torch.tensor([prompt]),
-            tokenizer=tokenizer,
-            schema=task.schema,
-            assistant=assistant,
-            max_new_tokens=len(scripted) + 8,
-            return_dict_in_generate=True,
+        tokens, stats, _ = generate_one(
+            model, tokenizer, list(prompt), task.schema, assistant, max_new_tokens=len(scripted) + 8
         )
-        assert isinstance(out, grammarspec.GenerationOutput) and out.stats is not None  # return_dict_in_generate
-        stats = out.stats[0]
-        tokens = out.sequences[0, len(prompt) :].tolist()[: stats.new_tokens]
         result.tasks += 1
         result.new_tokens += stats.new_tokens
         result.target_passes += stats.target_forwards
