@@ -22,8 +22,24 @@ from .templates import fit_messages
 __all__ = ["Completion", "complete", "build_prompt", "describe_schema"]
 
 
+class AssistantMessage:
+    """Reads an OpenAI assistant ``message``: what :class:`Completion` and :class:`~grammarspec.Reply` share."""
+
+    message: dict[str, Any]
+
+    @property
+    def content(self) -> str | None:
+        """The message's text (``None`` for a tool call)."""
+        return self.message.get("content")
+
+    @property
+    def tool_calls(self) -> list[dict[str, Any]]:
+        """OpenAI ``tool_calls`` (``{"id", "type": "function", "function": {"name", "arguments": <JSON>}}``)."""
+        return list(self.message.get("tool_calls") or [])
+
+
 @dataclass
-class Completion:
+class Completion(AssistantMessage):
     """One answer.  ``valid`` means *schema-valid* (complete and following the constraint), not correct.
 
     ``value``: the parsed JSON (JSON constraints; a JSON ``null`` answer is
@@ -50,15 +66,6 @@ class Completion:
         Schema-valid only: it says nothing of whether the values are right.
         """
         return self.finish_reason == "stop" and self.has_value and not self.errors
-
-    @property
-    def content(self) -> str | None:
-        return self.message.get("content")
-
-    @property
-    def tool_calls(self) -> list[dict[str, Any]]:
-        """OpenAI ``tool_calls`` (``{"id", "type": "function", "function": {"name", "arguments": <JSON>}}``)."""
-        return list(self.message.get("tool_calls") or [])
 
 
 def describe_schema(

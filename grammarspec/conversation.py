@@ -60,6 +60,7 @@ from proposers.presets import resolve_assistant
 from .api import DEFAULT_MAX_DRAFT, check_options, run_generate
 from .assistant import draft_maker
 from .cache import cache_length, common_prefix_length, crop_cache, new_cache
+from .completion import AssistantMessage
 from .constraint import Constraint
 from .policy import Calibration
 from .stats import GenerationStats
@@ -85,7 +86,7 @@ class ContextLimitError(ValueError):
 
 
 @dataclass
-class Reply:
+class Reply(AssistantMessage):
     """One assistant turn: the OpenAI message and what it took."""
 
     message: dict[str, Any]  # {"role": "assistant", "content": str | None, "tool_calls": [...]?}
@@ -100,14 +101,6 @@ class Reply:
     def prefilled_tokens(self) -> int:
         """Prompt tokens the target read this turn."""
         return self.prompt_tokens - self.reused_tokens
-
-    @property
-    def content(self) -> str | None:
-        return self.message.get("content")
-
-    @property
-    def tool_calls(self) -> list[dict[str, Any]]:
-        return list(self.message.get("tool_calls") or [])
 
 
 class Conversation:
