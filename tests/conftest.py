@@ -59,3 +59,15 @@ def tasks() -> list[dict]:
 def corpus_records(category: str | None = None) -> list[dict]:
     """Records of the schema corpus (``data/schemas`` or ``$GRAMMARSPEC_SCHEMAS``): one category or all."""
     return read_schema_records(categories=[category] if category else None)
+
+
+@pytest.fixture(scope="module")
+def grammars():
+    """The batch tests' schemas (helpers.SCHEMAS) compiled over the toy tokenizer, one per row."""
+    from helpers import SCHEMAS
+    from toy import toy_tokenizer
+
+    from grammars import compile_grammar, grammar_spec
+
+    tok = toy_tokenizer()
+    return [compile_grammar(grammar_spec(schema=s), tok, vocab_size=len(tok), stop_token_ids=(0,)) for s in SCHEMAS]

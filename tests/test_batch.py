@@ -12,12 +12,11 @@ from collections import Counter
 
 import pytest
 import torch
+from helpers import SCHEMAS, ImprobableProposer, assert_matches, batch_row, check_rows, exact_distribution
 from proposer_fakes import ScriptFollower as Noisy  # the next tokens of a script, wrong every n-th call
-from test_exactness import ImprobableProposer, assert_matches, exact_distribution
 from toy import toy_tokenizer, toy_vocab_size
 from toy_models import ToyCausalLM, tiny_llama
 
-from grammars import compile_grammar, grammar_spec
 from grammarspec.adaptive import AdaptiveController
 from grammarspec.decoding import DecodeConfig, RowRequest, decode, decode_batch, sampling_processing
 from grammarspec.draft_model import DraftModelProposer
@@ -25,52 +24,7 @@ from grammarspec.sampling import SamplingParams
 from proposers.base import Request
 
 V = toy_vocab_size()
-SCHEMAS = [
-    {"type": "array", "items": {"enum": ["a", "b"]}, "minItems": 1, "maxItems": 2},
-    {
-        "type": "object",
-        "properties": {"a": {"type": "array", "items": {"enum": ["x", "yy", "z"]}, "maxItems": 4}},
-        "required": ["a"],
-        "additionalProperties": False,
-    },
-    {"type": "array", "items": {"enum": ["ab", "ba", "b"]}, "minItems": 2, "maxItems": 3},
-]
 PROMPTS = [[2, 3], [2, 5, 9, 4, 7], [6]]
-
-
-@pytest.fixture(scope="module")
-def grammars():
-    tok = toy_tokenizer()
-    return [compile_grammar(grammar_spec(schema=s), tok, vocab_size=len(tok), stop_token_ids=(0,)) for s in SCHEMAS]
-
-
-def _request(prompt, matcher, proposer, k, config):
-    controller = AdaptiveController(k_min=k, k_max=k, adaptive=False) if proposer is not None else None
-    if proposer is not None:
-        proposer.start(Request(prompt_ids=tuple(prompt), tokenizer=None))
-    return RowRequest(prompt, matcher, proposer, controller, sampling_processing(config, (), len(prompt)))
-
-
-def check_rows(grammars_by_row):
-    """An on_step hook asserting the rollback invariants for every row of the batch."""
-    seen = []
-
-    def on_step(rows, kv):
-        assert kv.batch_size == len(rows)
-        for slot, row in enumerate(rows):
-            fresh = grammars_by_row[row.index].matcher()
-            for token in row.generated:
-                assert fresh.accept(token)
-            assert row.matcher.is_terminated() == fresh.is_terminated()
-            assert kv.lengths[slot] == row.cached <= len(row.tokens)
-            columns = kv.valid[slot].nonzero().flatten()
-            stored = kv.cache.layers[0].keys[slot, 0, columns, 0].long().tolist()
-            assert stored == row.tokens[: row.cached]  # no rejected position of any row in the cache
-        if seen:  # a row that had finished has left the batch
-            assert not {row.index for row in rows} & seen[-1][1]
-        seen.append(({row.index for row in rows}, {row.index for row in rows if row.finish_reason}))
-
-    return on_step, seen
 
 
 @pytest.mark.parametrize("every", [0, 2, 3])
@@ -79,7 +33,7 @@ def test_every_row_equals_its_batch_one_output(grammars, every):
     config = DecodeConfig(max_new_tokens=40, eos_token_ids=(0,))
     alone = [decode(model, p, config, matcher=g.matcher())[0] for p, g in zip(PROMPTS, grammars)]
     requests = [
-        _request(p, g.matcher(), Noisy(out, every), k, config)
+        batch_row(p, g.matcher(), Noisy(out, every), k, config)
         for p, g, out, k in zip(PROMPTS, grammars, alone, (2, 4, 8))
     ]
     on_step, seen = check_rows(grammars)
@@ -97,7 +51,7 @@ def test_rejected_columns_leave_no_trace_and_no_step_copies_the_cache(grammars):
     model = ToyCausalLM(V, seed=5)
     config = DecodeConfig(max_new_tokens=40, eos_token_ids=(0,))
     alone = [decode(model, p, config, matcher=g.matcher())[0] for p, g in zip(PROMPTS, grammars)]
-    requests = [_request(p, g.matcher(), Noisy(out, 2), 5, config) for p, g, out in zip(PROMPTS, grammars, alone)]
+    requests = [batch_row(p, g.matcher(), Noisy(out, 2), 5, config) for p, g, out in zip(PROMPTS, grammars, alone)]
     check, _ = check_rows(grammars)
     storage = []
 
@@ -131,7 +85,7 @@ def test_sampled_rows_follow_their_own_constrained_distributions(grammars):
             ImprobableProposer(),
             DraftModelProposer(target, sampling=params, generator=generator),
         ]
-        requests = [_request(p, g.matcher(), prop, 3, config) for p, g, prop in zip(prompts, chosen, proposers)]
+        requests = [batch_row(p, g.matcher(), prop, 3, config) for p, g, prop in zip(prompts, chosen, proposers)]
         for row in decode_batch(target, requests, config, generator=generator):
             assert row.stats.finish_reason == "stop"
             counts[row.index][tuple(row.generated)] += 1
@@ -198,9 +152,9 @@ def test_the_loop_hands_over_the_profiled_cost_model_and_never_teaches_wall_time
     monkeypatch.setattr(PassCost, "update", lambda self, rows, seconds: log.append(rows))  # must never be called
     own = PassCost(1.1, 0.01, 2)
     handed, kept = Costed([], 0), Costed([], 0, own=own)
-    requests = [_request(PROMPTS[i], grammars[i].matcher(), p, 4, config) for i, p in enumerate((handed, kept))]
+    requests = [batch_row(PROMPTS[i], grammars[i].matcher(), p, 4, config) for i, p in enumerate((handed, kept))]
     decode_batch(model, requests, config)
-    decode_batch(model, [_request(PROMPTS[2], grammars[2].matcher(), Costed([], 0), 4, config)], config)  # alone
+    decode_batch(model, [batch_row(PROMPTS[2], grammars[2].matcher(), Costed([], 0), 4, config)], config)  # alone
     assert handed.cost_model is batch_cost_model(model) and kept.cost_model is own
     assert log == []  # no measured pass moved any cost model, at batch 1 or 2
     composite = CompositeProposer([Noisy([], 0)])
@@ -212,7 +166,7 @@ def test_the_loop_hands_over_the_profiled_cost_model_and_never_teaches_wall_time
     assert fixed.cost_model is own
     replayed = Costed([], 0)  # a replay's modelled step cost: its own prior stays
     decode_batch(
-        model, [_request(PROMPTS[0], grammars[0].matcher(), replayed, 4, config)], config, step_cost=lambda rows: 1.0
+        model, [batch_row(PROMPTS[0], grammars[0].matcher(), replayed, 4, config)], config, step_cost=lambda rows: 1.0
     )
     assert replayed.cost_model is not batch_cost_model(model)
 
@@ -224,7 +178,7 @@ def test_waiting_requests_join_as_rows_finish(grammars, every):
     prompts = PROMPTS + [[9, 8]]
     chosen = grammars + [grammars[1]]
     alone = [decode(model, p, config, matcher=g.matcher())[0] for p, g in zip(prompts, chosen)]
-    requests = [_request(p, g.matcher(), Noisy(out, every), 3, config) for p, g, out in zip(prompts, chosen, alone)]
+    requests = [batch_row(p, g.matcher(), Noisy(out, every), 3, config) for p, g, out in zip(prompts, chosen, alone)]
     on_step, seen = check_rows(chosen)
     rows = decode_batch(model, requests, config, max_batch_size=2, on_step=on_step)
     assert [row.generated for row in rows] == alone

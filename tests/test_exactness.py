@@ -18,25 +18,17 @@ from collections import Counter
 
 import pytest
 import torch
-from scipy_free_stats import chi_square_pvalue
-from toy import toy_tokenizer, toy_vocab_size
-
-V = toy_vocab_size()
-from toy_models import ToyCausalLM
+from helpers import OTHER, PROMPT, SCHEMA, TARGET, ImprobableProposer, assert_matches, exact_distribution
+from toy import toy_tokenizer
 
 from grammars import compile_grammar, grammar_spec
-from grammars.base import allocate_bitmask
 from grammarspec.adaptive import AdaptiveController
 from grammarspec.decoding import DecodeConfig, decode
 from grammarspec.draft_model import DraftModelProposer
-from grammarspec.processing import LogitsPipeline
-from grammarspec.sampling import SamplingParams, apply_bitmask
-from proposers.base import Draft, GrammarView, Request
+from grammarspec.sampling import SamplingParams
+from proposers.base import Request
 
-SCHEMA = {"type": "array", "items": {"enum": ["a", "b"]}, "minItems": 1, "maxItems": 2}
-PROMPT = [2, 3]  # "{" "}" -- any prefix will do for a random model
 SAMPLES = 20_000
-P_THRESHOLD = 1e-4
 
 
 @pytest.fixture(scope="module")
@@ -44,52 +36,6 @@ def setup():
     tok = toy_tokenizer()
     compiled = compile_grammar(grammar_spec(schema=SCHEMA), tok, vocab_size=len(tok), stop_token_ids=(0,))
     return tok, compiled
-
-
-def exact_distribution(model, compiled, params, prompt=PROMPT):
-    """Every complete sequence -> its probability under plain constrained sampling."""
-    out: dict[tuple[int, ...], float] = {}
-    vocab = compiled.vocab_size
-
-    def walk(context, matcher, prob):
-        if matcher.is_terminated():
-            out[tuple(context[len(prompt) :])] = prob
-            return
-        mask = allocate_bitmask(1, vocab)
-        matcher.fill_mask(mask, 0)
-        scores = LogitsPipeline.from_sampling(params)(apply_bitmask(model.next_logits(context)[None], mask), [context])
-        probs = scores.softmax(-1)[0]
-        for token in probs.nonzero().flatten().tolist():
-            child = matcher.fork()
-            assert child.accept(token)
-            walk(context + [token], child, prob * float(probs[token]))
-
-    walk(list(prompt), compiled.matcher(), 1.0)
-    assert abs(sum(out.values()) - 1.0) < 1e-6
-    return out
-
-
-class ImprobableProposer:
-    """Deterministic drafts that are legal but unlikely: the highest legal non-stop id."""
-
-    name = "improbable"
-
-    def start(self, request: Request) -> None:
-        pass
-
-    def propose(self, context, grammar: GrammarView | None, k: int) -> Draft:
-        matcher = grammar.fork()
-        tokens = []
-        for _ in range(k):
-            allowed = [t for t in matcher.allowed_tokens().tolist() if t != 0] or [0]
-            tokens.append(allowed[-1])
-            matcher.accept(allowed[-1])
-            if matcher.is_terminated():
-                break
-        return Draft(tokens=tuple(tokens), sources=(self.name,) * len(tokens))
-
-    def commit(self, draft: Draft, num_accepted: int, committed) -> None:
-        pass
 
 
 def speculative_counts(model, compiled, params, make_proposer, seed, samples=SAMPLES, k=3):
@@ -115,19 +61,6 @@ def speculative_counts(model, compiled, params, make_proposer, seed, samples=SAM
         accepted += sum(stats.accepted.values())
     return counts, accepted / max(proposed, 1)
 
-
-def assert_matches(counts, exact, samples=SAMPLES):
-    keys = sorted(set(exact) | set(counts))
-    observed = torch.tensor([counts.get(key, 0) for key in keys], dtype=torch.float64)
-    expected = torch.tensor([exact.get(key, 0.0) * samples for key in keys], dtype=torch.float64)
-    unknown = [key for key in counts if key not in exact]
-    assert not unknown, f"sequences the grammar/target never produce: {unknown[:3]}"
-    p = chi_square_pvalue(observed, expected)
-    assert p > P_THRESHOLD, f"chi-square p = {p:.2e} over {len(keys)} sequences"
-
-
-TARGET = ToyCausalLM(V, seed=1, scale=1.0)
-OTHER = ToyCausalLM(V, seed=7, scale=1.0)
 
 # The three headline configurations run 20,000 samples each and between them cover
 # every draft kind, temperature 0.7 / 1.0 / 1.5, top-k and top-p; the cross terms

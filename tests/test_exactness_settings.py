@@ -13,16 +13,15 @@ from collections import Counter
 
 import pytest
 import torch
-from test_exactness import OTHER, PROMPT, SCHEMA, TARGET, ImprobableProposer, assert_matches
+from helpers import OTHER, PROMPT, SCHEMA, TARGET, ImprobableProposer, assert_matches, exact_distribution
 from toy import toy_tokenizer
 
 from grammars import compile_grammar, grammar_spec
-from grammars.base import allocate_bitmask
 from grammarspec.adaptive import AdaptiveController
 from grammarspec.decoding import DecodeConfig, decode
 from grammarspec.draft_model import DraftModelProposer
 from grammarspec.processing import build_pipeline
-from grammarspec.sampling import SamplingParams, apply_bitmask
+from grammarspec.sampling import SamplingParams
 from grammarspec.settings import resolve_config
 from proposers.base import Request
 
@@ -68,32 +67,12 @@ def pipeline_for(settings):
     return build_pipeline(config, prompt_length=len(PROMPT), eos_token_ids=(0,))
 
 
-def exact_distribution(compiled, pipeline):
-    out: dict[tuple[int, ...], float] = {}
-
-    def walk(context, matcher, prob):
-        if matcher.is_terminated():
-            out[tuple(context[len(PROMPT) :])] = prob
-            return
-        mask = allocate_bitmask(1, compiled.vocab_size)
-        matcher.fill_mask(mask, 0)
-        probs = pipeline(apply_bitmask(TARGET.next_logits(context)[None], mask), [context]).softmax(-1)[0]
-        for token in probs.nonzero().flatten().tolist():
-            child = matcher.fork()
-            assert child.accept(token)
-            walk(context + [token], child, prob * float(probs[token]))
-
-    walk(list(PROMPT), compiled.matcher(), 1.0)
-    assert abs(sum(out.values()) - 1.0) < 1e-5
-    return out
-
-
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_speculative_samples_follow_the_processed_target(compiled, case):
     settings, make_proposer = CASES[case]
     pipeline = pipeline_for(settings)
-    exact = exact_distribution(compiled, pipeline)
-    plain = exact_distribution(compiled, pipeline_for({"do_sample": True, "top_k": 0}))
+    exact = exact_distribution(TARGET, compiled, pipeline=pipeline, tolerance=1e-5)
+    plain = exact_distribution(TARGET, compiled, pipeline=pipeline_for({"do_sample": True, "top_k": 0}), tolerance=1e-5)
     assert len(exact) > 5
     assert max(abs(exact.get(k, 0) - plain.get(k, 0)) for k in set(exact) | set(plain)) > 0.01, "setting had no effect"
     generator = torch.Generator().manual_seed(sum(map(ord, case)))

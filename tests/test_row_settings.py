@@ -3,7 +3,7 @@
 Rows are built by :func:`grammarspec.row_requests.row_request`, the one
 function ``grammarspec.generate`` and the server build rows with.  A greedy
 row's output equals the row alone; a sampled row follows its exact
-constrained distribution (Pearson's chi-square, as tests/test_exactness.py);
+constrained distribution (Pearson's chi-square, tests/helpers.py's harness);
 no draft reaches past a row's remaining tokens.
 """
 
@@ -13,26 +13,20 @@ from collections import Counter
 
 import pytest
 import torch
-from scipy_free_stats import chi_square_pvalue
+from helpers import PROMPT, SCHEMA, TARGET, assert_matches, exact_distribution, legal_walk
 from toy import toy_tokenizer, toy_vocab_size
-from toy_models import ToyCausalLM
 
 from grammars import compile_grammar, grammar_spec
-from grammars.base import allocate_bitmask
 from grammarspec.decoding import DecodeConfig, decode_batch
-from grammarspec.processing import LogitsPipeline
 from grammarspec.row_requests import row_request
-from grammarspec.sampling import SamplingParams, apply_bitmask
+from grammarspec.sampling import SamplingParams
 from grammarspec.settings import resolve_config
 from grammarspec.stopping import before_stop
 from proposers.base import Draft, GrammarView, Request
 
 V = toy_vocab_size()
-MODEL = ToyCausalLM(V, seed=1, scale=1.0)
-PROMPT = [2, 3]
-SCHEMA = {"type": "array", "items": {"enum": ["a", "b"]}, "minItems": 1, "maxItems": 2}
+MODEL = TARGET
 SAMPLES = 2000
-P_THRESHOLD = 1e-4
 
 
 class BudgetProbe:
@@ -48,17 +42,7 @@ class BudgetProbe:
 
     def propose(self, context, grammar: GrammarView | None, k: int) -> Draft:
         self.asked.append((len(context) - self.prompt, k))
-        matcher = grammar.fork() if grammar is not None else None
-        tokens: list[int] = []
-        for _ in range(k):
-            if matcher is None:
-                tokens.append(5)
-                continue
-            allowed = [t for t in matcher.allowed_tokens().tolist() if t != 0] or [0]
-            tokens.append(allowed[-1])
-            matcher.accept(allowed[-1])
-            if matcher.is_terminated():
-                break
+        tokens = [5] * k if grammar is None else legal_walk(grammar, k, lambda allowed: allowed[-1])
         return Draft(tokens=tuple(tokens), sources=(self.name,) * len(tokens))
 
     def commit(self, draft: Draft, num_accepted: int, committed) -> None:
@@ -142,28 +126,6 @@ def test_each_row_of_a_mixed_batch_is_asked_for_no_more_than_its_remaining_token
         assert all(k == min(6, budget - generated - 1) for generated, k in probe), (budget, probe)
 
 
-def _exact(compiled, temperature: float) -> dict[tuple[int, ...], float]:
-    """Every complete sequence -> its probability under plain constrained sampling at ``temperature``."""
-    out: dict[tuple[int, ...], float] = {}
-    pipeline = LogitsPipeline.from_sampling(SamplingParams(True, temperature))
-
-    def walk(context, matcher, prob):
-        if matcher.is_terminated():
-            out[tuple(context[len(PROMPT) :])] = prob
-            return
-        mask = allocate_bitmask(1, V)
-        matcher.fill_mask(mask, 0)
-        probs = pipeline(apply_bitmask(MODEL.next_logits(context)[None], mask), [context]).softmax(-1)[0]
-        for token in probs.nonzero().flatten().tolist():
-            child = matcher.fork()
-            assert child.accept(token)
-            walk(context + [token], child, prob * float(probs[token]))
-
-    walk(list(PROMPT), compiled.matcher(), 1.0)
-    assert abs(sum(out.values()) - 1.0) < 1e-6
-    return out
-
-
 def test_sampled_rows_of_a_mixed_batch_follow_their_exact_distributions():
     tok = toy_tokenizer()
     compiled = compile_grammar(grammar_spec(schema=SCHEMA), tok, vocab_size=V, stop_token_ids=(0,))
@@ -184,15 +146,9 @@ def test_sampled_rows_of_a_mixed_batch_follow_their_exact_distributions():
         counts[0.7][tuple(out[1].generated)] += 1
         counts[1.2][tuple(out[3].generated)] += 1
     for temperature, seen in counts.items():
-        exact = _exact(compiled, temperature)
+        exact = exact_distribution(MODEL, compiled, SamplingParams(True, temperature))
         assert len(exact) > 5
-        unknown = [key for key in seen if key not in exact]
-        assert not unknown, f"sequences plain sampling never produces: {unknown[:3]}"
-        keys = sorted(exact)
-        observed = torch.tensor([seen.get(key, 0) for key in keys], dtype=torch.float64)
-        expected = torch.tensor([exact[key] * SAMPLES for key in keys], dtype=torch.float64)
-        p = chi_square_pvalue(observed, expected)
-        assert p > P_THRESHOLD, f"T={temperature}: chi-square p = {p:.2e} over {len(keys)} sequences"
+        assert_matches(seen, exact, SAMPLES, label=f"T={temperature}: ")
 
 
 def test_a_greedy_row_beside_sampled_rows_is_detected_if_it_samples(monkeypatch):

@@ -7,7 +7,6 @@ requests, small ``max_tokens``.
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -21,13 +20,13 @@ pytest.importorskip("openai")
 pytest.importorskip("uvicorn")
 import openai
 import uvicorn
+from serve_process import MODEL, free_port
 
 import grammarspec
 from grammarspec.serve import Engine, create_app, prompt_ids
 
 pytestmark = pytest.mark.slow
 
-MODEL = "smollm2-135m"
 SCHEMA = {
     "type": "object",
     "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
@@ -64,17 +63,11 @@ TOOLS = [
 ]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(smol):
     model, tokenizer = smol
     engine = Engine(model, tokenizer, max_batch_size=8, max_tokens=256)
-    port = _free_port()
+    port = free_port()
     srv = uvicorn.Server(uvicorn.Config(create_app(engine, MODEL), host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=srv.run, daemon=True)
     thread.start()

@@ -11,8 +11,8 @@ import copy
 
 import pytest
 import torch
+from helpers import batch_row, check_rows
 from proposer_fakes import ScriptFollower as Noisy  # the next tokens of a script, wrong every n-th call
-from test_batch import SCHEMAS, _request, check_rows, grammars  # noqa: F401  (fixture)
 from toy import toy_vocab_size
 from toy_models import ToyCausalLM, tiny_llama
 
@@ -56,14 +56,14 @@ class ListFeed:
             self.cached_at_end[row.index] = len(columns)
 
 
-def test_requests_that_join_while_the_loop_runs_decode_as_alone(grammars):  # noqa: F811
+def test_requests_that_join_while_the_loop_runs_decode_as_alone(grammars):
     model = ToyCausalLM(V, seed=3)
     config = DecodeConfig(max_new_tokens=24, eos_token_ids=(0,))
     gs = [grammars[i % len(grammars)] for i in range(len(PROMPTS))]
     alone = [decode(model, p, config, matcher=g.matcher())[0] for p, g in zip(PROMPTS, gs)]
-    first = [_request(PROMPTS[0], gs[0].matcher(), Noisy(alone[0], 1), 2, config)]
+    first = [batch_row(PROMPTS[0], gs[0].matcher(), Noisy(alone[0], 1), 2, config)]
     later = [
-        (_request(p, g.matcher(), Noisy(out, 2), 2, config), None) for p, g, out in zip(PROMPTS[1:], gs[1:], alone[1:])
+        (batch_row(p, g.matcher(), Noisy(out, 2), 2, config), None) for p, g, out in zip(PROMPTS[1:], gs[1:], alone[1:])
     ]
     feed = ListFeed(later, delay=1)
     on_step, seen = check_rows({i: g for i, g in enumerate(gs)})
@@ -76,11 +76,11 @@ def test_requests_that_join_while_the_loop_runs_decode_as_alone(grammars):  # no
     assert any(len(ids) > 1 for ids, _ in seen)  # and they did run together
 
 
-def test_a_cancelled_row_leaves_and_the_others_finish(grammars):  # noqa: F811
+def test_a_cancelled_row_leaves_and_the_others_finish(grammars):
     model = tiny_llama(V, seed=2)
     config = DecodeConfig(max_new_tokens=24, eos_token_ids=(0,))
     alone = [decode(model, p, config, matcher=grammars[1].matcher())[0] for p in PROMPTS[:3]]
-    requests = [(_request(p, grammars[1].matcher(), None, 0, config), None) for p in PROMPTS[:3]]
+    requests = [(batch_row(p, grammars[1].matcher(), None, 0, config), None) for p in PROMPTS[:3]]
     feed = ListFeed(requests, delay=0, cancel={1})
     decode_batch(model, [], config, max_batch_size=4, feed=feed)
     assert feed.ended[1][1] == "cancelled"
@@ -88,7 +88,7 @@ def test_a_cancelled_row_leaves_and_the_others_finish(grammars):  # noqa: F811
     assert feed.ended[0][0] == alone[0] and feed.ended[2][0] == alone[2]
 
 
-def test_a_prompt_cache_from_the_feed_prefills_only_the_rest(grammars):  # noqa: F811
+def test_a_prompt_cache_from_the_feed_prefills_only_the_rest(grammars):
     model = tiny_llama(V, seed=4)
     config = DecodeConfig(max_new_tokens=16, eos_token_ids=(0,))
     prompt = [2, 5, 9, 4, 7, 3, 3, 1]
@@ -98,7 +98,7 @@ def test_a_prompt_cache_from_the_feed_prefills_only_the_rest(grammars):  # noqa:
     cache = copy.deepcopy(kv.cache)
     crop_cache(cache, 5)
     alone = decode(model, prompt, config, matcher=grammars[0].matcher())[0]
-    feed = ListFeed([(_request(prompt, grammars[0].matcher(), None, 0, config), cache)], delay=0)
+    feed = ListFeed([(batch_row(prompt, grammars[0].matcher(), None, 0, config), cache)], delay=0)
     seen_cached = []
     widths = []
     original = model.forward
@@ -120,15 +120,15 @@ LONG = [3, 8, 2, 9, 4, 4, 7, 1, 5, 2, 6, 3, 8, 8, 1, 2, 9, 5]  # a prompt longer
 
 
 @pytest.mark.parametrize(("kind", "chunk"), [("toy", 3), ("toy", None), ("llama", 8)])
-def test_a_request_joining_a_busy_batch_reads_its_prompt_in_chunks_and_decodes_as_alone(grammars, kind, chunk):  # noqa: F811
+def test_a_request_joining_a_busy_batch_reads_its_prompt_in_chunks_and_decodes_as_alone(grammars, kind, chunk):
     """The joining prompt is read next to the decoding rows, a chunk a step (folded into extra batch rows when wider
     than the step); every row's output is its output alone."""
     model = ToyCausalLM(V, seed=3) if kind == "toy" else tiny_llama(V, seed=2)
     config = DecodeConfig(max_new_tokens=24, eos_token_ids=(0,))
     prompts, gs = [PROMPTS[1], PROMPTS[3], LONG], [grammars[1], grammars[2], grammars[0]]
     alone = [decode(model, p, config, matcher=g.matcher())[0] for p, g in zip(prompts, gs)]
-    first = [_request(p, g.matcher(), Noisy(out, 2), 2, config) for p, g, out in zip(prompts[:2], gs[:2], alone[:2])]
-    feed = ListFeed([(_request(LONG, gs[2].matcher(), Noisy(alone[2], 2), 2, config), None)], delay=1)
+    first = [batch_row(p, g.matcher(), Noisy(out, 2), 2, config) for p, g, out in zip(prompts[:2], gs[:2], alone[:2])]
+    feed = ListFeed([(batch_row(LONG, gs[2].matcher(), Noisy(alone[2], 2), 2, config), None)], delay=1)
     check, _ = check_rows(dict(enumerate(gs)))
     reading = []  # (row 2's cached tokens, rows decoding beside it) after each step while it reads its prompt
     joined = []  # row 2

@@ -25,7 +25,7 @@ import openai
 import psutil
 import uvicorn
 from conftest import corpus_records
-from test_serve import MODEL, _free_port
+from serve_process import MODEL, free_port
 
 from grammarspec.serve import Engine, create_app
 
@@ -42,7 +42,7 @@ MEMORY_BOUND = PREFIX_BUDGET + (256 << 20)
 def load_server(smol):
     model, tokenizer = smol
     engine = Engine(model, tokenizer, max_batch_size=8, max_tokens=64, prefix_cache_bytes=PREFIX_BUDGET)
-    port = _free_port()
+    port = free_port()
     srv = uvicorn.Server(uvicorn.Config(create_app(engine, MODEL), host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=srv.run, daemon=True)
     thread.start()

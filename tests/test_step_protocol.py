@@ -89,7 +89,7 @@ def test_trees_are_routed_to_chains_where_the_attention_takes_no_additive_mask()
 
 def test_a_tree_drafter_under_flash_attention_verifies_chains():
     """The loop asks ``propose`` instead of ``propose_tree`` where trees cannot run, with the same output."""
-    from test_tree_exactness import PROMPT, TARGET, BranchyTreeProposer
+    from helpers import PROMPT, TARGET, BranchyTreeProposer, legal_walk
 
     tok = toy_tokenizer()
     compiled = compile_grammar(
@@ -105,7 +105,7 @@ def test_a_tree_drafter_under_flash_attention_verifies_chains():
 
         def propose(self, context, grammar, k):
             self.chains += 1
-            return Draft(tokens=tuple(self._walk(grammar, k, lambda a: a[-1])))
+            return Draft(tokens=tuple(legal_walk(grammar, k, lambda a: a[-1])))
 
     def run(attention):
         TARGET.config._attn_implementation = attention

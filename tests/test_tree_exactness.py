@@ -12,74 +12,22 @@ after a tree step would skew every later distribution
 
 from __future__ import annotations
 
-import random
 from collections import Counter
 
 import pytest
 import torch
-from test_exactness import PROMPT, SCHEMA, assert_matches, exact_distribution
+from helpers import PROMPT, SCHEMA, TARGET, BranchyTreeProposer, assert_matches, exact_distribution
 from toy import toy_tokenizer, toy_vocab_size
-from toy_models import ToyCausalLM
 
 from grammars import compile_grammar, grammar_spec
 from grammarspec.adaptive import AdaptiveController
 from grammarspec.cache import cache_length
 from grammarspec.decoding import DecodeConfig, RowRequest, decode, decode_batch, sampling_processing
 from grammarspec.sampling import SamplingParams
-from proposers.base import Draft, GrammarView, Request
-from proposers.tree import DraftTree
 
 V = toy_vocab_size()
 
 
-class TreeToyLM(ToyCausalLM):
-    """:class:`ToyCausalLM`, which honours a 4-D attention mask: each query sees what its mask allows."""
-
-
-class BranchyTreeProposer:
-    """Deterministic trees of three branches: improbable (highest legal id), probable-ish (lowest legal
-    id) and random tokens (mostly illegal).  Its own RNG, never the target's."""
-
-    name = "branchy"
-
-    def __init__(self, seed: int = 0) -> None:
-        self.rng = random.Random(seed)
-        self.trees: list[DraftTree] = []
-
-    def start(self, request: Request) -> None:
-        pass
-
-    def _walk(self, grammar: GrammarView, k: int, pick) -> list[int]:
-        matcher, out = grammar.fork(), []
-        for _ in range(k):
-            allowed = [t for t in matcher.allowed_tokens().tolist() if t != 0] or [0]
-            token = pick(allowed)
-            out.append(token)
-            if not matcher.accept(token) or matcher.is_terminated():
-                break
-        return out
-
-    def propose_tree(self, context, grammar: GrammarView | None, k: int) -> DraftTree:
-        paths = [
-            self._walk(grammar, k, lambda a: a[-1]),
-            self._walk(grammar, k, lambda a: a[0]),
-            [self.rng.randrange(V) for _ in range(k)],
-        ]
-        tree = DraftTree.from_paths(paths, sources=[self.name] * 3)
-        self.trees.append(tree)
-        return tree
-
-    def commit_tree(self, tree: DraftTree, committed) -> None:
-        pass
-
-    def propose(self, context, grammar, k) -> Draft:  # pragma: no cover - the loop asks for trees
-        raise AssertionError("the loop must call propose_tree")
-
-    def commit(self, draft: Draft, num_accepted: int, committed) -> None:
-        pass
-
-
-TARGET = TreeToyLM(V, seed=1, scale=1.0)
 SAMPLES = 5000
 
 
