@@ -8,9 +8,9 @@ constrained greedy decoding.  Speculation only changes how fast it comes.
 from grammars import GrammarError
 
 from .api import GenerationOutput, enable, generate
-from .cache import CacheError
 from .completion import Completion, build_prompt, complete
 from .conversation import ContextLimitError, Conversation, Reply
+from .kv_cache import CacheError
 from .loading import ModelNotFoundError, load_model, load_tokenizer
 from .sampling import SamplingParams
 from .stats import GenerationStats

@@ -59,9 +59,9 @@ from proposers.presets import resolve_assistant
 
 from .api import DEFAULT_MAX_DRAFT, check_options, run_generate
 from .assistant import draft_maker
-from .cache import cache_length, common_prefix_length, crop_cache, new_cache
 from .completion import AssistantMessage
 from .constraint import Constraint
+from .kv_cache import cache_length, common_prefix_length, crop_cache, new_cache
 from .policy import Calibration
 from .stats import GenerationStats
 from .templates import fit_messages

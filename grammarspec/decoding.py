@@ -70,9 +70,9 @@ from grammars.base import Matcher, allocate_bitmask
 from proposers.base import CostModelled, Proposer, members
 
 from .bookkeeping import finish
-from .cache import logits_device as _logits_device
 from .commit import commit
 from .kv import BatchKV
+from .kv_cache import logits_device as _logits_device
 from .policy import batch_cost_model
 from .processing import LogitsPipeline
 from .rows import DecodeConfig, DecodeState, Processing, Row, RowRequest, StepResources

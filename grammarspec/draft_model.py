@@ -26,7 +26,7 @@ import torch
 from grammars.base import allocate_bitmask
 from proposers.base import EMPTY_DRAFT, Draft, GrammarView, Request
 
-from .cache import common_prefix_length, crop_cache, forward_with_cache, new_cache, require_croppable
+from .kv_cache import common_prefix_length, crop_cache, forward_with_cache, new_cache, require_croppable
 from .masking import apply_masks
 from .processing import LogitsPipeline
 from .sampling import SamplingParams

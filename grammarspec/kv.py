@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from .cache import (
+from .kv_cache import (
     CacheError,
     cache_argument,
     has_sliding_window,
@@ -407,7 +407,7 @@ def _install(cache: Any, storage: Storage, model: torch.nn.Module) -> list[SlotL
             if type(layer).__name__ == "DynamicSlidingWindowLayer" and layer.cumulative_length >= layer.sliding_window:
                 raise CacheError(
                     "the prompt cache has a sliding-window layer, which forgets the earliest columns; build the "
-                    "prompt cache with grammarspec.cache.new_cache(model) (full layers; the model still attends "
+                    "prompt cache with grammarspec.kv_cache.new_cache(model) (full layers; the model still attends "
                     "within its window)"
                 )
             slot.keys, slot.values = keys, layer.values

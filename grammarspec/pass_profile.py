@@ -19,6 +19,15 @@ line serves beyond the widest measured pass.  The rows measured are dense
 where drafts of a lone request fall (2 to 8) and reach the widest padded
 pass of a full batch (16 rows of 16 tokens).
 
+The unit is a plain step of the decoding loop, not the bare pass: a step
+also spends host time whatever its rows (the loop's bookkeeping, the
+sampler, the cache's bookkeeping), ``h`` seconds, timed as a few plain
+steps of :func:`grammarspec.decoding.decode` less ``t[1]``; every point is
+``y[n] = (t[n] + h) / (t[1] + h)``, and the extra terms below are in that
+unit too.  Without ``h`` a small model on a CPU, whose bare 1-row pass is
+short, would have its wide passes priced several times too high against the
+steps they replace.
+
 On a CPU extra rows cost real time (a steep ``per_row``); on a GPU a pass of
 tens of rows costs about one plain step (``per_row`` near 0.001, ``min_rows``
 at the knee), and the goodput policy (:mod:`grammarspec.policy`) drafts longer.
@@ -42,7 +51,7 @@ Two more terms, in the same unit (:meth:`proposers.cost.PassCost.drafted`):
 Both are rounded like the line (2 significant digits; 0 stays 0).
 
 :func:`stored_profile` keeps each fitted curve on disk (``pass_cost.json`` in
-``$GRAMMARSPEC_CACHE_DIR``, else ``~/.cache/grammarspec``), keyed by the model,
+the cache directory, :func:`grammarspec.loading.cache_dir`), keyed by the model,
 the device (with its name), the dtype, the thread count and the torch version:
 a machine profiles a model once, and later processes size drafts exactly as the
 first did.  Delete the file to profile again.
@@ -64,16 +73,25 @@ import torch
 
 from proposers.cost import PassCost
 
-from .cache import cache_argument, crop_cache, input_device, new_cache
+from .kv_cache import cache_argument, crop_cache, input_device, new_cache
 from .sampling import row_max
 
-__all__ = ["fit_pass_cost", "profile_pass_cost", "stored_profile", "profile_file", "profile_extra_terms"]
+__all__ = [
+    "fit_pass_cost",
+    "profile_pass_cost",
+    "stored_profile",
+    "profile_file",
+    "profile_extra_terms",
+    "step_overhead_seconds",
+]
 
 
 def profile_file() -> Path:
-    """Where fitted profiles are kept: ``$GRAMMARSPEC_CACHE_DIR/pass_cost.json`` (default ``~/.cache/grammarspec``)."""
-    folder = os.environ.get("GRAMMARSPEC_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "grammarspec")
-    return Path(folder) / "pass_cost.json"
+    """Where fitted profiles are kept: ``pass_cost.json`` in the cache directory (``$GRAMMARSPEC_CACHE``, else
+    ``~/.cache/grammarspec``: :func:`grammarspec.loading.cache_dir`, beside the dequantized embedded models)."""
+    from .loading import cache_dir
+
+    return cache_dir() / "pass_cost.json"
 
 
 def stored_profile(model: Any, key: str) -> PassCost:
@@ -100,8 +118,9 @@ def stored_profile(model: Any, key: str) -> PassCost:
         pass
     try:
         medians = _median_seconds(model, DEFAULT_CONTEXT, list(DEFAULT_ROWS), DEFAULT_REPEATS)
-        line = fit_pass_cost(medians)
-        switch, per_token = profile_extra_terms(model, medians[1])
+        overhead = _overhead(model, DEFAULT_CONTEXT, medians[1], DEFAULT_REPEATS)
+        line = fit_pass_cost(medians, overhead)
+        switch, per_token = profile_extra_terms(model, medians[1] + overhead)
         cost = PassCost(line.base, line.per_row, line.min_rows, switch=switch, per_token=per_token, table=_table(line))
     except Exception as error:  # the model refused: the prior, and nothing stored (the next process tries again)
         return _fallback(model, error)
@@ -134,6 +153,48 @@ def _table(cost: PassCost) -> dict[int, float]:
     return {rows: value for rows, value in cost.table or [] if rows > 1}
 
 
+STEP_TOKENS = 12
+
+
+def step_overhead_seconds(model: Any, context: int, pass_seconds: float, repeats: int = DEFAULT_REPEATS) -> float:
+    """``h``: the seconds a plain step of the decoding loop spends beyond its 1-row pass of ``pass_seconds``.
+
+    Times :data:`STEP_TOKENS` plain, unconstrained steps of
+    :func:`grammarspec.decoding.decode` after a ``context``-token prompt (the
+    prompt pass not counted), the median per step over ``repeats`` runs after
+    an untimed one, less ``pass_seconds``; never below 0.  Does not change the
+    model.
+    """
+    from .decoding import DecodeConfig, decode
+
+    config = getattr(model, "config", None)
+    vocab = int(getattr(config, "vocab_size", 2))
+    limit = getattr(config, "max_position_embeddings", None)
+    if isinstance(limit, int):
+        context = max(1, min(context, limit - STEP_TOKENS - 2))
+    prompt = [(7 * i + 3) % vocab for i in range(context)]
+    settings = DecodeConfig(max_new_tokens=STEP_TOKENS + 1)
+    per_step = []
+    with torch.inference_mode():
+        for i in range(repeats + 1):  # the first run warms up and is not counted
+            _, stats = decode(model, prompt, settings)
+            steps = stats.target_forwards - 1
+            if i and steps > 0:
+                per_step.append((stats.total_seconds - stats.first_step_seconds) / steps)
+    if not per_step:
+        raise RuntimeError("the loop took no plain step to time")
+    return max(0.0, statistics.median(per_step) - pass_seconds)
+
+
+def _overhead(model: Any, context: int, pass_seconds: float, repeats: int) -> float:
+    """:func:`step_overhead_seconds`, or 0 with a warning saying why where the loop cannot run the model."""
+    try:
+        return step_overhead_seconds(model, context, pass_seconds, repeats)
+    except Exception as error:
+        _warn(model, "the decoding loop's step overhead", error)
+        return 0.0
+
+
 def _read_profiles(path: Path) -> dict[str, Any]:
     """The stored profiles, or {} when the file is missing, unreadable or not a JSON object."""
     try:
@@ -159,10 +220,12 @@ def profile_pass_cost(
         )
     try:
         medians = _median_seconds(model, context, sorted(set(rows)), repeats)
-        line = fit_pass_cost(medians)
+        overhead = _overhead(model, context, medians[1], repeats)
+        line = fit_pass_cost(medians, overhead)
     except Exception as error:  # the model refused: draft as before rather than fail the request
         return _fallback(model, error)
-    switch, per_token = profile_extra_terms(model, medians[1], context=context, repeats=repeats)
+    unit = medians[1] + overhead
+    switch, per_token = profile_extra_terms(model, unit, context=context, repeats=repeats)
     return PassCost(line.base, line.per_row, line.min_rows, switch=switch, per_token=per_token, table=_table(line))
 
 
@@ -361,8 +424,10 @@ def _verify_rows(logits: torch.Tensor) -> None:
     row_max(scores)[1].tolist()  # the loop's argmax and one host transfer (it waits for the device)
 
 
-def fit_pass_cost(medians: Mapping[int, float]) -> PassCost:
+def fit_pass_cost(medians: Mapping[int, float], overhead: float = 0.0) -> PassCost:
     """The :class:`PassCost` of measured ``rows -> seconds`` (1 row included), by the module's rule.  Pure.
+
+    ``overhead``: the loop's host seconds a step spends whatever its rows (``h``), added to every pass.
 
     >>> c = fit_pass_cost({1: 0.085, 2: 0.12, 4: 0.12, 8: 0.13, 16: 0.146, 32: 0.176})
     >>> c.base, c.per_row, c.min_rows
@@ -373,9 +438,13 @@ def fit_pass_cost(medians: Mapping[int, float]) -> PassCost:
     >>> c = fit_pass_cost({1: 0.06, 2: 0.063, 3: 0.06, 4: 0.1, 8: 0.13, 16: 0.2, 32: 0.22, 64: 0.23})  # a CPU
     >>> round(c.cost(2), 2), round(c.cost(4), 2), round(c.base + c.per_row * 2, 2)  # the table; the line's 2 rows
     (1.05, 1.7, 1.69)
+    >>> round(fit_pass_cost({1: 0.06, 16: 0.2}, overhead=0.04).cost(16), 2)  # (0.2 + 0.04) / (0.06 + 0.04)
+    2.4
     """
-    unit = medians[1]
-    points = [(n, seconds / unit) for n, seconds in sorted(medians.items()) if n > 1]
+    if overhead < 0:
+        raise ValueError(f"fit_pass_cost needs overhead >= 0 seconds, got {overhead}")
+    unit = medians[1] + overhead
+    points = [(n, (seconds + overhead) / unit) for n, seconds in sorted(medians.items()) if n > 1]
     best: tuple[float, float, float, int] | None = None  # (error, base, per_row, min_rows)
     for min_rows in sorted(medians):
         xs, ys = [float(max(n, min_rows)) for n, _ in points], [y for _, y in points]

@@ -21,9 +21,9 @@ from proposers.presets import resolve_assistant
 
 from .adaptive import AdaptiveController, k_min
 from .assistant import draft_maker
-from .cache import logits_device
 from .decoding import logits_width
 from .draft_model import DraftModelProposer
+from .kv_cache import logits_device
 from .policy import Calibration
 from .processing import build_pipeline
 from .rows import RowRequest, RowSettings

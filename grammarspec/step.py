@@ -33,6 +33,10 @@ __all__ = ["run_step", "prompt_plan", "Phases", "leave"]
 #: A step that reads prompt chunks costs at most this many times the step without them (on the pass cost model):
 #: the decoding rows' per-token latency while a prompt is read, as a share of their latency without it.
 PROMPT_STEP_COST = 2.0
+#: ... unless that would spread a prompt over more steps than this: a joining request's time to first token is
+#: then bounded by a few of the batch's steps, whatever the pass cost's shape (a CPU's steep curve would
+#: otherwise read a long prompt a few tokens a step, for tens of seconds).
+PROMPT_STEPS = 4
 
 
 def run_step(
@@ -145,7 +149,8 @@ def prompt_plan(
 
     A row that joined a busy batch reads its prompt in chunks while more of it
     is uncached than the step's prompt budget leaves it; the budget (``chunk``,
-    or :func:`prompt_budget`) is spent in slot order, at least one token a row so
+    or the larger of :func:`prompt_budget` and what reads every joining prompt
+    within :data:`PROMPT_STEPS` steps) is spent in slot order, at least one token a row so
     every prompt progresses, and never the prompt's last token (the full step
     feeds it and samples after it).  When no row is decoding, every row takes a
     full step: its whole prompt in one pass, as at batch 1.  Does not change state.
@@ -154,7 +159,11 @@ def prompt_plan(
     decoding = [row for row, left in zip(active, behind) if left <= 1]
     if not decoding or len(decoding) == len(active):
         return [None] * len(active)
-    budget = chunk if chunk is not None else prompt_budget(model, sum(len(r.pending) for r in decoding), shared)
+    if chunk is not None:
+        budget = chunk
+    else:  # the pass cost's budget, or enough to read every joining prompt within PROMPT_STEPS steps
+        spread = sum(min(left, -(-row.prompt_length // PROMPT_STEPS)) for row, left in zip(active, behind) if left > 1)
+        budget = max(prompt_budget(model, sum(len(r.pending) for r in decoding), shared), spread)
     plan: list[int | None] = []
     for row, left in zip(active, behind):
         if left <= 1:

@@ -14,9 +14,9 @@ from toy_models import ToyCausalLM
 from grammars import compile_grammar, grammar_spec
 from grammars.base import allocate_bitmask
 from grammarspec.adaptive import AdaptiveController
-from grammarspec.cache import CacheError
 from grammarspec.decoding import DecodeConfig, decode
 from grammarspec.draft_model import DraftModelProposer
+from grammarspec.kv_cache import CacheError
 from grammarspec.sampling import SamplingParams
 from proposers.base import Request
 

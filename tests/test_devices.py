@@ -18,8 +18,8 @@ from toy_models import ToyCausalLM, tiny_llama
 from transformers import GenerationConfig
 
 from grammarspec import decoding
-from grammarspec.cache import logits_device
 from grammarspec.decoding import DecodeConfig, RowRequest, decode_batch, sampling_processing
+from grammarspec.kv_cache import logits_device
 from grammarspec.processing import LogitsPipeline, build_pipeline
 from grammarspec.sampling import SamplingParams
 from proposers.base import Draft
@@ -152,7 +152,7 @@ def test_every_runtime_tensor_constructor_names_its_device(path):
 
 
 def test_transformers_older_than_the_floor_is_refused_with_the_fix():
-    from grammarspec.cache import TRANSFORMERS_FLOOR, check_transformers
+    from grammarspec.kv_cache import TRANSFORMERS_FLOOR, check_transformers
 
     check_transformers("5.21.0")
     check_transformers("5.24.0.dev0")

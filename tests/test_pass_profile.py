@@ -69,7 +69,7 @@ def profile_mode(monkeypatch, tmp_path):
     """``GRAMMARSPEC_PASS_COST=profile`` (the suite runs with ``prior``), an empty cache of cost models, and
     profiles stored under ``tmp_path``."""
     monkeypatch.setenv("GRAMMARSPEC_PASS_COST", "profile")
-    monkeypatch.setenv("GRAMMARSPEC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("GRAMMARSPEC_CACHE", str(tmp_path))
     monkeypatch.setattr(grammarspec.policy, "_COST_MODELS", {})
 
 
@@ -212,3 +212,17 @@ def test_a_stored_entry_that_is_not_a_whole_curve_is_profiled_again_and_kept_who
     assert {int(n) for n in entry["table"]} == {n for n, _ in cost.table if n > 1}
     again = stored_profile(tiny_llama(64, seed=0), "old-key")  # read back whole: the same curve
     assert again.table == cost.table and again.cost(5) == cost.cost(5)
+
+
+def test_the_loop_s_step_overhead_is_part_of_the_unit(monkeypatch):
+    """A plain step also spends host time whatever its rows; counted in the unit, wide passes cost fewer steps."""
+    import grammarspec.pass_profile as profiling
+
+    fake = SleepyTarget("overhead", fixed=0.002, per_token=0.002)  # 4 ms at 1 row, 34 ms at 16
+    monkeypatch.setattr(profiling, "step_overhead_seconds", lambda *args: 0.0)
+    bare = profile_pass_cost(fake, context=16, rows=(1, 8, 16), repeats=3)
+    monkeypatch.setattr(profiling, "step_overhead_seconds", lambda *args: 0.01)
+    with_overhead = profile_pass_cost(fake, context=16, rows=(1, 8, 16), repeats=3)
+    assert bare.cost(16) > 5.0 and with_overhead.cost(16) < 4.0  # about 8.5 and (0.034 + 0.01) / 0.014 = 3.1
+    monkeypatch.undo()
+    assert profiling.step_overhead_seconds(tiny_llama(64, seed=0), 24, 0.0, repeats=1) > 0.0  # the real loop runs

@@ -8,6 +8,7 @@ cache holds its first tokens decodes the same as one prefilled from scratch.
 from __future__ import annotations
 
 import copy
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -16,9 +17,9 @@ from proposer_fakes import ScriptFollower as Noisy  # the next tokens of a scrip
 from toy import toy_vocab_size
 from toy_models import ToyCausalLM, tiny_llama
 
-from grammarspec.cache import crop_cache
 from grammarspec.decoding import DecodeConfig, decode, decode_batch
 from grammarspec.kv import BatchKV
+from grammarspec.kv_cache import crop_cache
 
 V = toy_vocab_size()
 PROMPTS = [[2, 3], [2, 5, 9, 4, 7], [6], [4, 4, 2], [7, 1, 3, 3]]
@@ -162,6 +163,31 @@ def test_a_request_joining_a_busy_batch_reads_its_prompt_in_chunks_and_decodes_a
         assert max(batch_rows) > 3  # a chunk wider than the step rode as folded batch rows
     stats = joined[0].stats  # each pass that read only a chunk is counted apart from the passes that scored the row
     assert stats.prompt_passes == len(reading) and stats.target_forwards == len(stats.steps)
+
+
+def test_a_steep_pass_cost_still_reads_a_joining_prompt_within_a_few_steps(grammars):  # noqa: F811
+    """On a curve where every extra row costs a whole step (a CPU's steep one), the pass cost alone would read a
+    long prompt a token or two a step; the joining request's prompt is still read within PROMPT_STEPS steps."""
+    from grammarspec.step import PROMPT_STEPS, prompt_budget
+
+    model = ToyCausalLM(V, seed=3)
+    config = DecodeConfig(max_new_tokens=24, eos_token_ids=(0,))
+
+    def steep(rows):
+        return float(rows)
+
+    alone = decode(model, LONG, config, matcher=grammars[0].matcher())[0]
+    first = [batch_row(PROMPTS[1], grammars[1].matcher(), None, 0, config)]
+    feed = ListFeed([(batch_row(LONG, grammars[0].matcher(), Noisy(alone, 2), 2, config), None)], delay=1)
+    reading = []
+
+    def on_step(rows, kv):
+        reading.extend(row.cached for row in rows if row.index == 1 and row.cached < len(LONG))
+
+    decode_batch(model, first, config, max_batch_size=2, feed=feed, on_step=on_step, step_cost=steep)
+    assert prompt_budget(model, 1, SimpleNamespace(step_cost=steep)) == 1  # the cost alone: a token a step
+    assert feed.ended[1][0] == alone
+    assert 1 <= len(reading) <= PROMPT_STEPS  # read over a few steps, beside the decoding row
 
 
 def test_joins_and_leaves_copy_no_other_row_s_cache():

@@ -209,7 +209,7 @@ def test_foreign_servers_get_grammarspecs_rendering_and_text_calls_are_read():
 def test_transformers_serve_gets_a_model_dir_naming_its_architecture(tmp_path):
     import json
 
-    from grammarspec.serve.bench import servable_model_dir
+    from grammarspec.serve.servers import servable_model_dir
 
     source = tmp_path / "src"
     source.mkdir()
@@ -225,7 +225,8 @@ def test_the_vllm_serve_command_speculates_with_ngrams_and_parses_tool_calls():
     import json
 
     from grammarspec.bench.agent_tasks import ModelTurn
-    from grammarspec.serve.bench import capped, vllm_serve_command
+    from grammarspec.serve.bench import capped
+    from grammarspec.serve.servers import vllm_serve_command
 
     cmd = vllm_serve_command("/v/python", "/m", 1234, "smol")
     assert cmd[:3] == ["/v/python", "-m", "vllm.entrypoints.openai.api_server"]
@@ -241,8 +242,8 @@ def test_the_vllm_serve_command_speculates_with_ngrams_and_parses_tool_calls():
 
 
 def test_bench_serve_skips_vllm_without_its_environment(monkeypatch):
-    from grammarspec.serve import bench
+    from grammarspec.serve import servers
 
     monkeypatch.setenv("GRAMMARSPEC_VLLM_PYTHON", "/nonexistent/python")
-    why = bench._start_vllm_serve("/m", "smol")
+    why = servers.start_vllm_serve("/m", "smol")
     assert isinstance(why, str) and "make vllm-env" in why

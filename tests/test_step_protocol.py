@@ -9,10 +9,10 @@ from toy_models import ToyCausalLM, tiny_llama
 
 from grammars import compile_grammar, grammar_spec
 from grammarspec.adaptive import AdaptiveController
-from grammarspec.cache import cache_length
 from grammarspec.decoding import DecodeConfig, RowRequest, decode_batch, sampling_processing
 from grammarspec.draft_model import DraftModelProposer
 from grammarspec.kv import BatchKV
+from grammarspec.kv_cache import cache_length
 from proposers.base import EMPTY_DRAFT, CostModelled, Draft, ModelDrafter, ProposerGroup, Request, TreeDrafter, members
 from proposers.compose import CompositeProposer, is_model_proposer
 from proposers.presets import resolve_assistant

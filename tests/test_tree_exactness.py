@@ -21,8 +21,8 @@ from toy import toy_tokenizer, toy_vocab_size
 
 from grammars import compile_grammar, grammar_spec
 from grammarspec.adaptive import AdaptiveController
-from grammarspec.cache import cache_length
 from grammarspec.decoding import DecodeConfig, RowRequest, decode, decode_batch, sampling_processing
+from grammarspec.kv_cache import cache_length
 from grammarspec.sampling import SamplingParams
 
 V = toy_vocab_size()

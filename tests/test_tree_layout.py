@@ -10,8 +10,8 @@ from toy_models import tiny_llama
 
 from grammars import compile_grammar, grammar_spec
 from grammars.base import allocate_bitmask
-from grammarspec.cache import cache_length, forward_with_cache, new_cache
 from grammarspec.kv import BatchKV
+from grammarspec.kv_cache import cache_length, forward_with_cache, new_cache
 from grammarspec.masking import prune_and_fill_masks
 from grammarspec.tree_layout import descend, tree_attention_inputs
 from proposers.tree import DraftTree

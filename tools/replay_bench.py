@@ -171,8 +171,8 @@ def time_passes(
     """
     import time
 
-    from grammarspec.cache import crop_cache, forward_with_cache, new_cache
     from grammarspec.kv import BatchKV
+    from grammarspec.kv_cache import crop_cache, forward_with_cache, new_cache
     from proposers.tree import DraftTree
 
     cache = new_cache(model)

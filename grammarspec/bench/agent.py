@@ -29,9 +29,9 @@ from typing import Any
 
 import torch
 
-from grammarspec.cache import cache_length, crop_cache, new_cache
 from grammarspec.conversation import Conversation, common_prefix_length
 from grammarspec.decoding import logits_width
+from grammarspec.kv_cache import cache_length, crop_cache, new_cache
 from grammarspec.tool_calls import parse_tool_reply, tool_constraint
 
 from .agent_tasks import CONVERSATIONS, SYSTEM, TOOLS, ModelTurn, run_tool

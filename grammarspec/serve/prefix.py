@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from ..cache import common_prefix_length, new_cache
+from ..kv_cache import common_prefix_length, new_cache
 
 __all__ = ["PrefixCache", "PrefixStats", "row_cache"]
 

@@ -181,9 +181,9 @@ def level_summary(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 def _embedded_server(model: torch.nn.Module, tokenizer: Any, name: str, max_batch_size: int, max_tokens: int) -> Any:
     """``grammarspec serve`` in this process (prefix cache off, every step traced), on a free localhost port."""
-    from .bench import _InProcessServer
+    from .servers import InProcessServer
 
-    return _InProcessServer(
+    return InProcessServer(
         model, tokenizer, name, max_batch_size, prefix_cache_bytes=0, max_tokens=max(max_tokens, 16), trace_steps=True
     )
 
@@ -319,7 +319,7 @@ def _start_vllm(model_name: str, max_batch_size: int, *, speculative: bool) -> A
     """``vllm serve`` (the bench's settings, n-gram drafts or none), or why it cannot run."""
     from ..bench.vllm_arms import _environment, vllm_python
     from ..vllm import model_path
-    from .bench import _Subprocess, vllm_serve_command
+    from .servers import Subprocess, vllm_serve_command
 
     try:
         python = vllm_python()
@@ -332,7 +332,7 @@ def _start_vllm(model_name: str, max_batch_size: int, *, speculative: bool) -> A
             python, model_path(model_name), port, model_name, speculative=speculative, max_num_seqs=max_batch_size
         )
 
-    return _Subprocess(command, env, "vllm serve", 900)
+    return Subprocess(command, env, "vllm serve", 900)
 
 
 def _arm_rows(result: dict[str, Any]) -> dict[tuple[str, str, float, str], list[dict[str, Any]]]:

@@ -227,7 +227,7 @@ def require_croppable(cache: DynamicCache, model_name: str = "model") -> None:
             raise CacheError(
                 f"the {model_name} KV cache has a sliding-window layer (window {layer.sliding_window}) that already "
                 f"holds {layer.cumulative_length} tokens, so it has forgotten the earliest ones and cannot be rolled "
-                "back after a rejected draft. Build the prompt cache with grammarspec.cache.new_cache(model) (full "
+                "back after a rejected draft. Build the prompt cache with grammarspec.kv_cache.new_cache(model) (full "
                 "layers; the model still attends within its window) instead of DynamicCache(config=...), or call "
                 "generate without an assistant (assistant='none')."
             )

@@ -1,0 +1,262 @@
+"""The ``grammarspec serve`` and ``grammarspec bench-serve`` subcommands: their options and their glue to the server.
+
+:func:`add_serve_commands` adds both to :func:`grammarspec.cli.build_parser`'s subcommands; the shared
+helpers (model loading, argument checks, report writing) are :mod:`grammarspec.cli`'s, read through the
+module so that one patched helper serves every subcommand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from . import cli
+
+__all__ = ["add_serve_commands"]
+
+
+def add_serve_commands(commands: Any) -> None:
+    from grammars.registry import BACKEND_CHOICES
+    from grammars.registry import DEFAULT as DEFAULT_BACKEND
+
+    serve = commands.add_parser(
+        "serve",
+        help="an OpenAI-compatible server (Chat Completions) with exact constrained speculation",
+        description="Serve POST /v1/chat/completions (response_format, tools, tool_choice, parallel_tool_calls, "
+        "stream, temperature, top_p, max_tokens, stop, seed, n), GET /v1/models and GET /health. One "
+        "continuous-batching decode loop serves every open request; recent conversations' KV is reused by prefix. "
+        "A field the server cannot honour is refused with a 400 in OpenAI's error shape.",
+    )
+    serve.add_argument(
+        "model",
+        nargs="?",
+        default=cli.DEFAULT_MODEL,
+        metavar="MODEL",
+        help=f"embedded model name or local model directory (default: {cli.DEFAULT_MODEL})",
+    )
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    serve.add_argument("--port", type=cli._positive_int, default=8000, help="port (default: 8000)")
+    serve.add_argument(
+        "--served-model-name", metavar="NAME", help="the model id clients send and /v1/models lists (default: MODEL)"
+    )
+    serve.add_argument(
+        "--max-batch-size",
+        type=cli._positive_int,
+        default=8,
+        metavar="N",
+        help="rows decoded together; more requests wait and join as rows finish (default: 8)",
+    )
+    serve.add_argument(
+        "--max-tokens",
+        type=cli._positive_int,
+        default=1024,
+        metavar="N",
+        help="the most new tokens one request may ask for (default: 1024; the context also bounds it)",
+    )
+    serve.add_argument(
+        "--prefix-cache-mb",
+        type=cli._non_negative_float,
+        default=1024.0,
+        metavar="MB",
+        help="memory budget of the prefix KV cache, LRU-evicted (default: 1024; 0 turns it off)",
+    )
+    serve.add_argument(
+        "--prompt-chunk",
+        type=cli._positive_int,
+        default=None,
+        metavar="N",
+        help="the most prompt tokens one step reads for requests that join a busy batch, beside the decoding "
+        "rows (default: derived from the measured pass cost, so a step costs at most twice a plain one)",
+    )
+    serve.add_argument(
+        "--grammar-cache-size",
+        type=cli._positive_int,
+        default=128,
+        metavar="N",
+        help="compiled grammars kept, one per distinct schema / tool set (default: 128)",
+    )
+    serve.add_argument("--grammar-backend", choices=BACKEND_CHOICES, default=DEFAULT_BACKEND)
+    serve.add_argument(
+        "--tool-format",
+        default="auto",
+        metavar="FORMAT",
+        help="how tool calls are written: auto (the chat template's, else json), json, or an "
+        "xgrammar model format (default: auto)",
+    )
+    serve.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    serve.set_defaults(run=_cmd_serve)
+
+    bench = commands.add_parser(
+        "bench-serve",
+        help="time agent conversations through the openai client: grammarspec serve against other servers",
+        description="Run the agent benchmark's conversations through the openai client against grammarspec serve "
+        "(1 conversation, then --concurrency at once), transformers serve (it cannot constrain; its invalid calls are "
+        "counted), vllm serve (structured outputs + n-gram speculation, where .venv-vllm exists) and HF generate + "
+        "xgrammar re-sending, interleaved; every call is compared with HF re-sending's; write serve.md and "
+        "serve.json (every call's output) to --out.",
+    )
+    bench.add_argument("--model", default=cli.DEFAULT_MODEL, metavar="NAME_OR_DIR")
+    bench.add_argument(
+        "--arms",
+        metavar="A,B",
+        help="arms (default: serve,serve_concurrent,hf_resend,"
+        "transformers_serve,vllm_serve; vllm_serve is skipped with a note without .venv-vllm; "
+        "with --sweep: none,auto, and vllm,vllm_ngram may be added)",
+    )
+    bench.add_argument(
+        "--concurrency",
+        type=cli._positive_int,
+        default=8,
+        metavar="N",
+        help="conversations at once for serve_concurrent (default: 8)",
+    )
+    bench.add_argument(
+        "--conversations",
+        metavar="A,B",
+        help="only these conversations (comma-separated: weather, orders, shopping, mixed)",
+    )
+    bench.add_argument("--repeat", type=cli._positive_int, default=1, metavar="N")
+    bench.add_argument(
+        "--max-new-tokens",
+        type=cli._positive_int,
+        metavar="N",
+        help="cap every turn's max_tokens (default: the scripts' own; for smoke runs)",
+    )
+    bench.add_argument("--out", default="bench-out", metavar="DIR", help="output folder (default: bench-out)")
+    sweep = bench.add_argument_group(
+        "load sweep (--sweep)",
+        "grammarspec serve's throughput and latency as load rises, arms none and auto interleaved (none, auto, "
+        "none), vllm / vllm_ngram (vllm serve without / with n-gram drafts, from .venv-vllm) as the anchor; "
+        "writes sweep.md, sweep.json, sweep_throughput.png and sweep_ttft.png",
+    )
+    sweep.add_argument("--sweep", action="store_true", help="run the load sweep instead of the conversations")
+    sweep.add_argument(
+        "--levels",
+        default="1,2,4,8,16,32",
+        metavar="C,C",
+        help="closed-loop concurrencies (default: 1,2,4,8,16,32; '' for none)",
+    )
+    sweep.add_argument(
+        "--rates",
+        default="",
+        metavar="R,R",
+        help="open-loop request rates per second, Poisson arrivals (default: none)",
+    )
+    sweep.add_argument(
+        "--workloads",
+        default="json,prose",
+        metavar="A,B",
+        help="json (the task file, response_format json_schema) and/or prose (no schema)",
+    )
+    sweep.add_argument(
+        "--requests", type=cli._positive_int, default=8, metavar="N", help="requests per level (at least C; default: 8)"
+    )
+    sweep.add_argument(
+        "--max-batch-size",
+        type=cli._positive_int,
+        default=16,
+        metavar="N",
+        help="the servers' rows decoded together (default: 16)",
+    )
+    sweep.add_argument("--tasks", metavar="FILE", help="task file of the json workload (default: data/tasks)")
+    sweep.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    bench.set_defaults(run=_cmd_bench_serve)
+
+
+def _cmd_serve(args: argparse.Namespace, command: str) -> int:
+    import importlib.util
+
+    for package in ("starlette", "uvicorn"):
+        if importlib.util.find_spec(package) is None:
+            raise cli.CliError(f"serve needs {package}: pip install 'grammarspec[serve]'")
+    from .serve import Engine, serve
+    from .tool_calls import ToolCallError
+
+    cli._quiet_transformers()
+    model, tokenizer = cli._load(args.model)
+    try:
+        engine = Engine(
+            model,
+            tokenizer,
+            max_batch_size=args.max_batch_size,
+            max_tokens=args.max_tokens,
+            prefix_cache_bytes=int(args.prefix_cache_mb * 2**20),
+            grammar_backend=args.grammar_backend,
+            grammar_cache_size=args.grammar_cache_size,
+            tool_format=args.tool_format,
+            prompt_chunk=args.prompt_chunk,
+        )
+    except ToolCallError as e:
+        raise cli.CliError(f"--tool-format: {e}") from None
+    name = args.served_model_name or args.model
+    print(f"grammarspec serve: {name} on http://{args.host}:{args.port}/v1", file=sys.stderr)
+    serve(engine, name, host=args.host, port=args.port, log_level=args.log_level)
+    return 0
+
+
+def _cmd_bench_serve(args: argparse.Namespace, command: str) -> int:
+    from .bench.agent_tasks import CONVERSATIONS
+    from .serve.bench import SERVE_ARMS, run_serve_bench, serve_markdown
+
+    if args.sweep:
+        return _cmd_bench_serve_sweep(args, command)
+    arms = cli._known("--arms", cli._names(args.arms or ",".join(SERVE_ARMS)), SERVE_ARMS)
+    chosen = cli._chosen_conversations(args.conversations, CONVERSATIONS)
+    out = cli._out_folder(args.out)
+    model, tokenizer = cli._load_for_timing(args.model)
+    result = run_serve_bench(
+        model,
+        tokenizer,
+        args.model,
+        chosen,
+        arms,
+        concurrency=args.concurrency,
+        repeat=args.repeat,
+        max_new_tokens=args.max_new_tokens,
+        progress=lambda line: print(line, file=sys.stderr),
+    )
+    cli._write_report(out, "serve", serve_markdown(result, command), result)
+    return 0
+
+
+def _cmd_bench_serve_sweep(args: argparse.Namespace, command: str) -> int:
+    from .serve.sweep import SWEEP_ARMS, WORKLOADS, run_sweep, write_sweep
+
+    def listed(text: str, kind: Callable[[str], Any], flag: str) -> list[Any]:
+        try:
+            values = [kind(v.strip()) for v in text.split(",") if v.strip()]
+        except ValueError:
+            raise cli.CliError(f"{flag}: expected a comma-separated list of numbers, got {text!r}") from None
+        if any(v <= 0 for v in values):
+            raise cli.CliError(f"{flag}: every value must be > 0, got {text!r}")
+        return values
+
+    arms = cli._known("--arms", cli._names(args.arms or "none,auto"), SWEEP_ARMS, "with --sweep ")
+    workloads = cli._names(args.workloads)
+    if not workloads or any(w not in WORKLOADS for w in workloads):
+        raise cli.CliError(f"--workloads: choose from {', '.join(WORKLOADS)}, got {args.workloads!r}")
+    levels, rates = listed(args.levels, int, "--levels"), listed(args.rates, float, "--rates")
+    if not levels and not rates:
+        raise cli.CliError("--levels and --rates are both empty: give at least one load level")
+    out = cli._out_folder(args.out)
+    model, tokenizer = cli._load_for_timing(args.model)
+    result = run_sweep(
+        model,
+        tokenizer,
+        args.model,
+        workloads=workloads,
+        concurrency=levels,
+        rates=rates,
+        arms=arms,
+        requests=args.requests,
+        max_tokens=args.max_new_tokens or 96,
+        max_batch_size=args.max_batch_size,
+        tasks_path=args.tasks,
+        progress=lambda line: print(line, file=sys.stderr),
+    )
+    markdown = write_sweep(result, command, out, plots=not args.no_plots)
+    print(markdown)
+    print(f"wrote {out / 'sweep.md'}, {out / 'sweep.json'} and the plots", file=sys.stderr)
+    return 0
