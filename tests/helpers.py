@@ -171,3 +171,14 @@ def check_rows(grammars_by_row):
         seen.append(({row.index for row in rows}, {row.index for row in rows if row.finish_reason}))
 
     return on_step, seen
+
+
+def single_thread():
+    """One torch thread for a test (a generator for ``pytest.fixture``): tiny tensors, where OpenMP hand-offs, or a
+    parallel region waiting for a busy second core, cost more than the work or blur a timed fake's curve."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

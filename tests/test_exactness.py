@@ -18,7 +18,7 @@ from collections import Counter
 
 import pytest
 import torch
-from helpers import OTHER, PROMPT, SCHEMA, TARGET, ImprobableProposer, assert_matches, exact_distribution
+from helpers import OTHER, PROMPT, SCHEMA, TARGET, ImprobableProposer, assert_matches, exact_distribution, single_thread
 from toy import toy_tokenizer
 
 from grammars import compile_grammar, grammar_spec
@@ -91,13 +91,7 @@ CASES = {
 }
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny tensors: OpenMP hand-offs would cost more than the work."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+one_thread = pytest.fixture(autouse=True)(single_thread)  # one torch thread per test: helpers.single_thread says why
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

@@ -13,7 +13,7 @@ from collections import Counter
 
 import pytest
 import torch
-from helpers import OTHER, PROMPT, SCHEMA, TARGET, ImprobableProposer, assert_matches, exact_distribution
+from helpers import OTHER, PROMPT, SCHEMA, TARGET, ImprobableProposer, assert_matches, exact_distribution, single_thread
 from toy import toy_tokenizer
 
 from grammars import compile_grammar, grammar_spec
@@ -54,12 +54,7 @@ def compiled():
     return compile_grammar(grammar_spec(schema=SCHEMA), tok, vocab_size=len(tok), stop_token_ids=(0,))
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+one_thread = pytest.fixture(autouse=True)(single_thread)  # one torch thread per test: helpers.single_thread says why
 
 
 def pipeline_for(settings):

@@ -13,6 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from helpers import single_thread
 from toy_models import ToyCausalLM, tiny_llama
 from transformers import LlamaConfig
 
@@ -54,14 +55,7 @@ class SleepyTarget(torch.nn.Module):
         return SimpleNamespace(logits=torch.zeros(1, logits_to_keep or n, 32))
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One torch thread: a parallel region (the bitmask kernel) waiting for a busy second core would add
-    milliseconds that are no part of the curve these fakes model."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+one_thread = pytest.fixture(autouse=True)(single_thread)  # one torch thread per test: helpers.single_thread says why
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from collections import Counter
 
 import pytest
 import torch
-from helpers import PROMPT, SCHEMA, TARGET, assert_matches, exact_distribution, legal_walk
+from helpers import PROMPT, SCHEMA, TARGET, assert_matches, exact_distribution, legal_walk, single_thread
 from toy import toy_tokenizer, toy_vocab_size
 
 from grammars import compile_grammar, grammar_spec
@@ -70,12 +70,7 @@ def _row(temperature: float, max_new: int, *, stop=(), compiled=None, asked=None
     )
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+one_thread = pytest.fixture(autouse=True)(single_thread)  # one torch thread per test: helpers.single_thread says why
 
 
 def test_a_mixed_batch_gives_each_greedy_row_its_output_alone_and_drafts_fit_each_budget():
