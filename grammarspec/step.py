@@ -324,10 +324,8 @@ def _commit_forced(row: Row, shared: StepResources) -> None:
     """
     while row.matcher is not None and row.finish_reason is None:
         t0 = time.perf_counter()
-        if row.state_mask is None:
-            row.state_mask = torch.zeros(
-                (1, shared.masks.shape[1]), dtype=torch.int32, device="cpu"
-            )  # host, as xgrammar
+        if row.state_mask is None:  # on the host, as xgrammar fills it
+            row.state_mask = torch.zeros((1, shared.masks.shape[1]), dtype=torch.int32, device="cpu")
         token = forced_token(row.matcher, row.state_mask, filled=row.state_mask_ready)
         row.stats.grammar_seconds += time.perf_counter() - t0
         if token is None:
