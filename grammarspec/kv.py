@@ -48,6 +48,7 @@ from .kv_cache import (
     require_transformers_floor,
 )
 from .kv_slots import SlotLayer, Storage, WritePlan
+from .packed_attention import PackedLayout, packed_model, row_mask, supports_packing
 
 __all__ = ["BatchKV"]
 
@@ -98,6 +99,9 @@ class BatchKV:
         self.last_pass: tuple[int, int, bool] = (0, 0, False)  # the last forward's batch rows, width, masked path
         self._cache_arg = cache_argument(model)
         self._window, self._layer_types = _attention_windows(model)
+        #: Ragged forwards run packed (:mod:`grammarspec.packed_attention`); False: padded rows under a 4-D mask.
+        self.packed = supports_packing(model)
+        self._groups = _query_groups(model)
         self._sync()
 
     @classmethod
@@ -215,15 +219,18 @@ class BatchKV:
             raise CacheError("internal error: BatchKV.forward called twice without keep()")
         batch = self.batch_size
         assert len(chunks) == batch and len(parents) == batch, "one chunk and one parent list per row"
-        feeds = self._feeds(chunks, parents, width)
+        feeds = self._feeds(chunks, parents, None if self.packed else width)
         if scored is not None:
             for feed, wanted in zip(feeds, scored):
                 feed.logits = feed.logits if wanted else 0
         n = max(len(f.tokens) for f in feeds)
-        plan = WritePlan([f.slot for f in feeds], [f.start for f in feeds], n, max(f.start + n for f in feeds))
         branching = any(any(parent != i - 1 for i, parent in enumerate(p)) for p in parents)
         plain = len(feeds) == batch and len({f.start for f in feeds}) == 1 and len({len(f.tokens) for f in feeds}) == 1
         plain = plain and not branching and len({f.logits for f in feeds}) == 1 and feeds[0].logits > 0
+        if not plain and self.packed and n > 1:  # one token a row: the masked call reads every slot in one kernel
+            return self._forward_packed(feeds, chunks)
+        plan = WritePlan([f.slot for f in feeds], [f.start for f in feeds], n, max(f.start + n for f in feeds))
+        plan.real = [len(f.tokens) for f in feeds]
         pad = self.pad_token_id
         ids = torch.tensor(
             [f.tokens + [pad] * (n - len(f.tokens)) for f in feeds], dtype=torch.long, device=self.device
@@ -248,6 +255,46 @@ class BatchKV:
             self._sync()
         self._appended = [len(c) for c in chunks]
         self.last_pass = (len(feeds), n, not plain)
+        return out.logits.reshape(-1, out.logits.shape[-1]).float()  # [N, V]: row after row, offsets in order
+
+    def _forward_packed(self, feeds: Sequence[_Feed], chunks: Sequence[Sequence[int]]) -> torch.Tensor:
+        """:meth:`forward` as one packed sequence of every row's tokens (no padding; see
+        :mod:`grammarspec.packed_attention`).  Changes the cache as :meth:`forward`."""
+        device = self.device
+        sizes = [len(f.tokens) for f in feeds]
+        plan = WritePlan(
+            [f.slot for f in feeds], [f.start for f in feeds], max(sizes), max(f.start + len(f.tokens) for f in feeds)
+        )
+        plan.sizes = sizes
+        layout = PackedLayout(
+            plan.slots,
+            plan.starts,
+            sizes,
+            [row_mask(f.start, f.pending, f.parents, self._groups, device) for f in feeds],
+            self._groups,
+        )
+        ids = torch.tensor([[t for f in feeds for t in f.tokens]], dtype=torch.long, device=device)
+        positions = [f.start + offset for f in feeds for offset in _offsets(f.pending, f.parents)]
+        wanted = [
+            at + size - f.logits + i for f, at, size in zip(feeds, layout.offsets, sizes) for i in range(f.logits)
+        ]
+        kwargs: dict[str, object] = {
+            self._cache_arg: self.cache,
+            "use_cache": True,
+            "position_ids": torch.tensor([positions], dtype=torch.long, device=device),
+            "logits_to_keep": torch.tensor(wanted, dtype=torch.long, device=device),
+        }
+        for layer in self._layers:
+            layer.plan = plan
+        try:
+            with torch.inference_mode(), packed_model(self.model, layout):
+                out = self.model(input_ids=ids, **kwargs)
+        finally:
+            for layer in self._layers:
+                layer.plan = None
+            self._sync()
+        self._appended = [len(c) for c in chunks]
+        self.last_pass = (len(feeds), max(sizes), True)
         return out.logits.reshape(-1, out.logits.shape[-1]).float()  # [N, V]: row after row, offsets in order
 
     def _feeds(
@@ -431,6 +478,23 @@ def _attention_windows(model: torch.nn.Module) -> tuple[int | None, tuple[str, .
         )
     window = int(getattr(text, "sliding_window", 0) or 0)
     return window, tuple(sorted(set(types))) if types else None
+
+
+def _offsets(pending: int, parents: Sequence[int]) -> list[int]:
+    """Each new token's position offset from its row's cached length (pending tokens in order, a node at its depth)."""
+    offsets = list(range(pending))
+    for parent in parents:
+        offsets.append(pending if parent < 0 else offsets[pending + parent] + 1)
+    return offsets
+
+
+def _query_groups(model: torch.nn.Module) -> int:
+    """How many query heads share a key head (1 without grouped-query attention)."""
+    config: Any = getattr(model, "config", None)
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    heads = getattr(text, "num_attention_heads", None)
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    return heads // kv_heads if heads and kv_heads else 1
 
 
 def _float_dtype(model: torch.nn.Module) -> torch.dtype:

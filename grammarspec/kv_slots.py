@@ -53,13 +53,26 @@ class WritePlan:
     ``starts[b], starts[b] + 1, ...`` and reads that slot's columns ``[0, width)``.
     When the batch rows are the slots ``0, 1, ...`` in order the layer returns views
     (no copy); otherwise it gathers the slots a batch row reads (a folded prompt).
+
+    ``real[b]``: how many of batch row ``b``'s ``n`` new states are its tokens; the
+    rest (padding) are written to the scratch column ``width``, which nothing reads,
+    so one row's padding never lands on another row's columns (a folded prompt's
+    pieces sit side by side in one slot).
+
+    ``sizes`` set: a packed forward (:mod:`grammarspec.packed_attention`): the
+    new states arrive as one sequence, ``sizes[b]`` tokens of batch row ``b``
+    after another, and the layer returns its whole storage (packed attention
+    reads each row's slot in place).
     """
 
     slots: list[int]
     starts: list[int]
     n: int
     width: int
+    real: list[int] | None = None
+    sizes: list[int] | None = None
     _index: dict[torch.device, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    _packed: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
 
     @property
     def in_order(self) -> bool:
@@ -77,7 +90,24 @@ class WritePlan:
             slots = torch.tensor(self.slots, dtype=torch.long, device=device)
             offsets = torch.arange(self.n, dtype=torch.long, device=device)
             starts = torch.tensor(self.starts, dtype=torch.long, device=device)
-            found = self._index[device] = (slots[:, None].expand(-1, self.n), starts[:, None] + offsets, slots)
+            columns = starts[:, None] + offsets
+            if self.real is not None:
+                real = torch.tensor(self.real, dtype=torch.long, device=device)
+                columns = torch.where(offsets[None, :] < real[:, None], columns, self.width)
+            found = self._index[device] = (slots[:, None].expand(-1, self.n), columns, slots)
+        return found
+
+    def packed_index(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(slot [T], column [T])`` of each packed token on ``device`` (built once per device a forward)."""
+        assert self.sizes is not None
+        found = self._packed.get(device)
+        if found is None:
+            slots = [s for s, size in zip(self.slots, self.sizes) for _ in range(size)]
+            columns = [start + i for start, size in zip(self.starts, self.sizes) for i in range(size)]
+            found = self._packed[device] = (
+                torch.tensor(slots, dtype=torch.long, device=device),
+                torch.tensor(columns, dtype=torch.long, device=device),
+            )
         return found
 
 
@@ -179,8 +209,13 @@ class SlotLayer(DynamicLayer):
             self.rows, self.seq = rows, self.seq + n
             return self._k[:rows, :, : self.seq], self._v[:rows, :, : self.seq]
         batch = len(plan.slots)
-        self.ensure(key_states, value_states, max(plan.slots) + 1, max(plan.starts) + plan.n)
+        self.ensure(key_states, value_states, max(plan.slots) + 1, plan.width + (plan.real is not None))
         assert self._k is not None and self._v is not None
+        if plan.sizes is not None:  # one sequence of every row's tokens: each to its slot's columns
+            slot, column = plan.packed_index(self._k.device)
+            self._k[slot, :, column] = key_states[0].transpose(0, 1)  # [T, H, D]
+            self._v[slot, :, column] = value_states[0].transpose(0, 1)
+            return self._k, self._v
         if plan.aligned:
             start = plan.starts[0] if plan.starts else 0
             self._k[:batch, :, start : start + plan.n] = key_states

@@ -34,12 +34,13 @@ at the knee), and the goodput policy (:mod:`grammarspec.policy`) drafts longer.
 
 Two more terms, in the same unit (:meth:`proposers.cost.PassCost.drafted`):
 
-* ``switch``: a plain step of ``SWITCH_BATCH`` rows through
-  :meth:`grammarspec.kv.BatchKV.forward`, timed on rows of one length (the
-  mask-free call) and on rows of different lengths (ragged rows under the
-  attention mask, the path a drafted pass takes), paired repeat by repeat; the
-  median difference.  A model whose batch pass cannot be built this way prices
-  no switch (and says why).
+* ``switch``: what drafting changes in a step of ``SWITCH_BATCH`` rows of
+  different lengths through :meth:`grammarspec.kv.BatchKV.forward`: the step
+  with one row verifying a one-token draft (the path a drafted pass takes:
+  packed where the model allows it, else padded under a 4-D mask) against the
+  same rows' plain step, paired repeat by repeat; the median difference.  A
+  model whose batch pass cannot be built this way prices no switch (and says
+  why).
 * ``per_token``: the host work one draft token adds beyond its row of the
   forward, timed on stand-ins for what the loop runs: a cheap drafter
   (:class:`proposers.prompt_lookup.PromptLookupProposer` over a repetitive
@@ -54,7 +55,8 @@ Both are rounded like the line (2 significant digits; 0 stays 0).
 the cache directory, :func:`grammarspec.loading.cache_dir`), keyed by the model,
 the device (with its name), the dtype, the thread count and the torch version:
 a machine profiles a model once, and later processes size drafts exactly as the
-first did.  Delete the file to profile again.
+first did.  Delete the file to profile again; an entry of an older
+:data:`PROFILE_FORMAT` (its terms measured another way) is profiled again.
 """
 
 from __future__ import annotations
@@ -77,6 +79,7 @@ from .kv_cache import cache_argument, crop_cache, input_device, new_cache
 from .sampling import row_max
 
 __all__ = [
+    "PROFILE_FORMAT",
     "fit_pass_cost",
     "profile_pass_cost",
     "stored_profile",
@@ -106,6 +109,8 @@ def stored_profile(model: Any, key: str) -> PassCost:
     entry: Any = _read_profiles(path).get(key)
     cost: PassCost | None = None
     try:
+        if entry["format"] != PROFILE_FORMAT:
+            raise ValueError("measured another way")
         return PassCost(
             float(entry["base"]),
             float(entry["per_row"]),
@@ -126,6 +131,7 @@ def stored_profile(model: Any, key: str) -> PassCost:
         return _fallback(model, error)
     stored = _read_profiles(path)  # read again: another process may have stored a key since
     stored[key] = {
+        "format": PROFILE_FORMAT,
         "base": cost.base,
         "per_row": cost.per_row,
         "min_rows": cost.min_rows,
@@ -144,6 +150,8 @@ def stored_profile(model: Any, key: str) -> PassCost:
 
 
 DEFAULT_CONTEXT = 128
+#: How the stored terms are measured; an entry of another format is profiled again.
+PROFILE_FORMAT = 2
 DEFAULT_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 DEFAULT_REPEATS = 3
 
@@ -321,11 +329,12 @@ def _warn(model: Any, what: str, error: Exception) -> None:
 
 
 def _switch_seconds(model: Any, context: int, repeats: int) -> float:
-    """Median over paired repeats of (ragged rows under the mask - rows of one length, mask-free), seconds.
+    """Median over paired repeats of (a drafted step - the plain step of the same ragged rows), seconds.
 
-    Both are a plain step of :data:`SWITCH_BATCH` rows through
-    :meth:`grammarspec.kv.BatchKV.forward` on ``context`` cached tokens a row,
-    each followed by the verification's device work; neither keeps its column.
+    Both run :data:`SWITCH_BATCH` rows of about ``context`` cached tokens through
+    :meth:`grammarspec.kv.BatchKV.forward`, each followed by the verification's
+    device work; in the drafted one row 0 verifies a one-token draft.  Neither
+    keeps its columns.
     """
     from .kv import BatchKV
 
@@ -339,28 +348,28 @@ def _switch_seconds(model: Any, context: int, repeats: int) -> float:
     synchronize = getattr(backend, "synchronize", None) if device.type != "cpu" else None
     batch = SWITCH_BATCH
     prompt = [(7 * i + 3) % vocab for i in range(context)]
-    even, ragged = BatchKV(model, batch), BatchKV(model, batch)
+    ragged = BatchKV(model, batch)
     with torch.inference_mode():
-        for kv in (even, ragged):
-            kv.forward([prompt] * batch, [[]] * batch)
-            kv.keep([list(range(context))] * batch)
+        ragged.forward([prompt] * batch, [[]] * batch)
+        ragged.keep([list(range(context))] * batch)
         ragged.forward([[5, 6]] * batch, [[]] * batch)
         ragged.keep([[0, 1]] + [[0]] * (batch - 1))  # row 0 one token longer: the rows are ragged from here on
 
-        def timed(kv: BatchKV) -> float:
+        def timed(chunks: list[list[int]], parents: list[list[int]]) -> float:
             if synchronize is not None:
                 synchronize()
             start = time.perf_counter()
-            _verify_rows(kv.forward([[9]] * batch, [[]] * batch))
+            _verify_rows(ragged.forward(chunks, parents))
             seconds = time.perf_counter() - start
-            kv.keep([[]] * batch)
+            ragged.keep([[]] * batch)
             return seconds
 
         differences = []
         for i in range(repeats + 1):  # the first pair warms up and is not counted
-            free, masked = timed(even), timed(ragged)
+            plain = timed([[9]] * batch, [[]] * batch)
+            drafted = timed([[9, 10]] + [[9]] * (batch - 1), [[-1]] + [[]] * (batch - 1))
             if i:
-                differences.append(masked - free)
+                differences.append(drafted - plain)
     return statistics.median(differences)
 
 

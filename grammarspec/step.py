@@ -68,7 +68,7 @@ def run_step(
     steps = [_propose(row, config, shared.trees) for row in stepping]
     phases.lap("propose")
     # (policy) One allocation over the batch cuts each chain to what pays at this batch (grammarspec/policy.py).
-    _allocate(model, stepping, steps, shared)
+    _allocate(model, stepping, steps, shared, packed=kv.packed)
 
     # 2. Walk: one mask per scored row; each tree loses its grammar-illegal nodes.
     masks = _masks(shared, sum(1 + len(step.tree) for step in steps))
@@ -363,19 +363,26 @@ def _propose(row: Row, config: DecodeConfig, trees: bool) -> Step:
     return step
 
 
-def _allocate(model: torch.nn.Module, active: list[Row], steps: list[Step], shared: StepResources) -> None:
+def _allocate(
+    model: torch.nn.Module, active: list[Row], steps: list[Step], shared: StepResources, *, packed: bool
+) -> None:
     """Cut each row's chain to its share of one goodput allocation over the batch (:func:`policy.plan_drafts`).
 
-    A proposer's token tree is verified whole; its rows count in the batch's cost.  Changes ``steps``.
+    A proposer's token tree is verified whole; its rows count in the batch's cost.  ``packed``: a drafted
+    pass computes exactly its tokens (:mod:`grammarspec.packed_attention`); otherwise every row is padded to
+    the widest.  Changes ``steps``.
     """
     chains = [i for i, step in enumerate(steps) if not step.is_tree]
     if not any(len(steps[i].draft) for i in chains):
         return
-    pending = [len(active[i].pending) for i in chains]  # the forward pads every row to the widest
+    pending = [len(active[i].pending) for i in chains]  # each row's own tokens before its draft
     fixed = [len(row.pending) + len(step.tree) for row, step in zip(active, steps) if step.is_tree]
     cost = shared.step_cost or batch_cost_model(model)
     drafts, controllers = [steps[i].draft for i in chains], [active[i].controller for i in chains]
-    lengths = plan_drafts(drafts, controllers, None, cost, pending=pending, fixed=fixed)
+    if packed and len(active) > 1:
+        lengths = plan_drafts(drafts, controllers, sum(pending) + sum(fixed), cost)
+    else:
+        lengths = plan_drafts(drafts, controllers, None, cost, pending=pending, fixed=fixed)
     for i, n in zip(chains, lengths):
         offered = len(steps[i].draft)
         steps[i].draft = steps[i].draft.truncate(n)

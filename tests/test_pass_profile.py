@@ -208,6 +208,19 @@ def test_a_stored_entry_that_is_not_a_whole_curve_is_profiled_again_and_kept_who
     assert again.table == cost.table and again.cost(5) == cost.cost(5)
 
 
+def test_a_whole_entry_measured_another_way_is_profiled_again(profile_mode):
+    """An entry of an older format (its switch timed on another path) is replaced by a fresh profile."""
+    from grammarspec.pass_profile import PROFILE_FORMAT
+
+    profile_file().parent.mkdir(parents=True, exist_ok=True)
+    old = {"base": 1.5, "per_row": 0.05, "min_rows": 8, "switch": 9.0, "per_token": 0.01, "table": {"2": 1.1}}
+    profile_file().write_text(json.dumps({"old-key": old}))
+    cost = stored_profile(tiny_llama(64, seed=0), "old-key")
+    entry = json.loads(profile_file().read_text())["old-key"]
+    assert entry["format"] == PROFILE_FORMAT and entry["switch"] == cost.switch != 9.0
+    assert stored_profile(tiny_llama(64, seed=0), "old-key").switch == cost.switch  # the current format is kept
+
+
 def test_the_loop_s_step_overhead_is_part_of_the_unit(monkeypatch):
     """A plain step also spends host time whatever its rows; counted in the unit, wide passes cost fewer steps."""
     import grammarspec.pass_profile as profiling

@@ -120,10 +120,15 @@ def test_a_prompt_cache_from_the_feed_prefills_only_the_rest(grammars):
 LONG = [3, 8, 2, 9, 4, 4, 7, 1, 5, 2, 6, 3, 8, 8, 1, 2, 9, 5]  # a prompt longer than any decoding step's width
 
 
-@pytest.mark.parametrize(("kind", "chunk"), [("toy", 3), ("toy", None), ("llama", 8)])
-def test_a_request_joining_a_busy_batch_reads_its_prompt_in_chunks_and_decodes_as_alone(grammars, kind, chunk):
-    """The joining prompt is read next to the decoding rows, a chunk a step (folded into extra batch rows when wider
-    than the step); every row's output is its output alone."""
+@pytest.mark.parametrize(("kind", "chunk"), [("toy", 3), ("toy", None), ("llama", 8), ("llama-masked", 8)])
+def test_a_request_joining_a_busy_batch_reads_its_prompt_in_chunks_and_decodes_as_alone(
+    grammars, kind, chunk, monkeypatch
+):
+    """The joining prompt is read next to the decoding rows, a chunk a step (packed into one sequence with them
+    on SDPA models; folded into extra batch rows of a masked forward otherwise); every row's output is its output
+    alone."""
+    if kind == "llama-masked":
+        monkeypatch.setattr("grammarspec.kv.supports_packing", lambda model: False)
     model = ToyCausalLM(V, seed=3) if kind == "toy" else tiny_llama(V, seed=2)
     config = DecodeConfig(max_new_tokens=24, eos_token_ids=(0,))
     prompts, gs = [PROMPTS[1], PROMPTS[3], LONG], [grammars[1], grammars[2], grammars[0]]
@@ -143,10 +148,10 @@ def test_a_request_joining_a_busy_batch_reads_its_prompt_in_chunks_and_decodes_a
             if row.index == 2 and not joined:
                 joined.append(row)
 
-    batch_rows = []
+    shapes = []
     original = model.forward
     model.forward = lambda *args, **kwargs: (
-        batch_rows.append(int(kwargs["input_ids"].shape[0])),
+        shapes.append(tuple(kwargs["input_ids"].shape)),
         original(*args, **kwargs),
     )[1]
     try:
@@ -159,8 +164,11 @@ def test_a_request_joining_a_busy_batch_reads_its_prompt_in_chunks_and_decodes_a
         assert len(reading) >= 2 and all(busy for _, busy in reading)  # read over several steps, beside decoding rows
         cached = [n for n, _ in reading]
         assert all(0 < b - a <= chunk for a, b in zip(cached, cached[1:]))  # a chunk a step, within the budget
-    if kind == "llama":
-        assert max(batch_rows) > 3  # a chunk wider than the step rode as folded batch rows
+    if kind == "llama":  # a chunk and the decoding rows' tokens as one sequence, nothing padded
+        assert any(rows == 1 and width > chunk for rows, width in shapes)
+        assert max(rows for rows, _ in shapes) <= 3
+    if kind == "llama-masked":
+        assert max(rows for rows, _ in shapes) > 3  # a chunk wider than the step rode as folded batch rows
     stats = joined[0].stats  # each pass that read only a chunk is counted apart from the passes that scored the row
     assert stats.prompt_passes == len(reading) and stats.target_forwards == len(stats.steps)
 

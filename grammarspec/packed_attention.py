@@ -1,0 +1,180 @@
+"""Packed attention: rows of different lengths in one forward with no padding.
+
+A ragged step (rows of different lengths, a prompt chunk beside decoding rows,
+draft trees) runs as one sequence of every row's new tokens back to back,
+``input_ids [1, T]``: the model's projections and MLPs see exactly the ``T``
+real tokens, none padded to the widest row.  Only attention needs to know the
+rows: :func:`packed_attention`, registered with transformers'
+``AttentionInterface`` under :data:`NAME`, attends each row's queries to its own
+slot of the batch cache (:class:`grammarspec.kv_slots.SlotLayer`), over that
+row's columns only, through a mask no larger than the row's own block.  This is
+the layout of vLLM's and transformers' continuous batching (packed tokens,
+per-sequence attention) applied to grammarspec's slot cache.
+
+Grouped-query attention is computed without copying keys: the query heads that
+share a key head are stacked along the query axis, so every row reads its slot
+in place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.nn import functional
+
+__all__ = ["NAME", "PackedLayout", "packed_attention", "packed_model", "supports_packing", "row_mask"]
+
+#: The attention implementation's name in transformers' registry (set on the model's config during a packed forward).
+NAME = "grammarspec_packed"
+
+_layout: ContextVar[PackedLayout | None] = ContextVar("grammarspec_packed_layout", default=None)
+
+
+@dataclass
+class PackedLayout:
+    """Where each row's tokens sit in the packed sequence and what they attend to.
+
+    Row ``i`` fed ``sizes[i]`` tokens, at ``offsets[i]`` in the packed sequence;
+    they were written to slot ``slots[i]`` at columns ``starts[i] ...``, and they
+    attend over the slot's columns ``[0, starts[i] + sizes[i])`` through
+    ``masks[i]`` (``[groups * sizes[i], starts[i] + sizes[i]]`` bool, True: seen;
+    ``None``: every column, a single token's query).
+    """
+
+    slots: list[int]
+    starts: list[int]
+    sizes: list[int]
+    masks: list[torch.Tensor | None]
+    groups: int
+
+    @property
+    def offsets(self) -> list[int]:
+        out, at = [], 0
+        for size in self.sizes:
+            out.append(at)
+            at += size
+        return out
+
+
+def row_mask(
+    start: int, pending: int, parents: Sequence[int], groups: int, device: torch.device
+) -> torch.Tensor | None:
+    """One row's mask over its slot's columns ``[0, start + q)``, ``q = pending + len(parents)``.
+
+    Its cached columns are all seen; its ``pending`` tokens attend causally and
+    each tree node sees every pending token, its ancestors and itself (as
+    :func:`grammarspec.tree_layout.tree_allowed`).  Rows are repeated ``groups``
+    times (the query heads sharing a key head, stacked).  ``None`` for a single
+    token, which sees every column.  Pure.
+    """
+    q = pending + len(parents)
+    if q == 1:
+        return None
+    new = torch.ones((q, q), dtype=torch.bool, device=device).tril_()
+    if parents:
+        nodes = torch.zeros((len(parents), len(parents)), dtype=torch.bool, device="cpu")
+        for i, parent in enumerate(parents):
+            if parent >= 0:
+                nodes[i] = nodes[parent]
+            nodes[i, i] = True
+        new[pending:, pending:] = nodes.to(device)
+    mask = torch.cat([torch.ones((q, start), dtype=torch.bool, device=device), new], dim=1)
+    return mask.repeat(groups, 1) if groups > 1 else mask
+
+
+def packed_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: Any,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """Attention for a packed forward: ``query [1, H, T, D]``; ``key`` / ``value`` the whole slot storage.
+
+    Returns ``[1, T, H, D]`` as transformers' attention functions do.
+    """
+    layout = _layout.get()
+    if layout is None:
+        raise RuntimeError("internal error: a packed forward ran without its layout")
+    heads, dim = query.shape[1], query.shape[3]
+    kv_heads = key.shape[1]
+    groups = heads // kv_heads
+    outputs = []
+    for slot, start, size, offset, mask in zip(layout.slots, layout.starts, layout.sizes, layout.offsets, layout.masks):
+        end = start + size
+        # the query heads sharing a key head, stacked along the query axis: [1, kv_heads, groups * size, D]
+        q = query[:, :, offset : offset + size].reshape(1, kv_heads, groups * size, dim)
+        out = functional.scaled_dot_product_attention(
+            q, key[slot : slot + 1, :, :end], value[slot : slot + 1, :, :end], attn_mask=mask, scale=scaling
+        )
+        outputs.append(out.reshape(1, heads, size, -1))
+    joined = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
+    return joined.transpose(1, 2).contiguous(), None
+
+
+def supports_packing(model: torch.nn.Module) -> bool:
+    """Whether a ragged forward of ``model`` can run packed: SDPA attention with nothing beside the softmax.
+
+    Not for sliding-window layers, logit soft-capping or attention sinks (they
+    keep the 4-D masked path), nor for other attention implementations.
+    """
+    config: Any = getattr(model, "config", None)
+    if config is None:
+        return False
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    if getattr(text, "_attn_implementation", None) != "sdpa":
+        return False
+    if getattr(text, "sliding_window", None) or getattr(text, "attn_logit_softcapping", None):
+        return False
+    heads, kv_heads = getattr(text, "num_attention_heads", None), getattr(text, "num_key_value_heads", None)
+    if heads is None or (kv_heads is not None and heads % kv_heads):
+        return False
+    return not any(hasattr(module, "sinks") for module in model.modules())
+
+
+def _register() -> None:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(NAME, packed_attention)
+
+
+@contextmanager
+def packed_model(model: torch.nn.Module, layout: PackedLayout) -> Iterator[None]:
+    """Run ``model`` with packed attention over ``layout`` for the duration of the block.
+
+    Sets the attention implementation on the model's config (and its sub-configs)
+    and restores each afterwards; transformers builds no mask for it.
+    """
+    _register()
+    configs = _configs(getattr(model, "config", None))
+    saved = [(config, config.__dict__.get("_attn_implementation_internal")) for config in configs]
+    token = _layout.set(layout)
+    try:
+        for config in configs:
+            config._attn_implementation_internal = NAME
+        yield
+    finally:
+        for config, value in saved:
+            config._attn_implementation_internal = value
+        _layout.reset(token)
+
+
+def _configs(config: Any) -> list[Any]:
+    """``config`` and every sub-config under it."""
+    out: list[Any] = []
+    todo = [config]
+    while todo:
+        current = todo.pop()
+        if current is None or any(current is seen for seen in out):
+            continue
+        out.append(current)
+        todo.extend(getattr(current, key, None) for key in getattr(current, "sub_configs", {}) or {})
+    return out
