@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -43,7 +43,9 @@ class PackedLayout:
     they were written to slot ``slots[i]`` at columns ``starts[i] ...``, and they
     attend over the slot's columns ``[0, starts[i] + sizes[i])`` through
     ``masks[i]`` (``[groups * sizes[i], starts[i] + sizes[i]]`` bool, True: seen;
-    ``None``: every column, a single token's query).
+    ``None``: every column, a single token's query).  The rows of a single token
+    attend in one batched call over their slots (:meth:`singles`), as a plain
+    decode step would; the others one row at a time.
     """
 
     slots: list[int]
@@ -51,6 +53,7 @@ class PackedLayout:
     sizes: list[int]
     masks: list[torch.Tensor | None]
     groups: int
+    _singles: dict[torch.device, _Singles | None] = field(default_factory=dict)
 
     @property
     def offsets(self) -> list[int]:
@@ -59,6 +62,41 @@ class PackedLayout:
             out.append(at)
             at += size
         return out
+
+    def singles(self, device: torch.device) -> _Singles | None:
+        """The single-token rows' batched call (``None`` for fewer than two), built once per device a forward."""
+        if device not in self._singles:
+            rows = [i for i, size in enumerate(self.sizes) if size == 1]
+            found = None
+            if len(rows) >= 2:
+                offsets = self.offsets
+                slots = [self.slots[i] for i in rows]
+                ends = [1] * (max(slots) + 1)  # a slot no single row reads sees its first column (never used)
+                for i, slot in zip(rows, slots):
+                    ends[slot] = self.starts[i] + 1
+                width = max(ends)
+                columns = torch.arange(width, dtype=torch.long, device=device)
+                seen = columns[None, :] < torch.tensor(ends, dtype=torch.long, device=device)[:, None]
+                found = _Singles(
+                    frozenset(rows),
+                    torch.tensor([offsets[i] for i in rows], dtype=torch.long, device=device),
+                    torch.tensor(slots, dtype=torch.long, device=device),
+                    seen[:, None, None, :],
+                    width,
+                )
+            self._singles[device] = found
+        return self._singles[device]
+
+
+@dataclass
+class _Singles:
+    """The rows of one query token each, attended in one call over slots ``[0, len(mask))``."""
+
+    rows: frozenset[int]
+    positions: torch.Tensor  # [S]: each row's token in the packed sequence
+    slots: torch.Tensor  # [S]
+    mask: torch.Tensor  # [slots, 1, 1, width] bool: each slot's cached columns and its new one
+    width: int
 
 
 def row_mask(
@@ -107,17 +145,34 @@ def packed_attention(
     heads, dim = query.shape[1], query.shape[3]
     kv_heads = key.shape[1]
     groups = heads // kv_heads
-    outputs = []
-    for slot, start, size, offset, mask in zip(layout.slots, layout.starts, layout.sizes, layout.offsets, layout.masks):
+    result = query.new_empty((query.shape[2], heads, value.shape[3]))  # [T, H, D]
+    singles = layout.singles(query.device)
+    if singles is not None:  # [slots, kv_heads, groups, D]: each slot's one query, its heads stacked per key head
+        stacked = query.new_zeros((singles.mask.shape[0], kv_heads, groups, dim))
+        stacked[singles.slots] = query[0][:, singles.positions].transpose(0, 1).reshape(-1, kv_heads, groups, dim)
+        rows = singles.mask.shape[0]
+        out = functional.scaled_dot_product_attention(
+            stacked,
+            key[:rows, :, : singles.width],
+            value[:rows, :, : singles.width],
+            attn_mask=singles.mask,
+            scale=scaling,
+        )
+        result[singles.positions] = out[singles.slots].reshape(-1, heads, value.shape[3])
+    done = singles.rows if singles is not None else frozenset()
+    for i, (slot, start, size, offset, mask) in enumerate(
+        zip(layout.slots, layout.starts, layout.sizes, layout.offsets, layout.masks)
+    ):
+        if i in done:
+            continue
         end = start + size
         # the query heads sharing a key head, stacked along the query axis: [1, kv_heads, groups * size, D]
         q = query[:, :, offset : offset + size].reshape(1, kv_heads, groups * size, dim)
         out = functional.scaled_dot_product_attention(
             q, key[slot : slot + 1, :, :end], value[slot : slot + 1, :, :end], attn_mask=mask, scale=scaling
         )
-        outputs.append(out.reshape(1, heads, size, -1))
-    joined = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
-    return joined.transpose(1, 2).contiguous(), None
+        result[offset : offset + size] = out.reshape(heads, size, -1).transpose(0, 1)
+    return result[None], None
 
 
 def supports_packing(model: torch.nn.Module) -> bool:
