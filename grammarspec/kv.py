@@ -33,6 +33,7 @@ same computation as ordinary decoding.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +50,7 @@ from .kv_cache import (
 )
 from .kv_slots import SlotLayer, Storage, WritePlan
 from .packed_attention import PackedLayout, packed_model, row_mask, supports_packing
+from .tree_layout import position_offsets
 
 __all__ = ["BatchKV"]
 
@@ -244,18 +246,7 @@ class BatchKV:
             keep = [[len(f.tokens) - f.logits <= j < len(f.tokens) for j in range(n)] for f in feeds]
             kwargs["logits_to_keep"] = torch.tensor(keep, dtype=torch.bool, device=self.device)
             kwargs["attention_mask"], kwargs["position_ids"] = self._masks(feeds, n, plan.width)
-        for layer in self._layers:
-            layer.plan = plan
-        try:
-            with torch.inference_mode():
-                out = self.model(input_ids=ids, **kwargs)
-        finally:
-            for layer in self._layers:
-                layer.plan = None
-            self._sync()
-        self._appended = [len(c) for c in chunks]
-        self.last_pass = (len(feeds), n, not plain)
-        return out.logits.reshape(-1, out.logits.shape[-1]).float()  # [N, V]: row after row, offsets in order
+        return self._run(plan, ids, kwargs, chunks, (len(feeds), n, not plain))
 
     def _forward_packed(self, feeds: Sequence[_Feed], chunks: Sequence[Sequence[int]]) -> torch.Tensor:
         """:meth:`forward` as one packed sequence of every row's tokens (no padding; see
@@ -274,7 +265,7 @@ class BatchKV:
             self._groups,
         )
         ids = torch.tensor([[t for f in feeds for t in f.tokens]], dtype=torch.long, device=device)
-        positions = [f.start + offset for f in feeds for offset in _offsets(f.pending, f.parents)]
+        positions = [f.start + offset for f in feeds for offset in position_offsets(list(f.parents), f.pending)]
         wanted = [
             at + size - f.logits + i for f, at, size in zip(feeds, layout.offsets, sizes) for i in range(f.logits)
         ]
@@ -284,18 +275,31 @@ class BatchKV:
             "position_ids": torch.tensor([positions], dtype=torch.long, device=device),
             "logits_to_keep": torch.tensor(wanted, dtype=torch.long, device=device),
         }
+        return self._run(plan, ids, kwargs, chunks, (len(feeds), max(sizes), True), layout)
+
+    def _run(
+        self,
+        plan: WritePlan,
+        ids: torch.Tensor,
+        kwargs: dict[str, object],
+        chunks: Sequence[Sequence[int]],
+        shape: tuple[int, int, bool],
+        layout: PackedLayout | None = None,
+    ) -> torch.Tensor:
+        """The model's forward with every layer writing by ``plan`` (packed attention over ``layout`` when given);
+        float32 logits ``[N, V]``, row after row.  Changes the cache: ``chunks[r]`` columns pending :meth:`keep`."""
         for layer in self._layers:
             layer.plan = plan
         try:
-            with torch.inference_mode(), packed_model(self.model, layout):
+            with torch.inference_mode(), packed_model(self.model, layout) if layout is not None else nullcontext():
                 out = self.model(input_ids=ids, **kwargs)
         finally:
             for layer in self._layers:
                 layer.plan = None
             self._sync()
         self._appended = [len(c) for c in chunks]
-        self.last_pass = (len(feeds), max(sizes), True)
-        return out.logits.reshape(-1, out.logits.shape[-1]).float()  # [N, V]: row after row, offsets in order
+        self.last_pass = shape
+        return out.logits.reshape(-1, out.logits.shape[-1]).float()
 
     def _feeds(
         self, chunks: Sequence[Sequence[int]], parents: Sequence[Sequence[int]], width: int | None
@@ -478,14 +482,6 @@ def _attention_windows(model: torch.nn.Module) -> tuple[int | None, tuple[str, .
         )
     window = int(getattr(text, "sliding_window", 0) or 0)
     return window, tuple(sorted(set(types))) if types else None
-
-
-def _offsets(pending: int, parents: Sequence[int]) -> list[int]:
-    """Each new token's position offset from its row's cached length (pending tokens in order, a node at its depth)."""
-    offsets = list(range(pending))
-    for parent in parents:
-        offsets.append(pending if parent < 0 else offsets[pending + parent] + 1)
-    return offsets
 
 
 def _query_groups(model: torch.nn.Module) -> int:

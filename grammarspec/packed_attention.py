@@ -54,14 +54,10 @@ class PackedLayout:
     masks: list[torch.Tensor | None]
     groups: int
     _singles: dict[torch.device, _Singles | None] = field(default_factory=dict)
+    offsets: list[int] = field(init=False)  # where each row's tokens begin in the packed sequence
 
-    @property
-    def offsets(self) -> list[int]:
-        out, at = [], 0
-        for size in self.sizes:
-            out.append(at)
-            at += size
-        return out
+    def __post_init__(self) -> None:
+        self.offsets = [sum(self.sizes[:i]) for i in range(len(self.sizes))]
 
     def singles(self, device: torch.device) -> _Singles | None:
         """The single-token rows' batched call (``None`` for fewer than two), built once per device a forward."""

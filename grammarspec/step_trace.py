@@ -4,7 +4,7 @@ Pass a :class:`StepTrace` as ``decode_batch(..., trace=...)`` (``Engine(...,
 trace_steps=True)`` does; ``bench-serve --sweep`` reads it) and every step appends one :class:`StepRecord`:
 how many rows stepped and how many read a prompt chunk, the draft tokens
 offered, admitted (verified) and accepted, the forward's shape (batch rows
-after folding, width, and whether it took the masked ragged path or the
+after folding, width, and whether it took the ragged path (packed, or padded under a mask) or the
 mask-free decode path) and the step's phase times (``forced``, ``propose``,
 ``walk``, ``forward``, ``verify``, ``commit``).  Joins record their rows and
 time.  With no trace the loop does no extra work.  Bookkeeping only: outputs
@@ -36,7 +36,7 @@ class StepRecord:
     accepted: int  # admitted tokens the target accepted
     forward_rows: int  # batch rows of the forward (folded prompt pieces included)
     forward_width: int  # tokens per batch row of the forward
-    masked: bool  # the forward took the masked ragged path (else the mask-free decode path)
+    masked: bool  # the forward took the ragged path, packed or padded (else the mask-free decode path)
     seconds: dict[str, float] = field(default_factory=dict)
 
 

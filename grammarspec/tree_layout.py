@@ -29,7 +29,7 @@ import torch
 
 from proposers.tree import DraftTree
 
-__all__ = ["descend", "tree_allowed", "tree_attention_inputs"]
+__all__ = ["descend", "position_offsets", "tree_allowed", "tree_attention_inputs"]
 
 
 def tree_allowed(parents: Sequence[int], pending: int) -> tuple[list[list[bool]], list[int]]:
@@ -49,14 +49,25 @@ def tree_allowed(parents: Sequence[int], pending: int) -> tuple[list[list[bool]]
         raise ValueError("a tree pass needs at least one pending token (the last committed one) to score the root")
     q = pending + len(parents)
     allowed = [[j <= i and (i < pending or j < pending) for j in range(q)] for i in range(q)]
-    offsets = list(range(pending))
     for i, parent in enumerate(parents):
         row = pending + i
         if parent >= 0:
             allowed[row][pending:] = allowed[pending + parent][pending:]
         allowed[row][row] = True
+    return allowed, position_offsets(parents, pending)
+
+
+def position_offsets(parents: Sequence[int], pending: int) -> list[int]:
+    """Each new token's position offset from its row's cached length: pending tokens in order, a node at
+    ``pending + depth``.  Pure.
+
+    >>> position_offsets([-1, 0, -1], pending=2)
+    [0, 1, 2, 3, 2]
+    """
+    offsets = list(range(pending))
+    for parent in parents:
         offsets.append(pending if parent < 0 else offsets[pending + parent] + 1)
-    return allowed, offsets
+    return offsets
 
 
 def tree_attention_inputs(

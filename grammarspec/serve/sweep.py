@@ -409,7 +409,7 @@ def sweep_markdown(result: dict[str, Any], command: str) -> str:
     out += [
         "",
         "Where each step's time goes (embedded server; ms per step, mean over the level's steps; forward ms "
-        "by path: steps without / with draft tokens, on the mask-free decode path / the masked ragged path):",
+        "by path: steps without / with draft tokens, on the mask-free decode path / the ragged path (packed, or padded under a 4-D mask)):",
         "",
         "| workload | load | arm | steps | rows/step | drafts offered/admitted | survival | forward ms "
         "plain free/masked, drafted free/masked | masked share | forced | propose | walk | verify | commit | "
