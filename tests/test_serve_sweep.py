@@ -52,6 +52,39 @@ def test_a_level_summary_reads_throughput_and_latency():
     assert s["tok_s"] == 10.0 and s["ttft_median"] == 2.5 and s["ttft_p90"] == 4.0 and s["itl_median"] == 0.1
 
 
+def test_a_request_the_server_refuses_is_counted_and_the_level_goes_on():
+    """A server's error on one request (vLLM refusing a schema its backend cannot compile) is that request's record,
+    not the end of the sweep; losing the server altogether still stops the arm."""
+    import httpx
+    import openai
+
+    from grammarspec.serve.sweep import _send
+
+    request = httpx.Request("POST", "http://127.0.0.1/v1/chat/completions")
+
+    class Refusing:
+        def __init__(self, error):
+            self.error = error
+            self.chat = self
+            self.completions = self
+
+        def create(self, **kwargs):
+            def stream():
+                raise self.error
+                yield
+
+            return stream()
+
+    body = {"messages": [{"role": "user", "content": "hi"}]}
+    refusal = openai.APIError("The provided JSON schema contains features not supported", request, body=None)
+    record = _send(Refusing(refusal), "m", body, "vllm", 8)
+    assert record["refused"].startswith("The provided JSON schema") and record["tokens"] == 0
+    summary = level_summary([record, {"sent": 0.0, "end": 2.0, "ttft": 0.5, "itl": 0.1, "tokens": 10}])
+    assert summary["refused"] == 1 and summary["tokens"] == 10
+    with pytest.raises(openai.APIConnectionError):
+        _send(Refusing(openai.APIConnectionError(request=request)), "m", body, "vllm", 8)
+
+
 def test_the_sweep_runs_every_level_and_arm_and_the_greedy_outputs_agree(tasks_file, tmp_path):
     tok = toy_tokenizer()
     tok.chat_template = TEMPLATE

@@ -95,33 +95,42 @@ def workload(name: str, tasks_path: str | Path | None = None) -> list[dict[str, 
 
 
 def _send(client: Any, model_id: str, body: dict[str, Any], arm: str, max_tokens: int) -> dict[str, Any]:
-    """One streamed request; its times, tokens and text."""
+    """One streamed request; its times, tokens and text (``refused``: the server's error, a request it would not
+    serve, e.g. a schema its grammar backend rejects; the level goes on without it)."""
+    import openai
+
     extra = {"extra_body": {"grammarspec": {"assistant": arm}}} if arm in OUR_ARMS else {}
     sent = time.perf_counter()
     first = last = None
-    text, tokens, finish = "", 0, None
-    stream = client.chat.completions.create(
-        model=model_id,
-        temperature=0,
-        max_tokens=max_tokens,
-        stream=True,
-        stream_options={"include_usage": True},
-        **body,
-        **extra,
-    )
-    for chunk in stream:
-        if chunk.usage is not None:
-            tokens = chunk.usage.completion_tokens
-        for c in chunk.choices:
-            if c.delta.content:
-                last = time.perf_counter()
-                first = first if first is not None else last
-                text += c.delta.content
-            finish = c.finish_reason or finish
+    text, tokens, finish, refused = "", 0, None, None
+    try:
+        stream = client.chat.completions.create(
+            model=model_id,
+            temperature=0,
+            max_tokens=max_tokens,
+            stream=True,
+            stream_options={"include_usage": True},
+            **body,
+            **extra,
+        )
+        for chunk in stream:
+            if chunk.usage is not None:
+                tokens = chunk.usage.completion_tokens
+            for c in chunk.choices:
+                if c.delta.content:
+                    last = time.perf_counter()
+                    first = first if first is not None else last
+                    text += c.delta.content
+                finish = c.finish_reason or finish
+    except openai.APIError as error:
+        if isinstance(error, openai.APIConnectionError):
+            raise  # the server is gone: nothing more of the arm can be measured
+        refused = str(error)
     end = time.perf_counter()
     ttft = (first - sent) if first is not None else None
     itl = (last - first) / (tokens - 1) if first is not None and last is not None and tokens > 1 else None
-    return {"sent": sent, "end": end, "ttft": ttft, "itl": itl, "tokens": tokens, "text": text, "finish": finish}
+    record = {"sent": sent, "end": end, "ttft": ttft, "itl": itl, "tokens": tokens, "text": text, "finish": finish}
+    return record | {"refused": refused}
 
 
 def closed_loop(
@@ -170,6 +179,7 @@ def level_summary(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     ttft = [r["ttft"] for r in records if r["ttft"] is not None]
     return {
         "requests": len(records),
+        "refused": sum(1 for r in records if r.get("refused")),
         "tokens": sum(r["tokens"] for r in records),
         "seconds": wall,
         "tok_s": sum(r["tokens"] for r in records) / max(wall, 1e-9),
@@ -245,6 +255,12 @@ def run_sweep(
                     else:
                         records = open_loop(send, bodies, value, seed=0)  # every arm: the same arrivals
                     summary = level_summary(records)
+                    refused = [r["refused"] for r in records if r.get("refused")]
+                    if refused:
+                        notes.append(
+                            f"{arm}, {name} {kind}={value:g}: {len(refused)} of {len(records)} requests refused "
+                            f"({refused[0][:200]}); its figures count the rest"
+                        )
                     if counters is not None and before is not None:
                         forwards = counters["target_forwards"] - before["target_forwards"]
                         done = counters["completion_tokens"] - before["completion_tokens"]
