@@ -154,6 +154,14 @@ def add_serve_commands(commands: Any) -> None:
         "--requests", type=cli._positive_int, default=8, metavar="N", help="requests per level (at least C; default: 8)"
     )
     sweep.add_argument(
+        "--rounds",
+        type=cli._positive_int,
+        default=1,
+        metavar="R",
+        help="closed loop: each client sends about R requests, so later ones join a busy batch (a level sends "
+        "max(--requests, R x C); default: 1)",
+    )
+    sweep.add_argument(
         "--max-batch-size",
         type=cli._positive_int,
         default=16,
@@ -251,6 +259,7 @@ def _cmd_bench_serve_sweep(args: argparse.Namespace, command: str) -> int:
         rates=rates,
         arms=arms,
         requests=args.requests,
+        rounds=args.rounds,
         max_tokens=args.max_new_tokens or 96,
         max_batch_size=args.max_batch_size,
         tasks_path=args.tasks,

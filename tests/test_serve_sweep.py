@@ -50,6 +50,16 @@ def test_a_level_summary_reads_throughput_and_latency():
     records = [{"sent": 0.0, "end": 4.0, "ttft": t, "itl": 0.1, "tokens": 10} for t in (1.0, 2.0, 3.0, 4.0)]
     s = level_summary(records)
     assert s["tok_s"] == 10.0 and s["ttft_median"] == 2.5 and s["ttft_p90"] == 4.0 and s["itl_median"] == 0.1
+    assert s["ttft_steady_median"] == 2.5  # no burst: every request is steady
+
+
+def test_the_steady_ttft_leaves_out_the_requests_that_open_the_level():
+    """A closed loop's C clients send at once; the steady TTFT reads the requests sent after them, in send order."""
+    burst = [{"sent": 0.0, "end": 9.0, "ttft": 8.0, "itl": 0.1, "tokens": 4} for _ in range(2)]
+    later = [{"sent": 9.0 + i, "end": 12.0, "ttft": t, "itl": 0.1, "tokens": 4} for i, t in enumerate((1.0, 2.0, 3.0))]
+    s = level_summary(later[::-1] + burst, burst=2)
+    assert s["ttft_median"] == 3.0 and s["ttft_steady_median"] == 2.0 and s["ttft_steady_p90"] == 3.0
+    assert level_summary(burst, burst=2)["ttft_steady_median"] is None
 
 
 def test_a_request_the_server_refuses_is_counted_and_the_level_goes_on():
@@ -97,6 +107,7 @@ def test_the_sweep_runs_every_level_and_arm_and_the_greedy_outputs_agree(tasks_f
         concurrency=(1, 2),
         rates=(8.0,),
         requests=2,
+        rounds=2,
         max_tokens=6,
         max_batch_size=2,
         tasks_path=tasks_file,
@@ -106,6 +117,9 @@ def test_the_sweep_runs_every_level_and_arm_and_the_greedy_outputs_agree(tasks_f
     assert [r["arm"] for r in runs[:3]] == ["none", "auto", "none"]
     for run in runs:
         assert run["summary"]["tokens"] > 0 and run["summary"]["tokens_per_pass"] >= 1.0
+        if run["load"] == "C":  # rounds=2: every client sends twice, the second time into a busy batch
+            assert run["summary"]["requests"] == max(2, 2 * int(run["level"]))
+            assert run["summary"]["ttft_steady_median"] is not None
         assert run["summary"]["step_table"]["steps"] > 0
     for line in sweep_summary(result):
         if line["arm"] == "auto" or line["runs"] > 1:

@@ -167,16 +167,23 @@ def _percentile(values: Sequence[float], q: float) -> float | None:
     return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
 
 
-def level_summary(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def level_summary(records: Sequence[dict[str, Any]], burst: int = 0) -> dict[str, Any]:
     """Output tok/s over the level's wall clock, median / p90 TTFT, median inter-token latency.  Pure.
+
+    ``burst``: how many requests open the level at once (a closed loop's C
+    clients all send at its start).  Their TTFT is the burst's prefill, so the
+    steady TTFT (``ttft_steady_*``) reads the requests sent after them, each
+    joining a batch that is already decoding (None when there are none).
 
     >>> r = [{"sent": 0.0, "end": 2.0, "ttft": 0.5, "itl": 0.1, "tokens": 10},
     ...      {"sent": 1.0, "end": 3.0, "ttft": 1.0, "itl": 0.2, "tokens": 20}]
-    >>> s = level_summary(r); s["tok_s"], s["ttft_median"], s["ttft_p90"]
-    (10.0, 0.75, 1.0)
+    >>> s = level_summary(r, burst=1); s["tok_s"], s["ttft_median"], s["ttft_p90"], s["ttft_steady_median"]
+    (10.0, 0.75, 1.0, 1.0)
     """
     wall = max(r["end"] for r in records) - min(r["sent"] for r in records)
     ttft = [r["ttft"] for r in records if r["ttft"] is not None]
+    later = sorted(records, key=lambda r: r["sent"])[burst:]
+    steady = [r["ttft"] for r in later if r["ttft"] is not None]
     return {
         "requests": len(records),
         "refused": sum(1 for r in records if r.get("refused")),
@@ -185,6 +192,8 @@ def level_summary(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "tok_s": sum(r["tokens"] for r in records) / max(wall, 1e-9),
         "ttft_median": statistics.median(ttft) if ttft else None,
         "ttft_p90": _percentile(ttft, 0.9),
+        "ttft_steady_median": statistics.median(steady) if steady else None,
+        "ttft_steady_p90": _percentile(steady, 0.9),
         "itl_median": _percentile([r["itl"] for r in records if r["itl"] is not None], 0.5),
     }
 
@@ -216,6 +225,7 @@ def run_sweep(
     rates: Sequence[float] = (),
     arms: Sequence[str] = OUR_ARMS,
     requests: int = 8,
+    rounds: int = 1,
     max_tokens: int = 96,
     max_batch_size: int = 16,
     tasks_path: str | Path | None = None,
@@ -223,8 +233,9 @@ def run_sweep(
 ) -> dict[str, Any]:
     """Every workload at every load level under every arm; records, summaries and step tables.
 
-    A level sends ``max(requests, C)`` requests (open loop: ``requests``), the
-    workload's bodies in turn.  ``none`` and ``auto`` run interleaved
+    A level sends ``max(requests, rounds * C)`` requests (open loop:
+    ``requests``), the workload's bodies in turn: with ``rounds`` > 1 every
+    client sends again into a busy batch, which the steady TTFT reads.  ``none`` and ``auto`` run interleaved
     (``none, auto, none``) on one server; the vLLM arms after, each on its own.
     """
     import openai
@@ -245,7 +256,7 @@ def run_sweep(
     ) -> None:
         for name, pool in pools.items():
             for kind, value in levels:
-                n = max(requests, int(value)) if kind == "C" else requests
+                n = max(requests, rounds * int(value)) if kind == "C" else requests
                 bodies = _bodies(pool, n, 0)
                 for position, arm in enumerate(arm_order):
                     before = dict(counters) if counters is not None else None
@@ -254,7 +265,7 @@ def run_sweep(
                         records = closed_loop(send, bodies, int(value))
                     else:
                         records = open_loop(send, bodies, value, seed=0)  # every arm: the same arrivals
-                    summary = level_summary(records)
+                    summary = level_summary(records, burst=int(value) if kind == "C" else 0)
                     refused = [r["refused"] for r in records if r.get("refused")]
                     if refused:
                         notes.append(
@@ -327,6 +338,7 @@ def run_sweep(
         "max_tokens": max_tokens,
         "max_batch_size": max_batch_size,
         "levels": [[k, v] for k, v in levels],
+        "rounds": rounds,
         "workloads": list(pools),
     }
 
@@ -381,7 +393,7 @@ def sweep_summary(result: dict[str, Any]) -> list[dict[str, Any]]:
                     continue
                 same += sum(a == b for a, b in zip(run["outputs"], reference["outputs"]))
                 total += len(run["outputs"])
-        keys = ("tok_s", "ttft_median", "ttft_p90", "itl_median", "tokens_per_pass")
+        keys = ("tok_s", "ttft_median", "ttft_p90", "ttft_steady_median", "itl_median", "tokens_per_pass")
         line = {
             "workload": name,
             "load": kind,
@@ -403,11 +415,13 @@ def sweep_markdown(result: dict[str, Any], command: str) -> str:
         f"`{command}`",
         "",
         f"Greedy, max_tokens {result['max_tokens']}, --max-batch-size "
-        f"{result['max_batch_size']}, prefix cache off; `none` is the mean of its runs (none, auto, none).",
+        f"{result['max_batch_size']}, prefix cache off; `none` is the mean of its runs (none, auto, none). "
+        "TTFT after the burst: the requests a closed loop sends after its C opening ones, each joining a batch "
+        "that is decoding ('-': the level sent no more than C).",
         "",
-        "| workload | load | arm | output tok/s | x none | median TTFT s | p90 TTFT s | median ITL ms | "
-        "tokens/pass | identical to none |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| workload | load | arm | output tok/s | x none | median TTFT s | p90 TTFT s | median TTFT after the "
+        "burst s | median ITL ms | tokens/pass | identical to none |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for s in lines_:
         ratio = (
@@ -419,7 +433,7 @@ def sweep_markdown(result: dict[str, Any], command: str) -> str:
         same = f"{s['identical'][0]}/{s['identical'][1]}" if s["identical"] else "-"
         out.append(
             f"| {s['workload']} | {s['load']}={s['level']:g} | {s['arm']} | {s['tok_s']:.1f} | {_cell(ratio)} | "
-            f"{_cell(s['ttft_median'])} | {_cell(s['ttft_p90'])} | {_cell(itl, 1)} | "
+            f"{_cell(s['ttft_median'])} | {_cell(s['ttft_p90'])} | {_cell(s['ttft_steady_median'])} | {_cell(itl, 1)} | "
             f"{_cell(s['tokens_per_pass'])} | {same} |"
         )
     out += [
@@ -464,20 +478,21 @@ def write_sweep_plots(result: dict[str, Any], out: Path) -> dict[str, Path]:
     panels = sorted({(s["workload"], s["load"]) for s in lines_})
     arms = list(dict.fromkeys(s["arm"] for s in lines_))
     paths: dict[str, Path] = {}
-    for key, label, file in (
-        ("tok_s", "output tokens / s", "sweep_throughput.png"),
-        ("ttft_median", "median time to first token (s)", "sweep_ttft.png"),
+    for keys, label, file in (
+        (("tok_s",), "output tokens / s", "sweep_throughput.png"),
+        (("ttft_median", "ttft_steady_median"), "median time to first token (s)", "sweep_ttft.png"),
     ):
         fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(4.2 * max(1, len(panels)), 3.6), squeeze=False)
         for ax, (name, kind) in zip(axes[0], panels):
             for arm in arms:
-                points = sorted(
-                    (s["level"], s[key])
-                    for s in lines_
-                    if (s["workload"], s["load"], s["arm"]) == (name, kind, arm) and s[key] is not None
-                )
-                if points:
-                    ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=arm)
+                for key, style, suffix in zip(keys, ("-", ":"), ("", " after the burst")):
+                    points = sorted(
+                        (s["level"], s[key])
+                        for s in lines_
+                        if (s["workload"], s["load"], s["arm"]) == (name, kind, arm) and s[key] is not None
+                    )
+                    if points:
+                        ax.plot([p[0] for p in points], [p[1] for p in points], style, marker="o", label=arm + suffix)
             ax.set_xscale("log", base=2)
             ax.set_xlabel("concurrent clients" if kind == "C" else "requests / s")
             ax.set_ylabel(label)
