@@ -198,6 +198,32 @@ def test_a_steep_pass_cost_still_reads_a_joining_prompt_within_a_few_steps(gramm
     assert 1 <= len(reading) <= PROMPT_STEPS  # read over a few steps, beside the decoding row
 
 
+def test_prompts_that_join_together_are_read_first_come_first_served(grammars):  # noqa: F811
+    """Two long prompts join a busy batch at once on a steep curve: the first is read within PROMPT_STEPS steps
+    as if it joined alone (the second reads a token a step meanwhile), then the second; both decode as alone."""
+    from grammarspec.step import PROMPT_STEPS
+
+    model = ToyCausalLM(V, seed=3)
+    config = DecodeConfig(max_new_tokens=24, eos_token_ids=(0,))
+    second = LONG[::-1]
+    alone = [decode(model, p, config, matcher=grammars[0].matcher())[0] for p in (LONG, second)]
+    first = [batch_row(PROMPTS[1], grammars[1].matcher(), None, 0, config)]
+    joining = [(batch_row(p, grammars[0].matcher(), None, 0, config), None) for p in (LONG, second)]
+    feed = ListFeed(joining, delay=1)
+    cached: dict[int, list[int]] = {1: [], 2: []}
+
+    def on_step(rows, kv):
+        for row in rows:
+            if row.index in cached:
+                cached[row.index].append(row.cached)
+
+    decode_batch(model, first, config, max_batch_size=3, feed=feed, on_step=on_step, step_cost=float)
+    assert [feed.ended[i][0] for i in (1, 2)] == alone
+    reading = [sum(1 for c in cached[i] if c < len(p) - 1) for i, p in ((1, LONG), (2, second))]
+    assert 1 <= reading[0] <= PROMPT_STEPS < reading[1]  # the first read first, the second waited its turn
+    assert cached[2][reading[0] - 1] <= reading[0]  # a token a step while the first prompt was read
+
+
 def test_joins_and_leaves_copy_no_other_row_s_cache():
     """Rows live in slots allocated once: a join writes only its own columns, a leave moves only the rows that must
     change slot, and every row's next logits equal those of the row alone."""

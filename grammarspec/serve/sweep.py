@@ -306,9 +306,9 @@ def run_sweep(
             client = openai.OpenAI(
                 base_url=f"http://127.0.0.1:{server.port}/v1", api_key="-", max_retries=0, timeout=3600
             )
-            for pool in pools.values():  # warm-up, untimed
+            for pool in pools.values():  # warm-up, untimed, at full length: the first long passes are slower
                 for arm in ours:
-                    _send(client, model_name, pool[0], arm, 8)
+                    _send(client, model_name, pool[0], arm, max_tokens)
             assert server.engine.trace is not None
             server.engine.trace.take()
             order = ["none", "auto", "none"] if ours == ["none", "auto"] else ours
@@ -328,7 +328,7 @@ def run_sweep(
                 base_url=f"http://127.0.0.1:{started.port}/v1", api_key="-", max_retries=0, timeout=3600
             )
             for pool in pools.values():
-                _send(client, model_name, pool[0], arm, 8)
+                _send(client, model_name, pool[0], arm, max_tokens)
             level_runs(client, model_name, [arm])
         finally:
             started.close()
