@@ -151,14 +151,15 @@ def prompt_plan(
 
     A row that joined a busy batch reads its prompt in chunks while more of it
     is uncached than the step's prompt budget leaves it; the budget (``chunk``,
-    or the larger of :func:`prompt_budget` and what reads the first joining
-    prompt within :data:`PROMPT_STEPS` steps) is spent in slot order -- first
-    come, first served: rows that join together do not share the budget
-    evenly, the earliest reads first, so each waits for the prompts before it
-    and not for those after --, at least one token a row so every prompt
-    progresses, and never the prompt's last token (the full step feeds it and
-    samples after it).  When no row is decoding, every row takes a full step:
-    its whole prompt in one pass, as at batch 1.  Does not change state.
+    or the larger of :func:`prompt_budget` and what reads every joining prompt
+    within :data:`PROMPT_STEPS` steps: the step reads as fast as prompts
+    arrive) is spent in slot order -- first come, first served: rows that join
+    together do not share it evenly, the earliest reads first, so each waits
+    for the prompts before it and not for those after --, at least one token a
+    row so every prompt progresses, and never the prompt's last token (the full
+    step feeds it and samples after it).  When no row is decoding, every row
+    takes a full step: its whole prompt in one pass, as at batch 1.  Does not
+    change state.
     """
     behind = [row.prompt_length - row.cached for row in active]
     decoding = [row for row, left in zip(active, behind) if left <= 1]
@@ -166,9 +167,8 @@ def prompt_plan(
         return [None] * len(active)
     if chunk is not None:
         budget = chunk
-    else:  # the pass cost's budget, or enough to read the first joining prompt within PROMPT_STEPS steps
-        first = next(i for i, left in enumerate(behind) if left > 1)
-        spread = min(behind[first], -(-active[first].prompt_length // PROMPT_STEPS))
+    else:  # the pass cost's budget, or enough to read every joining prompt within PROMPT_STEPS steps
+        spread = sum(min(left, -(-row.prompt_length // PROMPT_STEPS)) for row, left in zip(active, behind) if left > 1)
         budget = max(prompt_budget(model, sum(len(r.pending) for r in decoding), shared), spread)
     plan: list[int | None] = []
     for row, left in zip(active, behind):

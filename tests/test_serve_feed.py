@@ -199,8 +199,9 @@ def test_a_steep_pass_cost_still_reads_a_joining_prompt_within_a_few_steps(gramm
 
 
 def test_prompts_that_join_together_are_read_first_come_first_served(grammars):  # noqa: F811
-    """Two long prompts join a busy batch at once on a steep curve: the first is read within PROMPT_STEPS steps
-    as if it joined alone (the second reads a token a step meanwhile), then the second; both decode as alone."""
+    """Two long prompts join a busy batch at once on a steep curve: the step's prompt budget (enough for both
+    within PROMPT_STEPS steps) goes to the first before the second, so the first decodes sooner than an even
+    share would let it, and the second within PROMPT_STEPS steps more; both decode as alone."""
     from grammarspec.step import PROMPT_STEPS
 
     model = ToyCausalLM(V, seed=3)
@@ -220,8 +221,7 @@ def test_prompts_that_join_together_are_read_first_come_first_served(grammars): 
     decode_batch(model, first, config, max_batch_size=3, feed=feed, on_step=on_step, step_cost=float)
     assert [feed.ended[i][0] for i in (1, 2)] == alone
     reading = [sum(1 for c in cached[i] if c < len(p) - 1) for i, p in ((1, LONG), (2, second))]
-    assert 1 <= reading[0] <= PROMPT_STEPS < reading[1]  # the first read first, the second waited its turn
-    assert cached[2][reading[0] - 1] <= reading[0]  # a token a step while the first prompt was read
+    assert reading[0] < reading[1] <= 2 * PROMPT_STEPS  # the first read first; an even share ends both together
 
 
 def test_joins_and_leaves_copy_no_other_row_s_cache():
