@@ -85,7 +85,9 @@ class PackedLayout:
         width = max(self.starts[i] + self.sizes[i] for i in rows)
         seen = torch.zeros((slots, self.groups, longest, width), dtype=torch.bool, device=device)
         seen[..., 0] = True
-        positions, token_slots, steps = [], [], []
+        positions: list[int] = []
+        token_slots: list[int] = []
+        steps: list[int] = []
         for i in rows:
             slot, size, end = self.slots[i], self.sizes[i], self.starts[i] + self.sizes[i]
             mask = self.masks[i]

@@ -484,7 +484,10 @@ def write_sweep_plots(result: dict[str, Any], out: Path) -> dict[str, Path]:
     ):
         fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(4.2 * max(1, len(panels)), 3.6), squeeze=False)
         for ax, (name, kind) in zip(axes[0], panels):
-            for arm in arms:
+            for index, arm in enumerate(arms):
+                color = (
+                    f"C{index % 10}"  # an arm's lines share its colour (solid: all requests, dotted: after the burst)
+                )
                 for key, style, suffix in zip(keys, ("-", ":"), ("", " after the burst")):
                     points = sorted(
                         (s["level"], s[key])
@@ -492,7 +495,14 @@ def write_sweep_plots(result: dict[str, Any], out: Path) -> dict[str, Path]:
                         if (s["workload"], s["load"], s["arm"]) == (name, kind, arm) and s[key] is not None
                     )
                     if points:
-                        ax.plot([p[0] for p in points], [p[1] for p in points], style, marker="o", label=arm + suffix)
+                        ax.plot(
+                            [p[0] for p in points],
+                            [p[1] for p in points],
+                            style,
+                            color=color,
+                            marker="o",
+                            label=arm + suffix,
+                        )
             ax.set_xscale("log", base=2)
             ax.set_xlabel("concurrent clients" if kind == "C" else "requests / s")
             ax.set_ylabel(label)
