@@ -12,7 +12,9 @@ at every level with ``none``'s runs averaged; ``vllm`` and ``vllm_ngram``
 are the anchor, each its own server, at the same levels.  Greedy.
 
 Per arm and level: output tokens per second, median and p90 time to first
-token, median inter-token latency, tokens per target pass (ours), and the
+token (and its median over the requests after a closed loop's opening burst,
+each of which joins a batch that is decoding: ``--rounds``), median
+inter-token latency, tokens per target pass (ours), and the
 outputs compared with ``none``'s first run, request by request.  The embedded
 server records every step (:class:`~grammarspec.step_trace.StepTrace`): the
 per-step table says where each arm's time goes.
