@@ -35,12 +35,6 @@ NAME = "grammarspec_packed"
 _layout: ContextVar[PackedLayout | None] = ContextVar("grammarspec_packed_layout", default=None)
 
 
-#: Rows of at most this many new tokens (decoding rows, drafts being verified) attend in batched calls, one per
-#: kind: single tokens, and short multi-token rows padded to the longest of them; longer rows (prompt chunks)
-#: attend one row at a time, where padding would cost more than the call.
-SHORT_ROW = 16
-
-
 @dataclass
 class PackedLayout:
     """Where each row's tokens sit in the packed sequence and what they attend to.
@@ -49,10 +43,9 @@ class PackedLayout:
     they were written to slot ``slots[i]`` at columns ``starts[i] ...``, and they
     attend over the slot's columns ``[0, starts[i] + sizes[i])`` through
     ``masks[i]`` (``[groups * sizes[i], starts[i] + sizes[i]]`` bool, True: seen;
-    ``None``: every column, a single token's query).  The rows of a single
-    token attend in one batched call over their slots, as a plain decode step
-    would, and so do the short rows of several tokens (:meth:`batches`); the
-    others one row at a time.
+    ``None``: every column, a single token's query).  The rows of a single token
+    attend in one batched call over their slots (:meth:`singles`), as a plain
+    decode step would; the others one row at a time.
     """
 
     slots: list[int]
@@ -60,64 +53,46 @@ class PackedLayout:
     sizes: list[int]
     masks: list[torch.Tensor | None]
     groups: int
-    _batches: dict[torch.device, list[_Batched]] = field(default_factory=dict)
+    _singles: dict[torch.device, _Singles | None] = field(default_factory=dict)
     offsets: list[int] = field(init=False)  # where each row's tokens begin in the packed sequence
 
     def __post_init__(self) -> None:
         self.offsets = [sum(self.sizes[:i]) for i in range(len(self.sizes))]
 
-    def batches(self, device: torch.device) -> list[_Batched]:
-        """The batched calls of the single-token rows and of the short multi-token rows (a kind of fewer than two
-        rows has none), built once per device a forward."""
-        if device not in self._batches:
-            kinds = (
-                [i for i, size in enumerate(self.sizes) if size == 1],
-                [i for i, size in enumerate(self.sizes) if 1 < size <= SHORT_ROW],
-            )
-            self._batches[device] = [self._batched(rows, device) for rows in kinds if len(rows) >= 2]
-        return self._batches[device]
-
-    def _batched(self, rows: list[int], device: torch.device) -> _Batched:
-        """One call for ``rows``: each row's queries in its slot, padded to the longest row; queries of no row (a
-        slot no row of the call reads, padding) see their slot's first column only and are never read."""
-        longest = max(self.sizes[i] for i in rows)
-        slots = max(self.slots[i] for i in rows) + 1
-        width = max(self.starts[i] + self.sizes[i] for i in rows)
-        seen = torch.zeros((slots, self.groups, longest, width), dtype=torch.bool, device=device)
-        seen[..., 0] = True
-        positions: list[int] = []
-        token_slots: list[int] = []
-        steps: list[int] = []
-        for i in rows:
-            slot, size, end = self.slots[i], self.sizes[i], self.starts[i] + self.sizes[i]
-            mask = self.masks[i]
-            if mask is None:
-                seen[slot, :, :size, :end] = True
-            else:
-                seen[slot, :, :size, :end] = mask.view(self.groups, size, end).to(device)
-            positions += range(self.offsets[i], self.offsets[i] + size)
-            token_slots += [slot] * size
-            steps += range(size)
-
-        def tensor(values: list[int]) -> torch.Tensor:
-            return torch.tensor(values, dtype=torch.long, device=device)
-
-        mask = seen.view(slots, 1, self.groups * longest, width)
-        return _Batched(frozenset(rows), tensor(positions), tensor(token_slots), tensor(steps), mask, width, longest)
+    def singles(self, device: torch.device) -> _Singles | None:
+        """The single-token rows' batched call (``None`` for fewer than two), built once per device a forward."""
+        if device not in self._singles:
+            rows = [i for i, size in enumerate(self.sizes) if size == 1]
+            found = None
+            if len(rows) >= 2:
+                offsets = self.offsets
+                slots = [self.slots[i] for i in rows]
+                ends = [1] * (max(slots) + 1)  # a slot no single row reads sees its first column (never used)
+                for i, slot in zip(rows, slots):
+                    ends[slot] = self.starts[i] + 1
+                width = max(ends)
+                columns = torch.arange(width, dtype=torch.long, device=device)
+                seen = columns[None, :] < torch.tensor(ends, dtype=torch.long, device=device)[:, None]
+                found = _Singles(
+                    frozenset(rows),
+                    torch.tensor([offsets[i] for i in rows], dtype=torch.long, device=device),
+                    torch.tensor(slots, dtype=torch.long, device=device),
+                    seen[:, None, None, :],
+                    width,
+                )
+            self._singles[device] = found
+        return self._singles[device]
 
 
 @dataclass
-class _Batched:
-    """Rows attended in one call over slots ``[0, len(mask))``: token ``n`` of the call is packed position
-    ``positions[n]``, query ``steps[n]`` of slot ``slots[n]``."""
+class _Singles:
+    """The rows of one query token each, attended in one call over slots ``[0, len(mask))``."""
 
     rows: frozenset[int]
-    positions: torch.Tensor  # [N]
-    slots: torch.Tensor  # [N]
-    steps: torch.Tensor  # [N]
-    mask: torch.Tensor  # [slots, 1, groups * longest, width] bool (query rows: group-major, as row_mask's)
+    positions: torch.Tensor  # [S]: each row's token in the packed sequence
+    slots: torch.Tensor  # [S]
+    mask: torch.Tensor  # [slots, 1, 1, width] bool: each slot's cached columns and its new one
     width: int
-    longest: int
 
 
 def row_mask(
@@ -167,23 +142,20 @@ def packed_attention(
     kv_heads = key.shape[1]
     groups = heads // kv_heads
     result = query.new_empty((query.shape[2], heads, value.shape[3]))  # [T, H, D]
-    done: set[int] = set()  # rows attended in a batched call
-    for call in layout.batches(query.device):
-        slots, longest = call.mask.shape[0], call.longest
-        # [slots, longest, H, D] -> [slots, kv_heads, groups * longest, D]: each slot's queries, heads stacked per key head
-        stacked = query.new_zeros((slots, longest, heads, dim))
-        stacked[call.slots, call.steps] = query[0][:, call.positions].transpose(0, 1)
-        stacked = stacked.view(slots, longest, kv_heads, groups, dim).permute(0, 2, 3, 1, 4)
+    singles = layout.singles(query.device)
+    if singles is not None:  # [slots, kv_heads, groups, D]: each slot's one query, its heads stacked per key head
+        stacked = query.new_zeros((singles.mask.shape[0], kv_heads, groups, dim))
+        stacked[singles.slots] = query[0][:, singles.positions].transpose(0, 1).reshape(-1, kv_heads, groups, dim)
+        rows = singles.mask.shape[0]
         out = functional.scaled_dot_product_attention(
-            stacked.reshape(slots, kv_heads, groups * longest, dim),
-            key[:slots, :, : call.width],
-            value[:slots, :, : call.width],
-            attn_mask=call.mask,
+            stacked,
+            key[:rows, :, : singles.width],
+            value[:rows, :, : singles.width],
+            attn_mask=singles.mask,
             scale=scaling,
         )
-        out = out.view(slots, kv_heads, groups, longest, -1).permute(0, 3, 1, 2, 4).reshape(slots, longest, heads, -1)
-        result[call.positions] = out[call.slots, call.steps]
-        done |= call.rows
+        result[singles.positions] = out[singles.slots].reshape(-1, heads, value.shape[3])
+    done = singles.rows if singles is not None else frozenset()
     for i, (slot, start, size, offset, mask) in enumerate(
         zip(layout.slots, layout.starts, layout.sizes, layout.offsets, layout.masks)
     ):

@@ -111,38 +111,3 @@ def test_models_packing_cannot_serve_keep_the_masked_path(attention, window):
     assert not supports_packing(LlamaForCausalLM(config))
     config.sliding_window, config._attn_implementation = None, "sdpa"
     assert supports_packing(LlamaForCausalLM(config))  # the same model otherwise packs
-
-
-def test_short_rows_attend_in_batched_calls_and_equal_the_masked_path(monkeypatch):
-    """Single tokens, drafts of different lengths (a chain and a tree) and a long prompt chunk, in slots out of
-    order: the single tokens attend in one call, the short multi-token rows (padded to the longest) in another,
-    the long chunk alone; the logits equal the masked path's."""
-    from grammarspec import packed_attention
-
-    model = tiny_llama(V, seed=7)
-    lengths = [6, 3, 11, 8, 4, 2]
-    packed, masked = _filled(model, lengths, True), _filled(model, lengths, False)
-    chunks = [[7], [3, 11], [9], [30 + i for i in range(packed_attention.SHORT_ROW + 3)], [5, 6, 7, 8, 9], [12]]
-    parents = [(), (-1,), (), (), (-1, -1, 0, 2), ()]
-    scored = [True, True, True, False, True, True]
-    kept = [[0], [0, 1], [0], list(range(len(chunks[3]))), [0, 1, 3], [0]]
-    calls = []
-    sdpa = packed_attention.functional.scaled_dot_product_attention
-
-    class Counting:
-        @staticmethod
-        def scaled_dot_product_attention(query, *args, **kwargs):
-            calls.append(tuple(query.shape))
-            return sdpa(query, *args, **kwargs)
-
-    monkeypatch.setattr(packed_attention, "functional", Counting)
-    got, shape = _step(packed, chunks, parents, scored, kept)
-    monkeypatch.undo()
-    want, _ = _step(masked, chunks, parents, scored, kept)
-    assert shape == (1, sum(map(len, chunks)))
-    layers = model.config.num_hidden_layers
-    assert len(calls) == 3 * layers  # singles, short rows, the long chunk: one call each a layer
-    groups = model.config.num_attention_heads // model.config.num_key_value_heads
-    assert sorted({c[2] for c in calls}) == sorted({groups, groups * 5, groups * len(chunks[3])})
-    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
-    assert packed.lengths == masked.lengths
