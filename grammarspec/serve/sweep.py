@@ -237,8 +237,9 @@ def run_sweep(
 
     A level sends ``max(requests, rounds * C)`` requests (open loop:
     ``requests``), the workload's bodies in turn: with ``rounds`` > 1 every
-    client sends again into a busy batch, which the steady TTFT reads.  ``none`` and ``auto`` run interleaved
-    (``none, auto, none``) on one server; the vLLM arms after, each on its own.
+    client sends again into a busy batch, which the steady TTFT reads.
+    ``none`` and ``auto`` run interleaved (``none, auto, none``) on one
+    server; the vLLM arms after, each on its own.
     """
     import openai
 
@@ -487,9 +488,8 @@ def write_sweep_plots(result: dict[str, Any], out: Path) -> dict[str, Path]:
         fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(4.2 * max(1, len(panels)), 3.6), squeeze=False)
         for ax, (name, kind) in zip(axes[0], panels):
             for index, arm in enumerate(arms):
-                color = (
-                    f"C{index % 10}"  # an arm's lines share its colour (solid: all requests, dotted: after the burst)
-                )
+                # an arm's lines share its colour (solid: all requests, dotted: after the burst)
+                color = f"C{index % 10}"
                 for key, style, suffix in zip(keys, ("-", ":"), ("", " after the burst")):
                     points = sorted(
                         (s["level"], s[key])
