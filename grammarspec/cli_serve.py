@@ -162,6 +162,14 @@ def add_serve_commands(commands: Any) -> None:
         "max(--requests, R x C); default: 1)",
     )
     sweep.add_argument(
+        "--pairs",
+        type=cli._positive_int,
+        default=1,
+        metavar="P",
+        help="none and auto interleaved as none, then auto, none P times: more runs to average where the "
+        "ratio is near 1 (default: 1)",
+    )
+    sweep.add_argument(
         "--max-batch-size",
         type=cli._positive_int,
         default=16,
@@ -260,6 +268,7 @@ def _cmd_bench_serve_sweep(args: argparse.Namespace, command: str) -> int:
         arms=arms,
         requests=args.requests,
         rounds=args.rounds,
+        pairs=args.pairs,
         max_tokens=args.max_new_tokens or 96,
         max_batch_size=args.max_batch_size,
         tasks_path=args.tasks,

@@ -32,7 +32,7 @@ On a CPU extra rows cost real time (a steep ``per_row``); on a GPU a pass of
 tens of rows costs about one plain step (``per_row`` near 0.001, ``min_rows``
 at the knee), and the goodput policy (:mod:`grammarspec.policy`) drafts longer.
 
-Two more terms, in the same unit (:meth:`proposers.cost.PassCost.drafted`):
+More terms, in the same unit (:meth:`proposers.cost.PassCost.drafted`):
 
 * ``switch``: what drafting changes in a step of ``SWITCH_BATCH`` rows of
   different lengths through :meth:`grammarspec.kv.BatchKV.forward`: the step
@@ -47,9 +47,15 @@ Two more terms, in the same unit (:meth:`proposers.cost.PassCost.drafted`):
   context), the grammar walk's mask fill, accept and rollback (xgrammar's
   JSON grammar over a vocabulary of the model's size, through keys, values
   and punctuation) and the verification's mask on the token's scored row
-  (:func:`grammarspec.masking.apply_masks`); the median per token.
+  (:func:`grammarspec.masking.apply_masks`); the median per token;
+* ``per_draft_row``, on the packed path only (a padded pass is as wide as its
+  widest row, which the curve prices): in a step of :data:`SPREAD_BATCH`
+  ragged rows, every row verifying a one-token draft against row 0
+  verifying a chain of as many tokens (the same tokens, on one row), paired
+  repeat by repeat; the median difference per further drafting row (each
+  attends in a call of its own in every layer).
 
-Both are rounded like the line (2 significant digits; 0 stays 0).
+All are rounded like the line (2 significant digits; 0 stays 0).
 
 :func:`stored_profile` keeps each fitted curve on disk (``pass_cost.json`` in
 the cache directory, :func:`grammarspec.loading.cache_dir`), keyed by the model,
@@ -117,6 +123,7 @@ def stored_profile(model: Any, key: str) -> PassCost:
             int(entry["min_rows"]),
             switch=float(entry["switch"]),
             per_token=float(entry["per_token"]),
+            per_draft_row=float(entry["per_draft_row"]),
             table={int(rows): float(cost) for rows, cost in entry["table"].items()},
         )
     except (ValueError, KeyError, TypeError, AttributeError):  # none stored, or not a whole curve: profile again
@@ -125,8 +132,7 @@ def stored_profile(model: Any, key: str) -> PassCost:
         medians = _median_seconds(model, DEFAULT_CONTEXT, list(DEFAULT_ROWS), DEFAULT_REPEATS)
         overhead = _overhead(model, DEFAULT_CONTEXT, medians[1], DEFAULT_REPEATS)
         line = fit_pass_cost(medians, overhead)
-        switch, per_token = profile_extra_terms(model, medians[1] + overhead)
-        cost = PassCost(line.base, line.per_row, line.min_rows, switch=switch, per_token=per_token, table=_table(line))
+        cost = _with_terms(line, *profile_extra_terms(model, medians[1] + overhead))
     except Exception as error:  # the model refused: the prior, and nothing stored (the next process tries again)
         return _fallback(model, error)
     stored = _read_profiles(path)  # read again: another process may have stored a key since
@@ -137,6 +143,7 @@ def stored_profile(model: Any, key: str) -> PassCost:
         "min_rows": cost.min_rows,
         "switch": cost.switch,
         "per_token": cost.per_token,
+        "per_draft_row": cost.per_draft_row,
         "table": {str(rows): value for rows, value in _table(cost).items()},
     }
     try:
@@ -151,7 +158,7 @@ def stored_profile(model: Any, key: str) -> PassCost:
 
 DEFAULT_CONTEXT = 128
 #: How the stored terms are measured; an entry of another format is profiled again.
-PROFILE_FORMAT = 2
+PROFILE_FORMAT = 3
 DEFAULT_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 DEFAULT_REPEATS = 3
 
@@ -159,6 +166,19 @@ DEFAULT_REPEATS = 3
 def _table(cost: PassCost) -> dict[int, float]:
     """``cost``'s measured points beyond one row (none for a bare line)."""
     return {rows: value for rows, value in cost.table or [] if rows > 1}
+
+
+def _with_terms(line: PassCost, switch: float, per_token: float, per_draft_row: float) -> PassCost:
+    """The fitted ``line`` (and its table) with the drafted pass's extra terms."""
+    return PassCost(
+        line.base,
+        line.per_row,
+        line.min_rows,
+        switch=switch,
+        per_token=per_token,
+        per_draft_row=per_draft_row,
+        table=_table(line),
+    )
 
 
 STEP_TOKENS = 12
@@ -233,8 +253,7 @@ def profile_pass_cost(
     except Exception as error:  # the model refused: draft as before rather than fail the request
         return _fallback(model, error)
     unit = medians[1] + overhead
-    switch, per_token = profile_extra_terms(model, unit, context=context, repeats=repeats)
-    return PassCost(line.base, line.per_row, line.min_rows, switch=switch, per_token=per_token, table=_table(line))
+    return _with_terms(line, *profile_extra_terms(model, unit, context=context, repeats=repeats))
 
 
 def _fallback(model: Any, error: Exception) -> PassCost:
@@ -291,22 +310,24 @@ def _median_seconds(model: Any, context: int, rows: list[int], repeats: int) -> 
 
 
 SWITCH_BATCH = 4
+SPREAD_BATCH = 16
 HOST_TOKENS = 16
 EXTRA_REPEATS = 5
 
 
 def profile_extra_terms(
     model: Any, unit: float, *, context: int = DEFAULT_CONTEXT, repeats: int = DEFAULT_REPEATS
-) -> tuple[float, float]:
-    """``(switch, per_token)`` of ``model`` in plain steps of ``unit`` seconds (the module's rule).
+) -> tuple[float, float, float]:
+    """``(switch, per_token, per_draft_row)`` of ``model`` in plain steps of ``unit`` seconds (the module's rule).
 
     A term that cannot be timed here is 0, with a warning saying why.  Each is
-    a median over at least :data:`EXTRA_REPEATS` repeats: a difference of two
-    timings is noisier than either.  Does not change the model.
+    a median over at least :data:`EXTRA_REPEATS` repeats (``per_draft_row``,
+    a smaller difference, twice as many): a difference of two timings is
+    noisier than either.  Does not change the model.
     """
     repeats = max(repeats, EXTRA_REPEATS)
     try:
-        switch = max(0.0, _switch_seconds(model, context, repeats)) / unit
+        switch = max(0.0, _ragged_seconds(model, context, repeats, SWITCH_BATCH, "plain", "one")) / unit
     except Exception as error:  # e.g. a model that takes no attention mask: it has no masked path to switch to
         _warn(model, "the masked path", error)
         switch = 0.0
@@ -316,7 +337,13 @@ def profile_extra_terms(
     except Exception as error:
         _warn(model, "the host work per draft token", error)
         per_token = 0.0
-    return _two_digits(switch), _two_digits(per_token)
+    try:
+        spread = _ragged_seconds(model, context, 2 * repeats, SPREAD_BATCH, "chain", "spread", packed_only=True)
+        per_draft_row = max(0.0, spread) / (SPREAD_BATCH - 1) / unit
+    except Exception as error:
+        _warn(model, "drafts spread over rows", error)
+        per_draft_row = 0.0
+    return _two_digits(switch), _two_digits(per_token), _two_digits(per_draft_row)
 
 
 def _warn(model: Any, what: str, error: Exception) -> None:
@@ -328,13 +355,32 @@ def _warn(model: Any, what: str, error: Exception) -> None:
     )
 
 
-def _switch_seconds(model: Any, context: int, repeats: int) -> float:
-    """Median over paired repeats of (a drafted step - the plain step of the same ragged rows), seconds.
+Shape = tuple[list[list[int]], list[list[int]]]  # one step's (chunks, parents), as BatchKV.forward takes them
 
-    Both run :data:`SWITCH_BATCH` rows of about ``context`` cached tokens through
-    :meth:`grammarspec.kv.BatchKV.forward`, each followed by the verification's
-    device work; in the drafted one row 0 verifies a one-token draft.  Neither
-    keeps its columns.
+
+def ragged_shapes(batch: int) -> dict[str, Shape]:
+    """Steps of ``batch`` rows, by what drafts: ``plain`` (one token a row), ``one`` (row 0 verifies a one-token
+    draft), ``chain`` (row 0 verifies ``batch`` draft tokens) and ``spread`` (every row verifies one: as many
+    tokens as ``chain``, on ``batch`` rows).  Pure."""
+    rest: Shape = ([[9]] * (batch - 1), [[]] * (batch - 1))
+    return {
+        "plain": ([[9]] * batch, [[]] * batch),
+        "one": ([[9, 10]] + rest[0], [[-1]] + rest[1]),
+        "chain": ([[9, *range(10, 10 + batch)]] + rest[0], [list(range(-1, batch - 1))] + rest[1]),
+        "spread": ([[9, 10]] * batch, [[-1]] * batch),
+    }
+
+
+def _ragged_seconds(
+    model: Any, context: int, repeats: int, batch: int, before: str, after: str, *, packed_only: bool = False
+) -> float:
+    """Median over paired repeats of (step ``after`` - step ``before``) of :func:`ragged_shapes`, seconds.
+
+    Both run ``batch`` rows of about ``context`` cached tokens (row 0 one
+    longer: ragged) through :meth:`grammarspec.kv.BatchKV.forward`, each
+    followed by the verification's device work; neither keeps its columns.
+    ``packed_only``: 0 where ragged steps run padded (a padded step is as wide
+    as its widest row, which the curve prices).
     """
     from .kv import BatchKV
 
@@ -342,34 +388,36 @@ def _switch_seconds(model: Any, context: int, repeats: int) -> float:
     vocab = int(getattr(config, "vocab_size", 2))
     limit = getattr(config, "max_position_embeddings", None)
     if isinstance(limit, int):
-        context = max(2, min(context, limit - 4))
+        context = max(2, min(context, limit - batch - 4))
     device = input_device(model)
     backend = getattr(torch, device.type, None)
     synchronize = getattr(backend, "synchronize", None) if device.type != "cpu" else None
-    batch = SWITCH_BATCH
     prompt = [(7 * i + 3) % vocab for i in range(context)]
     ragged = BatchKV(model, batch)
+    if packed_only and not ragged.packed:
+        return 0.0
+    shapes = ragged_shapes(batch)
     with torch.inference_mode():
         ragged.forward([prompt] * batch, [[]] * batch)
         ragged.keep([list(range(context))] * batch)
         ragged.forward([[5, 6]] * batch, [[]] * batch)
         ragged.keep([[0, 1]] + [[0]] * (batch - 1))  # row 0 one token longer: the rows are ragged from here on
 
-        def timed(chunks: list[list[int]], parents: list[list[int]]) -> float:
+        def timed(shape: Shape) -> float:
             if synchronize is not None:
                 synchronize()
             start = time.perf_counter()
-            _verify_rows(ragged.forward(chunks, parents))
+            _verify_rows(ragged.forward(*shape))
             seconds = time.perf_counter() - start
             ragged.keep([[]] * batch)
             return seconds
 
         differences = []
         for i in range(repeats + 1):  # the first pair warms up and is not counted
-            plain = timed([[9]] * batch, [[]] * batch)
-            drafted = timed([[9, 10]] + [[9]] * (batch - 1), [[-1]] + [[]] * (batch - 1))
+            first = timed(shapes[before])
+            second = timed(shapes[after])
             if i:
-                differences.append(drafted - plain)
+                differences.append(second - first)
     return statistics.median(differences)
 
 

@@ -8,13 +8,16 @@ calibrated online).  Admitting its first ``k`` tokens brings, in expectation,
 (the target's own token always comes).  Goodput is expected tokens per unit of
 batch time::
 
-    goodput = (B + sum of admitted S[r][j]) / (cost(rows) + per_token * slots + switch)
+    goodput = (B + sum of admitted S[r][j])
+              / (cost(rows) + per_token * slots + switch + per_draft_row * (drafting rows - 1))
 
 in plain steps (:class:`proposers.cost.PassCost`): ``cost(rows)`` is the
 forward over the rows the pass really computes, ``per_token`` the host work
-of each admitted draft token (drafting, the grammar walk, verification), and
+of each admitted draft token (drafting, the grammar walk, verification),
 ``switch`` the change from the mask-free decode call to masked ragged rows,
-paid once when any row drafts at batch 2 or more.
+paid once when any row drafts at batch 2 or more, and ``per_draft_row`` (a
+packed pass only) the attention call of its own that each further drafting
+row takes in every layer.
 
 The rows a pass computes depend on its shape.  The HF loop pads every row to
 the widest (:meth:`grammarspec.kv.BatchKV.forward`): ``rows = B * max_r(pending[r] + k[r])``,
@@ -23,7 +26,9 @@ allocation takes the admissible (row, position) slots in order of ``S``
 (highest first; ``S`` never rises along a row, so a row's slots come in
 prefix order) while they raise the goodput, and keeps the best width (the
 narrowest on ties).  A packed pass (vLLM: ``rows = base_rows + sum(k)``)
-takes the best prefix of all slots in ``S`` order.  ``k = 0`` for a row is an
+takes the best prefix of all slots in ``S`` order, a row's first slot
+paying ``per_draft_row`` as well (so a few rows drafting long can beat many
+rows drafting one token each).  ``k = 0`` for a row is an
 ordinary outcome; so is ``k = 0`` for every row (a plain step).
 Grammar-forced leading tokens (``forced[r]``) are always taken: they count in
 the rows and the tokens, never in the order.
@@ -106,7 +111,7 @@ def allocate(
         raise ValueError(f"allocate got {len(forced)} forced counts for {len(estimates)} rows: pass one per row")
     if (base_rows is None) == (pending is None):
         raise ValueError("allocate needs the pass's shape: base_rows (packed) or pending (padded), not both")
-    forward, switch, per_token = _terms(cost)
+    forward, switch, per_token, per_draft_row = _terms(cost)
     lengths = [min(max(f, 0), len(e)) for f, e in zip(forced, estimates)]
     tokens = float(len(estimates) + len(fixed))
     slots: list[tuple[float, int, int]] = []  # (-S, position, row)
@@ -120,7 +125,16 @@ def allocate(
         assert base_rows is not None
         if base_rows < 0:
             raise ValueError(f"allocate needs base_rows >= 0, got {base_rows}")
-        chosen = _packed(slots, tokens, base_rows, sum(lengths), forward, switch if batch > 1 else 0.0, per_token)
+        chosen = _packed(
+            slots,
+            tokens,
+            base_rows,
+            lengths,
+            forward,
+            switch if batch > 1 else 0.0,
+            per_token,
+            per_draft_row if batch > 1 else 0.0,
+        )
     else:
         if len(pending) != len(estimates) or min(pending, default=1) < 1:
             raise ValueError(f"allocate needs one pending count >= 1 per row, got {list(pending)}")
@@ -130,32 +144,40 @@ def allocate(
     return lengths
 
 
-def _terms(cost: Cost) -> tuple[Callable[[int], float], float, float]:
-    """``(cost(rows), switch, per_token)`` of a :class:`PassCost`, or of a bare curve (no extra terms)."""
+def _terms(cost: Cost) -> tuple[Callable[[int], float], float, float, float]:
+    """``(cost(rows), switch, per_token, per_draft_row)`` of a :class:`PassCost`, or of a bare curve (no extra
+    terms)."""
     if isinstance(cost, PassCost):
-        return cost.cost, cost.switch, cost.per_token
-    return cost, 0.0, 0.0
+        return cost.cost, cost.switch, cost.per_token, cost.per_draft_row
+    return cost, 0.0, 0.0, 0.0
 
 
 def _packed(
     slots: list[tuple[float, int, int]],
     tokens: float,
     rows: int,
-    taken: int,
+    lengths: Sequence[int],
     forward: Callable[[int], float],
     switch: float,
     per_token: float,
+    per_draft_row: float,
 ) -> list[tuple[float, int, int]]:
-    """The goodput-best prefix of ``slots`` when each one adds a row to the pass."""
+    """The goodput-best prefix of ``slots`` when each one adds a row to the pass (``lengths``: the tokens each
+    row has taken already) and each further drafting row ``per_draft_row``."""
+    drafting = {r for r, k in enumerate(lengths) if k}
+    drafted = sum(lengths)
 
-    def spent(n: int) -> float:
-        drafted = taken + n
-        return forward(rows + drafted) + (per_token * drafted + switch if drafted else 0.0)
+    def spent() -> float:
+        if not drafted:
+            return forward(rows)
+        return forward(rows + drafted) + per_token * drafted + switch + per_draft_row * (len(drafting) - 1)
 
-    best, best_n = tokens / spent(0), 0
-    for n, (neg, _, _) in enumerate(slots, start=1):
+    best, best_n = tokens / spent(), 0
+    for n, (neg, _, r) in enumerate(slots, start=1):
         tokens -= neg
-        goodput = tokens / spent(n)
+        drafted += 1
+        drafting.add(r)
+        goodput = tokens / spent()
         if goodput > best * (1 + 1e-12):
             best, best_n = goodput, n
     return slots[:best_n]

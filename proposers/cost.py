@@ -14,10 +14,14 @@ A pass that verifies drafts pays two more terms, both in plain steps
   of path from the mask-free decode call to ragged rows under an attention mask
   (position ids, the mask built and read by every attention layer);
 * ``per_token``, per draft token: the host work the token adds beyond its row
-  of the forward (drafting it, the grammar walk's mask fill, accept and rollback).
+  of the forward (drafting it, the grammar walk's mask fill, accept and rollback);
+* ``per_draft_row``, per row that drafts beyond the first, in a packed pass
+  (:mod:`grammarspec.packed_attention`): single-token rows attend in one call
+  per layer, but each row verifying a draft attends in a call of its own, so
+  the same draft tokens cost more spread over many rows than in one chain.
 
-The prior (``PassCost()``) is a CPU-shaped line with no ``switch`` and no
-``per_token``, for draft lengths that never depend on the machine; the HF loop
+The prior (``PassCost()``) is a CPU-shaped line with no ``switch``, ``per_token``
+or ``per_draft_row``, for draft lengths that never depend on the machine; the HF loop
 profiles every term once per model, device, dtype and thread count
 (:mod:`grammarspec.pass_profile`), and BENCHMARKS.md records what was measured.
 On a GPU a pass stays near one plain step up to tens of rows
@@ -76,8 +80,8 @@ class PassCost:
     >>> round(c.cost(9), 1)  # near 3: the prior points hold it back a little
     2.8
 
-    ``switch`` and ``per_token``: the drafted pass's extra terms (module
-    docstring), fixed; :meth:`drafted` adds them.
+    ``switch``, ``per_token`` and ``per_draft_row``: the drafted pass's extra
+    terms (module docstring), fixed; :meth:`drafted` adds them.
 
     ``update`` and the constructor change state; ``cost``, ``drafted``,
     ``break_even`` and ``share`` do not.
@@ -91,6 +95,7 @@ class PassCost:
         *,
         switch: float = 0.0,
         per_token: float = 0.0,
+        per_draft_row: float = 0.0,
         table: Mapping[int, float] | None = None,
         prior_weight: float = 2.0,
         decay: float = 0.95,
@@ -98,9 +103,11 @@ class PassCost:
     ) -> None:
         if base <= 0 or per_row < 0 or min_rows < 1:
             raise ValueError(f"PassCost needs base > 0, per_row >= 0, min_rows >= 1; got {base}, {per_row}, {min_rows}")
-        if switch < 0 or per_token < 0:
-            raise ValueError(f"PassCost needs switch >= 0 and per_token >= 0; got {switch}, {per_token}")
-        self.switch, self.per_token = switch, per_token
+        if switch < 0 or per_token < 0 or per_draft_row < 0:
+            raise ValueError(
+                f"PassCost needs switch, per_token and per_draft_row >= 0; got {switch}, {per_token}, {per_draft_row}"
+            )
+        self.switch, self.per_token, self.per_draft_row = switch, per_token, per_draft_row
         #: Measured ``(rows, plain steps)`` points, rising, beginning at ``(1, 1.0)``; ``None``: the line alone.
         self.table: list[tuple[int, float]] | None = monotone_table(table) if table else None
         if not 0 < decay <= 1 or not 0 < unit_alpha <= 1 or prior_weight <= 0:
@@ -136,20 +143,26 @@ class PassCost:
         """:meth:`cost`: a :class:`PassCost` serves wherever a bare curve ``cost(rows)`` is asked for."""
         return self.cost(rows)
 
-    def drafted(self, rows: int, tokens: int, batch: int = 1) -> float:
-        """A pass over ``rows`` rows verifying ``tokens`` draft tokens of a batch of ``batch`` rows, in plain steps.
+    def drafted(self, rows: int, tokens: int, batch: int = 1, drafting: int = 1) -> float:
+        """A pass over ``rows`` rows verifying ``tokens`` draft tokens of ``drafting`` rows of a batch of ``batch``.
 
-        ``cost(rows)``, plus ``per_token`` a draft token, plus ``switch`` when
-        any row drafts at ``batch >= 2`` (a chain at batch 1 keeps the mask-free
-        call).  Does not change state.
+        In plain steps: ``cost(rows)``, plus ``per_token`` a draft token, plus
+        ``switch`` when any row drafts at ``batch >= 2`` (a chain at batch 1
+        keeps the mask-free call), plus ``per_draft_row`` for each drafting row
+        beyond the first.  Does not change state.
 
-        >>> c = PassCost(1.2, 0.02, 4, switch=0.1, per_token=0.01)
+        >>> c = PassCost(1.2, 0.02, 4, switch=0.1, per_token=0.01, per_draft_row=0.05)
         >>> c.drafted(4, 0, batch=4), round(c.drafted(8, 4, batch=4), 2), round(c.drafted(5, 4), 2)
         (1.28, 1.5, 1.34)
+        >>> round(c.drafted(8, 4, batch=4, drafting=4), 2)  # the same 4 tokens on 4 rows: 3 more calls a layer
+        1.65
         """
         if tokens <= 0:
             return self.cost(rows)
-        return self.cost(rows) + self.per_token * tokens + (self.switch if batch > 1 else 0.0)
+        if batch <= 1:
+            return self.cost(rows) + self.per_token * tokens
+        spread = self.per_draft_row * max(0, drafting - 1)
+        return self.cost(rows) + self.per_token * tokens + self.switch + spread
 
     def break_even(self, rows: int) -> float:
         """Accepted draft tokens a pass over ``rows`` rows must bring to beat plain steps.
@@ -220,12 +233,14 @@ def monotone_table(table: Mapping[int, float]) -> list[tuple[int, float]]:
     return [(1, 1.0)] + [(rows, round(cost, 4)) for (rows, _), cost in zip(points, costs)]
 
 
-def flat_until(rows: int, per_row: float = 0.01, *, switch: float = 0.0, per_token: float = 0.0) -> PassCost:
+def flat_until(
+    rows: int, per_row: float = 0.01, *, switch: float = 0.0, per_token: float = 0.0, per_draft_row: float = 0.0
+) -> PassCost:
     """A fixed cost curve that stays at one plain step up to ``rows`` rows, then grows ``per_row`` a row.
 
     What a small model on a GPU looks like (a pass is bound by reading the
-    weights until the batch fills the chip).  ``switch`` and ``per_token``: the
-    drafted pass's extra terms (:meth:`PassCost.drafted`).  For replays and
+    weights until the batch fills the chip).  ``switch``, ``per_token`` and
+    ``per_draft_row``: the drafted pass's extra terms (:meth:`PassCost.drafted`).  For replays and
     tests; it learns like any other :class:`PassCost` if updated.
 
     >>> gpu = flat_until(64)
@@ -234,4 +249,6 @@ def flat_until(rows: int, per_row: float = 0.01, *, switch: float = 0.0, per_tok
     """
     if rows < 2 or not 0 < per_row * rows < 1:
         raise ValueError(f"flat_until needs rows >= 2 and 0 < per_row * rows < 1, got rows={rows}, per_row={per_row}")
-    return PassCost(1.0 - per_row * rows, per_row, rows, switch=switch, per_token=per_token)
+    return PassCost(
+        1.0 - per_row * rows, per_row, rows, switch=switch, per_token=per_token, per_draft_row=per_draft_row
+    )

@@ -2,13 +2,15 @@
 
 Used by the test modules that talk to the server as its users do: one process
 per module, started with the embedded SmolLM2-135M; and the README's snippets
-those modules run as written.
+those modules run as written.  ``server_process`` starts any such server
+command (the vLLM suite starts vLLM's OpenAI server with it).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import resource
 import signal
 import socket
@@ -32,6 +34,58 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
+def server_process(
+    command: list[str],
+    port: int,
+    *,
+    memory_cap: int | None = MEMORY_CAP,
+    start_timeout: float = 300.0,
+    env: dict[str, str] | None = None,
+) -> Iterator[tuple[str, int]]:
+    """Any HTTP server ``command`` listening on ``port``; yields ``(base_url, pid)`` once ``/health`` answers.
+
+    ``memory_cap=None`` runs it uncapped (vLLM reserves more address space than it uses).  The server's
+    output goes to a log file whose tail is in the error when it exits or does not start; SIGINT stops it after.
+    """
+
+    def cap() -> None:
+        if memory_cap is not None:
+            resource.setrlimit(resource.RLIMIT_AS, (memory_cap, memory_cap))
+
+    log = Path(os.environ.get("TMPDIR", "/tmp")) / f"test-server-{port}.log"
+    with open(log, "wb") as out:
+        process = subprocess.Popen(
+            command,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            preexec_fn=cap,
+            cwd=Path(__file__).resolve().parents[1],
+            env=env,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + start_timeout
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"{command[:3]} exited ({process.returncode}): {log.read_text()[-3000:]}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(url + "/health", timeout=5).status_code == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{command[:3]} did not start: {log.read_text()[-3000:]}")
+            time.sleep(0.5)
+        yield url, process.pid
+    finally:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        log.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
 def serve_process(*args: str, memory_cap: int = MEMORY_CAP, start_timeout: float = 300.0) -> Iterator[tuple[str, int]]:
     """``grammarspec serve`` with ``args``; yields ``(base_url, pid)`` once ``/health`` answers; stops it after."""
     port = free_port()
@@ -45,41 +99,13 @@ def serve_process(*args: str, memory_cap: int = MEMORY_CAP, start_timeout: float
         "warning",
         *args,
     ]
-
-    def cap() -> None:
-        resource.setrlimit(resource.RLIMIT_AS, (memory_cap, memory_cap))
-
-    log = Path(os.environ.get("TMPDIR", "/tmp")) / f"grammarspec-serve-{port}.log"
-    with open(log, "wb") as out:
-        process = subprocess.Popen(
-            command, stdout=out, stderr=subprocess.STDOUT, preexec_fn=cap, cwd=Path(__file__).resolve().parents[1]
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + start_timeout
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"grammarspec serve exited ({process.returncode}): {log.read_text()[-3000:]}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(url + "/health", timeout=5).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"grammarspec serve did not start: {log.read_text()[-3000:]}")
-            time.sleep(0.5)
-        yield url, process.pid
-    finally:
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        log.unlink(missing_ok=True)
+    with server_process(command, port, memory_cap=memory_cap, start_timeout=start_timeout) as started:
+        yield started
 
 
-def readme_block(heading: str, starts: str) -> str:
-    """The README's python block under ``heading`` that starts with ``starts``."""
+def readme_block(heading: str, starts: str, language: str = "python") -> str:
+    """The README's first ``language`` block (``""``: a bare fence) after ``heading`` that starts with ``starts``."""
     text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     section = text[text.index(heading) :]
-    blocks = section.split("```python\n")[1:]
-    return next(b.split("```")[0] for b in blocks if b.startswith(starts))
+    blocks = re.finditer(r"^```(\w*)\n(.*?)^```", section, re.MULTILINE | re.DOTALL)
+    return next(m[2] for m in blocks if m[1] == language and m[2].startswith(starts))

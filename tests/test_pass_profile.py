@@ -191,8 +191,32 @@ def test_a_profile_prices_the_masked_path_and_the_host_work_of_a_draft_token():
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # both terms are timed on a real model: no fallback
         cost = profile_pass_cost(tiny_llama(64, seed=0), context=24, rows=(1, 2, 8), repeats=1)
-    assert cost.switch >= 0.0 and cost.per_token > 0.0
+    assert cost.switch >= 0.0 and cost.per_token > 0.0 and cost.per_draft_row >= 0.0
     assert cost.drafted(8, 4, batch=4) == pytest.approx(cost.cost(8) + 4 * cost.per_token + cost.switch)
+
+
+def test_spreading_drafts_over_rows_is_timed_against_the_same_tokens_in_one_chain(monkeypatch):
+    """``per_draft_row``: every row verifying one token against row 0 verifying as many, on the packed path only."""
+    from grammarspec import pass_profile
+    from grammarspec.kv import BatchKV
+
+    shapes = pass_profile.ragged_shapes(8)
+    drafted = {name: sum(len(chunk) - 1 for chunk in chunks) for name, (chunks, _) in shapes.items()}
+    assert drafted == {"plain": 0, "one": 1, "chain": 8, "spread": 8}  # chain and spread: the same tokens
+    assert [sum(len(c) > 1 for c in chunks) for chunks, _ in shapes.values()] == [0, 1, 1, 8]  # drafting rows
+    assert all(len(parents) == len(chunk) - 1 for chunks, p in shapes.values() for chunk, parents in zip(chunks, p))
+    model = tiny_llama(64, seed=0)
+    assert BatchKV(model, 4).packed  # the tiny llama runs packed, as the embedded model does
+    timed = []
+    forward = BatchKV.forward
+    monkeypatch.setattr(BatchKV, "forward", lambda self, *a, **k: timed.append(a[0]) or forward(self, *a, **k))
+    pass_profile._ragged_seconds(model, 24, 2, 4, "chain", "spread", packed_only=True)
+    steps = timed[2:]  # after the prompt and the step that makes the rows ragged: chain, spread, in turn
+    assert steps == [pass_profile.ragged_shapes(4)[name][0] for name in ("chain", "spread")] * 3
+    import grammarspec.kv
+
+    monkeypatch.setattr(grammarspec.kv, "supports_packing", lambda model: False)  # padded: the curve prices width
+    assert pass_profile._ragged_seconds(model, 24, 2, 4, "chain", "spread", packed_only=True) == 0.0
 
 
 def test_a_stored_entry_that_is_not_a_whole_curve_is_profiled_again_and_kept_whole(profile_mode):
@@ -203,6 +227,7 @@ def test_a_stored_entry_that_is_not_a_whole_curve_is_profiled_again_and_kept_who
     assert cost.table is not None and cost.per_token > 0.0
     entry = json.loads(profile_file().read_text())["old-key"]
     assert entry["per_token"] == cost.per_token and entry["switch"] == cost.switch
+    assert entry["per_draft_row"] == cost.per_draft_row
     assert {int(n) for n in entry["table"]} == {n for n, _ in cost.table if n > 1}
     again = stored_profile(tiny_llama(64, seed=0), "old-key")  # read back whole: the same curve
     assert again.table == cost.table and again.cost(5) == cost.cost(5)
@@ -214,6 +239,7 @@ def test_a_whole_entry_measured_another_way_is_profiled_again(profile_mode):
 
     profile_file().parent.mkdir(parents=True, exist_ok=True)
     old = {"base": 1.5, "per_row": 0.05, "min_rows": 8, "switch": 9.0, "per_token": 0.01, "table": {"2": 1.1}}
+    old["format"] = PROFILE_FORMAT - 1
     profile_file().write_text(json.dumps({"old-key": old}))
     cost = stored_profile(tiny_llama(64, seed=0), "old-key")
     entry = json.loads(profile_file().read_text())["old-key"]

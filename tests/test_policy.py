@@ -141,6 +141,20 @@ def test_the_switch_to_masked_rows_and_host_work_are_paid_by_what_drafts():
     assert allocate(row, PassCost(1.0, 0.001, 1, per_token=0.5), pending=[1]) == [0]
 
 
+def test_a_packed_pass_prices_each_further_drafting_row_so_drafts_gather_where_they_pay_most():
+    spread = [[0.5]] * 4  # four rows with one likely token each
+    flat = PassCost(1.0, 0.01, 1)
+    assert allocate(spread, flat, base_rows=4) == [1] * 4
+    per_row = PassCost(1.0, 0.01, 1, per_draft_row=0.2)
+    assert allocate(spread, per_row, base_rows=4) == [1, 0, 0, 0]  # one row pays no further call: 4.5 / 1.05
+    assert allocate(spread, per_row, pending=[1] * 4) == [1] * 4  # a padded pass has no call per row to pay
+    chains = [[0.9] * 4, [0.5]] + [[]] * 2  # the second row's single token is not worth a call of its own
+    assert allocate(chains, per_row, base_rows=4) == [4, 0, 0, 0]
+    assert allocate(chains, flat, base_rows=4) == [4, 1, 0, 0]
+    assert allocate([[0.5]], PassCost(1.0, 0.01, 1, per_draft_row=5.0), base_rows=1) == [1]  # batch 1: no call to add
+    assert per_row.drafted(6, 2, batch=4, drafting=2) == pytest.approx(per_row.drafted(6, 2, batch=4) + 0.2)
+
+
 def test_a_request_starts_from_its_traffics_evidence():
     from grammarspec.adaptive import AdaptiveController
 

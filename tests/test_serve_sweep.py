@@ -62,6 +62,26 @@ def test_the_steady_ttft_leaves_out_the_requests_that_open_the_level():
     assert level_summary(burst, burst=2)["ttft_steady_median"] is None
 
 
+def test_each_auto_run_is_compared_with_the_none_runs_either_side_of_it():
+    def run(arm, position, tok_s):
+        summary = {"tok_s": tok_s, "tokens": 1}
+        return {
+            "workload": "prose",
+            "load": "C",
+            "level": 8,
+            "arm": arm,
+            "position": position,
+            "summary": summary,
+            "outputs": ["x"],
+        }
+
+    speeds = [("none", 10.0), ("auto", 11.0), ("none", 12.0), ("auto", 9.0), ("none", 8.0)]  # the machine drifts
+    result = {"runs": [run(arm, i, v) for i, (arm, v) in enumerate(speeds)]}
+    lines = {line["arm"]: line for line in sweep_summary(result)}
+    assert lines["auto"]["pair_ratios"] == pytest.approx([1.0, 0.9])  # 11 / mean(10, 12), 9 / mean(12, 8)
+    assert lines["auto"]["tok_s"] == 10.0 and lines["none"]["tok_s"] == 10.0 and lines["none"]["pair_ratios"] == []
+
+
 def test_a_request_the_server_refuses_is_counted_and_the_level_goes_on():
     """A server's error on one request (vLLM refusing a schema its backend cannot compile) is that request's record,
     not the end of the sweep; losing the server altogether still stops the arm."""
@@ -108,13 +128,14 @@ def test_the_sweep_runs_every_level_and_arm_and_the_greedy_outputs_agree(tasks_f
         rates=(8.0,),
         requests=2,
         rounds=2,
+        pairs=2,
         max_tokens=6,
         max_batch_size=2,
         tasks_path=tasks_file,
     )
     runs = result["runs"]
-    assert len(runs) == 2 * 3 * 3  # workloads x levels x (none, auto, none)
-    assert [r["arm"] for r in runs[:3]] == ["none", "auto", "none"]
+    assert len(runs) == 2 * 3 * 5  # workloads x levels x (none, then auto, none twice)
+    assert [r["arm"] for r in runs[:5]] == ["none", "auto", "none", "auto", "none"]
     for run in runs:
         assert run["summary"]["tokens"] > 0 and run["summary"]["tokens_per_pass"] >= 1.0
         if run["load"] == "C":  # rounds=2: every client sends twice, the second time into a busy batch
@@ -122,6 +143,7 @@ def test_the_sweep_runs_every_level_and_arm_and_the_greedy_outputs_agree(tasks_f
             assert run["summary"]["ttft_steady_median"] is not None
         assert run["summary"]["step_table"]["steps"] > 0
     for line in sweep_summary(result):
+        assert len(line["pair_ratios"]) == (2 if line["arm"] == "auto" else 0)  # each auto run against its neighbours
         if line["arm"] == "auto" or line["runs"] > 1:
             same, total = line["identical"]
             assert same == total > 0, line  # greedy: every arm writes what none writes

@@ -7,7 +7,9 @@ one ends) at every concurrency of the list, and an open loop of requests
 arriving at random (Poisson) at every rate of the list.  Arms: ``none`` and
 ``auto`` (``"grammarspec": {"assistant": ...}`` on one embedded server, prefix
 cache off so every request reads its whole prompt), run ``none, auto, none``
-at every level with ``none``'s runs averaged; ``vllm`` and ``vllm_ngram``
+at every level (``--pairs P``: ``none`` then ``auto, none`` P times) with each
+arm's runs averaged, and each ``auto`` run's ratio to the ``none`` runs either
+side of it reported too, so the table shows how far the ratio moves between runs; ``vllm`` and ``vllm_ngram``
 (``vllm serve`` from ``.venv-vllm`` without and with its n-gram proposer)
 are the anchor, each its own server, at the same levels.  Greedy.
 
@@ -228,6 +230,7 @@ def run_sweep(
     arms: Sequence[str] = OUR_ARMS,
     requests: int = 8,
     rounds: int = 1,
+    pairs: int = 1,
     max_tokens: int = 96,
     max_batch_size: int = 16,
     tasks_path: str | Path | None = None,
@@ -238,9 +241,11 @@ def run_sweep(
     A level sends ``max(requests, rounds * C)`` requests (open loop:
     ``requests``), the workload's bodies in turn: with ``rounds`` > 1 every
     client sends again into a busy batch, which the steady TTFT reads.
-    ``none`` and ``auto`` run interleaved (``none, auto, none``) on one
-    server; the vLLM arms after, each on its own.
+    ``none`` and ``auto`` run interleaved (``none``, then ``auto, none``
+    ``pairs`` times) on one server; the vLLM arms after, each on its own.
     """
+    if pairs < 1:
+        raise ValueError(f"run_sweep needs pairs >= 1, got {pairs}")
     import openai
 
     from grammars import grammar_spec
@@ -314,7 +319,7 @@ def run_sweep(
                     _send(client, model_name, pool[0], arm, max_tokens)
             assert server.engine.trace is not None
             server.engine.trace.take()
-            order = ["none", "auto", "none"] if ours == ["none", "auto"] else ours
+            order = ["none"] + ["auto", "none"] * pairs if ours == ["none", "auto"] else ours
             level_runs(client, model_name, order, server.engine.trace, server.engine.counters)
         finally:
             server.close()
@@ -342,6 +347,7 @@ def run_sweep(
         "max_batch_size": max_batch_size,
         "levels": [[k, v] for k, v in levels],
         "rounds": rounds,
+        "pairs": pairs,
         "workloads": list(pools),
     }
 
@@ -382,8 +388,19 @@ def _cell(value: float | None, digits: int = 2) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
+def _pair_ratios(runs: Sequence[dict[str, Any]], nones: Sequence[dict[str, Any]]) -> list[float]:
+    """Each of ``runs``' throughput against the mean of the ``none`` runs just before and after it."""
+    ratios = []
+    for run in runs:
+        beside = [n["summary"]["tok_s"] for n in nones if abs(n["position"] - run["position"]) == 1]
+        if beside and sum(beside) > 0:
+            ratios.append(run["summary"]["tok_s"] * len(beside) / sum(beside))
+    return ratios
+
+
 def sweep_summary(result: dict[str, Any]) -> list[dict[str, Any]]:
-    """One line per workload, level and arm: its runs' summaries averaged, and its outputs against ``none``'s first
+    """One line per workload, level and arm: its runs' summaries averaged, each run's throughput against the
+    ``none`` runs either side of it (``pair_ratios``, the embedded arms), and its outputs against ``none``'s first
     run (identical requests / requests).  Pure."""
     grouped = _arm_rows(result)
     lines = []
@@ -405,6 +422,7 @@ def sweep_summary(result: dict[str, Any]) -> list[dict[str, Any]]:
             "runs": len(runs),
             **{k: _mean([r["summary"].get(k) for r in runs]) for k in keys},
             "identical": (same, total) if total else None,
+            "pair_ratios": _pair_ratios(runs, grouped.get((name, kind, value, "none"), [])) if arm == "auto" else [],
         }
         lines.append(line)
     return lines
@@ -418,13 +436,14 @@ def sweep_markdown(result: dict[str, Any], command: str) -> str:
         f"`{command}`",
         "",
         f"Greedy, max_tokens {result['max_tokens']}, --max-batch-size "
-        f"{result['max_batch_size']}, prefix cache off; `none` is the mean of its runs (none, auto, none). "
+        f"{result['max_batch_size']}, prefix cache off; each arm is the mean of its runs (none, then auto, none "
+        f"{result.get('pairs', 1)} time(s)); 'each run' gives every auto run against the none runs either side of it. "
         "TTFT after the burst: the requests a closed loop sends after its C opening ones, each joining a batch "
         "that is decoding ('-': the level sent no more than C).",
         "",
-        "| workload | load | arm | output tok/s | x none | median TTFT s | p90 TTFT s | median TTFT after the "
+        "| workload | load | arm | output tok/s | x none | each run x none | median TTFT s | p90 TTFT s | median TTFT after the "
         "burst s | median ITL ms | tokens/pass | identical to none |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for s in lines_:
         ratio = (
@@ -434,8 +453,9 @@ def sweep_markdown(result: dict[str, Any], command: str) -> str:
         )
         itl = s["itl_median"] * 1000 if s["itl_median"] is not None else None
         same = f"{s['identical'][0]}/{s['identical'][1]}" if s["identical"] else "-"
+        each = ", ".join(f"{r:.2f}" for r in s["pair_ratios"]) or "-"
         out.append(
-            f"| {s['workload']} | {s['load']}={s['level']:g} | {s['arm']} | {s['tok_s']:.1f} | {_cell(ratio)} | "
+            f"| {s['workload']} | {s['load']}={s['level']:g} | {s['arm']} | {s['tok_s']:.1f} | {_cell(ratio)} | {each} | "
             f"{_cell(s['ttft_median'])} | {_cell(s['ttft_p90'])} | {_cell(s['ttft_steady_median'])} | {_cell(itl, 1)} | "
             f"{_cell(s['tokens_per_pass'])} | {same} |"
         )
