@@ -78,7 +78,7 @@ from .processing import LogitsPipeline
 from .rows import DecodeConfig, DecodeState, Processing, Row, RowRequest, StepResources
 from .sampling import LogitsProcessorFn
 from .stats import GenerationStats
-from .step import leave, run_step
+from .step import checked_prompt_chunk, leave, run_step
 
 if TYPE_CHECKING:
     from .adaptive import AdaptiveController
@@ -236,8 +236,7 @@ def decode_batch(
         raise ValueError(f"max_batch_size must be >= 1 (or None for the whole batch), got {max_batch_size}")
     if prompt_cache is not None and len(rows) != 1:
         raise ValueError("a prompt cache (past_key_values) serves one request; pass batch size 1")
-    if prompt_chunk is not None and prompt_chunk < 1:
-        raise ValueError(f"prompt_chunk must be >= 1 prompt tokens a step (or None: derived), got {prompt_chunk}")
+    checked_prompt_chunk(prompt_chunk)
     shared = StepResources(
         config,
         tokenizer,

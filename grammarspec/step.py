@@ -28,7 +28,7 @@ from .rejection import Segment, target_choices
 from .rows import DecodeConfig, Row, Step, StepResources
 from .tree_layout import descend
 
-__all__ = ["run_step", "prompt_plan", "Phases", "leave"]
+__all__ = ["run_step", "prompt_plan", "checked_prompt_chunk", "Phases", "leave"]
 
 #: A step that reads prompt chunks costs at most this many times the step without them (on the pass cost model):
 #: the decoding rows' per-token latency while a prompt is read, as a share of their latency without it.
@@ -142,6 +142,13 @@ def run_step(
     if shared.on_step is not None:
         shared.on_step(active, kv)
     return active
+
+
+def checked_prompt_chunk(prompt_chunk: int | None) -> int | None:
+    """``prompt_chunk`` (the most prompt tokens one step reads; ``None``: derived), or ``ValueError`` below 1."""
+    if prompt_chunk is not None and prompt_chunk < 1:
+        raise ValueError(f"prompt_chunk must be >= 1 prompt tokens a step (or None: derived), got {prompt_chunk}")
+    return prompt_chunk
 
 
 def prompt_plan(

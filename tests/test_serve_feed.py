@@ -249,3 +249,13 @@ def test_joins_and_leaves_copy_no_other_row_s_cache():
         alone = BatchKV(model, 1)
         expected = alone.forward([context + [9]], [()])[0]
         torch.testing.assert_close(row, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_a_prompt_chunk_below_one_token_is_refused_by_the_loop_and_the_engine():
+    from grammarspec.serve import Engine
+
+    model, config = tiny_llama(V, seed=0), DecodeConfig(max_new_tokens=2)
+    with pytest.raises(ValueError, match="prompt_chunk must be >= 1"):
+        decode_batch(model, [batch_row(PROMPTS[0], None, None, 0, config)], config, prompt_chunk=0)
+    with pytest.raises(ValueError, match="prompt_chunk must be >= 1"):
+        Engine(model, None, prompt_chunk=0)  # refused before anything else is built

@@ -55,6 +55,7 @@ from ..kv import BatchKV
 from ..policy import Calibration
 from ..row_requests import DEFAULT_MAX_DRAFT, row_request
 from ..settings import resolve_config
+from ..step import checked_prompt_chunk
 from ..step_trace import StepTrace
 from ..stopping import before_stop
 from ..templates import fit_messages
@@ -185,10 +186,8 @@ class Engine:
         trace_steps: bool = False,
         prompt_chunk: int | None = None,
     ) -> None:
-        if prompt_chunk is not None and prompt_chunk < 1:
-            raise ValueError(f"prompt_chunk must be >= 1 prompt tokens a step (or None: derived), got {prompt_chunk}")
         #: the most prompt tokens a step reads for joining requests (None: from the pass cost; decode_batch)
-        self.prompt_chunk = prompt_chunk
+        self.prompt_chunk = checked_prompt_chunk(prompt_chunk)
         self.model, self.tokenizer = model, tokenizer
         #: every step's rows, drafts, forward and phase times (``trace_steps``; read with ``trace.take()``)
         self.trace = StepTrace() if trace_steps else None
