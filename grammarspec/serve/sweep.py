@@ -9,9 +9,10 @@ arriving at random (Poisson) at every rate of the list.  Arms: ``none`` and
 cache off so every request reads its whole prompt), run ``none, auto, none``
 at every level (``--pairs P``: ``none`` then ``auto, none`` P times) with each
 arm's runs averaged, and each ``auto`` run's ratio to the ``none`` runs either
-side of it reported too, so the table shows how far the ratio moves between runs; ``vllm`` and ``vllm_ngram``
-(``vllm serve`` from ``.venv-vllm`` without and with its n-gram proposer)
-are the anchor, each its own server, at the same levels.  Greedy.
+side of it reported too, so the table shows how far the ratio moves between
+runs; ``vllm`` and ``vllm_ngram`` (``vllm serve`` from ``.venv-vllm`` without
+and with its n-gram proposer) are the anchor, each its own server, at the same
+levels.  Greedy.
 
 Per arm and level: output tokens per second, median and p90 time to first
 token (and its median over the requests after a closed loop's opening burst,
