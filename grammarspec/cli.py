@@ -294,13 +294,30 @@ def _write_report(out: Path, stem: str, markdown: str, data: Any) -> None:
     print(f"wrote {out / (stem + '.md')} and {out / (stem + '.json')}", file=sys.stderr)
 
 
-def _load(name: str, what: str = "--model") -> tuple[Any, Any]:
+def _load(name: str, what: str = "--model", *, device: str | None = None, dtype: str | None = None) -> tuple[Any, Any]:
     from .loading import ModelNotFoundError, load_model
 
     try:
-        return load_model(name)
+        return load_model(name, device=device, dtype=dtype)
     except ModelNotFoundError as e:
         raise CliError(f"{what}: {e}") from None
+    except ValueError as e:  # the device or dtype: load_model names which
+        raise CliError(f"--device / --dtype: {e}") from None
+
+
+def _add_placement(parser: Any) -> None:
+    """``--device`` and ``--dtype``: where the model runs and in what precision."""
+    from .loading import DTYPES
+
+    parser.add_argument(
+        "--device",
+        default="cpu",
+        metavar="DEVICE",
+        help="torch device the model runs on: cpu, cuda, cuda:1, ... (default: cpu)",
+    )
+    parser.add_argument(
+        "--dtype", default="float32", choices=DTYPES, help="the model's weights and activations (default: float32)"
+    )
 
 
 def _cli_words(message: str) -> str:
@@ -410,10 +427,10 @@ def _progress_bar(total: int) -> Any:
     return tqdm(total=total, desc="bench", unit="run", dynamic_ncols=True, file=sys.stderr)
 
 
-def _load_for_timing(name: str) -> tuple[Any, Any]:
+def _load_for_timing(name: str, *, device: str | None = None, dtype: str | None = None) -> tuple[Any, Any]:
     """``--model`` loaded quietly, then a warning if the machine is busy (the timings would be off)."""
     _quiet_transformers()
-    loaded = _load(name)
+    loaded = _load(name, device=device, dtype=dtype)
     _warn_if_busy()
     return loaded
 

@@ -86,6 +86,7 @@ def add_serve_commands(commands: Any) -> None:
         "xgrammar model format (default: auto)",
     )
     serve.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    cli._add_placement(serve)
     serve.set_defaults(run=_cmd_serve)
 
     bench = commands.add_parser(
@@ -98,6 +99,7 @@ def add_serve_commands(commands: Any) -> None:
         "serve.json (every call's output) to --out.",
     )
     bench.add_argument("--model", default=cli.DEFAULT_MODEL, metavar="NAME_OR_DIR")
+    cli._add_placement(bench)
     bench.add_argument(
         "--arms",
         metavar="A,B",
@@ -191,7 +193,7 @@ def _cmd_serve(args: argparse.Namespace, command: str) -> int:
     from .tool_calls import ToolCallError
 
     cli._quiet_transformers()
-    model, tokenizer = cli._load(args.model)
+    model, tokenizer = cli._load(args.model, device=args.device, dtype=args.dtype)
     try:
         engine = Engine(
             model,
@@ -221,7 +223,7 @@ def _cmd_bench_serve(args: argparse.Namespace, command: str) -> int:
     arms = cli._known("--arms", cli._names(args.arms or ",".join(SERVE_ARMS)), SERVE_ARMS)
     chosen = cli._chosen_conversations(args.conversations, CONVERSATIONS)
     out = cli._out_folder(args.out)
-    model, tokenizer = cli._load_for_timing(args.model)
+    model, tokenizer = cli._load_for_timing(args.model, device=args.device, dtype=args.dtype)
     result = run_serve_bench(
         model,
         tokenizer,
@@ -257,7 +259,7 @@ def _cmd_bench_serve_sweep(args: argparse.Namespace, command: str) -> int:
     if not levels and not rates:
         raise cli.CliError("--levels and --rates are both empty: give at least one load level")
     out = cli._out_folder(args.out)
-    model, tokenizer = cli._load_for_timing(args.model)
+    model, tokenizer = cli._load_for_timing(args.model, device=args.device, dtype=args.dtype)
     result = run_sweep(
         model,
         tokenizer,

@@ -19,9 +19,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    import torch
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-__all__ = ["load_model", "load_tokenizer", "ModelNotFoundError", "EMBEDDED_MODELS", "cache_dir"]
+__all__ = [
+    "load_model",
+    "load_tokenizer",
+    "checked_device",
+    "ModelNotFoundError",
+    "EMBEDDED_MODELS",
+    "DTYPES",
+    "cache_dir",
+]
 
 #: name -> (package, GGUF file inside it)
 EMBEDDED_MODELS: dict[str, tuple[str, str]] = {
@@ -136,19 +145,61 @@ def load_tokenizer(name_or_path: str | os.PathLike[str] = "smollm2-135m") -> Pre
     return AutoTokenizer.from_pretrained(_resolve(name_or_path))
 
 
+DTYPES = ("float32", "bfloat16", "float16")
+
+
 def load_model(
-    name_or_path: str | os.PathLike[str] = "smollm2-135m", *, dtype: str | None = None
+    name_or_path: str | os.PathLike[str] = "smollm2-135m",
+    *,
+    dtype: str | None = None,
+    device: str | None = None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """``(model, tokenizer)`` for an embedded model name or a local directory.
 
-    The model is in eval mode, float32 unless ``dtype`` says otherwise.
-    Raises :class:`ModelNotFoundError` with the command that fixes it.
+    The model is in eval mode, float32 unless ``dtype`` (one of :data:`DTYPES`,
+    or a ``torch.dtype``) says otherwise, on the CPU unless ``device`` (a torch
+    device string such as ``"cuda"`` or ``"cuda:1"``) says otherwise.  Raises
+    :class:`ModelNotFoundError` with the command that fixes it, and
+    ``ValueError`` naming the setting for a dtype or device this torch cannot use.
     """
     import torch
     from transformers import AutoModelForCausalLM
 
-    directory = _resolve(name_or_path)
+    if isinstance(dtype, str) and dtype not in DTYPES:
+        raise ValueError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
     torch_dtype = getattr(torch, dtype) if isinstance(dtype, str) else (dtype or torch.float32)
+    target = checked_device(device)
+    directory = _resolve(name_or_path)
     model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch_dtype)
+    if target.type != "cpu":
+        model.to(target)
     model.eval()
     return model, load_tokenizer(directory)
+
+
+def checked_device(device: str | None) -> torch.device:
+    """``device`` as a ``torch.device`` this process can place a model on (default: the CPU).
+
+    Raises ``ValueError`` naming what is wrong: an unparsable name, an
+    accelerator this torch build or machine does not have, an index past the
+    devices it sees.
+    """
+    import torch
+
+    try:
+        target = torch.device(device or "cpu")
+    except RuntimeError as e:
+        raise ValueError(f"device {device!r} is not a torch device name ({e}); try 'cpu' or 'cuda'") from None
+    if target.type == "cpu":
+        return target
+    module = getattr(torch, target.type, None)
+    available = getattr(module, "is_available", None)
+    if available is None or not available():
+        raise ValueError(
+            f"device {device!r}: this machine's torch ({torch.__version__}) sees no {target.type} device; "
+            "use 'cpu', or install a torch build for that accelerator"
+        )
+    count = getattr(module, "device_count", lambda: 1)()
+    if target.index is not None and target.index >= count:
+        raise ValueError(f"device {device!r}: only {count} {target.type} device(s) are visible (0 to {count - 1})")
+    return target

@@ -35,7 +35,7 @@ def schema_file(tmp_path):
 def no_model(monkeypatch):
     """Fail the test if a command loads a model (argument errors must come first)."""
 
-    def refuse(name, what="--model"):
+    def refuse(name, what="--model", **placement):
         raise AssertionError("the model was loaded although the arguments were wrong")
 
     monkeypatch.setattr(cli, "_load", refuse)
@@ -126,7 +126,7 @@ def test_bench_argument_errors(tmp_path, capsys, no_model):
 @pytest.fixture
 def smol_cli(smol, monkeypatch):
     """The CLI, loading the session's model instead of a fresh copy."""
-    monkeypatch.setattr(cli, "_load", lambda name, what="--model": smol)
+    monkeypatch.setattr(cli, "_load", lambda name, what="--model", **placement: smol)
     return smol
 
 
@@ -225,7 +225,9 @@ def toy_cli(monkeypatch):
     from toy_models import tiny_llama
 
     tok = toy_tokenizer()
-    monkeypatch.setattr(cli, "_load", lambda name, what="--model": (tiny_llama(toy_vocab_size(), seed=0), tok))
+    monkeypatch.setattr(
+        cli, "_load", lambda name, what="--model", **placement: (tiny_llama(toy_vocab_size(), seed=0), tok)
+    )
 
 
 def test_compile_error_names_the_file_and_the_cli_flag(tmp_path, capsys, toy_cli):
@@ -255,3 +257,50 @@ def test_serve_passes_its_prompt_chunk_to_the_engine(capsys, toy_cli, monkeypatc
     assert [engine.prompt_chunk for engine in started] == [16, None]  # None: derived from the pass cost
     status, err = _exit(["serve", "--prompt-chunk", "0"], capsys)
     assert status == 2 and "--prompt-chunk" in err and "must be >= 1" in err
+
+
+@pytest.mark.parametrize("command", [["serve"], ["bench-serve", "--sweep"], ["bench-serve"]])
+def test_a_device_this_machine_lacks_is_refused_before_loading(command, capsys, monkeypatch):
+    import torch
+
+    from grammarspec import loading
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(loading, "_resolve", lambda name: pytest.fail("the model was looked up"))
+    status, err = _exit([*command, "--device", "cuda"], capsys)
+    assert status == 2 and "--device" in err and "sees no cuda device" in err and "Traceback" not in err
+    status, err = _exit([*command, "--device", "gpu0"], capsys)
+    assert status == 2 and "'gpu0' is not a torch device name" in err
+    status, err = _exit([*command, "--dtype", "float64"], capsys)
+    assert status == 2 and "invalid choice: 'float64'" in err
+
+
+def test_serve_loads_the_model_on_the_device_and_dtype_asked(capsys, monkeypatch):
+    import torch
+
+    import grammarspec.serve as serving
+
+    started = []
+    monkeypatch.setattr(serving, "serve", lambda engine, name, **kwargs: (started.append(engine), engine.close()))
+    assert _exit(["serve", "--dtype", "bfloat16", "--device", "cpu"], capsys)[0] == 0
+    parameter = next(started[0].model.parameters())
+    assert parameter.dtype == torch.bfloat16 and parameter.device.type == "cpu"
+    assert _exit(["serve"], capsys)[0] == 0  # the defaults: float32 on the CPU
+    assert next(started[1].model.parameters()).dtype == torch.float32
+
+
+def test_transformers_serve_runs_on_the_models_device_and_dtype(monkeypatch, tmp_path):
+    import torch
+    from toy_models import tiny_llama
+
+    from grammarspec.serve import servers
+
+    commands = []
+    monkeypatch.setattr(servers, "Subprocess", lambda cmd, env, what, timeout: commands.append(cmd(8123)))
+    model = tiny_llama(32, seed=0).to(torch.bfloat16)
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "config.json").write_text("{}")
+    servers.start_transformers_serve(model, str(tmp_path / "src"), str(tmp_path))
+    command = commands[0]
+    assert command[command.index("--device") + 1] == "cpu"
+    assert command[command.index("--dtype") + 1] == "bfloat16"

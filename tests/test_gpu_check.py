@@ -74,6 +74,8 @@ def toy_run(monkeypatch, tmp_path):
                 "150",
                 "--throughput-tokens",
                 "0",
+                "--sweep-levels",
+                "",
                 *extra,
             ]
         )
@@ -86,7 +88,7 @@ def test_the_cpu_dry_run_passes_every_check_and_writes_its_report(toy_run):
     code, report, table = toy_run()
     failed = [c for c in report["checks"] if not c["ok"]]
     assert code == 0 and report["ok"] and not failed, failed
-    assert len(report["checks"]) == 15 and table.count("| PASS |") == 15
+    assert len(report["checks"]) == 16 and table.count("| PASS |") == 16
     assert any("slot leaves" in c["detail"] and not c["detail"].endswith("; 0 slot leaves") for c in report["checks"])
 
 
@@ -101,9 +103,54 @@ def test_a_broken_arm_makes_the_check_fail(toy_run, broken):
         assert "greedy parity, batch 1" in failed and "greedy parity, bf16 target, batch 4" in failed
 
 
+def test_a_check_that_raises_fails_alone_and_says_where(toy_run, monkeypatch):
+    def broken(*args, **kwargs):
+        raise AssertionError("the matcher refused the token")
+
+    monkeypatch.setattr(gpu_check, "trees_against_chains", broken)
+    code, report, _ = toy_run()
+    failed = [c for c in report["checks"] if not c["ok"]]
+    assert code == 1 and [c["check"] for c in failed] == ["trees against chains, greedy, batch 1"]
+    assert "raised AssertionError: the matcher refused the token at test_gpu_check.py" in failed[0]["detail"]
+    assert len(report["checks"]) == 16  # the checks after it still ran
+
+
 def test_the_throughput_arm_times_both_arms(monkeypatch):
     tok = toy_tokenizer()
     monkeypatch.setattr(gpu_check, "build_model", lambda device, dtype, **kw: tiny_llama(len(tok), seed=4).to(dtype))
     rows = gpu_check.throughput(tok, "cpu", 6, (1, 2), "small")
     assert [r["batch"] for r in rows] == [1, 2]
     assert all(r["hf_tok_s"] > 0 and r["grammarspec_tok_s"] > 0 and r["host_syncs"] is None for r in rows)
+
+
+def test_the_sweep_serves_a_saved_random_model_on_the_device_and_keeps_its_profile(monkeypatch, tmp_path):
+    import subprocess
+    from pathlib import Path
+
+    tok = toy_tokenizer()
+    prepared = tmp_path / "prepared"
+    (prepared / "model").mkdir(parents=True)
+    tok.save_pretrained(prepared / "model")
+    monkeypatch.setattr(gpu_check, "PREPARED", prepared)
+    monkeypatch.setattr(gpu_check, "build_model", lambda device, dtype, **kw: tiny_llama(len(tok), seed=4).to(dtype))
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    seen = {}
+
+    def fake_run(command, env, timeout):
+        seen.update(command=command, env=env)
+        cache = Path(env["GRAMMARSPEC_CACHE"])
+        cache.mkdir(parents=True)
+        (cache / "pass_cost.json").write_text("{}")
+        return subprocess.CompletedProcess(command, 0)
+
+    monkeypatch.setattr(gpu_check.subprocess, "run", fake_run)
+    result = gpu_check.serve_sweep(tmp_path / "out", "cpu", "1,4", "small", 60.0)
+    command = seen["command"]
+    assert result["returncode"] == 0 and command[2:5] == ["grammarspec.cli", "bench-serve", "--sweep"]
+    options = dict(zip(command[5::2], command[6::2]))
+    assert options["--device"] == "cpu" and options["--dtype"] == "bfloat16" and options["--levels"] == "1,4"
+    from grammarspec import load_model
+
+    model, loaded = load_model(options["--model"], dtype="bfloat16")
+    assert next(model.parameters()).dtype == torch.bfloat16 and len(loaded) == len(tok)
+    assert (tmp_path / "out" / "pass_cost.json").exists()  # the server's measured profile, beside the report

@@ -19,7 +19,10 @@ Checks (each a row of the table; any failure makes the exit status 1):
 - token trees against chains (greedy, batch 1);
 - throughput (not pass/fail): tokens/s of both arms at B = 1, 4, 16 on a ~1B-parameter bf16 model,
   256 new tokens, grammars compiled and both arms warmed up outside the timed region; host
-  synchronisations per target pass (``torch.cuda.set_sync_debug_mode``).
+  synchronisations per target pass (``torch.cuda.set_sync_debug_mode``);
+- the load sweep (its own report in ``sweep/``, fails only if it cannot run): ``grammarspec bench-serve
+  --sweep`` with arms none and auto at ``--sweep-levels`` on that model saved with SmolLM2's tokenizer,
+  and the pass-cost profile the server measured on the device.
 
 Writes ``gpu_check.json`` and ``gpu_check.md`` to ``--out`` (default ``$OUT``).  ``--device cpu`` runs
 the same checks here (the tests do, with a tiny model); ``--break parity|exactness`` breaks grammarspec's
@@ -44,12 +47,17 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 PREPARED = ROOT / ".gpu"
+#: Where install() puts the carried wheels on the GPU machine.
+SITE = "/tmp/site"
 #: What grammarspec needs beyond the GPU image's torch/numpy (pip download, Python 3.12, manylinux).
 #: transformers is carried too: grammarspec needs >= 5.21 (a 2-D boolean logits_to_keep); images ship older ones.
 WHEELS = [
     "transformers==5.24.0",
     "tokenizers",
-    "huggingface-hub",
+    "huggingface-hub==2.4.0",
+    "httpx2==2.16.2",  # huggingface-hub 2 reaches the hub through httpx2 (the image has httpx only)
+    "httpcore2==2.16.2",
+    "truststore==0.10.5",
     "safetensors",
     "xgrammar==0.2.9",
     "jsonschema",
@@ -66,6 +74,13 @@ WHEELS = [
     "annotated-types",
     "typing-inspection",
     "apache-tvm-ffi==0.1.15.post2",
+    # the load sweep's server and client (grammarspec[serve] and openai); the image has httpx, anyio, h11, click
+    "openai==3.60.0",
+    "jiter==0.19.0",
+    "distro==1.9.0",
+    "sniffio==1.3.1",
+    "starlette==1.10.0",
+    "uvicorn==0.55.0",
 ]
 SCHEMAS = [
     {
@@ -169,12 +184,12 @@ def install() -> None:
                 "--no-deps",
                 "--no-compile",
                 "--target",
-                "/tmp/site",
+                SITE,
                 *map(str, wheels),
             ],
             check=True,
         )
-        sys.path.insert(0, "/tmp/site")
+        sys.path.insert(0, SITE)
     sys.path.insert(0, str(ROOT))
 
 
@@ -502,13 +517,81 @@ def throughput(tok: Any, device: str, new_tokens: int, sizes: tuple[int, ...], s
     return rows
 
 
+# --- the load sweep --------------------------------------------------------------------------------------------
+
+
+def save_random_model(directory: Path, device: str, size: str) -> Path:
+    """A random-weight model (:func:`build_model`, bf16) saved with SmolLM2's tokenizer and chat template, so
+    that ``grammarspec serve`` and ``bench-serve`` load it like any local model directory."""
+    import torch
+
+    model = build_model(device, torch.bfloat16, size=size)
+    model.save_pretrained(directory)
+    for source in (PREPARED / "model").iterdir():
+        if source.name not in ("config.json", "generation_config.json"):
+            shutil.copy(source, directory / source.name)
+    return directory
+
+
+def serve_sweep(
+    out: Path, device: str, levels: str, size: str, timeout: float, *, workloads: str = "json,prose", pairs: int = 1
+) -> dict:
+    """``grammarspec bench-serve --sweep`` (arms none and auto, json and prose) on ``device`` in bf16 with a
+    random-weight model; its report, plots and the pass profile the server measured go to ``out``.
+
+    Random weights: acceptance on prose says nothing about a trained model's; what the run shows is the
+    server and the drafting policy on this device's pass-cost curve (the profile beside the report).
+    """
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(os.environ.get("TMPDIR", "/tmp")) / "grammarspec-sweep"
+    model_dir = save_random_model(work / "model", device, size)
+    env = dict(os.environ)
+    env["GRAMMARSPEC_CACHE"] = str(work / "cache")  # a fresh profile for this device, kept beside the report
+    carried = [SITE] if Path(SITE).is_dir() else []  # the wheels install() put there
+    env["PYTHONPATH"] = os.pathsep.join([*carried, str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    command = [
+        sys.executable,
+        "-m",
+        "grammarspec.cli",
+        "bench-serve",
+        "--sweep",
+        "--model",
+        str(model_dir),
+        "--device",
+        device,
+        "--dtype",
+        "bfloat16",
+        "--workloads",
+        workloads,
+        "--levels",
+        levels,
+        "--pairs",
+        str(pairs),
+        "--out",
+        str(out),
+    ]
+    print("$", " ".join(command), flush=True)
+    try:
+        code = subprocess.run(command, env=env, timeout=timeout).returncode
+    except subprocess.TimeoutExpired:
+        code = -1
+        print(f"the sweep ran past {timeout:.0f}s and was stopped", flush=True)
+    profile = work / "cache" / "pass_cost.json"
+    if profile.exists():
+        shutil.copy(profile, out / "pass_cost.json")
+    return {"returncode": code, "command": command, "out": str(out)}
+
+
 # --- the run ---------------------------------------------------------------------------------------------------
 
 
 def run_checks(
     make_model: Callable[..., Any], tok: Any, device: str, max_new: int, samples: int, draft: Any | None = None
 ) -> list[dict]:
-    """Every pass/fail check; ``make_model(dtype, sliding_window=None)`` builds a target on ``device``."""
+    """Every pass/fail check; ``make_model(dtype, sliding_window=None)`` builds a target on ``device``.
+
+    A check that raises is a failed row naming the exception and where it came from; the rest still run.
+    """
     import torch
 
     model = make_model(torch.float32)
@@ -518,39 +601,81 @@ def run_checks(
         ("greedy parity, batch 4", 4, {}),
         ("greedy parity, batch 4, max_batch_size 2 (rows join)", 4, {"max_batch_size": 2}),
         ("greedy parity, batch 4, repetition_penalty 1.3", 4, {"repetition_penalty": 1.3}),
-        ("greedy parity, batch 4, min_new_tokens 6", 4, {"min_new_tokens": 6}),
+        # a JSON grammar allows EOS only once the value is complete, where it is the only token allowed: a
+        # min_new_tokens past that leaves HF + xgrammar's processor no token (it asserts; grammarspec ends the
+        # answer), so the case stays below every answer's length ("[]" may be one token) and checks pass-through
+        ("greedy parity, batch 4, min_new_tokens 1", 4, {"min_new_tokens": 1}),
         ("greedy parity, draft-model assistant, batch 1", 1, {"assistant_model": draft}),
     ]
-    rows = [
+    checks: list[tuple[str, Callable[[], dict]]] = [
+        ("xgrammar's bitmask kernel on the device against its CPU one", lambda: bitmask_kernel(device)),
         *(
-            parity(name, model, tok, device, PROMPTS, SCHEMAS, max_new, batch, **extra)
+            (name, functools.partial(parity, name, model, tok, device, PROMPTS, SCHEMAS, max_new, batch, **extra))
             for name, batch, extra in parity_cases
         ),
-        slot_leaves(model, tok, device, 4 * max_new),
-        trees_against_chains(model, tok, device, max_new),
-        sampled(f"sampling, top_p 0.9, {device} generator", model, tok, device, device, max_new),
-        sampled("sampling, top_p 0.9, cpu generator", model, tok, device, "cpu", max_new),
-        sampled(
-            f"sampling, draft-model assistant, {device} generator",
-            model,
-            tok,
-            device,
-            device,
-            max_new,
-            assistant_model=draft,
-        ),
-        exactness(model, tok, device, samples, min(samples, 100)),
+        ("greedy parity, batch 4, rows leave their slots", lambda: slot_leaves(model, tok, device, 4 * max_new)),
+        ("trees against chains, greedy, batch 1", lambda: trees_against_chains(model, tok, device, max_new)),
     ]
+    for name, generator_device, extra in (
+        (f"sampling, top_p 0.9, {device} generator", device, {}),
+        ("sampling, top_p 0.9, cpu generator", "cpu", {}),
+        (f"sampling, draft-model assistant, {device} generator", device, {"assistant_model": draft}),
+    ):
+        checks.append((name, functools.partial(sampled, name, model, tok, device, generator_device, max_new, **extra)))
+    checks.append(
+        (
+            "exactness: chi-square against HF sampling (enum schema)",
+            lambda: exactness(model, tok, device, samples, min(samples, 100)),
+        )
+    )
+    rows = [guarded(name, run) for name, run in checks]
     bf16 = make_model(torch.bfloat16)
-    rows.append(parity("greedy parity, bf16 target, batch 4", bf16, tok, device, PROMPTS, SCHEMAS, max_new, 4))
     sliding = make_model(torch.float32, sliding_window=16)
-    rows.append(
-        parity("greedy parity, sliding window 16, batch 1", sliding, tok, device, PROMPTS, SCHEMAS, 2 * max_new, 1)
-    )
-    rows.append(
-        parity("greedy parity, sliding window 16, batch 4", sliding, tok, device, PROMPTS, SCHEMAS, 2 * max_new, 4)
-    )
+    for name, target, new, batch in (
+        ("greedy parity, bf16 target, batch 4", bf16, max_new, 4),
+        ("greedy parity, sliding window 16, batch 1", sliding, 2 * max_new, 1),
+        ("greedy parity, sliding window 16, batch 4", sliding, 2 * max_new, 4),
+    ):
+        rows.append(guarded(name, functools.partial(parity, name, target, tok, device, PROMPTS, SCHEMAS, new, batch)))
     return rows
+
+
+def guarded(name: str, run: Callable[[], dict]) -> dict:
+    """``run()``, or a failed check saying what it raised and where (the innermost frames)."""
+    import traceback
+
+    try:
+        return run()
+    except Exception as e:  # noqa: BLE001 - a check that raises is a failed check, and the others still run
+        frames = traceback.extract_tb(e.__traceback__)[-3:]
+        where = " <- ".join(f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in reversed(frames))
+        print(f"{name}: raised\n{traceback.format_exc()}", flush=True)
+        return check(name, False, f"raised {type(e).__name__}: {str(e)[:200]} at {where}")
+
+
+def bitmask_kernel(device: str) -> dict:
+    """xgrammar's bitmask applied on ``device`` (Triton on CUDA) against its CPU implementation: the same
+    float32 and bf16 logits, a vocabulary that ends inside a 32-bit word, all rows and an ``indices`` subset."""
+    import torch
+    import xgrammar as xgr
+
+    generator = torch.Generator().manual_seed(0)
+    vocab = 49152 + 7
+    bitmask = torch.randint(-(2**31), 2**31 - 1, (8, (vocab + 31) // 32), generator=generator, dtype=torch.int32)
+    cases = []
+    for dtype in (torch.float32, torch.bfloat16):
+        logits = torch.randn(8, vocab, generator=generator).to(dtype)
+        for indices in (None, [1, 5]):
+            want = logits.clone()
+            xgr.apply_token_bitmask_inplace(want, bitmask, vocab_size=vocab, indices=indices)
+            got = logits.to(device)
+            xgr.apply_token_bitmask_inplace(got, bitmask.to(device), vocab_size=vocab, indices=indices)
+            cases.append(torch.equal(got.cpu(), want))
+    return check(
+        "xgrammar's bitmask kernel on the device against its CPU one",
+        all(cases),
+        f"{sum(cases)}/{len(cases)} cases equal (float32, bf16; all rows, indices)",
+    )
 
 
 def write_report(out: Path, device_name: str, checks: list[dict], speed: list[dict]) -> str:
@@ -588,6 +713,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--samples", type=int, default=600, help="per arm, for the chi-square test")
     parser.add_argument("--throughput-tokens", type=int, default=256, help="new tokens per timed row (0: skip)")
     parser.add_argument("--throughput-model", default="1b", choices=["1b", "small"])
+    parser.add_argument("--no-checks", action="store_true", help="skip the pass/fail checks")
+    parser.add_argument(
+        "--sweep-levels",
+        default="1,4,16",
+        metavar="C,C",
+        help="the load sweep's concurrencies (bench-serve --sweep on the --throughput-model, bf16; '' skips it)",
+    )
+    parser.add_argument("--sweep-workloads", default="json,prose", metavar="A,B", help="the sweep's workloads")
+    parser.add_argument("--sweep-pairs", type=int, default=1, metavar="P", help="the sweep's auto/none pairs")
+    parser.add_argument("--sweep-timeout", type=float, default=420.0, metavar="S", help="stop the sweep after S s")
     parser.add_argument(
         "--break",
         dest="broken",
@@ -609,13 +744,27 @@ def main(argv: list[str] | None = None) -> int:
     BROKEN.clear()
     BROKEN.update(args.broken)
     tok, make_model = load_parts(args.device)
-    checks = run_checks(make_model, tok, args.device, args.max_new_tokens, args.samples)
+    sweep = None
+    if args.sweep_levels.strip():
+        sweep = serve_sweep(
+            Path(args.out) / "sweep",
+            args.device,
+            args.sweep_levels,
+            args.throughput_model,
+            args.sweep_timeout,
+            workloads=args.sweep_workloads,
+            pairs=args.sweep_pairs,
+        )
+    checks = [] if args.no_checks else run_checks(make_model, tok, args.device, args.max_new_tokens, args.samples)
     speed = []
     if args.throughput_tokens > 0:
         speed = throughput(tok, args.device, args.throughput_tokens, (1, 4, 16), args.throughput_model)
     name = torch.cuda.get_device_name() if args.device == "cuda" else args.device
-    print(write_report(Path(args.out), name, checks, speed))
+    if checks or speed:
+        print(write_report(Path(args.out), name, checks, speed))
     failed = [c["check"] for c in checks if not c["ok"]]
+    if sweep is not None and sweep["returncode"] != 0:
+        failed.append(f"load sweep (exit {sweep['returncode']})")
     if failed:
         print(f"FAILED: {'; '.join(failed)}")
         return 1

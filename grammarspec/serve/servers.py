@@ -196,8 +196,10 @@ class Subprocess:
 
 
 def start_transformers_serve(model: torch.nn.Module, model_dir: str, workdir: str) -> tuple[Subprocess, str]:
-    """``transformers serve`` (CPU, float32) and the model id to send it (a loadable copy of ``model_dir``)."""
+    """``transformers serve`` on ``model``'s device and dtype, and the model id to send it (a loadable copy of
+    ``model_dir``)."""
     servable = servable_model_dir(model_dir, type(model).__name__, Path(workdir) / "model")
+    parameter = next(model.parameters())
     cmd = [
         sys.executable,
         "-m",
@@ -206,9 +208,9 @@ def start_transformers_serve(model: torch.nn.Module, model_dir: str, workdir: st
         "--host",
         "127.0.0.1",
         "--device",
-        "cpu",
+        str(parameter.device),
         "--dtype",
-        "float32",
+        str(parameter.dtype).removeprefix("torch."),
     ]
     return Subprocess(lambda port: cmd + ["--port", str(port)], dict(os.environ), "transformers serve", 300), str(
         servable
