@@ -130,7 +130,8 @@ def add_serve_commands(commands: Any) -> None:
     sweep = bench.add_argument_group(
         "load sweep (--sweep)",
         "grammarspec serve's throughput and latency as load rises, arms none and auto interleaved (none, auto, "
-        "none), vllm / vllm_ngram (vllm serve without / with n-gram drafts, from .venv-vllm) as the anchor; "
+        "none) after an untimed burst of each level's width per arm, vllm / vllm_ngram (vllm serve without / with "
+        "n-gram drafts, from .venv-vllm) as the anchor; "
         "writes sweep.md, sweep.json, sweep_throughput.png and sweep_ttft.png",
     )
     sweep.add_argument("--sweep", action="store_true", help="run the load sweep instead of the conversations")

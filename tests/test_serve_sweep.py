@@ -135,6 +135,10 @@ def test_the_sweep_runs_every_level_and_arm_and_the_greedy_outputs_agree(tasks_f
     )
     runs = result["runs"]
     assert len(runs) == 2 * 3 * 5  # workloads x levels x (none, then auto, none twice)
+    assert [(w["level"], w["requests"]) for w in result["level_warmups"]] == [(1, 1), (2, 2), (8.0, 2)] * 2
+    for name in ("json", "prose"):  # C=1 is deterministic: none's runs take the same steps, the first too
+        steps = [r["summary"]["step_table"]["steps"] for r in runs if r["workload"] == name and r["level"] == 1]
+        assert steps[0] == steps[2] == steps[4], steps
     assert [r["arm"] for r in runs[:5]] == ["none", "auto", "none", "auto", "none"]
     for run in runs:
         assert run["summary"]["tokens"] > 0 and run["summary"]["tokens_per_pass"] >= 1.0
@@ -148,7 +152,7 @@ def test_the_sweep_runs_every_level_and_arm_and_the_greedy_outputs_agree(tasks_f
             same, total = line["identical"]
             assert same == total > 0, line  # greedy: every arm writes what none writes
     markdown = write_sweep(result, "grammarspec bench-serve --sweep", tmp_path / "out")
-    assert "| json | C=2 | auto |" in markdown and "prefill steps" in markdown
+    assert "| json | C=2 | auto |" in markdown and "prefill steps" in markdown and "untimed burst" in markdown
     for name in ("sweep.md", "sweep.json", "sweep_throughput.png", "sweep_ttft.png"):
         assert (tmp_path / "out" / name).stat().st_size > 0
 

@@ -235,6 +235,7 @@ def run_sweep(
     max_tokens: int = 96,
     max_batch_size: int = 16,
     tasks_path: str | Path | None = None,
+    level_warmup: bool = True,
     progress: Callable[[str], None] = lambda line: None,
 ) -> dict[str, Any]:
     """Every workload at every load level under every arm; records, summaries and step tables.
@@ -244,6 +245,11 @@ def run_sweep(
     client sends again into a busy batch, which the steady TTFT reads.
     ``none`` and ``auto`` run interleaved (``none``, then ``auto, none``
     ``pairs`` times) on one server; the vLLM arms after, each on its own.
+    ``level_warmup``: before a level's timed runs, every arm answers one
+    untimed burst of the level's width (C requests at once; open loop: up to
+    ``requests``), so the shapes a level first reaches (a wider batch, a
+    grown KV store, a device's kernels for them) are not paid by whichever
+    run comes first.
     """
     if pairs < 1:
         raise ValueError(f"run_sweep needs pairs >= 1, got {pairs}")
@@ -258,6 +264,7 @@ def run_sweep(
     levels = _levels(concurrency, rates)
     runs: list[dict[str, Any]] = []
     notes: list[str] = []
+    warmups: list[dict[str, Any]] = []  # the untimed bursts that open each level, for each arm
     ours = [a for a in OUR_ARMS if a in arms]
 
     def level_runs(
@@ -267,6 +274,15 @@ def run_sweep(
             for kind, value in levels:
                 n = max(requests, rounds * int(value)) if kind == "C" else requests
                 bodies = _bodies(pool, n, 0)
+                if level_warmup:
+                    width = min(len(bodies), int(value) if kind == "C" else requests)
+                    for arm in dict.fromkeys(arm_order):
+                        closed_loop(
+                            lambda body, arm=arm: _send(client, model_id, body, arm, max_tokens), bodies[:width], width
+                        )
+                    if trace is not None:
+                        trace.take()  # the warm-up's steps belong to no run
+                    warmups.append({"workload": name, "load": kind, "level": value, "requests": width})
                 for position, arm in enumerate(arm_order):
                     before = dict(counters) if counters is not None else None
                     send = lambda body, arm=arm: _send(client, model_id, body, arm, max_tokens)  # noqa: E731
@@ -350,6 +366,7 @@ def run_sweep(
         "rounds": rounds,
         "pairs": pairs,
         "workloads": list(pools),
+        "level_warmups": warmups,
     }
 
 
@@ -440,7 +457,12 @@ def sweep_markdown(result: dict[str, Any], command: str) -> str:
         f"{result['max_batch_size']}, prefix cache off; each arm is the mean of its runs (none, then auto, none "
         f"{result.get('pairs', 1)} time(s)); 'each run' gives every auto run against the none runs either side of it. "
         "TTFT after the burst: the requests a closed loop sends after its C opening ones, each joining a batch "
-        "that is decoding ('-': the level sent no more than C).",
+        "that is decoding ('-': the level sent no more than C)."
+        + (
+            " Before each level's timed runs every arm answered one untimed burst of the level's width."
+            if result.get("level_warmups")
+            else ""
+        ),
         "",
         "| workload | load | arm | output tok/s | x none | each run x none | median TTFT s | p90 TTFT s | median TTFT after the "
         "burst s | median ITL ms | tokens/pass | identical to none |",
