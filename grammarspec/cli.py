@@ -295,14 +295,16 @@ def _write_report(out: Path, stem: str, markdown: str, data: Any) -> None:
 
 
 def _load(name: str, what: str = "--model", *, device: str | None = None, dtype: str | None = None) -> tuple[Any, Any]:
-    from .loading import ModelNotFoundError, load_model
+    from .loading import ModelNotFoundError, checked_device, load_model
 
+    try:
+        checked_device(device)  # before the model loads, and only its errors are the flag's
+    except ValueError as e:
+        raise CliError(f"--device: {e}") from None
     try:
         return load_model(name, device=device, dtype=dtype)
     except ModelNotFoundError as e:
         raise CliError(f"{what}: {e}") from None
-    except ValueError as e:  # the device or dtype: load_model names which
-        raise CliError(f"--device / --dtype: {e}") from None
 
 
 def _add_placement(parser: Any) -> None:
