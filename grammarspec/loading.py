@@ -172,7 +172,7 @@ def load_model(
     directory = _resolve(name_or_path)
     model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch_dtype)
     if target.type != "cpu":
-        model.to(target)
+        torch.nn.Module.to(model, target)  # in place; transformers' typed wrapper of ``to`` does not admit a device
     model.eval()
     return model, load_tokenizer(directory)
 

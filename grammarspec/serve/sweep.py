@@ -25,6 +25,7 @@ per-step table says where each arm's time goes.
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 import statistics
@@ -267,6 +268,9 @@ def run_sweep(
     warmups: list[dict[str, Any]] = []  # the untimed bursts that open each level, for each arm
     ours = [a for a in OUR_ARMS if a in arms]
 
+    def sender(client: Any, model_id: str, arm: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+        return functools.partial(_send, client, model_id, arm=arm, max_tokens=max_tokens)
+
     def level_runs(
         client: Any, model_id: str, arm_order: Sequence[str], trace: Any = None, counters: dict[str, int] | None = None
     ) -> None:
@@ -277,15 +281,13 @@ def run_sweep(
                 if level_warmup:
                     width = min(len(bodies), int(value) if kind == "C" else requests)
                     for arm in dict.fromkeys(arm_order):
-                        closed_loop(
-                            lambda body, arm=arm: _send(client, model_id, body, arm, max_tokens), bodies[:width], width
-                        )
+                        closed_loop(sender(client, model_id, arm), bodies[:width], width)
                     if trace is not None:
                         trace.take()  # the warm-up's steps belong to no run
                     warmups.append({"workload": name, "load": kind, "level": value, "requests": width})
                 for position, arm in enumerate(arm_order):
                     before = dict(counters) if counters is not None else None
-                    send = lambda body, arm=arm: _send(client, model_id, body, arm, max_tokens)  # noqa: E731
+                    send = sender(client, model_id, arm)
                     if kind == "C":
                         records = closed_loop(send, bodies, int(value))
                     else:
