@@ -21,6 +21,8 @@ def add_serve_commands(commands: Any) -> None:
     from grammars.registry import BACKEND_CHOICES
     from grammars.registry import DEFAULT as DEFAULT_BACKEND
 
+    from .step_cost import STEP_COSTS
+
     serve = commands.add_parser(
         "serve",
         help="an OpenAI-compatible server (Chat Completions) with exact constrained speculation",
@@ -76,6 +78,14 @@ def add_serve_commands(commands: Any) -> None:
         default=128,
         metavar="N",
         help="compiled grammars kept, one per distinct schema / tool set (default: 128)",
+    )
+    serve.add_argument(
+        "--step-cost",
+        choices=STEP_COSTS,
+        default="learned",
+        help="what the drafting policy prices a step by: learned (default), the seconds this server's own steps "
+        "take, starting from the profiled pass cost; profile, the profile alone, for draft lengths that do not "
+        "depend on timing",
     )
     serve.add_argument("--grammar-backend", choices=BACKEND_CHOICES, default=DEFAULT_BACKEND)
     serve.add_argument(
@@ -179,6 +189,12 @@ def add_serve_commands(commands: Any) -> None:
         metavar="N",
         help="the servers' rows decoded together (default: 16)",
     )
+    sweep.add_argument(
+        "--step-cost",
+        choices=STEP_COSTS,
+        default="learned",
+        help="what the embedded server's drafting policy prices a step by, as serve --step-cost (default: learned)",
+    )
     sweep.add_argument("--tasks", metavar="FILE", help="task file of the json workload (default: data/tasks)")
     sweep.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     bench.set_defaults(run=_cmd_bench_serve)
@@ -206,6 +222,7 @@ def _cmd_serve(args: argparse.Namespace, command: str) -> int:
             grammar_cache_size=args.grammar_cache_size,
             tool_format=args.tool_format,
             prompt_chunk=args.prompt_chunk,
+            step_cost=args.step_cost,
         )
     except ToolCallError as e:
         raise cli.CliError(f"--tool-format: {e}") from None
@@ -275,6 +292,7 @@ def _cmd_bench_serve_sweep(args: argparse.Namespace, command: str) -> int:
         max_tokens=args.max_new_tokens or 96,
         max_batch_size=args.max_batch_size,
         tasks_path=args.tasks,
+        step_cost=args.step_cost,
         progress=lambda line: print(line, file=sys.stderr),
     )
     markdown = write_sweep(result, command, out, plots=not args.no_plots)

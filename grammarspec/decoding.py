@@ -37,7 +37,8 @@ One step for the whole batch (numbers match the comments in :func:`grammarspec.s
                    the pass cost is profiled once per model/device/dtype/thread count at
                    first use and fixed afterwards, so draft lengths do not drift within a
                    process (GRAMMARSPEC_PASS_COST=prior: draft lengths that never depend on
-                   the machine)
+                   the machine); a loop given a cost learner (the server's) prices steps
+                   by what its own steps took instead (grammarspec/step_cost.py)
 
 Where state moves.  A row's committed state -- its tokens, matcher, proposer,
 ``cached`` count, the target cache's columns and ``finish_reason`` from a stop
@@ -82,6 +83,7 @@ from .step import checked_prompt_chunk, leave, run_step
 
 if TYPE_CHECKING:
     from .adaptive import AdaptiveController
+    from .step_cost import StepCostLearner
     from .step_trace import StepTrace
 
 __all__ = [
@@ -210,6 +212,7 @@ def decode_batch(
     feed: Feed | None = None,
     prompt_chunk: int | None = None,
     trace: StepTrace | None = None,
+    cost_learner: StepCostLearner | None = None,
 ) -> list[Row]:
     """Generate for every request; returns the finished rows in request order.
 
@@ -225,6 +228,9 @@ def decode_batch(
     ``feed``: requests joining while the loop runs, and cancellation (:class:`Feed`);
     the loop then returns when the feed has nothing more and every row ended.
     ``trace``: records every step and join (:class:`~grammarspec.step_trace.StepTrace`; bookkeeping only).
+    ``cost_learner``: the drafting policy prices steps by what this loop's steps took
+    (:class:`~grammarspec.step_cost.StepCostLearner`; a server keeps one across its loops) instead of the
+    fixed profile; draft lengths then depend on measured times.
     """
     rows = [_new_row(i, request, config, model, step_cost) for i, request in enumerate(requests)]
     _check_own_proposers(rows)
@@ -248,6 +254,7 @@ def decode_batch(
         on_commit,
         on_step,
         trace=trace,
+        cost_learner=cost_learner,
     )
     for row in rows:
         if row.settings.max_new_tokens <= 0:

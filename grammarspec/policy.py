@@ -66,9 +66,11 @@ from proposers.base import Draft
 from proposers.cost import PassCost
 from proposers.track import Calibration, survival
 
+from .step_cost import StepCost
+
 __all__ = ["allocate", "Calibration", "batch_cost_model", "plan_drafts", "survival"]
 
-Cost = PassCost | Callable[[int], float]
+Cost = PassCost | StepCost | Callable[[int], float]
 
 
 def allocate(
@@ -84,7 +86,8 @@ def allocate(
 
     ``estimates[r][j]``: row ``r``'s token ``j`` survives given the ones before
     did (its offered draft is ``len(estimates[r])`` long).  ``cost``: a
-    :class:`~proposers.cost.PassCost` (its ``switch`` and ``per_token`` count),
+    :class:`~proposers.cost.PassCost` or a learned :class:`~grammarspec.step_cost.StepCost`
+    (its ``switch``, ``per_token`` and ``per_draft_row`` count),
     or ``cost(rows)`` alone, any unit.  ``forced[r]``: leading tokens of row
     ``r`` always taken.  The pass's shape, one of:
 
@@ -145,9 +148,9 @@ def allocate(
 
 
 def _terms(cost: Cost) -> tuple[Callable[[int], float], float, float, float]:
-    """``(cost(rows), switch, per_token, per_draft_row)`` of a :class:`PassCost`, or of a bare curve (no extra
-    terms)."""
-    if isinstance(cost, PassCost):
+    """``(cost(rows), switch, per_token, per_draft_row)`` of a :class:`PassCost` or a learned
+    :class:`~grammarspec.step_cost.StepCost`, or of a bare curve (no extra terms)."""
+    if isinstance(cost, (PassCost, StepCost)):
         return cost.cost, cost.switch, cost.per_token, cost.per_draft_row
     return cost, 0.0, 0.0, 0.0
 
@@ -242,7 +245,8 @@ def batch_cost_model(model: Any) -> PassCost:
     process, fixed afterwards: the HF loop does not teach it measured times (a
     timing-dependent cost would make draft lengths, and so seeded samples and
     floating-point ties, drift within a process); the vLLM proposer teaches
-    its own.  Raises ``ValueError`` for any other value.  Does not change
+    its own, and the server's loop prices steps by a
+    :class:`~grammarspec.step_cost.StepCostLearner` that starts from it.  Raises ``ValueError`` for any other value.  Does not change
     state beyond creating (and profiling) the model on first use.
     """
     import torch

@@ -21,6 +21,7 @@ from .stats import GenerationStats
 
 if TYPE_CHECKING:
     from .adaptive import AdaptiveController
+    from .step_cost import StepCostLearner
     from .step_trace import StepTrace
 
 __all__ = ["DecodeConfig", "DecodeState", "Processing", "Row", "RowRequest", "RowSettings", "StepResources", "Step"]
@@ -152,7 +153,7 @@ class Step:
 @dataclass
 class StepResources:
     """The resources every step of one :func:`decode_batch` call uses: settings, tokenizer, generator, the host
-    mask buffer, the callbacks and the trace (a plain holder)."""
+    mask buffer, the callbacks, the trace and the step cost learner (a plain holder)."""
 
     config: DecodeConfig
     tokenizer: Any
@@ -165,3 +166,4 @@ class StepResources:
     on_step: Callable[[list[Row], Any], None] | None
     trees: bool = False  # whether tree passes can run (BatchKV.supports_trees)
     trace: StepTrace | None = None  # records each step's rows, drafts, forward and phase times (off: None)
+    cost_learner: StepCostLearner | None = None  # learns the policy's step cost from the steps run (off: None)

@@ -26,6 +26,7 @@ from .policy import batch_cost_model, plan_drafts
 from .processing import LogitsPipeline, prefix_tensors
 from .rejection import Segment, target_choices
 from .rows import DecodeConfig, Row, Step, StepResources
+from .step_cost import priced_rows
 from .tree_layout import descend
 
 __all__ = ["run_step", "prompt_plan", "checked_prompt_chunk", "Phases", "leave"]
@@ -130,7 +131,8 @@ def run_step(
     commit_seconds = time.perf_counter() - t0
     phases.lap("commit")
 
-    # 6. Adapt: statistics and the controllers learn what the step cost and brought.
+    # 6. Adapt: statistics and the controllers learn what the step cost and brought (and the step cost learner,
+    # where the loop has one, what it took).
     for row, step, (path, next_token) in zip(stepping, steps, results):
         account(row, step, path, next_token, verify_seconds, commit_seconds, shared.started)
         phases.add_to(row.stats.phases)
@@ -139,9 +141,26 @@ def run_step(
             row.stats.prompt_passes += 1
     if shared.trace is not None:
         shared.trace.step(steps, results, prompt_fed, len(reading), phases.seconds, kv.last_pass)
+    if shared.cost_learner is not None and _teaches_cost(stepping, steps, reading):
+        shared.cost_learner.observe(  # the step as the policy priced it, and what it took
+            rows=priced_rows([len(chunk) for chunk in chunks], kv.packed),
+            batch=len(stepping),
+            tokens=sum(len(step.tree) for step in steps),
+            drafting=sum(1 for step in steps if len(step.tree)),
+            seconds=sum(phases.seconds.values()),
+            packed=kv.packed,
+        )
     if shared.on_step is not None:
         shared.on_step(active, kv)
     return active
+
+
+def _teaches_cost(stepping: Sequence[Row], steps: Sequence[Step], reading: dict[int, int]) -> bool:
+    """Whether a cost learner learns from the step: a row could draft (the policy priced the step), no prompt
+    chunk was read and no token tree verified (their cost is not the policy's choice)."""
+    if reading or any(step.is_tree for step in steps):
+        return False
+    return any(row.proposer is not None for row in stepping)
 
 
 def checked_prompt_chunk(prompt_chunk: int | None) -> int | None:
@@ -390,9 +409,16 @@ def _allocate(
         return
     pending = [len(active[i].pending) for i in chains]  # each row's own tokens before its draft
     fixed = [len(row.pending) + len(step.tree) for row, step in zip(active, steps) if step.is_tree]
-    cost = shared.step_cost or batch_cost_model(model)
+    if shared.step_cost is not None:
+        cost: Any = shared.step_cost
+    elif shared.cost_learner is not None:
+        cost = shared.cost_learner.cost(len(active))
+    else:
+        cost = batch_cost_model(model)
     drafts, controllers = [steps[i].draft for i in chains], [active[i].controller for i in chains]
-    if packed and len(active) > 1:
+    if shared.cost_learner is not None and shared.cost_learner.wants_plain_step():
+        lengths = [0] * len(chains)  # a probe: the learner needs a plain step now and then to price drafted ones
+    elif packed and len(active) > 1:
         lengths = plan_drafts(drafts, controllers, sum(pending) + sum(fixed), cost)
     else:
         lengths = plan_drafts(drafts, controllers, None, cost, pending=pending, fixed=fixed)

@@ -146,6 +146,9 @@ def test_the_sweep_runs_every_level_and_arm_and_the_greedy_outputs_agree(tasks_f
             assert run["summary"]["requests"] == max(2, 2 * int(run["level"]))
             assert run["summary"]["ttft_steady_median"] is not None
         assert run["summary"]["step_table"]["steps"] > 0
+    learned = [run["summary"]["step_cost"] for run in runs if run["arm"] == "auto"]
+    assert learned[-1]["learned"] and learned[-1]["steps"] > learned[0]["steps"] > 0  # the server's own steps
+    assert result["step_cost"] == "learned"
     for line in sweep_summary(result):
         assert len(line["pair_ratios"]) == (2 if line["arm"] == "auto" else 0)  # each auto run against its neighbours
         if line["arm"] == "auto" or line["runs"] > 1:
@@ -153,6 +156,7 @@ def test_the_sweep_runs_every_level_and_arm_and_the_greedy_outputs_agree(tasks_f
             assert same == total > 0, line  # greedy: every arm writes what none writes
     markdown = write_sweep(result, "grammarspec bench-serve --sweep", tmp_path / "out")
     assert "| json | C=2 | auto |" in markdown and "prefill steps" in markdown and "untimed burst" in markdown
+    assert "| prose | rate=8 | auto #" in markdown.split("had learned at the end of each auto run")[1]
     for name in ("sweep.md", "sweep.json", "sweep_throughput.png", "sweep_ttft.png"):
         assert (tmp_path / "out" / name).stat().st_size > 0
 

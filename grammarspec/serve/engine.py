@@ -20,7 +20,10 @@ and die with their entry).  The earlier assistant messages' JSON
 ``Request.documents``.  A row without a cache hit starts from the records
 of the last finished row of its kind of traffic (:func:`traffic_kind`: tool
 calls, a schema, free text), so drafting starts from this server's evidence,
-not from a prior.  Drafting policy only: outputs are unchanged.
+not from a prior.  The policy prices each step by what this server's steps
+have taken (:class:`~grammarspec.step_cost.StepCostLearner`, kept across
+loops; ``step_cost="profile"``: the fixed profile).  Drafting policy only:
+outputs are unchanged.
 
 Each request's settings are its rows' own (:class:`~grammarspec.rows.RowSettings`):
 greedy or sampled, temperature and top_p in the row's processing, ``max_tokens``
@@ -52,10 +55,11 @@ from ..conversation import NO_TOOL_NOTE, _add_note
 from ..decoding import DecodeConfig, Row, RowRequest, decode_batch, logits_width
 from ..inputs import eos_ids
 from ..kv import BatchKV
-from ..policy import Calibration
+from ..policy import Calibration, batch_cost_model
 from ..row_requests import DEFAULT_MAX_DRAFT, row_request
 from ..settings import resolve_config
 from ..step import checked_prompt_chunk
+from ..step_cost import STEP_COSTS, StepCostLearner
 from ..step_trace import StepTrace
 from ..stopping import before_stop
 from ..templates import fit_messages
@@ -185,7 +189,12 @@ class Engine:
         compile_timeout: float | None = COMPILE_TIMEOUT,
         trace_steps: bool = False,
         prompt_chunk: int | None = None,
+        step_cost: str = "learned",
     ) -> None:
+        if step_cost not in STEP_COSTS:
+            raise ValueError(f"step_cost {step_cost!r} is not one of {', '.join(STEP_COSTS)}")
+        #: what the drafting policy prices steps by: this server's measured steps (``learned``), else the profile
+        self.cost_learner = StepCostLearner(lambda: batch_cost_model(model)) if step_cost == "learned" else None
         #: the most prompt tokens a step reads for joining requests (None: from the pass cost; decode_batch)
         self.prompt_chunk = checked_prompt_chunk(prompt_chunk)
         self.model, self.tokenizer = model, tokenizer
@@ -366,6 +375,7 @@ class Engine:
                     on_commit=self._on_commit,
                     trace=self.trace,
                     prompt_chunk=self.prompt_chunk,
+                    cost_learner=self.cost_learner,
                 )
             except Exception as e:  # the loop failed: every row in it fails, the engine goes on
                 traceback.print_exc()

@@ -204,12 +204,21 @@ def level_summary(records: Sequence[dict[str, Any]], burst: int = 0) -> dict[str
     }
 
 
-def _embedded_server(model: torch.nn.Module, tokenizer: Any, name: str, max_batch_size: int, max_tokens: int) -> Any:
+def _embedded_server(
+    model: torch.nn.Module, tokenizer: Any, name: str, max_batch_size: int, max_tokens: int, step_cost: str
+) -> Any:
     """``grammarspec serve`` in this process (prefix cache off, every step traced), on a free localhost port."""
     from .servers import InProcessServer
 
     return InProcessServer(
-        model, tokenizer, name, max_batch_size, prefix_cache_bytes=0, max_tokens=max(max_tokens, 16), trace_steps=True
+        model,
+        tokenizer,
+        name,
+        max_batch_size,
+        prefix_cache_bytes=0,
+        max_tokens=max(max_tokens, 16),
+        trace_steps=True,
+        step_cost=step_cost,
     )
 
 
@@ -237,6 +246,7 @@ def run_sweep(
     max_batch_size: int = 16,
     tasks_path: str | Path | None = None,
     level_warmup: bool = True,
+    step_cost: str = "learned",
     progress: Callable[[str], None] = lambda line: None,
 ) -> dict[str, Any]:
     """Every workload at every load level under every arm; records, summaries and step tables.
@@ -250,7 +260,9 @@ def run_sweep(
     untimed burst of the level's width (C requests at once; open loop: up to
     ``requests``), so the shapes a level first reaches (a wider batch, a
     grown KV store, a device's kernels for them) are not paid by whichever
-    run comes first.
+    run comes first.  ``step_cost``: what the embedded server's policy prices
+    steps by (``serve --step-cost``); with ``learned`` every run of ours records
+    the learned terms at its end (``summary["step_cost"]``).
     """
     if pairs < 1:
         raise ValueError(f"run_sweep needs pairs >= 1, got {pairs}")
@@ -272,7 +284,12 @@ def run_sweep(
         return functools.partial(_send, client, model_id, arm=arm, max_tokens=max_tokens)
 
     def level_runs(
-        client: Any, model_id: str, arm_order: Sequence[str], trace: Any = None, counters: dict[str, int] | None = None
+        client: Any,
+        model_id: str,
+        arm_order: Sequence[str],
+        trace: Any = None,
+        counters: dict[str, int] | None = None,
+        learner: Any = None,
     ) -> None:
         for name, pool in pools.items():
             for kind, value in levels:
@@ -308,6 +325,8 @@ def run_sweep(
                         from ..step_trace import summarize
 
                         summary["step_table"] = summarize(*trace.take())
+                    if learner is not None:
+                        summary["step_cost"] = learner.terms()
                     runs.append(
                         {
                             "workload": name,
@@ -326,7 +345,7 @@ def run_sweep(
                     )
 
     if ours:
-        server = _embedded_server(model, tokenizer, model_name, max_batch_size, max_tokens)
+        server = _embedded_server(model, tokenizer, model_name, max_batch_size, max_tokens, step_cost)
         try:
             for body in pools.get("json", []):  # compile every schema before timing
                 server.engine._compile(grammar_spec(schema=body["response_format"]["json_schema"]["schema"]))
@@ -339,7 +358,8 @@ def run_sweep(
             assert server.engine.trace is not None
             server.engine.trace.take()
             order = ["none"] + ["auto", "none"] * pairs if ours == ["none", "auto"] else ours
-            level_runs(client, model_name, order, server.engine.trace, server.engine.counters)
+            engine = server.engine
+            level_runs(client, model_name, order, engine.trace, engine.counters, engine.cost_learner)
         finally:
             server.close()
     for arm in [a for a in VLLM_ARMS if a in arms]:
@@ -369,6 +389,7 @@ def run_sweep(
         "pairs": pairs,
         "workloads": list(pools),
         "level_warmups": warmups,
+        "step_cost": step_cost,
     }
 
 
@@ -510,8 +531,35 @@ def sweep_markdown(result: dict[str, Any], command: str) -> str:
             f"{per['propose']:.1f} | {per['walk']:.1f} | {per['verify']:.1f} | {per['commit']:.1f} | "
             f"{t['prefill_steps']} ({t['prefill_seconds']:.2f}) | {t['joins']} ({t['join_seconds']:.3f}) |"
         )
+    out += _step_cost_lines(result)
     out += [f"- {note}" for note in result["notes"]]
     return "\n".join(out) + "\n"
+
+
+def _step_cost_lines(result: dict[str, Any]) -> list[str]:
+    """The step cost the server's policy had learned at the end of each auto run, beside the profile's."""
+    learned = [r for r in result["runs"] if r["arm"] == "auto" and (r["summary"].get("step_cost") or {}).get("learned")]
+    if not learned:
+        return ["", f"Step cost: {result.get('step_cost', 'profile')} (no learned terms recorded).", ""]
+    out = [
+        "",
+        "The step cost the policy had learned at the end of each auto run (plain 1-row steps; the profile's terms in "
+        "brackets): every term is what the server's real steps took (grammarspec/step_cost.py).",
+        "",
+        "| workload | load | run | steps learned from (plain probes) | unit ms | per stepping row | switch | per draft token | "
+        "per drafting row |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for run in learned:
+        c = run["summary"]["step_cost"]
+        p = c["profile"]
+        out.append(
+            f"| {run['workload']} | {run['load']}={run['level']:g} | auto #{run['position']} | {c['steps']} "
+            f"({c['probes']}) | "
+            f"{c['unit_ms']:.1f} | {c['per_batch_row']:.3f} | {c['switch']:.2f} ({p['switch']:.2f}) | "
+            f"{c['per_token']:.3f} ({p['per_token']:.3f}) | {c['per_draft_row']:.3f} ({p['per_draft_row']:.3f}) |"
+        )
+    return out + [""]
 
 
 def write_sweep_plots(result: dict[str, Any], out: Path) -> dict[str, Path]:

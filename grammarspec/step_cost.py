@@ -1,0 +1,238 @@
+"""What a step of this loop really costs, learned from the steps it runs: the drafting policy's cost for a server.
+
+The profile (:mod:`grammarspec.pass_profile`) prices a pass from forwards
+timed once, on their own.  A busy loop's drafted step pays more than those
+show: ragged rows whose masks and positions are built every step, the host
+work of every row, copies the device must wait for.  Where the profile
+misses that, the policy admits drafts that do not pay (or refuses ones
+that would).  A :class:`StepCostLearner` fits the seconds of the steps the
+loop really takes::
+
+    seconds = u * curve(rows) + h * B + s * switched + p * k + q * spread
+
+``rows``: what the forward computes, counted as the policy counts it
+(:func:`priced_rows`); ``B``: the rows that stepped; ``switched``: 1 when a
+row drafted at batch 2 or more; ``k``: the draft tokens verified;
+``spread``: the drafting rows beyond the first on the packed path; ``curve``:
+the profile's.  The fit is least squares over the measured steps, each
+weighing 1 and fading by ``decay`` a step, beside pseudo-steps that the
+profile prices (a grid of batch sizes, plain and drafted, weighing
+``prior_weight`` in all; they hold each term's ratio to the unit, so the
+measured steps alone set the seconds) that never fade: before evidence, and for any term
+the recent steps do not exercise (no row drafted for a while), the profile
+holds, so a server that stopped drafting because drafts cost too much tries
+again once its evidence has faded.  Terms come out at 0 or above.
+
+:meth:`StepCostLearner.cost` gives the policy the fitted model in the unit
+``u``: ``cost(rows) = curve(rows) + (h / u) * B``, ``switch = s / u``,
+``per_token = p / u``, ``per_draft_row = q / u`` (:class:`StepCost`).  On a
+flat curve with cheap drafted steps (a GPU) the fit stays flat and drafts
+stay long; where drafted steps cost several plain ones the switch term says
+so and the policy drafts only what pays.
+
+Steps that read prompt chunks or verify token trees teach nothing (their
+cost is not the policy's to choose).  Drafting policy only: which tokens are
+verified, never how, so greedy outputs are unchanged and sampled ones keep
+their distribution; but draft lengths, and with them which random numbers a
+seeded sample draws, then depend on measured times, which is why
+``grammarspec.generate`` keeps the fixed profile and the server learns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from proposers.cost import PassCost
+
+__all__ = ["STEP_COSTS", "StepCost", "StepCostLearner", "priced_rows"]
+
+#: What a server's drafting policy prices a step by: ``learned``, the seconds of its own steps, starting from the
+#: profile (:class:`StepCostLearner`); ``profile``, the profiled pass cost alone (draft lengths that do not depend
+#: on timing).
+STEP_COSTS = ("learned", "profile")
+
+#: Batch sizes and (draft tokens, drafting rows) of the profile's pseudo-steps.
+_PRIOR_BATCHES = (1, 2, 4, 8, 16)
+_PRIOR_DRAFTS = ((0, 0), (1, 1), (4, 1), (4, 4))
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """A step's cost as the policy reads it (:func:`grammarspec.policy.allocate`), in plain 1-row steps.
+
+    >>> c = StepCost(PassCost(), batch_share=0.1, batch=4, switch=2.0, per_token=0.01, per_draft_row=0.0)
+    >>> round(c.cost(4), 2), round(c.cost(8), 2)  # the line, plus 0.1 for each of the 4 rows stepping
+    (1.82, 1.94)
+    """
+
+    curve: PassCost
+    batch_share: float  # host seconds of each stepping row, in the unit
+    batch: int
+    switch: float
+    per_token: float
+    per_draft_row: float
+
+    def cost(self, rows: int) -> float:
+        """A pass over ``rows`` rows of a step of ``batch`` rows, in the unit.  Pure."""
+        return self.curve.cost(rows) + self.batch_share * self.batch
+
+    def __call__(self, rows: int) -> float:
+        return self.cost(rows)
+
+
+def priced_rows(tokens: Sequence[int], packed: bool) -> int:
+    """The rows a forward over rows feeding ``tokens[r]`` tokens computes, as the policy prices them: every
+    token on the packed path (batch 2 or more), else every row at the widest row's width.  Pure.
+
+    >>> priced_rows([1, 3, 1], packed=True), priced_rows([1, 3, 1], packed=False), priced_rows([4], packed=True)
+    (5, 9, 4)
+    """
+    if packed and len(tokens) > 1:
+        return sum(tokens)
+    return len(tokens) * max(tokens, default=0)
+
+
+class StepCostLearner:
+    """The step cost of one loop (or one server, across its loops), learned from its measured steps.
+
+    ``profile``: the target's profiled :class:`~proposers.cost.PassCost`
+    (:func:`grammarspec.policy.batch_cost_model`), or a function giving it
+    (called at the first step observed); its curve prices the
+    forward's rows and its terms, as ratios to the unit, are the prior.
+    Until ``warmup`` steps are measured :meth:`cost` is the profile's.  ``observe`` changes state;
+    ``cost`` and ``terms`` do not.
+
+    >>> learner = StepCostLearner(PassCost(switch=0.1), warmup=2)
+    >>> for _ in range(60):  # plain steps of 4 rows at 10 ms a unit; drafted ones cost 5 units more
+    ...     learner.observe(rows=4, batch=4, tokens=0, drafting=0, seconds=0.01 * PassCost().cost(4))
+    ...     learner.observe(rows=6, batch=4, tokens=2, drafting=1, seconds=0.01 * (PassCost().cost(6) + 5))
+    >>> c = learner.cost(4)  # what the drafted step costs beyond the plain one: 5.06 measured, 0.16 profiled
+    >>> round(float(c.cost(6) + c.switch + 2 * c.per_token - c.cost(4)), 1)
+    5.0
+    """
+
+    def __init__(
+        self,
+        profile: PassCost | Callable[[], PassCost],
+        *,
+        prior_weight: float = 1.0,
+        decay: float = 0.99,
+        warmup: int = 8,
+        probe_every: int = 50,
+    ) -> None:
+        if prior_weight <= 0 or not 0 < decay <= 1 or warmup < 1 or probe_every < 1:
+            raise ValueError("StepCostLearner needs prior_weight > 0, 0 < decay <= 1, warmup >= 1 and probe_every >= 1")
+        self._profile, self.prior_weight, self.decay, self.warmup = profile, prior_weight, decay, warmup
+        self.probe_every = probe_every
+        self.steps = 0  # steps observed
+        self.probes = 0  # plain steps asked for (wants_plain_step)
+        self._since_plain = 0  # steps observed since the last one that verified no draft
+        self._xtx = np.zeros((5, 5))
+        self._xty = np.zeros(5)
+        self._prior: np.ndarray | None = None  # the profile's pseudo-steps, once the profile is known
+        self._theta: np.ndarray | None = None  # u, h, s, p, q in seconds; None until ``warmup`` steps are in
+
+    @property
+    def profile(self) -> PassCost:
+        """The profiled cost (a factory given to the constructor is called once, at first need)."""
+        if not isinstance(self._profile, PassCost):
+            self._profile = self._profile()
+        return self._profile
+
+    def observe(
+        self, *, rows: int, batch: int, tokens: int, drafting: int, seconds: float, packed: bool = True
+    ) -> None:
+        """Learn from one measured step: ``rows`` computed (:func:`priced_rows`), ``batch`` rows stepping,
+        ``tokens`` draft tokens verified on ``drafting`` rows, ``packed`` whether a drafted pass packs its rows;
+        ``seconds`` the whole step.  Changes state."""
+        if batch < 1 or rows < 1 or not seconds > 0:
+            return
+        x = self._features(rows, batch, tokens, drafting, packed)
+        self.steps += 1
+        self._since_plain = self._since_plain + 1 if tokens > 0 else 0
+        self._xtx = self._xtx * self.decay + np.outer(x, x)
+        self._xty = self._xty * self.decay + x * seconds
+        if self.steps >= self.warmup:
+            self._solve()
+
+    def wants_plain_step(self) -> bool:
+        """Whether the next step should verify no draft (a probe): ``probe_every`` steps in a row drafted.
+
+        Without plain steps a fit cannot tell the unit from the drafted
+        terms (every step pays both), and a server whose every step drafts
+        would never learn that drafting costs more than it brings.  A probe
+        costs at most one step's drafts in ``probe_every``.  Changes state
+        (counts the probe) when it answers yes.
+        """
+        if self._theta is None or self._since_plain < self.probe_every:
+            return False
+        self.probes += 1
+        self._since_plain = 0
+        return True
+
+    def cost(self, batch: int) -> PassCost | StepCost:
+        """The cost the policy reads for a step of ``batch`` rows: the profile until the unit is set.  Pure."""
+        if self._theta is None:
+            return self.profile
+        u, h, s, p, q = self._theta
+        return StepCost(self.profile, h / u, batch, s / u, p / u, q / u)
+
+    def terms(self) -> dict[str, Any]:
+        """The fitted terms in the unit (``unit_ms``: the unit's milliseconds), beside the profile's.  Pure."""
+        prior = {"switch": self.profile.switch, "per_token": self.profile.per_token}
+        prior["per_draft_row"] = self.profile.per_draft_row
+        if self._theta is None:
+            return {"steps": self.steps, "learned": False, "profile": prior}
+        u, h, s, p, q = (float(v) for v in self._theta)
+        fitted = {"unit_ms": 1000 * u, "per_batch_row": h / u, "switch": s / u, "per_token": p / u}
+        learned = {"steps": self.steps, "probes": self.probes, "learned": True, **fitted, "per_draft_row": q / u}
+        return learned | {"profile": prior}
+
+    # --- the fit ---------------------------------------------------------------------------------
+
+    def _features(self, rows: int, batch: int, tokens: int, drafting: int, packed: bool) -> np.ndarray:
+        switched = 1.0 if tokens > 0 and batch > 1 else 0.0
+        spread = float(max(0, drafting - 1)) if packed and batch > 1 and tokens > 0 else 0.0
+        return np.array([self.profile.cost(rows), float(batch), switched, float(max(tokens, 0)), spread])
+
+    def _prior_rows(self, weight: float) -> np.ndarray:
+        """The profile's pseudo-steps as rows of the normal equations, ``weight`` in all.
+
+        Each says: this step costs what the profile prices it at, in the
+        unit ``u`` whatever ``u`` is (``x . theta = u * price(x)``, a
+        homogeneous row ``x - price(x) * e_u``), so the prior holds the terms'
+        ratios to the unit and the measured steps alone set the seconds.
+        """
+        profile = self.profile
+        relative = np.array([1.0, 0.0, profile.switch, profile.per_token, profile.per_draft_row])
+        points = []
+        for batch in _PRIOR_BATCHES:
+            for tokens, drafting in _PRIOR_DRAFTS:
+                if drafting > batch:
+                    continue
+                x = self._features(batch + tokens, batch, tokens, drafting, True)
+                x[0] -= float(x @ relative)  # x . theta - u * price(x)
+                points.append(x / np.linalg.norm(x))  # each pseudo-step weighs alike, whatever its size
+        z = np.array(points)
+        return weight / len(points) * z.T @ z
+
+    def _solve(self) -> None:
+        """Least squares with every term but the unit at 0 or above: a term the unconstrained fit puts below 0
+        is held at 0 and the rest fitted again (at most once per term)."""
+        if self._prior is None:
+            self._prior = self._prior_rows(self.prior_weight)
+        a, b = self._prior + self._xtx, self._xty
+        free = list(range(5))
+        while True:
+            theta = np.zeros(5)
+            theta[free] = np.linalg.lstsq(a[np.ix_(free, free)], b[free], rcond=None)[0]
+            negative = [i for i in free[1:] if theta[i] < 0]
+            if not negative:
+                break
+            free.remove(min(negative, key=lambda i: theta[i]))
+        theta[0] = max(float(theta[0]), 1e-12)
+        self._theta = theta

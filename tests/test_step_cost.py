@@ -1,0 +1,189 @@
+"""The server's step cost, learned from the steps it runs (grammarspec/step_cost.py).
+
+The learner must recover what steps really cost, hand the policy a cost on
+which it drafts nothing that does not pay (drafted steps far dearer than the
+profile says) and still drafts long where drafted steps are cheap (a flat
+curve), fall back to the profile once its evidence of drafted steps has
+faded, and change nothing but draft lengths in the loop.
+"""
+
+from __future__ import annotations
+
+import doctest
+import random
+
+import numpy as np
+import pytest
+from helpers import batch_row
+from proposer_fakes import ScriptFollower
+from toy import toy_vocab_size
+from toy_models import ToyCausalLM
+
+import grammarspec.step_cost
+from grammarspec.adaptive import AdaptiveController
+from grammarspec.decoding import DecodeConfig, decode, decode_batch
+from grammarspec.policy import plan_drafts
+from grammarspec.step_cost import StepCost, StepCostLearner, priced_rows
+from proposers.base import Draft
+from proposers.cost import PassCost, flat_until
+
+OFFERED = Draft(tokens=tuple(range(10, 26)), sources=("prompt_lookup",) * 16)
+UNIT = 0.02  # seconds of a plain 1-row step in the simulated machines
+
+
+def test_docstring_examples_hold():
+    assert doctest.testmod(grammarspec.step_cost).failed == 0
+
+
+def true_seconds(u, h, s, p, q, curve, rows, batch, tokens, drafting):
+    switched = tokens > 0 and batch > 1
+    spread = max(0, drafting - 1) if switched else 0
+    return u * curve.cost(rows) + h * batch + s * switched + p * tokens + q * spread
+
+
+def drafted_excess(cost, batch, tokens, drafting):
+    """What a packed step of ``batch`` rows verifying ``tokens`` draft tokens on ``drafting`` rows costs beyond
+    the plain step, on ``cost`` (the policy's reading of it)."""
+    spread = cost.per_draft_row * (drafting - 1)
+    return cost.cost(batch + tokens) + cost.switch + cost.per_token * tokens + spread - cost.cost(batch)
+
+
+def test_the_learner_recovers_every_term_from_mixed_steps():
+    curve = PassCost(1.2, 0.04, 2)
+    truth = (UNIT, 0.001, 0.05, 0.002, 0.004)  # seconds: unit, per stepping row, switch, per token, per drafting row
+    learner = StepCostLearner(PassCost(1.2, 0.04, 2, switch=0.5, per_token=0.01, per_draft_row=0.02))
+    rng = random.Random(0)
+    for _ in range(400):
+        batch = rng.randint(1, 16)
+        drafting = rng.choice([0, 0, 1, 2, min(batch, 4)]) if batch > 1 else rng.choice([0, 1])
+        tokens = sum(rng.randint(1, 6) for _ in range(drafting))
+        seconds = true_seconds(*truth, curve, batch + tokens, batch, tokens, drafting)
+        learner.observe(rows=batch + tokens, batch=batch, tokens=tokens, drafting=drafting, seconds=seconds)
+    terms = learner.terms()
+    assert terms["learned"] and terms["steps"] == 400
+    expected = {"unit_ms": 20.0, "per_batch_row": 0.05, "switch": 2.5, "per_token": 0.1, "per_draft_row": 0.2}
+    for name, value in expected.items():
+        assert terms[name] == pytest.approx(value, rel=0.1), (name, terms)
+    assert terms["profile"] == {"switch": 0.5, "per_token": 0.01, "per_draft_row": 0.02}
+
+
+def test_before_its_warm_up_the_learner_is_the_profile_and_it_calls_a_profile_factory_once():
+    calls = []
+    profile = PassCost(switch=0.3)
+
+    def factory():
+        calls.append(1)
+        return profile
+
+    learner = StepCostLearner(factory, warmup=4)
+    assert calls == []  # nothing is profiled before a step needs it
+    assert learner.cost(4) is profile and calls == [1]
+    for _ in range(3):
+        learner.observe(rows=4, batch=4, tokens=0, drafting=0, seconds=0.05)
+    assert learner.cost(4) is profile and not learner.terms()["learned"]
+    learner.observe(rows=4, batch=4, tokens=0, drafting=0, seconds=0.05)
+    assert isinstance(learner.cost(4), StepCost) and learner.terms()["learned"] and calls == [1]
+    with pytest.raises(ValueError, match="decay"):
+        StepCostLearner(profile, decay=0.0)
+
+
+def test_priced_rows_counts_the_rows_the_policy_prices():
+    assert priced_rows([1, 1, 1, 1], packed=True) == priced_rows([1, 1, 1, 1], packed=False) == 4
+    assert priced_rows([1, 5, 1], packed=True) == 7 and priced_rows([1, 5, 1], packed=False) == 15
+    assert priced_rows([6], packed=True) == 6
+
+
+def serve(learner, truth, curve, batch, survival, steps, seed=0):
+    """A simulated server at ``batch`` rows: every step the policy plans packed drafts on the learner's cost, the
+    rows' drafts survive token by token with probability ``survival``, and the learner hears what the step took
+    on the true machine.  Returns the draft tokens admitted per step."""
+    rng = random.Random(seed)
+    controllers = [AdaptiveController() for _ in range(batch)]
+    admitted = []
+    for _ in range(steps):
+        cost = learner.cost(batch) if learner is not None else curve
+        if learner is not None and learner.wants_plain_step():  # as the loop does (grammarspec/step.py)
+            lengths = [0] * batch
+        else:
+            lengths = plan_drafts([OFFERED] * batch, controllers, batch, cost)
+        for controller, k in zip(controllers, lengths):
+            controller.allocated(k, len(OFFERED))
+            accepted = 0
+            while accepted < k and rng.random() < survival:
+                accepted += 1
+            controller.record(OFFERED.truncate(k), accepted, OFFERED, next_token=-1)
+        tokens, drafting = sum(lengths), sum(1 for k in lengths if k)
+        if learner is not None:
+            seconds = true_seconds(*truth, curve, batch + tokens, batch, tokens, drafting)
+            learner.observe(rows=batch + tokens, batch=batch, tokens=tokens, drafting=drafting, seconds=seconds)
+        admitted.append(tokens)
+    return admitted
+
+
+def test_drafted_steps_dearer_than_the_profile_says_are_learned_and_drafting_stops():
+    """The profile says a drafted step of 8 rows costs about 2 plain steps; this machine's cost 8 (the GPU server's
+    drafted ragged pass measured 3-9x its plain one).  Drafts that survive at 0.8 pay on the profile, not here."""
+    profile = flat_until(64, switch=0.2, per_token=0.01)
+    truth = (UNIT, 0.0, 6 * UNIT, 0.01 * UNIT, 0.0)
+    on_profile = serve(None, truth, profile, 8, 0.8, 60)
+    assert np.mean(on_profile[20:]) > 8  # the profile's policy drafts at every step
+    learner = StepCostLearner(profile)
+    learned = serve(learner, truth, profile, 8, 0.8, 300)
+    assert learner.probes >= 1  # every step drafted: the learner asked for a plain one to tell the unit apart
+    # the shape the drafted steps took (8 rows, about 48 tokens): 6.5 plain steps more in truth, 0.68 on the profile
+    assert drafted_excess(profile, 8, 48, 8) < 0.7 and 4.5 < drafted_excess(learner.cost(8), 8, 48, 8) < 9.0
+    assert sum(learned[100:]) == 0  # once learned, no step drafts
+    assert sum(learned[:8]) > 0  # the warm-up steps drafted on the profile: the evidence the learner needed
+
+
+def test_on_a_flat_curve_with_cheap_drafted_steps_the_learned_policy_still_drafts_long():
+    profile = flat_until(64, switch=0.05, per_token=0.01)
+    truth = (UNIT, 0.0002, 0.1 * UNIT, 0.005 * UNIT, 0.002 * UNIT)  # a GPU: drafted steps near a plain one
+    learner = StepCostLearner(profile)
+    learned = serve(learner, truth, profile, 3, 1.0, 200)  # drafts that always survive; 3 rows of 17 fit
+    assert set(learned[-100:]) == {0, 48} and learned[-100:].count(0) <= 2  # a probe's plain step, every 50
+    assert learner.terms()["switch"] == pytest.approx(0.1, abs=0.05)
+
+
+def test_evidence_of_dear_drafted_steps_fades_and_the_profile_returns():
+    profile = flat_until(64, switch=0.2, per_token=0.01)
+    learner = StepCostLearner(profile)
+    for _ in range(100):
+        learner.observe(rows=8, batch=8, tokens=0, drafting=0, seconds=UNIT)
+        learner.observe(rows=12, batch=8, tokens=4, drafting=2, seconds=7 * UNIT)
+    assert drafted_excess(learner.cost(8), 8, 4, 2) == pytest.approx(6.0, rel=0.1)
+    for _ in range(1500):  # no row drafts: only plain steps come
+        learner.observe(rows=8, batch=8, tokens=0, drafting=0, seconds=UNIT)
+    assert drafted_excess(learner.cost(8), 8, 4, 2) < 1.0  # back near the profile's: the server tries drafting again
+
+
+def test_the_loop_with_a_learner_changes_no_output_and_learns_only_from_steps_that_could_draft(grammars):
+    model = ToyCausalLM(toy_vocab_size(), seed=3)
+    config = DecodeConfig(max_new_tokens=30, eos_token_ids=(0,))
+    prompts = [[2, 3], [2, 5, 9, 4, 7], [6]]
+    alone = [decode(model, p, config, matcher=g.matcher())[0] for p, g in zip(prompts, grammars)]
+    requests = [
+        batch_row(p, g.matcher(), ScriptFollower(out, 3), 4, config) for p, g, out in zip(prompts, grammars, alone)
+    ]
+    seen = []
+    learner = StepCostLearner(PassCost(), warmup=1)
+    rows = decode_batch(model, requests, config, cost_learner=learner, on_step=lambda rows, kv: seen.append(1))
+    assert [row.generated for row in rows] == alone
+    assert learner.steps == len(seen) >= 1 and learner.terms()["learned"]
+    calls = []
+    plain = StepCostLearner(lambda: calls.append(1) or PassCost())
+    requests = [batch_row(p, g.matcher(), None, 0, config) for p, g in zip(prompts, grammars)]
+    rows = decode_batch(model, requests, config, cost_learner=plain)
+    assert [row.generated for row in rows] == alone
+    assert plain.steps == 0 and calls == []  # no row could draft: nothing to price, nothing profiled
+
+
+def test_the_engine_and_the_cli_refuse_an_unknown_step_cost(capsys):
+    from grammarspec.cli import main
+    from grammarspec.serve import Engine
+
+    with pytest.raises(ValueError, match="learned, profile"):
+        Engine(None, None, step_cost="measured")
+    with pytest.raises(SystemExit):
+        main(["serve", "--step-cost", "measured"])
+    assert "--step-cost" in capsys.readouterr().err
