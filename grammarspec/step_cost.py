@@ -131,6 +131,7 @@ class StepCostLearner:
         self.steps = 0  # steps observed
         self.probes = 0  # plain steps asked for (wants_plain_step)
         self._since_plain = 0  # steps observed since the last one that verified no draft
+        self._plain_seen = False  # whether any observed step verified no draft
         self._xtx = np.zeros((5, 5))
         self._xty = np.zeros(5)
         self._prior: np.ndarray | None = None  # the profile's pseudo-steps, once the profile is known
@@ -154,13 +155,15 @@ class StepCostLearner:
         x = self._features(rows, batch, tokens, drafting, packed)
         self.steps += 1
         self._since_plain = self._since_plain + 1 if tokens > 0 else 0
+        self._plain_seen = self._plain_seen or tokens <= 0
         self._xtx = self._xtx * self.decay + np.outer(x, x)
         self._xty = self._xty * self.decay + x * seconds
         if self.steps >= self.warmup:
             self._solve()
 
     def wants_plain_step(self) -> bool:
-        """Whether the next step should verify no draft (a probe): ``probe_every`` steps in a row drafted.
+        """Whether the next step should verify no draft (a probe): ``probe_every`` steps in a row drafted (or,
+        before any plain step was seen, the ``warmup`` steps).
 
         Without plain steps a fit cannot tell the unit from the drafted
         terms (every step pays both), and a server whose every step drafts
@@ -168,7 +171,8 @@ class StepCostLearner:
         costs at most one step's drafts in ``probe_every``.  Changes state
         (counts the probe) when it answers yes.
         """
-        if self._theta is None or self._since_plain < self.probe_every:
+        limit = self.probe_every if self._plain_seen else self.warmup
+        if self._theta is None or self._since_plain < limit:
             return False
         self.probes += 1
         self._since_plain = 0
