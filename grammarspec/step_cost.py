@@ -8,13 +8,15 @@ misses that, the policy admits drafts that do not pay (or refuses ones
 that would).  A :class:`StepCostLearner` fits the seconds of the steps the
 loop really takes::
 
-    seconds = u * curve(rows) + h * B + s * switched + p * k + q * spread
+    seconds = u * curve(rows) + h * B + s * switched + p * k + q * spread + a * k_alone
 
 ``rows``: what the forward computes, counted as the policy counts it
 (:func:`priced_rows`); ``B``: the rows that stepped; ``switched``: 1 when a
-row drafted at batch 2 or more; ``k``: the draft tokens verified;
-``spread``: the drafting rows beyond the first on the packed path; ``curve``:
-the profile's.  The fit is least squares over the measured steps, each
+row drafted at batch 2 or more; ``k``: the draft tokens verified at batch 2
+or more, ``k_alone`` at batch 1 (a lone row's chain takes the model's own
+causal pass over its cache, not the packed rows, and costs another amount a
+token); ``spread``: the drafting rows beyond the first on the packed path;
+``curve``: the profile's.  The fit is least squares over the measured steps, each
 weighing 1 and fading by ``decay`` a step, beside pseudo-steps that the
 profile prices (a grid of batch sizes, plain and drafted, weighing
 ``prior_weight`` in all; they hold each term's ratio to the unit, so the
@@ -25,7 +27,7 @@ again once its evidence has faded.  Terms come out at 0 or above.
 
 :meth:`StepCostLearner.cost` gives the policy the fitted model in the unit
 ``u``: ``cost(rows) = curve(rows) + (h / u) * B``, ``switch = s / u``,
-``per_token = p / u``, ``per_draft_row = q / u`` (:class:`StepCost`).  On a
+``per_token = p / u`` (``a / u`` at batch 1), ``per_draft_row = q / u`` (:class:`StepCost`).  On a
 flat curve with cheap drafted steps (a GPU) the fit stays flat and drafts
 stay long; where drafted steps cost several plain ones the switch term says
 so and the policy drafts only what pays.
@@ -58,6 +60,8 @@ STEP_COSTS = ("learned", "profile")
 #: Batch sizes and (draft tokens, drafting rows) of the profile's pseudo-steps.
 _PRIOR_BATCHES = (1, 2, 4, 8, 16)
 _PRIOR_DRAFTS = ((0, 0), (1, 1), (4, 1), (4, 4))
+#: The fitted terms: unit, per stepping row, switch, per draft token, per drafting row, per draft token alone.
+_TERMS = 6
 
 
 @dataclass(frozen=True)
@@ -132,10 +136,10 @@ class StepCostLearner:
         self.probes = 0  # plain steps asked for (wants_plain_step)
         self._since_plain = 0  # steps observed since the last one that verified no draft
         self._plain_seen = False  # whether any observed step verified no draft
-        self._xtx = np.zeros((5, 5))
-        self._xty = np.zeros(5)
+        self._xtx = np.zeros((_TERMS, _TERMS))
+        self._xty = np.zeros(_TERMS)
         self._prior: np.ndarray | None = None  # the profile's pseudo-steps, once the profile is known
-        self._theta: np.ndarray | None = None  # u, h, s, p, q in seconds; None until ``warmup`` steps are in
+        self._theta: np.ndarray | None = None  # u, h, s, p, q, a in seconds; None until ``warmup`` steps are in
 
     @property
     def profile(self) -> PassCost:
@@ -182,8 +186,8 @@ class StepCostLearner:
         """The cost the policy reads for a step of ``batch`` rows: the profile until the unit is set.  Pure."""
         if self._theta is None:
             return self.profile
-        u, h, s, p, q = self._theta
-        return StepCost(self.profile, h / u, batch, s / u, p / u, q / u)
+        u, h, s, p, q, a = self._theta
+        return StepCost(self.profile, h / u, batch, s / u, (a if batch <= 1 else p) / u, q / u)
 
     def terms(self) -> dict[str, Any]:
         """The fitted terms in the unit (``unit_ms``: the unit's milliseconds), beside the profile's.  Pure."""
@@ -191,17 +195,19 @@ class StepCostLearner:
         prior["per_draft_row"] = self.profile.per_draft_row
         if self._theta is None:
             return {"steps": self.steps, "learned": False, "profile": prior}
-        u, h, s, p, q = (float(v) for v in self._theta)
+        u, h, s, p, q, a = (float(v) for v in self._theta)
         fitted = {"unit_ms": 1000 * u, "per_batch_row": h / u, "switch": s / u, "per_token": p / u}
-        learned = {"steps": self.steps, "probes": self.probes, "learned": True, **fitted, "per_draft_row": q / u}
-        return learned | {"profile": prior}
+        fitted |= {"per_draft_row": q / u, "per_token_alone": a / u}
+        return {"steps": self.steps, "probes": self.probes, "learned": True, **fitted, "profile": prior}
 
     # --- the fit ---------------------------------------------------------------------------------
 
     def _features(self, rows: int, batch: int, tokens: int, drafting: int, packed: bool) -> np.ndarray:
         switched = 1.0 if tokens > 0 and batch > 1 else 0.0
         spread = float(max(0, drafting - 1)) if packed and batch > 1 and tokens > 0 else 0.0
-        return np.array([self.profile.cost(rows), float(batch), switched, float(max(tokens, 0)), spread])
+        tokens = max(tokens, 0)
+        together, alone = (float(tokens), 0.0) if batch > 1 else (0.0, float(tokens))
+        return np.array([self.profile.cost(rows), float(batch), switched, together, spread, alone])
 
     def _prior_rows(self, weight: float) -> np.ndarray:
         """The profile's pseudo-steps as rows of the normal equations, ``weight`` in all.
@@ -212,7 +218,7 @@ class StepCostLearner:
         ratios to the unit and the measured steps alone set the seconds.
         """
         profile = self.profile
-        relative = np.array([1.0, 0.0, profile.switch, profile.per_token, profile.per_draft_row])
+        relative = np.array([1.0, 0.0, profile.switch, profile.per_token, profile.per_draft_row, profile.per_token])
         points = []
         for batch in _PRIOR_BATCHES:
             for tokens, drafting in _PRIOR_DRAFTS:
@@ -230,9 +236,9 @@ class StepCostLearner:
         if self._prior is None:
             self._prior = self._prior_rows(self.prior_weight)
         a, b = self._prior + self._xtx, self._xty
-        free = list(range(5))
+        free = list(range(_TERMS))
         while True:
-            theta = np.zeros(5)
+            theta = np.zeros(_TERMS)
             theta[free] = np.linalg.lstsq(a[np.ix_(free, free)], b[free], rcond=None)[0]
             negative = [i for i in free[1:] if theta[i] < 0]
             if not negative:

@@ -56,10 +56,12 @@ def test_the_learner_recovers_every_term_from_mixed_steps():
         drafting = rng.choice([0, 0, 1, 2, min(batch, 4)]) if batch > 1 else rng.choice([0, 1])
         tokens = sum(rng.randint(1, 6) for _ in range(drafting))
         seconds = true_seconds(*truth, curve, batch + tokens, batch, tokens, drafting)
+        seconds += 0.003 * tokens if batch == 1 else 0.0  # a lone row's chain: 5 ms a token, not 2
         learner.observe(rows=batch + tokens, batch=batch, tokens=tokens, drafting=drafting, seconds=seconds)
     terms = learner.terms()
     assert terms["learned"] and terms["steps"] == 400
     expected = {"unit_ms": 20.0, "per_batch_row": 0.05, "switch": 2.5, "per_token": 0.1, "per_draft_row": 0.2}
+    expected["per_token_alone"] = 0.25
     for name, value in expected.items():
         assert terms[name] == pytest.approx(value, rel=0.1), (name, terms)
     assert terms["profile"] == {"switch": 0.5, "per_token": 0.01, "per_draft_row": 0.02}
