@@ -22,7 +22,7 @@ from .bookkeeping import account, finish, record_scores
 from .commit import commit
 from .kv import BatchKV
 from .masking import apply_masks, forced_token, prune_and_fill_masks
-from .policy import batch_cost_model, plan_drafts
+from .policy import Cost, batch_cost_model, plan_drafts
 from .processing import LogitsPipeline, prefix_tensors
 from .rejection import Segment, target_choices
 from .rows import DecodeConfig, Row, Step, StepResources
@@ -410,7 +410,7 @@ def _allocate(
     pending = [len(active[i].pending) for i in chains]  # each row's own tokens before its draft
     fixed = [len(row.pending) + len(step.tree) for row, step in zip(active, steps) if step.is_tree]
     if shared.step_cost is not None:
-        cost: Any = shared.step_cost
+        cost: Cost = shared.step_cost
     elif shared.cost_learner is not None:
         cost = shared.cost_learner.cost(len(active))
     else:
