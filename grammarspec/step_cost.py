@@ -23,7 +23,10 @@ profile prices (a grid of batch sizes, plain and drafted, weighing
 measured steps alone set the seconds) that never fade: before evidence, and for any term
 the recent steps do not exercise (no row drafted for a while), the profile
 holds, so a server that stopped drafting because drafts cost too much tries
-again once its evidence has faded.  Terms come out at 0 or above.
+again once its evidence has faded.  Terms come out at 0 or above.  Where
+every step drafts, no fit can tell the unit from the drafted terms (each
+step pays both), so the learner asks the loop for a plain step now and then
+(:meth:`StepCostLearner.wants_plain_step`: a probe).
 
 :meth:`StepCostLearner.cost` gives the policy the fitted model in the unit
 ``u``: ``cost(rows) = curve(rows) + (h / u) * B``, ``switch = s / u``,
