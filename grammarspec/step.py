@@ -409,14 +409,9 @@ def _allocate(
         return
     pending = [len(active[i].pending) for i in chains]  # each row's own tokens before its draft
     fixed = [len(row.pending) + len(step.tree) for row, step in zip(active, steps) if step.is_tree]
-    if shared.step_cost is not None:
-        cost: Cost = shared.step_cost
-    elif shared.cost_learner is not None:
-        cost = shared.cost_learner.cost(len(active))
-    else:
-        cost = batch_cost_model(model)
     drafts, controllers = [steps[i].draft for i in chains], [active[i].controller for i in chains]
-    if shared.cost_learner is not None and shared.cost_learner.wants_plain_step():
+    cost = _step_cost(model, shared, len(active))
+    if cost is None:
         lengths = [0] * len(chains)  # a probe: the learner needs a plain step now and then to price drafted ones
     elif packed and len(active) > 1:
         lengths = plan_drafts(drafts, controllers, sum(pending) + sum(fixed), cost)
@@ -429,6 +424,16 @@ def _allocate(
         controller = active[i].controller
         if controller is not None:
             controller.allocated(n, offered)
+
+
+def _step_cost(model: torch.nn.Module, shared: StepResources, batch: int) -> Cost | None:
+    """What the policy prices this step by: a replay's modelled cost, the loop's learned one, else the profile;
+    ``None`` when the learner asks for a plain step (a probe)."""
+    if shared.step_cost is not None:
+        return shared.step_cost
+    if shared.cost_learner is None:
+        return batch_cost_model(model)
+    return None if shared.cost_learner.wants_plain_step() else shared.cost_learner.cost(batch)
 
 
 def _greedy_rows(active: Sequence[Row], steps: Sequence[Step]) -> bool | list[bool]:

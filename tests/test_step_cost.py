@@ -107,9 +107,8 @@ def replay_tool():
 
 
 def test_drafted_steps_dearer_than_the_profile_says_are_learned_and_drafting_stops():
-    """The profile says a drafted step of 8 rows costs about 1.3 plain steps; this machine's cost 7 (the GPU
-    server's drafted ragged pass measured 3-9x its plain one).  Drafts that survive at 0.8 pay on the profile,
-    not here."""
+    """The profile says a drafted step of 8 rows costs about 1.3 plain steps; this machine's cost 7 (a server
+    whose drafted ragged pass costs several plain ones).  Drafts that survive at 0.8 pay on the profile, not here."""
     profile = flat_until(64, switch=0.2, per_token=0.01)
 
     def machine(batch, tokens, drafting):

@@ -192,7 +192,7 @@ class Engine:
         step_cost: str = "learned",
     ) -> None:
         if step_cost not in STEP_COSTS:
-            raise ValueError(f"step_cost {step_cost!r} is not one of {', '.join(STEP_COSTS)}")
+            raise ValueError(f"step_cost {step_cost!r} is not one of {', '.join(STEP_COSTS)}: pass one of them")
         #: what the drafting policy prices steps by: this server's measured steps (``learned``), else the profile
         self.cost_learner = StepCostLearner(lambda: batch_cost_model(model)) if step_cost == "learned" else None
         #: the most prompt tokens a step reads for joining requests (None: from the pass cost; decode_batch)
