@@ -19,9 +19,16 @@ This holder keeps, per request:
   policy keeps admitting all of it.  A cheap drafter's tokens cost host time
   to plan (the pass cost's ``per_token``): where the batch's pass cost cut its
   last draft after ``n > 0`` tokens, planning ``k_max`` would mostly be thrown
-  away, so it is asked for twice that and two more (a cut to nothing is the
-  estimates' doing, not the length's, and changes nothing: the row's first
-  offered token is still judged, :meth:`AdaptiveController.record`);
+  away, so it is asked for twice that and two more;
+* a rest after a draft cut to nothing: the row's proposer is not asked for
+  the next 1 step, then 2, 4, ... up to ``max_rest`` while its drafts keep
+  being cut to nothing, and the rest starts again at 1 once any token is
+  admitted.  Proposing, the allocation and the walk are host work that a
+  draft cut whole never repays, and where the batch's cost or the row's
+  estimates cut every draft (free text in a busy server) it is a few percent
+  of every step.  The first token of each draft that is asked for is still
+  judged (:meth:`AdaptiveController.record`), so the row's records follow
+  its proposer between rests;
 * the :class:`grammarspec.policy.Calibration` of its drafts' survival.
 
 ``adaptive=False`` fixes the draft length at ``k_max``: the row's drafts are
@@ -32,7 +39,7 @@ from __future__ import annotations
 
 from proposers.base import Draft, Proposer, members
 
-from .policy import Calibration
+from .policy import Calibration, forced_lead, survival
 
 __all__ = ["AdaptiveController", "k_min"]
 
@@ -65,16 +72,30 @@ class AdaptiveController:
     8
     >>> cheap.allocated(8, offered=8); cheap.ask()  # all of it admitted: the cap again
     16
+    >>> cheap.allocated(0, offered=16); cheap.record(Draft(), 0); cheap.ask()  # cut to nothing: the next step rests
+    0
+    >>> cheap.record(Draft(), 0); cheap.ask()  # that step is recorded: asked again
+    16
 
     ``allocated`` and ``record`` change state; ``ask`` and ``estimates`` do not.
     """
 
     def __init__(
-        self, k_min: int = 1, k_max: int = 16, *, adaptive: bool = True, calibration: Calibration | None = None
+        self,
+        k_min: int = 1,
+        k_max: int = 16,
+        *,
+        adaptive: bool = True,
+        calibration: Calibration | None = None,
+        max_rest: int = 32,
     ) -> None:
         if not 1 <= k_min <= k_max:
             raise ValueError(f"need 1 <= k_min <= k_max, got k_min={k_min}, k_max={k_max}")
-        self.k_min, self.k_max, self.adaptive = k_min, k_max, adaptive
+        if max_rest < 0:
+            raise ValueError(f"need max_rest >= 0 steps, got {max_rest}")
+        self.k_min, self.k_max, self.adaptive, self.max_rest = k_min, k_max, adaptive, max_rest
+        self._rest = min(1, max_rest)  # steps to rest after the next draft cut to nothing
+        self._rest_until = 0  # the proposer is not asked while fewer steps than this are recorded
         #: Draft tokens the policy admitted last step (``k_max`` before the first).
         self.k: int = k_max if not adaptive else 0
         #: Whether the last step verified any draft token of this row.
@@ -90,6 +111,8 @@ class AdaptiveController:
         """How many tokens to ask the proposer for this step.  Does not change state."""
         if not self.adaptive:
             return self.k_max
+        if self.speculative_steps + self.plain_steps < self._rest_until:
+            return 0
         if self.k_min < self.k_max:  # every drafted token costs a draft model pass
             return min(max(self.k + 1, self.k_min), self.k_max)
         return min(2 * self.k + 2, self.k_max) if self.cut else self.k_max
@@ -105,6 +128,11 @@ class AdaptiveController:
         """
         self.k, self.speculate = k, k > 0
         self.cut = offered is not None and 0 < k < offered
+        if offered and not k:  # rest the steps after this one (it is recorded after this call)
+            self._rest_until = self.speculative_steps + self.plain_steps + 1 + self._rest
+            self._rest = min(2 * self._rest, self.max_rest)
+        elif k:
+            self._rest = min(1, self.max_rest)
 
     def record(
         self, draft: Draft, num_accepted: int, offered: Draft | None = None, next_token: int | None = None
@@ -128,6 +156,10 @@ class AdaptiveController:
             self.speculative_steps += 1
         else:
             self.plain_steps += 1
+        lead = forced_lead(draft)
+        if self.adaptive and n > lead:  # what the policy chose by the estimates, against what survived
+            expected = sum(survival(self.calibration.estimate(draft))[lead:])
+            self.calibration.audit(expected, max(0, num_accepted - lead))
         if (
             offered is not None
             and next_token is not None

@@ -3,7 +3,9 @@
 The rule (SmartSpec's goodput, done exactly).  Row ``r`` offers a draft whose
 token ``j`` survives verification, given that the tokens before it did, with
 probability ``p[r][j]`` (:class:`Calibration`: the proposer's own estimate,
-calibrated online).  Admitting its first ``k`` tokens brings, in expectation,
+calibrated online, and scaled by how the tokens the policy chose by those
+estimates really fared: choosing the best-looking of many noisy estimates
+chooses high ones, :meth:`Calibration.bias`).  Admitting its first ``k`` tokens brings, in expectation,
 ``1 + S[r][1] + ... + S[r][k]`` committed tokens, ``S[r][j] = p[r][1] * ... * p[r][j]``
 (the target's own token always comes).  Goodput is expected tokens per unit of
 batch time::
@@ -68,9 +70,11 @@ from proposers.track import Calibration, survival
 
 from .step_cost import StepCost
 
-__all__ = ["allocate", "Calibration", "batch_cost_model", "plan_drafts", "survival"]
+__all__ = ["allocate", "Calibration", "batch_cost_model", "drafts_could_pay", "forced_lead", "plan_drafts", "survival"]
 
 Cost = PassCost | StepCost | Callable[[int], float]
+#: The proposer whose leading tokens a draft always verifies: jump-forward, text the grammar forces.
+FORCED_SOURCE = "jump_forward"
 
 
 def allocate(
@@ -228,6 +232,66 @@ def _padded(
     return fits[:best_n]
 
 
+def drafts_could_pay(cost: Cost, asks: Sequence[int], pending: Sequence[int], *, packed: bool) -> bool:
+    """Whether any drafts of at most ``asks[r]`` tokens on row ``r`` could raise this step's goodput, even if
+    every one of their tokens survived.  Pure.
+
+    The ceiling of what :func:`allocate` could admit, checked before anything
+    is proposed: where not even certain tokens pay (a steep curve at a large
+    batch, host work per token above what a row's share of the pass costs),
+    proposing them is host work for drafts the allocation would cut.  It
+    leaves out ``per_draft_row``, so it stays a bound.  ``pending[r]``: row
+    ``r``'s own tokens before its draft; ``packed``: the pass computes exactly
+    its tokens (at batch 2 or more), else every row at the widest width.
+
+    A pass over ``rows`` rows costs a piecewise-linear curve, so on each piece
+    the goodput of ``n`` certain tokens, ``(B + n) / (cost(base + n) + per_token * n + switch)``,
+    is a ratio of lines in ``n``, monotone: its best is at a piece's end.  The
+    packed check reads those ends (every ``n`` for a curve of unknown shape);
+    the padded one each width with one token or all that fit in it.
+
+    >>> from proposers.cost import PassCost
+    >>> drafts_could_pay(PassCost(), [16], [1], packed=True)  # a lone row: certain tokens always pay on the prior
+    True
+    >>> dear = PassCost(per_token=0.5)  # half a plain step of host work a token: more than a row's share at 16
+    >>> drafts_could_pay(dear, [16] * 16, [1] * 16, packed=True), drafts_could_pay(dear, [16] * 2, [1] * 2, packed=True)
+    (False, True)
+    """
+    if len(asks) != len(pending):
+        raise ValueError(f"drafts_could_pay got {len(asks)} asks for {len(pending)} rows: pass one per row")
+    forward, switch, per_token, _ = _terms(cost)
+    batch, total = len(asks), sum(max(a, 0) for a in asks)
+    if total <= 0:
+        return False
+    switch = switch if batch > 1 else 0.0
+
+    def pays(tokens: float, rows: int, drafted: int) -> bool:
+        return tokens / (forward(rows) + switch + per_token * drafted) > plain * (1 + 1e-12)
+
+    if packed and batch > 1:
+        base = sum(pending)
+        plain = batch / forward(base)
+        return any(pays(batch + n, base + n, n) for n in _curve_ends(cost, base, total))
+    narrowest = max(pending)
+    plain = batch / forward(batch * narrowest)
+    widest = max(p + max(a, 0) for p, a in zip(pending, asks))
+    for width in range(narrowest, widest + 1):  # a width's forward is paid whatever fits: 1 or all its tokens
+        n = sum(min(max(a, 0), max(0, width - p)) for p, a in zip(pending, asks))
+        if n and (pays(batch + 1, batch * width, 1) or pays(batch + n, batch * width, n)):
+            return True
+    return False
+
+
+def _curve_ends(cost: Cost, base: int, total: int) -> list[int]:
+    """Draft token counts ``1..total`` at which the pass ``base + n`` ends a linear piece of ``cost``'s curve
+    (every count for a bare curve of unknown shape)."""
+    curve = cost.curve if isinstance(cost, StepCost) else cost
+    if not isinstance(curve, PassCost):
+        return list(range(1, total + 1))
+    knots = [rows for rows, _ in curve.table] if curve.table is not None else [curve.min_rows]
+    return sorted({1, total} | {rows - base for rows in knots if 1 <= rows - base <= total})
+
+
 _COST_MODELS: dict[tuple[Any, ...], PassCost] = {}
 PASS_COST_ENV = "GRAMMARSPEC_PASS_COST"
 _PASS_COST_MODES = ("profile", "prior")
@@ -285,7 +349,7 @@ def plan_drafts(
     controllers: Sequence[Any],
     base_rows: int | None,
     cost: Cost,
-    forced_source: str = "jump_forward",
+    forced_source: str = FORCED_SOURCE,
     *,
     pending: Sequence[int] | None = None,
     fixed: Sequence[int] = (),
@@ -298,7 +362,12 @@ def plan_drafts(
     forces) are always taken: the grammar forces their text, if not its
     split, and they are how a cold row gathers evidence.  Every other token
     is admitted by :func:`allocate`, with the pass's shape (``base_rows``, or
-    ``pending`` and ``fixed``) and ``cost`` as it takes them.
+    ``pending`` and ``fixed``) and ``cost`` as it takes them, on the row's
+    estimates scaled down by how the tokens they chose before really fared
+    (:meth:`Calibration.bias`, on the first token past the forced ones: every
+    later survival with it, so the order of the row's slots is kept).  Never
+    up: a bias above 1 is the records catching up with a proposer that
+    improved, which they do on their own.
     """
     estimates, forced = [], []
     for draft, controller in zip(drafts, controllers):
@@ -306,9 +375,18 @@ def plan_drafts(
             estimates.append([1.0] * len(draft))
             forced.append(len(draft))
             continue
-        estimates.append(controller.estimates(draft))
-        lead = 0
-        while lead < len(draft) and draft.sources and draft.sources[lead] == forced_source:
-            lead += 1
+        p = controller.estimates(draft)
+        lead = forced_lead(draft, forced_source)
+        if lead < len(p):  # what the tokens this row's estimates chose really survived, against what they expected
+            p[lead] *= min(1.0, controller.calibration.bias())
+        estimates.append(p)
         forced.append(lead)
     return allocate(estimates, cost, base_rows, forced, pending=pending, fixed=fixed)
+
+
+def forced_lead(draft: Draft, forced_source: str = FORCED_SOURCE) -> int:
+    """How many of ``draft``'s leading tokens come from ``forced_source`` (text the grammar forces).  Pure."""
+    lead = 0
+    while lead < len(draft) and draft.sources and draft.sources[lead] == forced_source:
+        lead += 1
+    return lead

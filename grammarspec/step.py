@@ -22,10 +22,10 @@ from .bookkeeping import account, finish, record_scores
 from .commit import commit
 from .kv import BatchKV
 from .masking import apply_masks, forced_token, prune_and_fill_masks
-from .policy import Cost, batch_cost_model, plan_drafts
+from .policy import Cost, batch_cost_model, drafts_could_pay, plan_drafts
 from .processing import LogitsPipeline, prefix_tensors
 from .rejection import Segment, target_choices
-from .rows import DecodeConfig, Row, Step, StepResources
+from .rows import Row, Step, StepResources
 from .step_cost import priced_rows
 from .tree_layout import descend
 
@@ -54,6 +54,7 @@ def run_step(
     phases = Phases()
     # (0) Plan: rows joining a busy batch read a chunk of their prompt; the others take a full step.
     plan = prompt_plan(model, active, shared, prompt_chunk)
+    prompted = any(row.prompt_length - row.cached > 1 for row in active)  # some row feeds prompt tokens this step
     reading = {id(row): read for row, read in zip(active, plan) if read is not None}
     stepping = [row for row in active if id(row) not in reading]
     # (+) Forced: a grammar that allows exactly one token needs no sampling.
@@ -67,11 +68,20 @@ def run_step(
         return active
     phases.lap("forced")
 
-    # 1. Propose: a draft tree of up to k levels per row (k leaves room for the token the target adds).
-    steps = [_propose(row, config, shared.trees) for row in stepping]
+    # 1. Propose: a draft tree of up to k levels per row (k leaves room for the token the target adds).  No chain
+    # where not even drafts that all survive could pay at this batch (the policy would cut every token of them) or
+    # where the loop's drafted steps of this size have committed fewer tokens a second than its plain ones; a row
+    # resting after drafts cut to nothing asks for none (grammarspec/adaptive.py).
+    asks = [_ask(row) if row.proposer is not None else 0 for row in stepping]  # 0 too for a resting row
+    cost = _step_cost(model, shared, len(stepping)) if any(asks) else None
+    chains = cost is None or (
+        _drafting_pays(shared, len(stepping))
+        and drafts_could_pay(cost, asks, [len(row.pending) for row in stepping], packed=kv.packed)
+    )
+    steps = [_propose(row, k, shared.trees, chains) for row, k in zip(stepping, asks)]
     phases.lap("propose")
     # (policy) One allocation over the batch cuts each chain to what pays at this batch (grammarspec/policy.py).
-    _allocate(model, stepping, steps, shared, packed=kv.packed)
+    _allocate(stepping, steps, cost, packed=kv.packed)
 
     # 2. Walk: one mask per scored row; each tree loses its grammar-illegal nodes.
     masks = _masks(shared, sum(1 + len(step.tree) for step in steps))
@@ -149,6 +159,7 @@ def run_step(
             drafting=sum(1 for step in steps if len(step.tree)),
             seconds=sum(phases.seconds.values()),
             packed=kv.packed,
+            committed=None if prompted else len(stepping) + sum(len(path) for path, _ in results),
         )
     if shared.on_step is not None:
         shared.on_step(active, kv)
@@ -368,21 +379,32 @@ def _commit_forced(row: Row, shared: StepResources) -> None:
         row.stats.forced_tokens += count
 
 
-def _propose(row: Row, config: DecodeConfig, trees: bool) -> Step:
-    """Ask the row's proposer for a draft of up to ``k`` levels: the one place a row's draft length is decided.
+def _ask(row: Row) -> int:
+    """How many draft levels to ask the row's proposer for: its controller's ask, within the row's budget (the
+    draft and the target's own token fit in what is left of ``max_new_tokens``)."""
+    budget = row.settings.max_new_tokens - len(row.generated)
+    return min(row.controller.ask() if row.controller is not None else 0, budget - 1)
+
+
+def _propose(row: Row, k: int, trees: bool, chains: bool = True) -> Step:
+    """Ask the row's proposer for a draft of up to ``k`` levels (:func:`_ask`): the one place a row's draft
+    length is decided.
 
     A :class:`~proposers.base.TreeDrafter` is asked for a tree when ``trees``
     (the model and cache can run a tree pass, :meth:`BatchKV.supports_trees`);
     anything else drafts a chain, which becomes the one-branch tree.
+    ``chains`` False: no chain is drafted unless the row's controller verifies
+    its drafts whole (``adaptive=False``): the batch could not pay for one.
     """
     step = Step()
-    controller = row.controller
-    budget = row.settings.max_new_tokens - len(row.generated)  # the draft and the target's own token fit in it
-    k = min(controller.ask() if controller is not None else 0, budget - 1)
+    tree = trees and row.tree_drafter is not None
+    if not (chains or tree or (row.controller is not None and not row.controller.adaptive)):
+        return step
     if row.proposer is not None and k > 0:
         t0 = time.perf_counter()
         view = GrammarView(row.matcher) if row.matcher is not None else None
-        if trees and row.tree_drafter is not None:
+        if tree:
+            assert row.tree_drafter is not None
             drafted: Draft | DraftTree = row.tree_drafter.propose_tree(row.tokens, view, k)
         else:
             drafted = row.proposer.propose(row.tokens, view, k)
@@ -395,10 +417,15 @@ def _propose(row: Row, config: DecodeConfig, trees: bool) -> Step:
     return step
 
 
-def _allocate(
-    model: torch.nn.Module, active: list[Row], steps: list[Step], shared: StepResources, *, packed: bool
-) -> None:
-    """Cut each row's chain to its share of one goodput allocation over the batch (:func:`policy.plan_drafts`).
+def _drafting_pays(shared: StepResources, batch: int) -> bool:
+    """Whether the loop's step cost learner lets a step of ``batch`` rows draft (:meth:`StepCostLearner.drafting_pays`:
+    not while its drafted steps committed fewer tokens a second than plain ones); True without one."""
+    return shared.cost_learner is None or shared.cost_learner.drafting_pays(batch)
+
+
+def _allocate(active: list[Row], steps: list[Step], cost: Cost | None, *, packed: bool) -> None:
+    """Cut each row's chain to its share of one goodput allocation over the batch (:func:`policy.plan_drafts`)
+    priced by ``cost`` (``None``: a probe, every chain is cut to nothing).
 
     A proposer's token tree is verified whole; its rows count in the batch's cost.  ``packed``: a drafted
     pass computes exactly its tokens (:mod:`grammarspec.packed_attention`); otherwise every row is padded to
@@ -410,7 +437,6 @@ def _allocate(
     pending = [len(active[i].pending) for i in chains]  # each row's own tokens before its draft
     fixed = [len(row.pending) + len(step.tree) for row, step in zip(active, steps) if step.is_tree]
     drafts, controllers = [steps[i].draft for i in chains], [active[i].controller for i in chains]
-    cost = _step_cost(model, shared, len(active))
     if cost is None:
         lengths = [0] * len(chains)  # a probe: the learner needs a plain step now and then to price drafted ones
     elif packed and len(active) > 1:

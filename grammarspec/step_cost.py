@@ -35,6 +35,16 @@ flat curve with cheap drafted steps (a GPU) the fit stays flat and drafts
 stay long; where drafted steps cost several plain ones the switch term says
 so and the policy drafts only what pays.
 
+A model of a step's cost prices what it can see, and the survival the
+policy expects of the slots it admits runs high (it admits the best-looking
+of many noisy estimates).  So the learner also keeps the outcome: per batch
+size, the tokens per second that drafted steps and plain steps committed
+(faded averages).  Where the drafted steps at a batch size committed fewer
+tokens per second than the plain ones, it holds drafting off there
+(:meth:`StepCostLearner.drafting_pays`), save one step in
+``explore_every``, whose drafts keep the drafted record current: a busy
+server whose drafts lose, however the loss arises, stops paying for them.
+
 Steps that read prompt chunks or verify token trees teach nothing (their
 cost is not the policy's to choose).  Drafting policy only: which tokens are
 verified, never how, so greedy outputs are unchanged and sampled ones keep
@@ -130,11 +140,19 @@ class StepCostLearner:
         decay: float = 0.99,
         warmup: int = 8,
         probe_every: int = 50,
+        explore_every: int = 16,
+        min_outcomes: float = 8.0,
     ) -> None:
         if prior_weight <= 0 or not 0 < decay <= 1 or warmup < 1 or probe_every < 1:
             raise ValueError("StepCostLearner needs prior_weight > 0, 0 < decay <= 1, warmup >= 1 and probe_every >= 1")
+        if explore_every < 1 or min_outcomes <= 0:
+            raise ValueError("StepCostLearner needs explore_every >= 1 and min_outcomes > 0")
         self._profile, self.prior_weight, self.decay, self.warmup = profile, prior_weight, decay, warmup
-        self.probe_every = probe_every
+        self.probe_every, self.explore_every, self.min_outcomes = probe_every, explore_every, min_outcomes
+        self.holds = 0  # steps held plain because drafted steps committed fewer tokens a second (drafting_pays)
+        #: batch size -> [tokens, seconds, steps] of plain steps, then of drafted ones (each faded by ``decay``)
+        self._outcomes: dict[int, list[float]] = {}
+        self._held: dict[int, int] = {}  # batch size -> steps held since the last exploring one
         self.steps = 0  # steps observed
         self.probes = 0  # plain steps asked for (wants_plain_step)
         self._since_plain = 0  # steps observed since the last one that verified no draft
@@ -152,13 +170,28 @@ class StepCostLearner:
         return self._profile
 
     def observe(
-        self, *, rows: int, batch: int, tokens: int, drafting: int, seconds: float, packed: bool = True
+        self,
+        *,
+        rows: int,
+        batch: int,
+        tokens: int,
+        drafting: int,
+        seconds: float,
+        packed: bool = True,
+        committed: int | None = None,
     ) -> None:
         """Learn from one measured step: ``rows`` computed (:func:`priced_rows`), ``batch`` rows stepping,
         ``tokens`` draft tokens verified on ``drafting`` rows, ``packed`` whether a drafted pass packs its rows;
-        ``seconds`` the whole step.  Changes state."""
+        ``seconds`` the whole step; ``committed`` the tokens it committed (the rows' own and the accepted
+        drafts; ``None``: no outcome kept, as for a step that also read a prompt, whose time is not a decoding
+        step's).  Changes state."""
         if batch < 1 or rows < 1 or not seconds > 0:
             return
+        if committed is not None:
+            outcome = self._outcomes.setdefault(batch, [0.0] * 6)
+            at = 3 if tokens > 0 else 0
+            for i, value in enumerate((float(committed), seconds, 1.0)):
+                outcome[at + i] = outcome[at + i] * self.decay + value
         x = self._features(rows, batch, tokens, drafting, packed)
         self.steps += 1
         self._since_plain = self._since_plain + 1 if tokens > 0 else 0
@@ -185,6 +218,34 @@ class StepCostLearner:
         self._since_plain = 0
         return True
 
+    def drafting_pays(self, batch: int) -> bool:
+        """Whether a step of ``batch`` rows may draft: no, while drafted steps of that size have committed fewer
+        tokens a second than plain ones (both with ``min_outcomes`` faded steps), except every
+        ``explore_every``-th such step.  Changes state (counts the holds)."""
+        outcome = self._outcomes.get(batch)
+        if outcome is None or min(outcome[2], outcome[5]) < self.min_outcomes:
+            return True
+        plain, drafted = outcome[0] / outcome[1], outcome[3] / outcome[4]
+        if drafted >= plain:
+            self._held.pop(batch, None)
+            return True
+        held = self._held.get(batch, 0) + 1
+        if held >= self.explore_every:
+            self._held[batch] = 0
+            return True
+        self._held[batch] = held
+        self.holds += 1
+        return False
+
+    def outcomes(self) -> dict[int, dict[str, float | None]]:
+        """Per batch size: tokens a second of plain and drafted steps (``None`` without any) and the faded
+        counts of each.  Pure."""
+        out = {}
+        for batch, (pt, ps, pn, dt, ds, dn) in sorted(self._outcomes.items()):
+            out[batch] = {"plain": pt / ps if ps else None, "drafted": dt / ds if ds else None, "plain_steps": pn}
+            out[batch]["drafted_steps"] = dn
+        return out
+
     def cost(self, batch: int) -> PassCost | StepCost:
         """The cost the policy reads for a step of ``batch`` rows: the profile until the unit is set.  Pure."""
         if self._theta is None:
@@ -197,11 +258,12 @@ class StepCostLearner:
         prior = {"switch": self.profile.switch, "per_token": self.profile.per_token}
         prior["per_draft_row"] = self.profile.per_draft_row
         if self._theta is None:
-            return {"steps": self.steps, "learned": False, "profile": prior}
+            return {"steps": self.steps, "learned": False, "holds": self.holds, "profile": prior}
         u, h, s, p, q, a = (float(v) for v in self._theta)
         fitted = {"unit_ms": 1000 * u, "per_batch_row": h / u, "switch": s / u, "per_token": p / u}
         fitted |= {"per_draft_row": q / u, "per_token_alone": a / u}
-        return {"steps": self.steps, "probes": self.probes, "learned": True, **fitted, "profile": prior}
+        out = {"steps": self.steps, "probes": self.probes, "holds": self.holds, "learned": True, **fitted}
+        return out | {"profile": prior}
 
     # --- the fit ---------------------------------------------------------------------------------
 

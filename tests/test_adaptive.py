@@ -58,8 +58,13 @@ def test_a_cheap_drafter_cut_inside_is_asked_for_twice_the_cut_plus_two():
     for admitted, offered in [(3, 16), (8, 8), (0, 16), (5, 9), (16, 16)]:
         asked.append(c.ask())
         c.allocated(admitted, offered)
-    # after 3 of 16: 8; all 8 admitted: the cap; cut to nothing (the estimates' doing): the cap; 5 of 9: 12
-    assert asked == [16, 8, 16, 16, 12] and c.ask() == 16
+        c.record(Draft(), 0)
+        if not admitted:
+            asked.append(c.ask())  # the step after a cut to nothing: rested
+            c.record(Draft(), 0)
+    # after 3 of 16: 8; all 8 admitted: the cap; cut to nothing (the estimates' doing): a rest, then the cap;
+    # 5 of 9: 12
+    assert asked == [16, 8, 16, 0, 16, 12] and c.ask() == 16
     c.allocated(4)  # a tree: verified whole, never a cut
     assert c.ask() == 16
 
@@ -129,3 +134,27 @@ def test_in_the_loop_a_source_cut_to_nothing_is_judged_and_comes_back():
     assert out == alone
     assert stats.target_forwards < len(alone) * 0.6  # the drafts came back and were accepted
     assert controller.estimates(oracle(prompt, None, 1))[0] > 0.5
+
+
+def test_a_row_whose_drafts_are_cut_to_nothing_rests_twice_as_long_each_time_until_one_is_admitted():
+    c = AdaptiveController(k_min=16, k_max=16, max_rest=8)
+    asked = []
+    for step in range(40):
+        k = c.ask()
+        asked.append(k)
+        if k:
+            c.allocated(4 if step >= 30 else 0, offered=k)  # cut to nothing until step 30
+        c.record(Draft(), 0)
+    rests = [len(run) for run in "".join("x" if k else "." for k in asked[:30]).split("x")[1:-1]]
+    assert rests == [1, 2, 4, 8, 8]  # 1, 2, 4, then max_rest
+    first = next(i for i in range(30, 40) if asked[i])
+    assert asked[first + 1 :] == [10] * (39 - first)  # admitted again: asked every step (cut inside: 2 * 4 + 2)
+    never = AdaptiveController(k_min=16, k_max=16, max_rest=0)
+    never.allocated(0, offered=16)
+    never.record(Draft(), 0)
+    assert never.ask() == 16  # max_rest 0: no rest
+    fixed = AdaptiveController(k_min=4, k_max=4, adaptive=False)
+    fixed.allocated(0, offered=4)
+    assert fixed.ask() == 4  # a fixed length is verified whole, never rested
+    with pytest.raises(ValueError, match="max_rest"):
+        AdaptiveController(max_rest=-1)

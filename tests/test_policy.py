@@ -172,3 +172,81 @@ def test_a_request_starts_from_its_traffics_evidence():
     assert (
         plan_drafts([forced] * 16, [AdaptiveController() for _ in range(16)], None, CPU, pending=[1] * 16) == [2] * 16
     )  # grammar-forced text is always tried, so a cold row gathers evidence
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_ceiling_says_drafts_could_pay_exactly_when_certain_drafts_would_be_admitted(seed):
+    """``drafts_could_pay`` reads only the ends of the curve's linear pieces; ``allocate`` over drafts that all
+    survive tries every slot.  Without ``per_draft_row`` (the one term the ceiling leaves out) they agree."""
+    import random
+
+    from grammarspec.policy import drafts_could_pay
+    from grammarspec.step_cost import StepCost
+
+    rng = random.Random(seed)
+    table = {1: 1.0}
+    rows, value = 1, 1.0
+    for _ in range(rng.randint(0, 6)):
+        rows, value = rows + rng.randint(1, 12), value + rng.uniform(0.0, 1.5)
+        table[rows] = value
+    curve = PassCost(
+        1.2,
+        rng.uniform(0.0, 0.3),
+        rng.randint(1, 6),
+        switch=rng.uniform(0, 2),
+        per_token=rng.uniform(0, 0.6),
+        table=table if rng.random() < 0.7 else None,
+    )
+    batch = rng.randint(1, 12)
+    cost = (
+        curve if rng.random() < 0.5 else StepCost(curve, rng.uniform(0, 0.2), batch, curve.switch, curve.per_token, 0.0)
+    )
+    asks = [rng.choice([0, 1, 3, 8, 16]) for _ in range(batch)]
+    pending = [rng.choice([1, 1, 2]) for _ in range(batch)]
+    certain = [[1.0] * a for a in asks]
+    for packed in (True, False):
+        if packed and batch > 1:
+            admitted = allocate(certain, cost, sum(pending))
+        else:
+            admitted = allocate(certain, cost, None, pending=pending)
+        assert drafts_could_pay(cost, asks, pending, packed=packed) == (sum(admitted) > 0), (packed, asks, admitted)
+
+
+def test_the_ceiling_refuses_dear_tokens_at_a_large_batch_and_not_on_a_flat_curve():
+    from grammarspec.policy import drafts_could_pay
+
+    dear = PassCost(1.47, 0.052, 4, per_token=0.3)  # a token's host work above a row's share of a 16-row pass
+    assert not drafts_could_pay(dear, [16] * 16, [1] * 16, packed=True)
+    assert drafts_could_pay(dear, [16], [1], packed=True)  # alone, certain tokens pay
+    assert drafts_could_pay(flat_until(64, per_token=0.01), [16] * 16, [1] * 16, packed=True)
+    assert not drafts_could_pay(PassCost(), [0] * 4, [1] * 4, packed=True)  # nothing asked for
+    with pytest.raises(ValueError, match="one per row"):
+        drafts_could_pay(PassCost(), [1], [1, 1], packed=True)
+
+
+def test_admitted_tokens_that_survive_less_than_expected_lower_the_rows_estimates_and_never_raise_them():
+    """The winner's curse: the tokens the policy chose by their estimates are audited against what survived
+    (forced tokens and the judged token past the cut are not the policy's choice), and a row whose chosen tokens
+    fell short drafts less; one whose tokens did better is left to its records."""
+    from grammarspec.adaptive import AdaptiveController
+
+    forced = Draft(tokens=(1, 2) + OFFERED.tokens[:6], sources=("jump_forward",) * 2 + ("prompt_lookup",) * 6)
+    c = AdaptiveController()
+    c.record(forced.truncate(2), 2, forced, next_token=forced.tokens[2])  # forced only, then the judged token
+    assert c.calibration.bias() == 1.0  # nothing the policy chose by the estimates
+    expected = sum(survival(c.calibration.estimate(forced))[2:])
+    c.record(forced, 2, forced, next_token=7)  # all six chosen tokens rejected
+    assert c.calibration.bias() == pytest.approx(2.0 / (2.0 + expected))  # prior_weight 2, nothing survived
+
+    def admitted(audits):
+        controller = AdaptiveController()
+        for _ in range(20):
+            controller.calibration.update(OFFERED.truncate(4), 3)  # the same records for both rows
+        for expected, survived in audits:
+            controller.calibration.audit(expected, survived)
+        return plan_drafts([OFFERED], [controller], None, CPU, pending=[1])[0]
+
+    fair = admitted([])
+    assert 0 < fair
+    assert admitted([(2.0, 0)] * 20) < fair  # the chosen tokens survived far below their estimates
+    assert admitted([(1.0, 3)] * 20) == fair  # above them: never raised

@@ -21,8 +21,10 @@ from toy import toy_vocab_size
 from toy_models import ToyCausalLM
 
 import grammarspec.step_cost
-from grammarspec.decoding import DecodeConfig, decode, decode_batch
+from grammarspec.adaptive import AdaptiveController
+from grammarspec.decoding import DecodeConfig, RowRequest, decode, decode_batch, sampling_processing
 from grammarspec.step_cost import StepCost, StepCostLearner, priced_rows
+from proposers.base import Request
 from proposers.cost import PassCost, flat_until
 
 UNIT = 0.02  # seconds of a plain 1-row step in the simulated machines
@@ -124,7 +126,9 @@ def test_drafted_steps_dearer_than_the_profile_says_are_learned_and_drafting_sto
     assert drafted_excess(profile, 8, 24, 8) < 0.5 and drafted_excess(learner.cost(8), 8, 24, 8) > 3
     none = simulated(machine, profile, "none", 8, 0.8, 300)
     assert learned["tokens"] / learned["seconds"] > 1.5 * on_profile["tokens"] / on_profile["seconds"]
-    assert learned["tokens"] / learned["seconds"] > 0.9 * none["tokens"] / none["seconds"]
+    rate = replay_tool()._rate  # tokens per modelled second from a step on
+    assert rate(learned, 150) >= 0.99 * rate(none, 150)  # once learned, as fast as no drafting
+    assert learned["tokens"] / learned["seconds"] > 0.85 * none["tokens"] / none["seconds"]  # the warm-up's price
 
 
 def test_on_a_flat_curve_with_cheap_drafted_steps_the_learned_policy_still_drafts_long():
@@ -189,3 +193,97 @@ def test_the_replay_tool_prints_its_modelled_table(capsys):
     assert out.startswith("Modelled") and "| h200 | 4 | 0.8 |" in out and "| gpu-flat | 4 | 0.8 |" in out
     with pytest.raises(ValueError, match="none, profile, learned"):
         module.simulate(module.h200, module.H200_PROFILE, "fixed", 4, 0.8, 10)
+
+
+class CountingFollower(ScriptFollower):
+    """A scripted proposer that counts the tokens it was asked for."""
+
+    asked = 0
+
+    def propose(self, context, grammar, k):
+        self.asked += k
+        return super().propose(context, grammar, k)
+
+
+@pytest.mark.parametrize("cost, proposes", [(PassCost(1.2, 0.1, 1, per_token=2.0), False), (flat_until(64), True)])
+def test_where_not_even_certain_drafts_could_pay_no_proposer_is_asked(grammars, cost, proposes):
+    """Host work a token dearer than the batch's share of a pass: the loop asks no proposer (their drafts would be
+    cut whole); on a flat curve the same rows draft.  Outputs are the same either way."""
+    model = ToyCausalLM(toy_vocab_size(), seed=3)
+    config = DecodeConfig(max_new_tokens=30, eos_token_ids=(0,))
+    prompts = [[2, 3], [2, 5, 9, 4, 7], [6]]
+    alone = [decode(model, p, config, matcher=g.matcher())[0] for p, g in zip(prompts, grammars)]
+    proposers = [CountingFollower(out) for out in alone]
+    requests = []
+    for prompt, grammar, proposer in zip(prompts, grammars, proposers):
+        proposer.start(Request(prompt_ids=tuple(prompt), tokenizer=None))
+        controller = AdaptiveController(k_min=4, k_max=4)
+        requests.append(
+            RowRequest(prompt, grammar.matcher(), proposer, controller, sampling_processing(config, (), len(prompt)))
+        )
+    rows = decode_batch(model, requests, config, step_cost=cost)
+    assert [row.generated for row in rows] == alone
+    asked = sum(p.asked for p in proposers)
+    accepted = sum(sum(row.stats.accepted.values()) for row in rows)
+    if proposes:
+        assert asked > 0 and accepted > 0
+    else:
+        assert asked == 0 and accepted == 0
+
+
+@pytest.mark.parametrize("max_rest", [32, 0])
+def test_rows_whose_drafts_are_cut_to_nothing_rest_their_proposers(max_rest):
+    """Drafts that never survive: once the records say so, the policy cuts them to nothing, and each row's
+    proposer is asked ever more rarely (1, 2, 4, ... steps of rest).  Outputs are unchanged."""
+    model = ToyCausalLM(toy_vocab_size(), seed=3)
+    config = DecodeConfig(max_new_tokens=30, eos_token_ids=(0,))
+    prompts = [[2, 3], [2, 5, 9, 4, 7], [6]]
+    alone = [decode(model, p, config)[0] for p in prompts]  # free text: every token a target pass
+    never = next(t for t in range(1, toy_vocab_size()) if not any(t in out for out in alone))
+    proposers = [CountingFollower([never] * 64) for _ in prompts]  # a token the target never writes here
+    requests = []
+    for prompt, proposer in zip(prompts, proposers):
+        proposer.start(Request(prompt_ids=tuple(prompt), tokenizer=None))
+        requests.append(
+            RowRequest(
+                prompt,
+                None,
+                proposer,
+                AdaptiveController(k_min=4, k_max=4, max_rest=max_rest),
+                sampling_processing(config, (), len(prompt)),
+            )
+        )
+    rows = decode_batch(model, requests, config, step_cost=PassCost(1.2, 0.1, 1))  # a long shot does not pay
+    assert [row.generated for row in rows] == alone
+    steps = sum(row.stats.target_forwards for row in rows)
+    calls = sum(p.calls for p in proposers)
+    assert steps >= 60
+    if max_rest:
+        assert 0 < calls < steps / 2, (calls, steps)  # asked at first, then rested
+    else:
+        assert calls >= steps - len(prompts)  # asked at every step but each row's first (its prompt's pass)
+
+
+def test_drafting_is_held_off_at_a_batch_size_where_drafted_steps_committed_fewer_tokens_a_second():
+    """However the model prices it, a drafted step that commits fewer tokens a second than a plain one at the
+    same batch size loses: the learner holds drafting off there, save one step in ``explore_every``."""
+    learner = StepCostLearner(PassCost(), explore_every=4)
+    for _ in range(20):
+        learner.observe(rows=8, batch=8, tokens=0, drafting=0, seconds=0.07, committed=8)  # 114 tokens a second
+        learner.observe(rows=12, batch=8, tokens=4, drafting=1, seconds=0.09, committed=9)  # 100
+        learner.observe(rows=2, batch=2, tokens=0, drafting=0, seconds=0.04, committed=2)  # 50
+        learner.observe(rows=6, batch=2, tokens=4, drafting=1, seconds=0.06, committed=5)  # 83
+    assert [learner.drafting_pays(8) for _ in range(8)] == [False, False, False, True] * 2  # explores 1 in 4
+    assert learner.holds == 6 and learner.terms()["holds"] == 6
+    assert all(learner.drafting_pays(2) for _ in range(8))  # at batch 2 drafting wins
+    assert learner.drafting_pays(4)  # no outcome at batch 4 yet: drafting is allowed
+    outcomes = learner.outcomes()
+    assert outcomes[8]["plain"] == pytest.approx(8 / 0.07) and outcomes[8]["drafted"] == pytest.approx(100.0)
+    for _ in range(60):  # drafted steps at batch 8 now win: the hold lifts
+        learner.observe(rows=12, batch=8, tokens=4, drafting=1, seconds=0.06, committed=10)
+    assert all(learner.drafting_pays(8) for _ in range(8))
+    fresh = StepCostLearner(PassCost())
+    fresh.observe(rows=8, batch=8, tokens=4, drafting=1, seconds=1.0, committed=8)
+    assert fresh.drafting_pays(8)  # one step of each is not evidence
+    with pytest.raises(ValueError, match="explore_every"):
+        StepCostLearner(PassCost(), explore_every=0)

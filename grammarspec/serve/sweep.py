@@ -546,7 +546,11 @@ def _step_cost_lines(result: dict[str, Any]) -> list[str]:
         "The step cost the policy had learned at the end of each auto run (plain 1-row steps; the profile's terms in "
         "brackets): every term is what the server's real steps took (grammarspec/step_cost.py).",
         "",
-        "| workload | load | run | steps learned from (plain probes) | unit ms | per stepping row | switch | per draft token | "
+        "Steps held plain: steps that drafted nothing because, at their batch size, drafted steps had committed "
+        "fewer tokens a second than plain ones (counts so far in the server's life).",
+        "",
+        "| workload | load | run | steps learned from (plain probes, held plain) | unit ms | per stepping row | switch | "
+        "per draft token | "
         "per drafting row | per draft token at batch 1 |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -555,7 +559,7 @@ def _step_cost_lines(result: dict[str, Any]) -> list[str]:
         p = c["profile"]
         out.append(
             f"| {run['workload']} | {run['load']}={run['level']:g} | auto #{run['position']} | {c['steps']} "
-            f"({c['probes']}) | "
+            f"({c['probes']}, {c.get('holds', 0)}) | "
             f"{c['unit_ms']:.1f} | {c['per_batch_row']:.3f} | {c['switch']:.2f} ({p['switch']:.2f}) | "
             f"{c['per_token']:.3f} ({p['per_token']:.3f}) | {c['per_draft_row']:.3f} ({p['per_draft_row']:.3f}) | "
             f"{c['per_token_alone']:.3f} ({p['per_token']:.3f}) |"
