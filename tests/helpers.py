@@ -8,8 +8,11 @@ by Pearson's chi-square (bins with expected count < 5 pooled) at p > 1e-4.
 
 from __future__ import annotations
 
+import importlib.util
 import random
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from scipy_free_stats import chi_square_pvalue
@@ -182,3 +185,15 @@ def single_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+TOOLS = Path(__file__).resolve().parents[1] / "tools"
+
+
+def load_tool(name: str):
+    """The script ``tools/<name>.py`` imported as a module (registered, so its dataclasses resolve)."""
+    spec = importlib.util.spec_from_file_location(name, TOOLS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
+from helpers import load_tool
 
-SCRIPT = Path(__file__).resolve().parents[1] / "tools" / "replay_bench.py"
 SCHEMA = {
     "type": "object",
     "properties": {
@@ -30,11 +27,7 @@ SCHEMA = {
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("replay_bench", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_tool("replay_bench")
 
 
 def test_replay_counts_every_token_and_saves_passes_on_repeated_items(script, smol_tokenizer):

@@ -10,12 +10,10 @@ faded, and change nothing but draft lengths in the loop.
 from __future__ import annotations
 
 import doctest
-import importlib.util
 import random
-from pathlib import Path
 
 import pytest
-from helpers import batch_row
+from helpers import batch_row, load_tool
 from proposer_fakes import ScriptFollower
 from toy import toy_vocab_size
 from toy_models import ToyCausalLM
@@ -28,7 +26,6 @@ from proposers.base import Request
 from proposers.cost import PassCost, flat_until
 
 UNIT = 0.02  # seconds of a plain 1-row step in the simulated machines
-REPLAY = Path(__file__).resolve().parents[1] / "tools" / "step_cost_replay.py"
 
 
 def test_docstring_examples_hold():
@@ -102,10 +99,7 @@ def simulated(machine, profile, policy, batch, survival, steps):
 
 
 def replay_tool():
-    spec = importlib.util.spec_from_file_location("step_cost_replay", REPLAY)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_tool("step_cost_replay")
 
 
 def test_drafted_steps_dearer_than_the_profile_says_are_learned_and_drafting_stops():

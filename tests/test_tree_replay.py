@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
+from helpers import load_tool
 
 from proposers.presets import resolve_assistant
 from proposers.tree import TreeProposer
 
-SCRIPT = Path(__file__).resolve().parents[1] / "tools" / "replay_bench.py"
 SCHEMA = {
     "type": "object",
     "properties": {"unit": {"enum": ["celsius", "fahrenheit", "kelvin"]}},
@@ -23,11 +20,7 @@ SCHEMA = {
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("replay_bench", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_tool("replay_bench")
 
 
 def test_a_tree_of_candidates_saves_the_pass_a_chain_loses_on_the_unlikely_enum_value(script, smol_tokenizer):

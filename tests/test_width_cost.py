@@ -2,31 +2,20 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
+from helpers import load_tool
 from toy import toy_vocab_size
 from toy_models import ToyCausalLM
 
-TOOL = Path(__file__).resolve().parents[1] / "tools" / "width_cost.py"
-
-
-def load_tool():
-    spec = importlib.util.spec_from_file_location("width_cost", TOOL)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
 
 def test_every_width_is_timed_on_the_loops_own_forward_and_the_cache_keeps_its_context():
-    tool = load_tool()
+    tool = load_tool("width_cost")
     model = ToyCausalLM(toy_vocab_size(), seed=1)
     costs = tool.width_costs(model, context=12, widths=[1, 3, 5], repeats=2)
     assert sorted(costs) == [1, 3, 5] and all(seconds > 0 for seconds in costs.values())
 
 
 def test_bad_arguments_are_refused(capsys):
-    tool = load_tool()
+    tool = load_tool("width_cost")
     try:
         tool.main(["--widths", "0"])
     except SystemExit as stop:
