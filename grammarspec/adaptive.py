@@ -28,7 +28,8 @@ This holder keeps, per request:
   estimates cut every draft (free text in a busy server) it is a few percent
   of every step.  The first token of each draft that is asked for is still
   judged (:meth:`AdaptiveController.record`), so the row's records follow
-  its proposer between rests;
+  its proposer between rests, and a row whose grammar forces text wakes
+  (:meth:`AdaptiveController.wake`: the loop checks while it rests);
 * the :class:`grammarspec.policy.Calibration` of its drafts' survival.
 
 ``adaptive=False`` fixes the draft length at ``k_max``: the row's drafts are
@@ -39,7 +40,7 @@ from __future__ import annotations
 
 from proposers.base import Draft, Proposer, members
 
-from .policy import Calibration, forced_lead, survival
+from .policy import Calibration
 
 __all__ = ["AdaptiveController", "k_min"]
 
@@ -111,11 +112,21 @@ class AdaptiveController:
         """How many tokens to ask the proposer for this step.  Does not change state."""
         if not self.adaptive:
             return self.k_max
-        if self.speculative_steps + self.plain_steps < self._rest_until:
+        if self.resting:
             return 0
         if self.k_min < self.k_max:  # every drafted token costs a draft model pass
             return min(max(self.k + 1, self.k_min), self.k_max)
         return min(2 * self.k + 2, self.k_max) if self.cut else self.k_max
+
+    @property
+    def resting(self) -> bool:
+        """Whether the row rests its proposer this step (its last drafts were cut to nothing)."""
+        return self.adaptive and self.speculative_steps + self.plain_steps < self._rest_until
+
+    def wake(self) -> None:
+        """End the rest now (text the grammar forces is near-certain drafting, whatever the last drafts did); the
+        next rest is as long as it would have been.  Changes state."""
+        self._rest_until = 0
 
     def estimates(self, draft: Draft) -> list[float]:
         """Calibrated chance, per token of ``draft``, that it survives given the ones before did."""
@@ -156,10 +167,6 @@ class AdaptiveController:
             self.speculative_steps += 1
         else:
             self.plain_steps += 1
-        lead = forced_lead(draft)
-        if self.adaptive and n > lead:  # what the policy chose by the estimates, against what survived
-            expected = sum(survival(self.calibration.estimate(draft))[lead:])
-            self.calibration.audit(expected, max(0, num_accepted - lead))
         if (
             offered is not None
             and next_token is not None

@@ -381,9 +381,16 @@ def _commit_forced(row: Row, shared: StepResources) -> None:
 
 def _ask(row: Row) -> int:
     """How many draft levels to ask the row's proposer for: its controller's ask, within the row's budget (the
-    draft and the target's own token fit in what is left of ``max_new_tokens``)."""
+    draft and the target's own token fit in what is left of ``max_new_tokens``).  A row resting after drafts cut
+    to nothing wakes where its grammar forces text (jump-forward: what a rest would miss).  Changes the
+    controller's rest only."""
+    controller = row.controller
+    if controller is None:
+        return 0
+    if controller.resting and row.matcher is not None and row.matcher.forced_text():
+        controller.wake()
     budget = row.settings.max_new_tokens - len(row.generated)
-    return min(row.controller.ask() if row.controller is not None else 0, budget - 1)
+    return min(controller.ask(), budget - 1)
 
 
 def _propose(row: Row, k: int, trees: bool, chains: bool = True) -> Step:

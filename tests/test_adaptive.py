@@ -158,3 +158,32 @@ def test_a_row_whose_drafts_are_cut_to_nothing_rests_twice_as_long_each_time_unt
     assert fixed.ask() == 4  # a fixed length is verified whole, never rested
     with pytest.raises(ValueError, match="max_rest"):
         AdaptiveController(max_rest=-1)
+
+
+def test_a_resting_row_wakes_where_its_grammar_forces_text():
+    """Forced text (jump-forward) is near-certain drafting: a rest after cut drafts must not skip it."""
+    from types import SimpleNamespace
+
+    from grammarspec.step import _ask
+
+    class Forcing:
+        def __init__(self, text):
+            self.text = text
+
+        def forced_text(self):
+            return self.text
+
+    def row(text):
+        controller = AdaptiveController(k_min=16, k_max=16)
+        controller.allocated(0, offered=16)
+        controller.record(Draft(), 0)
+        assert controller.resting
+        settings = SimpleNamespace(max_new_tokens=100)
+        return SimpleNamespace(controller=controller, matcher=Forcing(text), settings=settings, generated=[])
+
+    free, forced = row(""), row('"}')
+    assert _ask(free) == 0 and free.controller.resting  # nothing forced: the rest holds
+    assert _ask(forced) == 16 and not forced.controller.resting  # forced text: awake, asked for the cap
+    unconstrained = row("")
+    unconstrained.matcher = None
+    assert _ask(unconstrained) == 0
