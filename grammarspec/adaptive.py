@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from proposers.base import Draft, Proposer, members
 
-from .policy import Calibration
+from .policy import Calibration, forced_lead, survival
 
 __all__ = ["AdaptiveController", "k_min"]
 
@@ -167,6 +167,10 @@ class AdaptiveController:
             self.speculative_steps += 1
         else:
             self.plain_steps += 1
+        lead = forced_lead(draft)
+        if self.adaptive and n > lead:  # what the policy chose by the estimates, against what survived
+            expected = sum(survival(self.calibration.estimate(draft))[lead:])
+            self.calibration.audit(expected, max(0, num_accepted - lead))
         if (
             offered is not None
             and next_token is not None

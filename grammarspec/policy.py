@@ -3,7 +3,9 @@
 The rule (SmartSpec's goodput, done exactly).  Row ``r`` offers a draft whose
 token ``j`` survives verification, given that the tokens before it did, with
 probability ``p[r][j]`` (:class:`Calibration`: the proposer's own estimate,
-calibrated online).  Admitting its first ``k`` tokens brings, in expectation,
+calibrated online, and scaled by how the tokens the policy chose by those
+estimates really fared: choosing the best-looking of many noisy estimates
+chooses high ones, :meth:`Calibration.bias`).  Admitting its first ``k`` tokens brings, in expectation,
 ``1 + S[r][1] + ... + S[r][k]`` committed tokens, ``S[r][j] = p[r][1] * ... * p[r][j]``
 (the target's own token always comes).  Goodput is expected tokens per unit of
 batch time::
@@ -360,7 +362,12 @@ def plan_drafts(
     forces) are always taken: the grammar forces their text, if not its
     split, and they are how a cold row gathers evidence.  Every other token
     is admitted by :func:`allocate`, with the pass's shape (``base_rows``, or
-    ``pending`` and ``fixed``) and ``cost`` as it takes them.
+    ``pending`` and ``fixed``) and ``cost`` as it takes them, on the row's
+    estimates scaled down by how the tokens they chose before really fared
+    (:meth:`Calibration.bias`, on the first token past the forced ones: every
+    later survival with it, so the order of the row's slots is kept).  Never
+    up: a bias above 1 is the records catching up with a proposer that
+    improved, which they do on their own.
     """
     estimates, forced = [], []
     for draft, controller in zip(drafts, controllers):
@@ -368,8 +375,12 @@ def plan_drafts(
             estimates.append([1.0] * len(draft))
             forced.append(len(draft))
             continue
-        estimates.append(controller.estimates(draft))
-        forced.append(forced_lead(draft, forced_source))
+        p = controller.estimates(draft)
+        lead = forced_lead(draft, forced_source)
+        if lead < len(p):  # what the tokens this row's estimates chose really survived, against what they expected
+            p[lead] *= min(1.0, controller.calibration.bias())
+        estimates.append(p)
+        forced.append(lead)
     return allocate(estimates, cost, base_rows, forced, pending=pending, fixed=fixed)
 
 

@@ -88,6 +88,7 @@ class Calibration:
         self._counts: dict[tuple[str, bool, int], list[float]] = {}  # key -> [survived, seen]: this request's own
         self._seed: dict[tuple[str, bool, int], list[float]] = {}  # the same, carried from other requests
         self._prior: dict[tuple[str, bool, int], float] = {}  # key -> what is left of prior_weight (absent: all)
+        self._audit = [0.0, 0.0]  # [survived, expected] of the tokens a policy chose by these estimates, faded
 
     @classmethod
     def seeded_from(cls, recent: Calibration, weight: float = 8.0) -> Calibration:
@@ -122,6 +123,9 @@ class Calibration:
             scale = min(1.0, weight / seen) if seen > 0 else 0.0
             out._seed[key] = [survived * scale, seen * scale]
             out._prior[key] = out.prior_weight * out.prior_fade ** (seen * scale)  # as after that many observations
+        survived, expected = recent._audit
+        scale = min(1.0, weight / expected) if expected > 0 else 0.0
+        out._audit = [survived * scale, expected * scale]
         return out
 
     def absorb(self, other: Calibration) -> None:
@@ -135,6 +139,9 @@ class Calibration:
             counts = self._counts.setdefault(key, [0.0, 0.0])
             fade = self.decay**seen
             counts[0], counts[1] = counts[0] * fade + survived, counts[1] * fade + seen
+        survived, expected = other._audit
+        fade = self.decay**expected
+        self._audit = [self._audit[0] * fade + survived, self._audit[1] * fade + expected]
 
     def _evidence(self) -> dict[tuple[str, bool, int], list[float]]:
         """Own counts plus the seed, per key."""
@@ -172,6 +179,34 @@ class Calibration:
     def expected(self, draft: Draft) -> float:
         """Expected accepted tokens of ``draft`` verified whole: its survivals summed.  Does not change state."""
         return sum(survival(self.estimate(draft)))
+
+    def audit(self, expected: float, survived: int) -> None:
+        """A policy admitted draft tokens for what these estimates expected of them (their survivals summed,
+        ``expected``), and ``survived`` of them were accepted.  Changes state.
+
+        A policy that admits the tokens whose estimates look best among many
+        admits, on average, ones whose estimates are too high (the winner's
+        curse: every estimate is noisy, and the noise that raised it got it
+        chosen), even where each record is calibrated over all tokens.
+        :meth:`bias` says by how much.
+        """
+        if expected <= 0 or survived < 0:
+            return
+        fade = self.decay**expected  # as if the record's counts had seen each expected token
+        self._audit = [self._audit[0] * fade + float(survived), self._audit[1] * fade + float(expected)]
+
+    def bias(self) -> float:
+        """Accepted against expected, over the tokens a policy chose by these estimates (:meth:`audit`), with
+        ``prior_weight`` expected tokens that survived as expected: 1.0 before any audit.  Does not change state.
+
+        >>> c = Calibration()
+        >>> for _ in range(30):
+        ...     c.audit(expected=2.0, survived=1)  # the chosen tokens survive half as often as expected
+        >>> c.bias() < 0.6, Calibration().bias()
+        (True, 1.0)
+        """
+        survived, expected = self._audit
+        return (survived + self.prior_weight) / (expected + self.prior_weight)
 
     def update(self, draft: Draft, num_accepted: int) -> None:
         """``draft`` was verified and its first ``num_accepted`` tokens accepted.  Changes state."""

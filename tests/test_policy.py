@@ -222,3 +222,31 @@ def test_the_ceiling_refuses_dear_tokens_at_a_large_batch_and_not_on_a_flat_curv
     assert not drafts_could_pay(PassCost(), [0] * 4, [1] * 4, packed=True)  # nothing asked for
     with pytest.raises(ValueError, match="one per row"):
         drafts_could_pay(PassCost(), [1], [1, 1], packed=True)
+
+
+def test_admitted_tokens_that_survive_less_than_expected_lower_the_rows_estimates_and_never_raise_them():
+    """The winner's curse: the tokens the policy chose by their estimates are audited against what survived
+    (forced tokens and the judged token past the cut are not the policy's choice), and a row whose chosen tokens
+    fell short drafts less; one whose tokens did better is left to its records."""
+    from grammarspec.adaptive import AdaptiveController
+
+    forced = Draft(tokens=(1, 2) + OFFERED.tokens[:6], sources=("jump_forward",) * 2 + ("prompt_lookup",) * 6)
+    c = AdaptiveController()
+    c.record(forced.truncate(2), 2, forced, next_token=forced.tokens[2])  # forced only, then the judged token
+    assert c.calibration.bias() == 1.0  # nothing the policy chose by the estimates
+    expected = sum(survival(c.calibration.estimate(forced))[2:])
+    c.record(forced, 2, forced, next_token=7)  # all six chosen tokens rejected
+    assert c.calibration.bias() == pytest.approx(2.0 / (2.0 + expected))  # prior_weight 2, nothing survived
+
+    def admitted(audits):
+        controller = AdaptiveController()
+        for _ in range(20):
+            controller.calibration.update(OFFERED.truncate(4), 3)  # the same records for both rows
+        for expected, survived in audits:
+            controller.calibration.audit(expected, survived)
+        return plan_drafts([OFFERED], [controller], None, CPU, pending=[1])[0]
+
+    fair = admitted([])
+    assert 0 < fair
+    assert admitted([(2.0, 0)] * 20) < fair  # the chosen tokens survived far below their estimates
+    assert admitted([(1.0, 3)] * 20) == fair  # above them: never raised
