@@ -33,12 +33,12 @@ same computation as ordinary decoding.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from .grouped_attention import grouped_model
 from .kv_cache import (
     CacheError,
     cache_argument,
@@ -291,7 +291,10 @@ class BatchKV:
         for layer in self._layers:
             layer.plan = plan
         try:
-            with torch.inference_mode(), packed_model(self.model, layout) if layout is not None else nullcontext():
+            with (
+                torch.inference_mode(),
+                packed_model(self.model, layout) if layout is not None else grouped_model(self.model),
+            ):
                 out = self.model(input_ids=ids, **kwargs)
         finally:
             for layer in self._layers:

@@ -17,6 +17,8 @@ import torch
 import transformers
 from transformers import DynamicCache
 
+from .grouped_attention import grouped_model
+
 try:
     from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 except ImportError:  # transformers without per-layer caches
@@ -151,7 +153,7 @@ def forward_with_cache(
     device = own if isinstance(own, torch.device) else logits_device(model)
     ids = torch.tensor([input_ids], dtype=torch.long, device=device)  # the input embeddings' device
     kwargs = {cache_argument(model): cache, "use_cache": True, "logits_to_keep": logits_to_keep}
-    with torch.inference_mode():
+    with torch.inference_mode(), grouped_model(model):
         out = model(input_ids=ids, **kwargs)
     return out.logits[0, -logits_to_keep:].float()
 

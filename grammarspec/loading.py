@@ -165,6 +165,8 @@ def load_model(
     import torch
     from transformers import AutoModelForCausalLM
 
+    from .prepacked_head import prepack_head
+
     if isinstance(dtype, str) and dtype not in DTYPES:
         raise ValueError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
     torch_dtype = getattr(torch, dtype) if isinstance(dtype, str) else (dtype or torch.float32)
@@ -174,6 +176,7 @@ def load_model(
     if target.type != "cpu":
         torch.nn.Module.to(model, target)  # in place; transformers' typed wrapper of ``to`` does not admit a device
     model.eval()
+    prepack_head(model)  # float32 on the CPU: a verification pass's head costs about a plain step's
     return model, load_tokenizer(directory)
 
 

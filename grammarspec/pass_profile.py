@@ -81,6 +81,7 @@ import torch
 
 from proposers.cost import PassCost
 
+from .grouped_attention import grouped_model
 from .kv_cache import cache_argument, crop_cache, input_device, new_cache
 from .sampling import row_max
 
@@ -158,7 +159,7 @@ def stored_profile(model: Any, key: str) -> PassCost:
 
 DEFAULT_CONTEXT = 128
 #: How the stored terms are measured; an entry of another format is profiled again.
-PROFILE_FORMAT = 3
+PROFILE_FORMAT = 4
 DEFAULT_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 DEFAULT_REPEATS = 3
 
@@ -286,7 +287,7 @@ def _median_seconds(model: Any, context: int, rows: list[int], repeats: int) -> 
     cache = new_cache(model)
     argument = cache_argument(model)
     medians: dict[int, float] = {}
-    with torch.inference_mode():
+    with torch.inference_mode(), grouped_model(model):  # the attention the loop's forwards run
         model(input_ids=ids(0, context), **{argument: cache}, use_cache=True, logits_to_keep=1)
         for n in rows:
             new, positions = ids(context, n), torch.arange(context, context + n, device=device).unsqueeze(0)

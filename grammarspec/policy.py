@@ -327,7 +327,12 @@ def batch_cost_model(model: Any) -> PassCost:
         device, dtype = "unknown", "unknown"
     config = getattr(model, "config", None)
     name = getattr(config, "name_or_path", "") or ""  # an unnamed model (built in code) is only itself
-    key = (mode, name or type(model).__name__, id(model) if not name else None, device, dtype, torch.get_num_threads())
+    from .prepacked_head import PrepackedLinear
+
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    packed = isinstance(head, PrepackedLinear)  # another head kernel, another curve
+    threads = torch.get_num_threads()
+    key = (mode, name or type(model).__name__, id(model) if not name else None, device, dtype, threads, packed)
     found = _COST_MODELS.get(key)
     if found is None:
         if mode == "profile":
@@ -336,6 +341,8 @@ def batch_cost_model(model: Any) -> PassCost:
             if name and device != "unknown":  # a named model: one profile per machine, kept on disk
                 where = torch.cuda.get_device_name(parameter.device) if parameter.device.type == "cuda" else device
                 label = f"{name}|{where}|{dtype}|threads={torch.get_num_threads()}|torch={torch.__version__}"
+                if packed:
+                    label += "|head=prepacked"
                 found = _COST_MODELS[key] = stored_profile(model, label)
             else:
                 found = _COST_MODELS[key] = profile_pass_cost(model)

@@ -6,6 +6,7 @@ import pytest
 
 import grammarspec
 from grammarspec import loading
+from grammarspec.prepacked_head import PrepackedLinear
 
 
 def test_missing_model_package_prints_the_install_command(monkeypatch):
@@ -32,6 +33,8 @@ def test_embedded_model_loads_from_cache_and_local_dirs_work(smol, monkeypatch):
     again, _ = grammarspec.load_model("smollm2-135m")
     assert again.config.vocab_size == model.config.vocab_size == 49152
     assert tokenizer.eos_token == "<|im_end|>"
+    head = again.get_output_embeddings()  # float32 on the CPU: the head is prepacked and still tied
+    assert isinstance(head, PrepackedLinear) and head.weight is again.get_input_embeddings().weight
     directory = loading.cache_dir() / "smollm2-135m-v1"  # the dequantized copy is a local model directory
     assert (directory / "config.json").is_file()
     local, local_tok = grammarspec.load_model(directory)  # any local HF model directory
