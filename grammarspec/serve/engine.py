@@ -55,6 +55,7 @@ from ..conversation import NO_TOOL_NOTE, _add_note
 from ..decoding import DecodeConfig, Row, RowRequest, decode_batch, logits_width
 from ..inputs import eos_ids
 from ..kv import BatchKV
+from ..openmp import release_thread_pool
 from ..policy import Calibration, batch_cost_model
 from ..row_requests import DEFAULT_MAX_DRAFT, row_request
 from ..settings import resolve_config
@@ -233,6 +234,9 @@ class Engine:
         self.healthy = True
         self._thread = threading.Thread(target=self._run, name="grammarspec-engine", daemon=True)
         self._stop = False
+        # The model was loaded (and perhaps warmed) on this thread: its OpenMP workers would outnumber the CPUs
+        # beside the engine thread's and make every parallel region wake them from sleep (grammarspec/openmp.py).
+        release_thread_pool()
         self._thread.start()
 
     def _device(self) -> torch.device:
