@@ -29,7 +29,11 @@ This holder keeps, per request:
   of every step.  The first token of each draft that is asked for is still
   judged (:meth:`AdaptiveController.record`), so the row's records follow
   its proposer between rests, and a row whose grammar forces text wakes
-  (:meth:`AdaptiveController.wake`: the loop checks while it rests);
+  (:meth:`AdaptiveController.wake`: the loop checks while it rests).  A
+  server's new request starts from the rest the last finished request of its
+  kind of traffic ended with (:attr:`AdaptiveController.rest`,
+  :meth:`AdaptiveController.rest_from`): where that request's drafts were
+  being cut whole, the new one first asks after that many steps;
 * the :class:`grammarspec.policy.Calibration` of its drafts' survival.
 
 ``adaptive=False`` fixes the draft length at ``k_max``: the row's drafts are
@@ -122,6 +126,20 @@ class AdaptiveController:
     def resting(self) -> bool:
         """Whether the row rests its proposer this step (its last drafts were cut to nothing)."""
         return self.adaptive and self.speculative_steps + self.plain_steps < self._rest_until
+
+    @property
+    def rest(self) -> int:
+        """The steps the row would rest after its next draft cut to nothing (1 once a token was admitted)."""
+        return self._rest
+
+    def rest_from(self, rest: int) -> None:
+        """Start as a row that ended resting ``rest`` steps (a finished request of the same kind of traffic):
+        rest the first ``rest - 1`` steps (none for 1), and take the next rest from there.  Changes state."""
+        if not self.adaptive or rest <= 1:
+            return
+        rest = min(rest, self.max_rest)
+        self._rest_until = self.speculative_steps + self.plain_steps + rest - 1
+        self._rest = rest
 
     def wake(self) -> None:
         """End the rest now (text the grammar forces is near-certain drafting, whatever the last drafts did); the

@@ -160,6 +160,28 @@ def test_a_row_whose_drafts_are_cut_to_nothing_rests_twice_as_long_each_time_unt
         AdaptiveController(max_rest=-1)
 
 
+def test_a_row_can_start_from_the_rest_another_row_ended_with():
+    c = AdaptiveController(k_min=16, k_max=16, max_rest=8)
+    assert c.rest == 1
+    c.rest_from(32)  # capped at max_rest
+    asked = []
+    for _ in range(12):
+        k = c.ask()
+        asked.append(k)
+        if k:
+            c.allocated(0, offered=k)  # every draft cut to nothing
+        c.record(Draft(), 0)
+    assert asked[:7] == [0] * 7 and asked[7] == 16  # rested 7 steps, then asked
+    assert asked[8:] == [0] * 4 and c.rest == 8  # cut again: a rest of max_rest
+    for start in (0, 1):  # no evidence of cuts: asks at once
+        fresh = AdaptiveController(k_min=16, k_max=16)
+        fresh.rest_from(start)
+        assert fresh.ask() == 16 and not fresh.resting
+    fixed = AdaptiveController(k_min=4, k_max=4, adaptive=False)
+    fixed.rest_from(8)
+    assert fixed.ask() == 4  # a fixed length never rests
+
+
 def test_a_resting_row_wakes_where_its_grammar_forces_text():
     """Forced text (jump-forward) is near-certain drafting: a rest after cut drafts must not skip it."""
     from types import SimpleNamespace

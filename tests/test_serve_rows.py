@@ -126,3 +126,29 @@ def test_a_request_without_a_cache_hit_starts_from_its_kinds_recent_records(mode
         assert engine.trace.take() == ([], [])
     finally:
         engine.close()
+
+
+def test_a_request_starts_resting_where_its_kinds_last_request_ended_resting(model, chat):
+    """Drafts of the last finished free-text request were being cut whole (it ended with a rest of 8 steps to
+    come): a new free-text request rests its first 7 steps; one of another kind starts asking at once."""
+    engine = Engine(model, chat, max_batch_size=4, max_tokens=12, prefix_cache_bytes=0)
+    starts: list[tuple[str, bool, int]] = []
+    original = engine.more
+
+    def more(free):
+        given = original(free)
+        for choice in [c for c in engine._rows.values() if c.row_request in [r for r, _ in given]]:
+            controller = choice.row_request.controller
+            starts.append((choice.kind, controller.resting, controller.rest))
+        return given
+
+    engine.more = more  # type: ignore[method-assign]
+    try:
+        engine._recent_rest["text"] = 8
+        ((text, _, _),) = _wait(*_ask(engine, "tell me about bergen"))
+        ((schema, _, _),) = _wait(*_ask(engine, "plan a trip to oslo", schema=SCHEMA))
+        assert starts == [("text", True, 8), ("schema", False, 1)]
+        assert engine._recent_rest["text"] == text.row_request.controller.rest  # where the next one starts
+        assert engine._recent_rest["schema"] == schema.row_request.controller.rest
+    finally:
+        engine.close()

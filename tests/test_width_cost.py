@@ -14,6 +14,13 @@ def test_every_width_is_timed_on_the_loops_own_forward_and_the_cache_keeps_its_c
     assert sorted(costs) == [1, 3, 5] and all(seconds > 0 for seconds in costs.values())
 
 
+def test_a_batch_step_is_timed_plain_and_with_each_case_of_drafting_rows():
+    tool = load_tool("width_cost")
+    model = ToyCausalLM(toy_vocab_size(), seed=1)
+    costs = tool.batch_costs(model, rows=3, context=8, cases=[(1, 3), (3, 2)], repeats=2)
+    assert list(costs) == [(0, 1), (1, 3), (3, 2)] and all(seconds > 0 for seconds in costs.values())
+
+
 def test_bad_arguments_are_refused(capsys):
     tool = load_tool("width_cost")
     try:

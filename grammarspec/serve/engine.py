@@ -217,6 +217,9 @@ class Engine:
         self._rows: dict[int, Choice] = {}  # row index of the running decode_batch call -> choice
         #: traffic kind -> the survival records of its last finished row: where a new request's drafting starts
         self._recent: dict[str, Calibration] = {}
+        #: traffic kind -> the rest its last finished row ended with (AdaptiveController.rest): where a new row's
+        #: asking starts
+        self._recent_rest: dict[str, int] = {}
         self._next = 0
         self.generator = torch.Generator(device=self._device())
         self.generator.manual_seed(0)
@@ -418,6 +421,7 @@ class Engine:
                 start = extra if isinstance(extra, Calibration) else self._recent.get(choice.kind)
                 if start is not None:
                     controller.calibration = copy.deepcopy(start)
+                controller.rest_from(self._recent_rest.get(choice.kind, 1))
             if choice.index == 0:
                 choice.job.reused_tokens = length
             self._rows[self._next] = choice
@@ -442,6 +446,7 @@ class Engine:
             self.counters["cancelled"] += 1
         if choice.row_request.controller is not None and row.stats.target_forwards:
             self._recent[choice.kind] = copy.deepcopy(choice.row_request.controller.calibration)
+            self._recent_rest[choice.kind] = choice.row_request.controller.rest
         if kv is not None:
             self._keep(choice, row, kv, slot)
         elif choice.row_request.controller is not None:  # no KV to store: its records join its prompt's entry
