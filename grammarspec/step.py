@@ -393,7 +393,7 @@ def _ask(row: Row) -> int:
     return min(controller.ask(), budget - 1)
 
 
-def _propose(row: Row, k: int, trees: bool, chains: bool = True) -> Step:
+def _propose(row: Row, k: int, trees: bool, chains: bool) -> Step:
     """Ask the row's proposer for a draft of up to ``k`` levels (:func:`_ask`): the one place a row's draft
     length is decided.
 

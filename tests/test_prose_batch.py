@@ -1,0 +1,30 @@
+"""tools/prose_batch.py: free prose in one static batch, as BENCHMARKS.md quotes it."""
+
+from __future__ import annotations
+
+from helpers import load_tool
+
+
+def test_a_static_batch_reports_its_passes_and_draft_counts(smol):
+    tool = load_tool("prose_batch")
+    model, tokenizer = smol
+    side = tokenizer.padding_side
+    inputs = tool.batch_inputs(tokenizer, 3)
+    assert inputs["input_ids"].shape[0] == 3 and int(inputs["attention_mask"][:, 0].sum()) < 3  # left-padded
+    assert bool(inputs["attention_mask"][:, -1].all())  # every row's prompt ends at the last column
+    assert tokenizer.padding_side == side  # the caller's tokenizer is left as it was
+    plain = tool.run(model, tokenizer, 2, "none", 6)
+    drafted = tool.run(model, tokenizer, 2, "auto", 6)
+    assert plain["passes"] == 6 and plain["proposed"] == 0 and plain["tokens"] == 12
+    assert drafted["tokens"] == 12 and drafted["accepted"] <= drafted["proposed"] and drafted["seconds"] > 0
+
+
+def test_bad_arguments_are_refused(capsys):
+    tool = load_tool("prose_batch")
+    try:
+        tool.main(["--batch-sizes", "0"])
+    except SystemExit as stop:
+        assert stop.code == 2
+    else:
+        raise AssertionError("--batch-sizes 0 was accepted")
+    assert "--batch-sizes" in capsys.readouterr().err
