@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch.nn import functional
 
-from .packed_attention import _configs
+from .packed_attention import _configs, attention_implementation
 
 __all__ = ["NAME", "grouped_attention", "grouped_model"]
 
@@ -96,11 +96,5 @@ def grouped_model(model: torch.nn.Module) -> Iterator[None]:
         yield
         return
     _register()
-    saved = [(config, config.__dict__.get("_attn_implementation_internal")) for config in configs]
-    try:
-        for config in configs:
-            config._attn_implementation_internal = NAME
+    with attention_implementation(configs, NAME):
         yield
-    finally:
-        for config, value in saved:
-            config._attn_implementation_internal = value

@@ -6,9 +6,9 @@ OpenMP threads than it has CPUs, GNU OpenMP (the runtime of torch's wheels)
 stops letting idle workers spin: each parallel region then wakes its workers
 from sleep, which on a small VM costs about 0.1 ms, hundreds of times per
 forward.  The server loads its model on the main thread and decodes on its
-engine thread; with the main thread's pool alive beside the engine's, a
-1-token forward of the embedded model took 1.6x as long as on the main thread
-(BENCHMARKS.md).  :func:`release_thread_pool`, called on a thread whose torch
+engine thread; with the main thread's pool alive beside the engine's, every
+forward in the engine thread is slower than the same forward on the main
+thread (BENCHMARKS.md measures it).  :func:`release_thread_pool`, called on a thread whose torch
 work is done, frees that thread's pool (OpenMP 5's ``omp_pause_resource_all``),
 and the pool of the thread that decodes is then the only one.
 """

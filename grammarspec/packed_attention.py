@@ -27,7 +27,15 @@ from typing import Any
 import torch
 from torch.nn import functional
 
-__all__ = ["NAME", "PackedLayout", "packed_attention", "packed_model", "supports_packing", "row_mask"]
+__all__ = [
+    "NAME",
+    "PackedLayout",
+    "attention_implementation",
+    "packed_attention",
+    "packed_model",
+    "supports_packing",
+    "row_mask",
+]
 
 #: The attention implementation's name in transformers' registry (set on the model's config during a packed forward).
 NAME = "grammarspec_packed"
@@ -205,17 +213,26 @@ def packed_model(model: torch.nn.Module, layout: PackedLayout) -> Iterator[None]
     and restores each afterwards; transformers builds no mask for it.
     """
     _register()
-    configs = _configs(getattr(model, "config", None))
-    saved = [(config, config.__dict__.get("_attn_implementation_internal")) for config in configs]
     token = _layout.set(layout)
     try:
+        with attention_implementation(_configs(getattr(model, "config", None)), NAME):
+            yield
+    finally:
+        _layout.reset(token)
+
+
+@contextmanager
+def attention_implementation(configs: Sequence[Any], name: str) -> Iterator[None]:
+    """Set the attention implementation ``name`` (registered with transformers) on each of ``configs`` for the
+    block, and restore each one's own afterwards."""
+    saved = [(config, config.__dict__.get("_attn_implementation_internal")) for config in configs]
+    try:
         for config in configs:
-            config._attn_implementation_internal = NAME
+            config._attn_implementation_internal = name
         yield
     finally:
         for config, value in saved:
             config._attn_implementation_internal = value
-        _layout.reset(token)
 
 
 def _configs(config: Any) -> list[Any]:
