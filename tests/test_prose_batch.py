@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from helpers import load_tool
 
 
@@ -21,10 +22,7 @@ def test_a_static_batch_reports_its_passes_and_draft_counts(smol):
 
 def test_bad_arguments_are_refused(capsys):
     tool = load_tool("prose_batch")
-    try:
+    with pytest.raises(SystemExit) as stop:  # --batch-sizes 0 is refused
         tool.main(["--batch-sizes", "0"])
-    except SystemExit as stop:
-        assert stop.code == 2
-    else:
-        raise AssertionError("--batch-sizes 0 was accepted")
+    assert stop.value.code == 2
     assert "--batch-sizes" in capsys.readouterr().err

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from helpers import load_tool
 from toy import toy_vocab_size
 from toy_models import ToyCausalLM
@@ -23,10 +24,7 @@ def test_a_batch_step_is_timed_plain_and_with_each_case_of_drafting_rows():
 
 def test_bad_arguments_are_refused(capsys):
     tool = load_tool("width_cost")
-    try:
+    with pytest.raises(SystemExit) as stop:  # --widths 0 is refused
         tool.main(["--widths", "0"])
-    except SystemExit as stop:
-        assert stop.code == 2
-    else:
-        raise AssertionError("--widths 0 was accepted")
+    assert stop.value.code == 2
     assert "--widths" in capsys.readouterr().err
