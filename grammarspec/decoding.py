@@ -278,7 +278,8 @@ def decode_batch(
         # 3. Step: one forward for every row in the cache.
         assert batch.kv is not None
         before = batch.active
-        batch.active = run_step(model, batch.active, batch.kv, shared, prompt_chunk)
+        finishing = feed is None and not batch.waiting  # the batch ends with its last row
+        batch.active = run_step(model, batch.active, batch.kv, shared, prompt_chunk, finishing=finishing)
         # 4. Report: the feed hears which rows joined and ended; it may cancel rows.
         if feed is not None:
             _report(feed, batch, before, shared.started)

@@ -21,14 +21,20 @@ paid once when any row drafts at batch 2 or more, and ``per_draft_row`` (a
 packed pass only) the attention call of its own that each further drafting
 row takes in every layer.
 
+A token is worth one where a freed slot serves the next request (a server).
+In a batch that ends with its last row (``generate`` on B prompts) a token
+is worth the finishing time it saves (:func:`finishing_worth`): a slot of
+row ``r`` brings ``worth[r] * S``, more on the row likely to end the batch,
+less on rows that end sooner on their own.
+
 The rows a pass computes depend on its shape.  The HF loop pads every row to
 the widest (:meth:`grammarspec.kv.BatchKV.forward`): ``rows = B * max_r(pending[r] + k[r])``,
 so one long draft widens every row of the batch.  For each width the
-allocation takes the admissible (row, position) slots in order of ``S``
+allocation takes the admissible (row, position) slots in order of ``worth * S``
 (highest first; ``S`` never rises along a row, so a row's slots come in
 prefix order) while they raise the goodput, and keeps the best width (the
 narrowest on ties).  A packed pass (vLLM: ``rows = base_rows + sum(k)``)
-takes the best prefix of all slots in ``S`` order, a row's first slot
+takes the best prefix of all slots in that order, a row's first slot
 paying ``per_draft_row`` as well (so a few rows drafting long can beat many
 rows drafting one token each).  ``k = 0`` for a row is an
 ordinary outcome; so is ``k = 0`` for every row (a plain step).
@@ -60,6 +66,7 @@ never how they are verified: the output distribution is untouched.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -70,7 +77,16 @@ from proposers.track import Calibration, survival
 
 from .step_cost import StepCost
 
-__all__ = ["allocate", "Calibration", "batch_cost_model", "drafts_could_pay", "forced_lead", "plan_drafts", "survival"]
+__all__ = [
+    "allocate",
+    "Calibration",
+    "batch_cost_model",
+    "drafts_could_pay",
+    "finishing_worth",
+    "forced_lead",
+    "plan_drafts",
+    "survival",
+]
 
 Cost = PassCost | StepCost | Callable[[int], float]
 #: The proposer whose leading tokens a draft always verifies: jump-forward, text the grammar forces.
@@ -85,6 +101,7 @@ def allocate(
     *,
     pending: Sequence[int] | None = None,
     fixed: Sequence[int] = (),
+    worth: Sequence[float] | None = None,
 ) -> list[int]:
     """Draft tokens to verify per row: the goodput-best admissible slots.  Pure.
 
@@ -101,6 +118,11 @@ def allocate(
       ``fixed``: the widths of the batch's other rows (a tree verified whole);
       every row is computed at the widest width.
 
+    ``worth[r]``: what a committed token of row ``r`` is worth against one
+    of a plain step (default 1: a server's freed slot serves the next
+    request; :func:`finishing_worth` for a batch that ends with its last
+    row); a slot brings ``worth[r] * S``.
+
     See the module docstring for the rule and worked examples.
 
     >>> from proposers.cost import PassCost
@@ -112,18 +134,23 @@ def allocate(
     0
     >>> allocate([[0.2, 0.9]], PassCost(), base_rows=1)  # 0.2 + 0.18 cannot pay 0.42
     [0]
+    >>> allocate([[0.8, 0.8]] * 8, PassCost(), 8, worth=[6.9] + [0.16] * 7)  # a static batch: its last row pays
+    [2, 0, 0, 0, 0, 0, 0, 0]
     """
     forced = list(forced) if forced is not None else [0] * len(estimates)
     if len(forced) != len(estimates):
         raise ValueError(f"allocate got {len(forced)} forced counts for {len(estimates)} rows: pass one per row")
     if (base_rows is None) == (pending is None):
         raise ValueError("allocate needs the pass's shape: base_rows (packed) or pending (padded), not both")
+    worth = list(worth) if worth is not None else [1.0] * len(estimates)
+    if len(worth) != len(estimates) or min(worth, default=0.0) < 0.0:
+        raise ValueError(f"allocate needs one worth >= 0 per row, got {worth}")
     forward, switch, per_token, per_draft_row = _terms(cost)
     lengths = [min(max(f, 0), len(e)) for f, e in zip(forced, estimates)]
     tokens = float(len(estimates) + len(fixed))
-    slots: list[tuple[float, int, int]] = []  # (-S, position, row)
+    slots: list[tuple[float, int, int]] = []  # (-worth * S, position, row)
     for r, row in enumerate(estimates):
-        s = survival(row)
+        s = [worth[r] * x for x in survival(row)]
         tokens += sum(s[: lengths[r]])
         slots += [(-s[j], j, r) for j in range(lengths[r], len(row)) if s[j] > 0.0]
     slots.sort()
@@ -169,7 +196,7 @@ def _packed(
     per_token: float,
     per_draft_row: float,
 ) -> list[tuple[float, int, int]]:
-    """The goodput-best prefix of ``slots`` when each one adds a row to the pass (``lengths``: the tokens each
+    """The goodput-best prefix of ``slots`` (by what each brings) when each one adds a row to the pass (``lengths``: the tokens each
     row has taken already) and each further drafting row ``per_draft_row``."""
     drafting = {r for r, k in enumerate(lengths) if k}
     drafted = sum(lengths)
@@ -204,8 +231,8 @@ def _padded(
 
     At a width ``w`` a slot at position ``j`` of row ``r`` fits when ``pending[r] + j < w``,
     and the forward costs ``cost(B * w)`` whatever fits; the best prefix of the fitting
-    slots in ``S`` order is kept (beyond the first, a slot's only cost is ``per_token``,
-    so the goodput rises to one peak and falls).  The best width wins, the narrowest on ties.
+    slots in the order of what they bring is kept (beyond the first, a slot's only cost is
+    ``per_token``, so the goodput rises to one peak and falls).  The best width wins, the narrowest on ties.
     """
     batch = len(pending) + len(fixed)
     taken = sum(lengths)
@@ -232,7 +259,82 @@ def _padded(
     return fits[:best_n]
 
 
-def drafts_could_pay(cost: Cost, asks: Sequence[int], pending: Sequence[int], *, packed: bool) -> bool:
+#: Passes of no accepted draft a row's record starts from (:func:`finishing_worth`): a lucky first pass or two
+#: does not yet make a row look fast.
+FINISHING_PRIOR_PASSES = 4
+
+
+def finishing_worth(
+    remaining: Sequence[int], accepted: Sequence[int], passes: Sequence[int], cost: Cost
+) -> list[float]:
+    """What a committed token of each row is worth in a batch that ends with its last row.  Pure.
+
+    A server's freed slot serves the next request, so every token there is
+    worth one (:func:`allocate`'s default).  A static batch (``generate`` on B
+    prompts, nothing waiting) ends when its last row does: a token that
+    brings a row that ends sooner nearer its end only lets it leave sooner,
+    which saves the plain step curve's marginal row ``beta = cost(B) - cost(B - 1)``
+    a step; the rest of a step, ``alpha = cost(B) - beta * B``, is saved
+    only by tokens of the row that ends the batch.
+
+    Which row that is, each row's record says: ``remaining[r]`` tokens left
+    before its budget ends it, ``accepted[r]`` draft tokens accepted in
+    ``passes[r]`` passes so far, so ``g = accepted / (passes + FINISHING_PRIOR_PASSES)``
+    a pass and about ``n = remaining / (1 + g)`` passes to go.  Taking each
+    pass's accepted count as geometric (variance ``g * (1 + g)``), a row's
+    passes to go vary by ``sd = sqrt(n * g * (1 + g)) / (1 + g)``; every row
+    within two standard deviations of the difference (``2 * sqrt(sd_r^2 + sd_last^2)``)
+    of the row with the most passes to go may end the batch, and those
+    candidates share ``alpha`` equally.  In tokens of a plain step
+    (``B / cost(B)`` a unit of cost)::
+
+        worth[r] = B / cost(B) * (beta + alpha / candidates if r is a candidate else beta)
+
+    Where every row is a candidate (rows with the same record, as at the
+    first step, or drafts that still part them widely) each token is worth
+    one, as on a server; at batch 1, and on a curve through the origin
+    (``alpha <= 0``), too.  Rows that end sooner on their own (end of text, a
+    grammar's end) make the other rows' worth pessimistic: the loop uses it
+    for free-text rows only.
+
+    >>> from proposers.cost import PassCost
+    >>> finishing_worth([96] * 4, [0] * 4, [0] * 4, PassCost())  # the same record: any of them may end the batch
+    [1.0, 1.0, 1.0, 1.0]
+    >>> w = finishing_worth([70] + [60] * 7, [0] + [12] * 7, [26] * 8, PassCost())  # only the first row gains nothing
+    >>> [round(x, 2) for x in w]
+    [6.91, 0.16, 0.16, 0.16, 0.16, 0.16, 0.16, 0.16]
+    >>> finishing_worth([70] + [68] * 7, [1] * 8, [26] * 8, PassCost())  # 2 behind, as fast: either may end it
+    [1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]
+    """
+    batch = len(remaining)
+    if not len(accepted) == len(passes) == batch:
+        raise ValueError(
+            f"finishing_worth got {len(accepted)} accepted counts and {len(passes)} pass counts for {batch} rows: "
+            "pass one of each per row"
+        )
+    if batch < 2:
+        return [1.0] * batch
+    forward = _terms(cost)[0]
+    plain = forward(batch)
+    beta = max(0.0, plain - forward(batch - 1))
+    alpha = plain - beta * batch
+    if alpha <= 0.0 or plain <= 0.0:
+        return [1.0] * batch
+    gains = [max(a, 0) / (max(p, 0) + FINISHING_PRIOR_PASSES) for a, p in zip(accepted, passes)]
+    togo = [max(left, 0) / (1.0 + g) for left, g in zip(remaining, gains)]
+    var = [n * g / (1.0 + g) for n, g in zip(togo, gains)]  # (n * g * (1 + g)) / (1 + g)^2
+    last = max(range(batch), key=togo.__getitem__)
+    candidates = [togo[r] + 2.0 * math.sqrt(var[r] + var[last]) >= togo[last] for r in range(batch)]
+    if all(candidates):
+        return [1.0] * batch
+    share = alpha / sum(candidates)
+    scale = batch / plain
+    return [scale * (beta + share) if candidate else scale * beta for candidate in candidates]
+
+
+def drafts_could_pay(
+    cost: Cost, asks: Sequence[int], pending: Sequence[int], *, packed: bool, worth: float = 1.0
+) -> bool:
     """Whether any drafts of at most ``asks[r]`` tokens on row ``r`` could raise this step's goodput, even if
     every one of their tokens survived.  Pure.
 
@@ -242,7 +344,8 @@ def drafts_could_pay(cost: Cost, asks: Sequence[int], pending: Sequence[int], *,
     proposing them is host work for drafts the allocation would cut.  It
     leaves out ``per_draft_row``, so it stays a bound.  ``pending[r]``: row
     ``r``'s own tokens before its draft; ``packed``: the pass computes exactly
-    its tokens (at batch 2 or more), else every row at the widest width.
+    its tokens (at batch 2 or more), else every row at the widest width;
+    ``worth``: the most a draft token is worth (:func:`finishing_worth`).
 
     A pass over ``rows`` rows costs a piecewise-linear curve, so on each piece
     the goodput of ``n`` certain tokens, ``(B + n) / (cost(base + n) + per_token * n + switch)``,
@@ -271,13 +374,13 @@ def drafts_could_pay(cost: Cost, asks: Sequence[int], pending: Sequence[int], *,
     if packed and batch > 1:
         base = sum(pending)
         plain = batch / forward(base)
-        return any(pays(batch + n, base + n, n) for n in _curve_ends(cost, base, total))
+        return any(pays(batch + worth * n, base + n, n) for n in _curve_ends(cost, base, total))
     narrowest = max(pending)
     plain = batch / forward(batch * narrowest)
     widest = max(p + max(a, 0) for p, a in zip(pending, asks))
     for width in range(narrowest, widest + 1):  # a width's forward is paid whatever fits: 1 or all its tokens
         n = sum(min(max(a, 0), max(0, width - p)) for p, a in zip(pending, asks))
-        if n and (pays(batch + 1, batch * width, 1) or pays(batch + n, batch * width, n)):
+        if n and (pays(batch + worth, batch * width, 1) or pays(batch + worth * n, batch * width, n)):
             return True
     return False
 
@@ -360,6 +463,7 @@ def plan_drafts(
     *,
     pending: Sequence[int] | None = None,
     fixed: Sequence[int] = (),
+    worth: Sequence[float] | None = None,
 ) -> list[int]:
     """The loop's one call: how many tokens of each row's draft this step verifies.  Pure.
 
@@ -369,7 +473,8 @@ def plan_drafts(
     forces) are always taken: the grammar forces their text, if not its
     split, and they are how a cold row gathers evidence.  Every other token
     is admitted by :func:`allocate`, with the pass's shape (``base_rows``, or
-    ``pending`` and ``fixed``) and ``cost`` as it takes them, on the row's
+    ``pending`` and ``fixed``), ``cost`` and what each row's tokens are
+    ``worth`` as it takes them, on the row's
     estimates scaled down by how the tokens they chose before really fared
     (:meth:`Calibration.bias`, on the first token past the forced ones: every
     later survival with it, so the order of the row's slots is kept).  Never
@@ -388,7 +493,7 @@ def plan_drafts(
             p[lead] *= min(1.0, controller.calibration.bias())
         estimates.append(p)
         forced.append(lead)
-    return allocate(estimates, cost, base_rows, forced, pending=pending, fixed=fixed)
+    return allocate(estimates, cost, base_rows, forced, pending=pending, fixed=fixed, worth=worth)
 
 
 def forced_lead(draft: Draft, forced_source: str = FORCED_SOURCE) -> int:

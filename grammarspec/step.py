@@ -22,7 +22,7 @@ from .bookkeeping import account, finish, record_scores
 from .commit import commit
 from .kv import BatchKV
 from .masking import apply_masks, forced_token, prune_and_fill_masks
-from .policy import Cost, batch_cost_model, drafts_could_pay, plan_drafts
+from .policy import Cost, batch_cost_model, drafts_could_pay, finishing_worth, plan_drafts
 from .processing import LogitsPipeline, prefix_tensors
 from .rejection import Segment, target_choices
 from .rows import Row, Step, StepResources
@@ -43,12 +43,21 @@ PROMPT_STEPS = 2
 
 
 def run_step(
-    model: torch.nn.Module, active: list[Row], kv: BatchKV, shared: StepResources, prompt_chunk: int | None = None
+    model: torch.nn.Module,
+    active: list[Row],
+    kv: BatchKV,
+    shared: StepResources,
+    prompt_chunk: int | None = None,
+    *,
+    finishing: bool = False,
 ) -> list[Row]:
     """One decoding step for the rows of ``kv`` (in slot order); returns the rows still in the batch.
 
     ``prompt_chunk``: the most prompt tokens the step reads for rows that joined
     a busy batch (``None``: :func:`prompt_plan` derives it from the pass cost).
+    ``finishing``: the batch ends with its last row (no request waits or may
+    join), so the policy values tokens by the finishing time they save
+    (:func:`policy.finishing_worth`).
     """
     config, eos = shared.config, shared.eos
     phases = Phases()
@@ -74,14 +83,17 @@ def run_step(
     # resting after drafts cut to nothing asks for none (grammarspec/adaptive.py).
     asks = [_ask(row) if row.proposer is not None else 0 for row in stepping]  # 0 too for a resting row
     cost = _step_cost(model, shared, len(stepping)) if any(asks) else None
+    worth = _worth(stepping, cost, finishing and not reading)
     chains = cost is None or (
         _drafting_pays(shared, len(stepping))
-        and drafts_could_pay(cost, asks, [len(row.pending) for row in stepping], packed=kv.packed)
+        and drafts_could_pay(
+            cost, asks, [len(row.pending) for row in stepping], packed=kv.packed, worth=max(worth or [1.0])
+        )
     )
     steps = [_propose(row, k, shared.trees, chains) for row, k in zip(stepping, asks)]
     phases.lap("propose")
     # (policy) One allocation over the batch cuts each chain to what pays at this batch (grammarspec/policy.py).
-    _allocate(stepping, steps, cost, packed=kv.packed)
+    _allocate(stepping, steps, cost, packed=kv.packed, worth=worth)
 
     # 2. Walk: one mask per scored row; each tree loses its grammar-illegal nodes.
     masks = _masks(shared, sum(1 + len(step.tree) for step in steps))
@@ -430,13 +442,27 @@ def _drafting_pays(shared: StepResources, batch: int) -> bool:
     return shared.cost_learner is None or shared.cost_learner.drafting_pays(batch)
 
 
-def _allocate(active: list[Row], steps: list[Step], cost: Cost | None, *, packed: bool) -> None:
-    """Cut each row's chain to its share of one goodput allocation over the batch (:func:`policy.plan_drafts`)
-    priced by ``cost`` (``None``: a probe, every chain is cut to nothing).
+def _worth(stepping: Sequence[Row], cost: Cost | None, finishing: bool) -> list[float] | None:
+    """What a committed token of each row is worth to a batch that ends with its last row
+    (:func:`policy.finishing_worth`); ``None`` (each worth one) elsewhere, and where a row's end is not its
+    budget: a grammar ends its row when its structure closes, whatever the budget left."""
+    if not finishing or cost is None or any(row.matcher is not None for row in stepping):
+        return None
+    remaining = [row.settings.max_new_tokens - len(row.generated) for row in stepping]
+    accepted = [sum(row.stats.accepted.values()) for row in stepping]
+    return finishing_worth(remaining, accepted, [row.stats.target_forwards for row in stepping], cost)
 
-    A proposer's token tree is verified whole; its rows count in the batch's cost.  ``packed``: a drafted
-    pass computes exactly its tokens (:mod:`grammarspec.packed_attention`); otherwise every row is padded to
-    the widest.  Changes ``steps``.
+
+def _allocate(
+    active: list[Row], steps: list[Step], cost: Cost | None, *, packed: bool, worth: Sequence[float] | None = None
+) -> None:
+    """Cut each row's chain to its share of one goodput allocation over the batch (:func:`policy.plan_drafts`)
+    priced by ``cost`` (``None``: a probe, every chain is cut to nothing), each row's tokens ``worth`` what
+    they save (``None``: one each).
+
+    A proposer's token tree is verified whole; its rows count in the batch's cost, and the batch's tokens
+    count one each.  ``packed``: a drafted pass computes exactly its tokens
+    (:mod:`grammarspec.packed_attention`); otherwise every row is padded to the widest.  Changes ``steps``.
     """
     chains = [i for i, step in enumerate(steps) if not step.is_tree]
     if not any(len(steps[i].draft) for i in chains):
@@ -444,12 +470,16 @@ def _allocate(active: list[Row], steps: list[Step], cost: Cost | None, *, packed
     pending = [len(active[i].pending) for i in chains]  # each row's own tokens before its draft
     fixed = [len(row.pending) + len(step.tree) for row, step in zip(active, steps) if step.is_tree]
     drafts, controllers = [steps[i].draft for i in chains], [active[i].controller for i in chains]
+    if worth is not None and fixed:
+        worth = None
+    elif worth is not None:
+        worth = [worth[i] for i in chains]
     if cost is None:
         lengths = [0] * len(chains)  # a probe: the learner needs a plain step now and then to price drafted ones
     elif packed and len(active) > 1:
-        lengths = plan_drafts(drafts, controllers, sum(pending) + sum(fixed), cost)
+        lengths = plan_drafts(drafts, controllers, sum(pending) + sum(fixed), cost, worth=worth)
     else:
-        lengths = plan_drafts(drafts, controllers, None, cost, pending=pending, fixed=fixed)
+        lengths = plan_drafts(drafts, controllers, None, cost, pending=pending, fixed=fixed, worth=worth)
     for i, n in zip(chains, lengths):
         offered = len(steps[i].draft)
         steps[i].draft = steps[i].draft.truncate(n)

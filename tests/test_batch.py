@@ -255,3 +255,55 @@ def test_prefix_readers_get_views_of_one_tensor_per_step_and_decode_as_alone(gra
     assert [row.generated for row in rows] == alone
     steps = [s for s in storages if s]
     assert steps and all(len(s) == 1 for s in steps)  # one tensor a step, however many rows read it
+
+
+class _NoMoreRequests:
+    """A feed that never brings a request: the loop then values tokens as a server does."""
+
+    def more(self, free):
+        return ()
+
+    def cancelled(self, index):
+        return False
+
+    def joined(self, row, kv, slot):
+        pass
+
+    def finished(self, row, kv, slot):
+        pass
+
+
+def test_a_static_batch_drafts_where_its_end_is_decided():
+    """Free-text rows of one call, nothing waiting: the batch ends with its last row, whose tokens shorten the
+    call; the rows that end sooner are worth only their own row of the pass.  The same rows where a freed slot
+    would serve a waiting request value every token at one: the long row's unproven drafts wait until it is
+    alone.  Every output is the same."""
+    from grammarspec.rows import RowSettings
+    from proposers.cost import PassCost
+
+    model = tiny_llama(V, seed=3)  # a packed pass: each draft token adds one row, as the curve prices it
+    config = DecodeConfig(max_new_tokens=24)
+    budgets = [24, 6, 6, 6]
+    prompts = PROMPTS + [[9, 8]]
+    alone = [
+        decode(model, p, DecodeConfig(max_new_tokens=budget))[0] for p, budget in zip(prompts, budgets, strict=True)
+    ]
+
+    def requests():
+        out = []
+        for prompt, budget, script in zip(prompts, budgets, alone, strict=True):
+            proposer = Noisy(script)
+            proposer.start(Request(prompt_ids=tuple(prompt), tokenizer=None))
+            controller = AdaptiveController(k_min=1, k_max=4)
+            processing = sampling_processing(config, (), len(prompt))
+            out.append(RowRequest(prompt, None, proposer, controller, processing, RowSettings(budget)))
+        return out
+
+    cost = PassCost(1.0, 0.1, 1)  # a modelled curve: each row a tenth of a step, the rest shared
+    static = decode_batch(model, requests(), config, step_cost=cost)
+    served = decode_batch(model, requests(), config, step_cost=cost, feed=_NoMoreRequests(), max_batch_size=4)
+    assert [row.generated for row in static] == [row.generated for row in served] == alone
+    assert [sum(row.stats.proposed.values()) for row in static[1:]] == [0, 0, 0]
+    beside = len(static[1].stats.steps)  # the passes the long row shared with the others
+    assert any(k for k, _ in static[0].stats.steps[1:beside]) and not any(k for k, _ in served[0].stats.steps[1:beside])
+    assert static[0].stats.target_forwards < served[0].stats.target_forwards < len(alone[0])

@@ -250,3 +250,46 @@ def test_admitted_tokens_that_survive_less_than_expected_lower_the_rows_estimate
     assert 0 < fair
     assert admitted([(2.0, 0)] * 20) < fair  # the chosen tokens survived far below their estimates
     assert admitted([(1.0, 3)] * 20) == fair  # above them: never raised
+
+
+def test_a_static_batch_values_tokens_by_the_finishing_time_they_save():
+    """Rows with one record share the batch's end (each token worth one); a row far ahead saves only its own
+    row of the curve; batch 1 and a curve through the origin change nothing."""
+    from grammarspec.policy import finishing_worth
+
+    line = PassCost(1.0, 0.1, 1)  # cost(rows) = 1 + 0.1 * rows: beta 0.1, alpha 1
+    assert finishing_worth([50] * 6, [3] * 6, [20] * 6, line) == [1.0] * 6
+    assert finishing_worth([50], [0], [0], line) == [1.0]
+    assert finishing_worth([50, 10, 10], [0] * 3, [5] * 3, lambda rows: 0.1 * rows) == [1.0] * 3
+    ahead = finishing_worth([50, 10, 10, 10], [0] * 4, [5] * 4, line)  # no drafts so far: the first row ends it
+    assert ahead[0] == pytest.approx(4 / 1.4 * (0.1 + 1.0)) and ahead[1:] == [pytest.approx(4 / 1.4 * 0.1)] * 3
+    assert sum(ahead) == pytest.approx(4 / 1.4 * (4 * 0.1 + 1.0))  # the step's whole cost, shared out
+    # the same lead is within reach of a row whose drafts have been parting it from the others
+    assert finishing_worth([20, 17, 17, 17], [60] * 4, [20] * 4, line) == [1.0] * 4
+    assert finishing_worth([20, 17, 17, 17], [0] * 4, [20] * 4, line)[1] < 1.0
+    fast = finishing_worth([50, 50], [0, 40], [20, 20], line)  # the same tokens left, one row much faster
+    assert fast[0] > 1.0 > fast[1]
+    gpu = finishing_worth([50, 10], [0, 0], [5, 5], flat_until(64))  # flat: a row ahead saves nothing
+    assert gpu[1] == 0.0 and gpu[0] == pytest.approx(2.0)
+    with pytest.raises(ValueError, match="one of each per row"):
+        finishing_worth([50, 10], [0], [5, 5], line)
+
+
+def test_the_allocation_weighs_each_rows_slots_by_their_worth():
+    """Brute force on two rows with unequal worth: no choice of prefix lengths beats the allocation."""
+    cost = PassCost().cost
+    estimates, worth = [[0.95, 0.9, 0.4, 0.9], [0.6, 0.3, 0.9]], [0.3, 2.5]
+
+    def value(lengths):
+        tokens = 2 + sum(w * sum(survival(e)[:k]) for e, k, w in zip(estimates, lengths, worth))
+        return tokens / cost(2 + sum(lengths))
+
+    chosen = allocate(estimates, cost, base_rows=2, worth=worth)
+    assert value(chosen) == pytest.approx(max(value([a, b]) for a in range(5) for b in range(4)))
+    assert chosen != allocate(estimates, cost, base_rows=2)
+    assert allocate(estimates, cost, base_rows=2, worth=[1.0, 1.0]) == allocate(estimates, cost, base_rows=2)
+    rows = [[0.8, 0.8]] * 8
+    assert allocate(rows, PassCost(), 8, worth=[6.9] + [0.16] * 7) == [2] + [0] * 7
+    assert sum(allocate(rows, PassCost(), pending=[1] * 8, worth=[6.9] + [0.0] * 7)) == 2  # worthless rows take none
+    with pytest.raises(ValueError, match="one worth"):
+        allocate(rows, PassCost(), 8, worth=[1.0])

@@ -16,7 +16,8 @@ def test_a_static_batch_reports_its_passes_and_draft_counts(smol):
     assert tokenizer.padding_side == side  # the caller's tokenizer is left as it was
     plain = tool.run(model, tokenizer, 2, "none", 6)
     drafted = tool.run(model, tokenizer, 2, "auto", 6)
-    assert plain["passes"] == 6 and plain["proposed"] == 0 and plain["tokens"] == 12
+    assert plain["passes"] == 6 and plain["proposed"] == 0 and plain["drafted"] == 0 and plain["tokens"] == 12
+    assert 0 <= drafted["drafted"] <= drafted["passes"] and (drafted["drafted"] > 0) == (drafted["proposed"] > 0)
     assert drafted["tokens"] == 12 and drafted["accepted"] <= drafted["proposed"] and drafted["seconds"] > 0
 
 

@@ -7,7 +7,7 @@ Every row is one of the load sweep's prose prompts (no schema; nothing in the
 prompt predicts the answer), the batch is left-padded as a Hugging Face user
 passes it, and the call returns when its last row ends.  For each batch size
 and arm it prints the wall seconds of each repeat, the target passes of the
-longest row, and the draft tokens the rows proposed and had accepted, so a
+longest row, the passes in which some row verified a draft, and the draft tokens the rows proposed and had accepted, so a
 loss can be told from its cause: a static batch ends with its slowest row, and
 tokens accepted on the other rows shorten no pass.  Arms run alternately,
 repeat by repeat; run it alone on the machine (it measures wall-clock time).
@@ -57,9 +57,12 @@ def run(model: Any, tokenizer: Any, batch_size: int, arm: str, max_new_tokens: i
     )
     seconds = time.perf_counter() - start
     stats = out.stats
+    longest = max(len(s.steps) for s in stats)  # the rows start together: a row's i-th pass is the batch's
+    drafted = sum(1 for i in range(longest) if any(i < len(s.steps) and s.steps[i][0] for s in stats))
     return {
         "seconds": seconds,
         "passes": max(s.target_forwards for s in stats),
+        "drafted": drafted,
         "proposed": sum(sum(s.proposed.values()) for s in stats),
         "accepted": sum(sum(s.accepted.values()) for s in stats),
         "tokens": sum(s.new_tokens for s in stats),
@@ -83,8 +86,10 @@ def main(argv: list[str] | None = None) -> int:
     model, tokenizer = grammarspec.load_model(args.model)
     run(model, tokenizer, 2, arms[-1], 8)  # warm: the pass profile, the kernels' first calls
     print(f"prose, static batches, max_new_tokens {args.max_new_tokens}, {args.repeat} repeat(s), arms alternate")
-    print("| B | arm | seconds (each repeat) | x first arm | passes | draft tokens proposed / accepted |")
-    print("|---|---|---|---|---|---|")
+    print(
+        "| B | arm | seconds (each repeat) | x first arm | passes | passes drafting | draft tokens proposed / accepted |"
+    )
+    print("|---|---|---|---|---|---|---|")
     for size in sizes:
         results: dict[str, list[dict[str, float]]] = {arm: [] for arm in arms}
         for _ in range(args.repeat):
@@ -97,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
             last = rs[-1]
             ratio = base / sum(r["seconds"] for r in rs)
             print(
-                f"| {size} | {arm} | {each} | {ratio:.2f}x | {last['passes']:.0f} | "
+                f"| {size} | {arm} | {each} | {ratio:.2f}x | {last['passes']:.0f} | {last['drafted']:.0f} | "
                 f"{last['proposed']:.0f} / {last['accepted']:.0f} |"
             )
     return 0
