@@ -17,8 +17,9 @@ import pytest
 from toy import toy_tokenizer, toy_vocab_size
 from toy_models import tiny_llama
 
+from grammarspec.policy import Calibration
 from grammarspec.serve import Engine
-from grammarspec.serve.engine import traffic_kind
+from grammarspec.serve.engine import TrafficRecord, traffic_kind
 from grammarspec.serve.protocol import ChatRequest
 from grammarspec.step_trace import summarize
 
@@ -112,13 +113,13 @@ def test_a_request_without_a_cache_hit_starts_from_its_kinds_recent_records(mode
         ((first, _, _),) = _wait(*_ask(engine, "plan a trip to oslo", schema=SCHEMA))
         learned = copy.deepcopy(first.row_request.controller.calibration._counts)
         assert learned, "the first request learned something"
-        assert engine._recent["schema"]._counts == learned
+        assert engine._recent["schema"].calibration._counts == learned
         _wait(*_ask(engine, "tell me about bergen"))  # free text: its own kind
         ((second, _, _),) = _wait(*_ask(engine, "plan a trip to rome and naples", schema=SCHEMA))
         assert [kind for kind, _ in starts] == ["schema", "text", "schema"]
         assert starts[0][1] == {} and starts[1][1] == {}  # nothing finished of their kind before them
         assert starts[2][1] == learned  # from the first schema request's records
-        assert second.row_request.controller.calibration is not engine._recent["schema"]  # a copy
+        assert second.row_request.controller.calibration is not engine._recent["schema"].calibration  # a copy
         assert engine.trace is not None
         table = summarize(*engine.trace.take())
         assert table["steps"] > 0 and table["joins"] == 3 and table["rows"] >= 1
@@ -144,11 +145,11 @@ def test_a_request_starts_resting_where_its_kinds_last_request_ended_resting(mod
 
     engine.more = more  # type: ignore[method-assign]
     try:
-        engine._recent_rest["text"] = 8
+        engine._recent["text"] = TrafficRecord(Calibration(), 8)
         ((text, _, _),) = _wait(*_ask(engine, "tell me about bergen"))
         ((schema, _, _),) = _wait(*_ask(engine, "plan a trip to oslo", schema=SCHEMA))
         assert starts == [("text", True, 8), ("schema", False, 1)]
-        assert engine._recent_rest["text"] == text.row_request.controller.rest  # where the next one starts
-        assert engine._recent_rest["schema"] == schema.row_request.controller.rest
+        assert engine._recent["text"].rest == text.row_request.controller.rest  # where the next one starts
+        assert engine._recent["schema"].rest == schema.row_request.controller.rest
     finally:
         engine.close()

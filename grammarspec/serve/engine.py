@@ -134,6 +134,15 @@ def _template_renders_tools(tokenizer: Any, tools: list[dict[str, Any]]) -> bool
     return bool(render(probe, tokenize=False, tools=tools) != render(probe, tokenize=False))
 
 
+@dataclass(frozen=True)
+class TrafficRecord:
+    """Where a new request of one kind of traffic (schema, tools, free text) starts drafting: the survival
+    records and the rest (:attr:`AdaptiveController.rest`) its kind's last finished row ended with."""
+
+    calibration: Calibration
+    rest: int
+
+
 @dataclass
 class Choice:
     """One row of a job (``n`` choices per request): its tokens, its text, how it ended."""
@@ -215,11 +224,8 @@ class Engine:
         self._incoming: queue.Queue[Job | None] = queue.Queue()
         self._pending: list[Choice] = []
         self._rows: dict[int, Choice] = {}  # row index of the running decode_batch call -> choice
-        #: traffic kind -> the survival records of its last finished row: where a new request's drafting starts
-        self._recent: dict[str, Calibration] = {}
-        #: traffic kind -> the rest its last finished row ended with (AdaptiveController.rest): where a new row's
-        #: asking starts
-        self._recent_rest: dict[str, int] = {}
+        #: traffic kind -> where a new request of that kind starts drafting
+        self._recent: dict[str, TrafficRecord] = {}
         self._next = 0
         self.generator = torch.Generator(device=self._device())
         self.generator.manual_seed(0)
@@ -418,10 +424,11 @@ class Engine:
             cache, length, extra = self.prefix.lookup(choice.prompt)
             controller = choice.row_request.controller
             if controller is not None:  # a copy: never shared by two rows
-                start = extra if isinstance(extra, Calibration) else self._recent.get(choice.kind)
+                recent = self._recent.get(choice.kind)
+                start = extra if isinstance(extra, Calibration) else recent.calibration if recent else None
                 if start is not None:
                     controller.calibration = copy.deepcopy(start)
-                controller.rest_from(self._recent_rest.get(choice.kind, 1))
+                controller.rest_from(recent.rest if recent else 1)
             if choice.index == 0:
                 choice.job.reused_tokens = length
             self._rows[self._next] = choice
@@ -444,9 +451,9 @@ class Engine:
         choice.row = row
         if row.finish_reason == "cancelled":
             self.counters["cancelled"] += 1
-        if choice.row_request.controller is not None and row.stats.target_forwards:
-            self._recent[choice.kind] = copy.deepcopy(choice.row_request.controller.calibration)
-            self._recent_rest[choice.kind] = choice.row_request.controller.rest
+        controller = choice.row_request.controller
+        if controller is not None and row.stats.target_forwards:
+            self._recent[choice.kind] = TrafficRecord(copy.deepcopy(controller.calibration), controller.rest)
         if kv is not None:
             self._keep(choice, row, kv, slot)
         elif choice.row_request.controller is not None:  # no KV to store: its records join its prompt's entry
