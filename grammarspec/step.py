@@ -460,8 +460,8 @@ def _allocate(
     priced by ``cost`` (``None``: a probe, every chain is cut to nothing), each row's tokens ``worth`` what
     they save (``None``: one each).
 
-    A proposer's token tree is verified whole; its rows count in the batch's cost, and the batch's tokens
-    count one each.  ``packed``: a drafted pass computes exactly its tokens
+    A proposer's token tree is verified whole; its rows count in the batch's cost, and every token is
+    then worth one.  ``packed``: a drafted pass computes exactly its tokens
     (:mod:`grammarspec.packed_attention`); otherwise every row is padded to the widest.  Changes ``steps``.
     """
     chains = [i for i, step in enumerate(steps) if not step.is_tree]
@@ -470,10 +470,8 @@ def _allocate(
     pending = [len(active[i].pending) for i in chains]  # each row's own tokens before its draft
     fixed = [len(row.pending) + len(step.tree) for row, step in zip(active, steps) if step.is_tree]
     drafts, controllers = [steps[i].draft for i in chains], [active[i].controller for i in chains]
-    if worth is not None and fixed:
+    if fixed:  # with a tree beside them (every row not in chains), a token is worth one
         worth = None
-    elif worth is not None:
-        worth = [worth[i] for i in chains]
     if cost is None:
         lengths = [0] * len(chains)  # a probe: the learner needs a plain step now and then to price drafted ones
     elif packed and len(active) > 1:
