@@ -196,8 +196,8 @@ def _packed(
     per_token: float,
     per_draft_row: float,
 ) -> list[tuple[float, int, int]]:
-    """The goodput-best prefix of ``slots`` (by what each brings) when each one adds a row to the pass (``lengths``: the tokens each
-    row has taken already) and each further drafting row ``per_draft_row``."""
+    """The goodput-best prefix of ``slots`` (ordered by what each brings) when each one adds a row to the pass
+    (``lengths``: the tokens each row has taken already) and each further drafting row ``per_draft_row``."""
     drafting = {r for r, k in enumerate(lengths) if k}
     drafted = sum(lengths)
 

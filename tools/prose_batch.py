@@ -7,9 +7,10 @@ Every row is one of the load sweep's prose prompts (no schema; nothing in the
 prompt predicts the answer), the batch is left-padded as a Hugging Face user
 passes it, and the call returns when its last row ends.  For each batch size
 and arm it prints the wall seconds of each repeat, the target passes of the
-longest row, the passes in which some row verified a draft, and the draft tokens the rows proposed and had accepted, so a
-loss can be told from its cause: a static batch ends with its slowest row, and
-tokens accepted on the other rows shorten no pass.  Arms run alternately,
+longest row, the passes in which some row verified a draft, and the draft
+tokens the rows proposed and had accepted, so a loss can be told from its
+cause: a static batch ends with its slowest row, and tokens accepted on the
+other rows shorten no pass of the call.  Arms run alternately,
 repeat by repeat; run it alone on the machine (it measures wall-clock time).
 """
 
@@ -86,9 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     model, tokenizer = grammarspec.load_model(args.model)
     run(model, tokenizer, 2, arms[-1], 8)  # warm: the pass profile, the kernels' first calls
     print(f"prose, static batches, max_new_tokens {args.max_new_tokens}, {args.repeat} repeat(s), arms alternate")
-    print(
-        "| B | arm | seconds (each repeat) | x first arm | passes | passes drafting | draft tokens proposed / accepted |"
-    )
+    columns = ["B", "arm", "seconds (each repeat)", "x first arm", "passes", "passes drafting"]
+    print("| " + " | ".join(columns + ["draft tokens proposed / accepted"]) + " |")
     print("|---|---|---|---|---|---|---|")
     for size in sizes:
         results: dict[str, list[dict[str, float]]] = {arm: [] for arm in arms}
