@@ -75,6 +75,8 @@ _PRIOR_BATCHES = (1, 2, 4, 8, 16)
 _PRIOR_DRAFTS = ((0, 0), (1, 1), (4, 1), (4, 4))
 #: The fitted terms: unit, per stepping row, switch, per draft token, per drafting row, per draft token alone.
 _TERMS = 6
+#: Observed steps are added to the normal equations in blocks of at most this many (one matrix product a block).
+_FOLD_AT = 64
 
 
 @dataclass(frozen=True)
@@ -118,10 +120,13 @@ class StepCostLearner:
 
     ``profile``: the target's profiled :class:`~proposers.cost.PassCost`
     (:func:`grammarspec.policy.batch_cost_model`), or a function giving it
-    (called at the first step observed); its curve prices the
+    (called when first needed); its curve prices the
     forward's rows and its terms, as ratios to the unit, are the prior.
-    Until ``warmup`` steps are measured :meth:`cost` is the profile's.  ``observe`` changes state;
-    ``cost`` and ``terms`` do not.
+    Until ``warmup`` steps are measured :meth:`cost` is the profile's.  The fit is solved when read, and
+    :meth:`cost` solves it again only once ``refit_every`` steps came in since (a constrained least-squares
+    solve is a few small matrix solves; a busy loop's every step observes, and the fit fades over about
+    ``1 / (1 - decay)`` steps, so a fit a few steps old prices the same).  ``observe`` changes state;
+    ``cost`` and ``terms`` change only that cache of the fit.
 
     >>> learner = StepCostLearner(PassCost(switch=0.1), warmup=2)
     >>> for _ in range(60):  # plain steps of 4 rows at 10 ms a unit; drafted ones cost 5 units more
@@ -142,13 +147,17 @@ class StepCostLearner:
         probe_every: int = 50,
         explore_every: int = 16,
         min_outcomes: float = 8.0,
+        refit_every: int = 8,
     ) -> None:
         if prior_weight <= 0 or not 0 < decay <= 1 or warmup < 1 or probe_every < 1:
             raise ValueError("StepCostLearner needs prior_weight > 0, 0 < decay <= 1, warmup >= 1 and probe_every >= 1")
+        if refit_every < 1:
+            raise ValueError(f"StepCostLearner needs refit_every >= 1 steps, got {refit_every}")
         if explore_every < 1 or min_outcomes <= 0:
             raise ValueError("StepCostLearner needs explore_every >= 1 and min_outcomes > 0")
         self._profile, self.prior_weight, self.decay, self.warmup = profile, prior_weight, decay, warmup
         self.probe_every, self.explore_every, self.min_outcomes = probe_every, explore_every, min_outcomes
+        self.refit_every = refit_every
         self.holds = 0  # steps held plain because drafted steps committed fewer tokens a second (drafting_pays)
         #: batch size -> [tokens, seconds, steps] of plain steps, then of drafted ones (each faded by ``decay``)
         self._outcomes: dict[int, list[float]] = {}
@@ -160,7 +169,9 @@ class StepCostLearner:
         self._xtx = np.zeros((_TERMS, _TERMS))
         self._xty = np.zeros(_TERMS)
         self._prior: np.ndarray | None = None  # the profile's pseudo-steps, once the profile is known
-        self._theta: np.ndarray | None = None  # u, h, s, p, q, a in seconds; None until ``warmup`` steps are in
+        self._theta: np.ndarray | None = None  # u, h, s, p, q, a in seconds; None until first solved
+        self._unfitted = 0  # steps observed since the fit was last solved
+        self._unfolded: list[tuple[int, int, int, int, bool, float]] = []  # observed, not yet in _xtx / _xty
 
     @property
     def profile(self) -> PassCost:
@@ -192,14 +203,13 @@ class StepCostLearner:
             at = 3 if tokens > 0 else 0
             for i, value in enumerate((float(committed), seconds, 1.0)):
                 outcome[at + i] = outcome[at + i] * self.decay + value
-        x = self._features(rows, batch, tokens, drafting, packed)
         self.steps += 1
         self._since_plain = self._since_plain + 1 if tokens > 0 else 0
         self._plain_seen = self._plain_seen or tokens <= 0
-        self._xtx = self._xtx * self.decay + np.outer(x, x)
-        self._xty = self._xty * self.decay + x * seconds
-        if self.steps >= self.warmup:
-            self._solve()
+        self._unfolded.append((rows, batch, tokens, drafting, packed, seconds))
+        if len(self._unfolded) >= _FOLD_AT:
+            self._fold()
+        self._unfitted += 1
 
     def wants_plain_step(self) -> bool:
         """Whether the next step should verify no draft (a probe): ``probe_every`` steps in a row drafted (or,
@@ -212,7 +222,7 @@ class StepCostLearner:
         (counts the probe) when it answers yes.
         """
         limit = self.probe_every if self._plain_seen else self.warmup
-        if self._theta is None or self._since_plain < limit:
+        if self.steps < self.warmup or self._since_plain < limit:
             return False
         self.probes += 1
         self._since_plain = 0
@@ -247,25 +257,39 @@ class StepCostLearner:
         return out
 
     def cost(self, batch: int) -> PassCost | StepCost:
-        """The cost the policy reads for a step of ``batch`` rows: the profile until the unit is set.  Pure."""
-        if self._theta is None:
+        """The cost the policy reads for a step of ``batch`` rows: the profile until ``warmup`` steps are in.
+        Solves the fit when it is ``refit_every`` steps old (or was never solved)."""
+        theta = self._fit(self.refit_every)
+        if theta is None:
             return self.profile
-        u, h, s, p, q, a = self._theta
+        u, h, s, p, q, a = theta
         return StepCost(self.profile, h / u, batch, s / u, (a if batch <= 1 else p) / u, q / u)
 
     def terms(self) -> dict[str, Any]:
-        """The fitted terms in the unit (``unit_ms``: the unit's milliseconds), beside the profile's.  Pure."""
+        """The fitted terms in the unit (``unit_ms``: the unit's milliseconds), beside the profile's, as of the
+        last step observed."""
         prior = {"switch": self.profile.switch, "per_token": self.profile.per_token}
         prior["per_draft_row"] = self.profile.per_draft_row
-        if self._theta is None:
+        theta = self._fit(1)
+        if theta is None:
             return {"steps": self.steps, "learned": False, "holds": self.holds, "profile": prior}
-        u, h, s, p, q, a = (float(v) for v in self._theta)
+        u, h, s, p, q, a = (float(v) for v in theta)
         fitted = {"unit_ms": 1000 * u, "per_batch_row": h / u, "switch": s / u, "per_token": p / u}
         fitted |= {"per_draft_row": q / u, "per_token_alone": a / u}
         out = {"steps": self.steps, "probes": self.probes, "holds": self.holds, "learned": True, **fitted}
         return out | {"profile": prior}
 
     # --- the fit ---------------------------------------------------------------------------------
+
+    def _fit(self, stale: int) -> np.ndarray | None:
+        """The fitted terms (``None`` before ``warmup`` steps), solved again if ``stale`` steps came in since."""
+        if self.steps < self.warmup:
+            return None
+        if self._theta is None or self._unfitted >= stale:
+            self._fold()
+            self._solve()
+            self._unfitted = 0
+        return self._theta
 
     def _features(self, rows: int, batch: int, tokens: int, drafting: int, packed: bool) -> np.ndarray:
         switched = 1.0 if tokens > 0 and batch > 1 else 0.0
@@ -294,6 +318,20 @@ class StepCostLearner:
                 points.append(x / np.linalg.norm(x))  # each pseudo-step weighs alike, whatever its size
         z = np.array(points)
         return weight / len(points) * z.T @ z
+
+    def _fold(self) -> None:
+        """Add the steps observed since the last fold to the normal equations, each faded as if added in turn
+        (the oldest by ``decay`` once per later step).  Changes state."""
+        if not self._unfolded:
+            return
+        x = np.array([self._features(*step[:5]) for step in self._unfolded])  # [n, terms]
+        y = np.array([step[5] for step in self._unfolded])
+        n = len(self._unfolded)
+        weights = self.decay ** np.arange(n - 1, -1, -1, dtype=float)  # the newest weighs 1
+        fade = self.decay**n
+        self._xtx = self._xtx * fade + (x * weights[:, None]).T @ x
+        self._xty = self._xty * fade + (weights * y) @ x
+        self._unfolded = []
 
     def _solve(self) -> None:
         """Least squares with every term but the unit at 0 or above: a term the unconstrained fit puts below 0

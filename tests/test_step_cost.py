@@ -86,6 +86,36 @@ def test_before_its_warm_up_the_learner_is_the_profile_and_it_calls_a_profile_fa
         StepCostLearner(profile, decay=0.0)
 
 
+def test_a_fit_solved_every_few_steps_prices_as_one_solved_every_step():
+    """Steps are folded into the normal equations in blocks and the fit is solved when read and due: the
+    same terms as solving after every step (the folded sums equal the step-by-step ones), and between refits
+    ``cost`` reads the last fit."""
+    rng = random.Random(1)
+    steps = []
+    for _ in range(300):
+        batch = rng.randint(1, 16)
+        drafting = rng.choice([0, 1, min(batch, 3)]) if batch > 1 else rng.choice([0, 1])
+        tokens = sum(rng.randint(1, 5) for _ in range(drafting))
+        steps.append((batch, tokens, drafting, 0.02 * (1 + 0.05 * batch + 0.3 * (tokens > 0)) + 0.001 * tokens))
+    eager, lazy = StepCostLearner(PassCost(), refit_every=1), StepCostLearner(PassCost(), refit_every=8)
+    for i, (batch, tokens, drafting, seconds) in enumerate(steps):
+        for learner in (eager, lazy):
+            learner.observe(rows=batch + tokens, batch=batch, tokens=tokens, drafting=drafting, seconds=seconds)
+        eager.cost(4)
+        if i == 100:
+            held = lazy.cost(4)  # solved now ...
+        elif 100 < i < 107:
+            assert lazy.cost(4) == held  # ... and read again until 8 steps came in
+    for name, value in eager.terms().items():
+        if isinstance(value, float):
+            assert lazy.terms()[name] == pytest.approx(value, rel=1e-6, abs=1e-9), name
+    read_lazily, read_eagerly = lazy.cost(8), eager.cost(8)  # terms() solved both on every step in
+    for name in ("batch_share", "switch", "per_token", "per_draft_row"):
+        assert getattr(read_lazily, name) == pytest.approx(getattr(read_eagerly, name), rel=1e-6, abs=1e-12), name
+    with pytest.raises(ValueError, match="refit_every"):
+        StepCostLearner(PassCost(), refit_every=0)
+
+
 def test_priced_rows_counts_the_rows_the_policy_prices():
     assert priced_rows([1, 1, 1, 1], packed=True) == priced_rows([1, 1, 1, 1], packed=False) == 4
     assert priced_rows([1, 5, 1], packed=True) == 7 and priced_rows([1, 5, 1], packed=False) == 15
