@@ -71,7 +71,7 @@ from grammars.base import Matcher, allocate_bitmask
 from proposers.base import CostModelled, Proposer, members
 
 from .bookkeeping import finish
-from .commit import commit
+from .commit import commit, tell
 from .kv import BatchKV
 from .kv_cache import logits_device as _logits_device
 from .policy import batch_cost_model
@@ -353,6 +353,7 @@ def _report(feed: Feed, batch: Batch, before: list[Row], started: float) -> None
             row.finish_reason = "cancelled"
         if row.finish_reason is not None and row.index not in batch.told_ended:
             batch.told_ended.add(row.index)
+            tell(row)
             finish(row, time.perf_counter() - started)
             feed.finished(row, kv, slot)
 

@@ -99,6 +99,7 @@ class Row:
         None  # [1, ceil(V/32)] int32 host row: the mask of the current state (forced check)
     )
     state_mask_ready: bool = False  # whether ``state_mask`` holds the current state's mask (the walk then reuses it)
+    untold: list[int] = field(default_factory=list)  # committed tokens the proposer has not heard (commit.tell)
 
     @property
     def generated(self) -> list[int]:

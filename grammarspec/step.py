@@ -19,7 +19,7 @@ from proposers.base import Draft, GrammarView
 from proposers.tree import DraftTree
 
 from .bookkeeping import account, finish, record_scores
-from .commit import commit
+from .commit import commit, tell
 from .kv import BatchKV
 from .masking import apply_masks, forced_token, prune_and_fill_masks
 from .policy import Cost, batch_cost_model, drafts_could_pay, finishing_worth, plan_drafts
@@ -274,6 +274,7 @@ def leave(active: list[Row], kv: BatchKV, started: float) -> list[Row]:
         if row.finish_reason is None:
             keep.append(slot)
         else:
+            tell(row)
             finish(row, now - started)
     if keep and len(keep) < len(active):  # the last rows keep their cache (a caller's prompt cache stays whole)
         return [active[slot] for slot in kv.select(keep)]
@@ -421,6 +422,7 @@ def _propose(row: Row, k: int, trees: bool, chains: bool) -> Step:
         return step
     if row.proposer is not None and k > 0:
         t0 = time.perf_counter()
+        tell(row)  # the tokens committed since it last drafted
         view = GrammarView(row.matcher) if row.matcher is not None else None
         if tree:
             assert row.tree_drafter is not None

@@ -199,25 +199,35 @@ def test_forced_tokens_skip_the_target():
 
 
 class RecordingProposer(ScriptFollower):
-    """A scripted proposer that records every ``commit``."""
+    """A scripted proposer that records every ``propose`` (with what it had heard by then) and ``commit``."""
 
     def __init__(self, script: list[int], noise_every: int = 0) -> None:
         super().__init__(script, noise_every)
         self.commits: list[tuple[tuple[int, ...], int, tuple[int, ...]]] = []
         self.proposed: list[tuple[int, ...]] = []
+        self.heard: list[int] = []  # every committed token, in the order commits told them
+        self.unheard_at_propose: list[int] = []  # context tokens the proposer had not been told when asked
+
+    def start(self, request):
+        super().start(request)
+        self.heard = list(request.prompt_ids)
 
     def propose(self, context, grammar, k):
+        self.unheard_at_propose.append(len(context) - len(self.heard))
         draft = super().propose(context, grammar, k)
         self.proposed.append(draft.tokens)
         return draft
 
     def commit(self, draft, num_accepted, committed):
         self.commits.append((draft.tokens, num_accepted, tuple(committed)))
+        self.heard += committed
 
 
 @pytest.mark.parametrize("noise", [0, 2])
-def test_every_step_commits_every_proposer_with_what_was_appended(noise):
-    """One commit per step, forced steps included (empty draft); the commits spell the output."""
+def test_the_proposer_hears_every_committed_token_before_it_drafts_and_by_the_end(noise):
+    """A step whose draft was verified commits it (accepted tokens, then the target's own unless the draft
+    ended it); tokens committed without a draft of its own -- forced, or after a cut or rested ask -- reach it
+    in one commit before its next draft.  The commits spell the output, and every ask sees a told context."""
     tok = toy_tokenizer()
     compiled = compile_grammar(grammar_spec(regex="abc(x|yy)de(f|g)h"), tok, vocab_size=len(tok), stop_token_ids=(0,))
     model = ToyCausalLM(V, seed=4)
@@ -225,14 +235,18 @@ def test_every_step_commits_every_proposer_with_what_was_appended(noise):
     proposer = RecordingProposer(plain, noise)
     new, stats = run(model, PROMPT, matcher=compiled.matcher(), proposer=proposer, k=3)
     assert new == plain
-    assert len(proposer.commits) == stats.target_forwards + stats.forced_tokens
-    assert [t for _, _, committed in proposer.commits for t in committed] == new
-    forced_steps = [c for c in proposer.commits if not c[0]]
-    assert len(forced_steps) >= stats.forced_tokens > 0
+    assert [t for _, _, committed in proposer.commits for t in committed] == new  # told once each, in order
+    assert proposer.unheard_at_propose and set(proposer.unheard_at_propose) == {0}
+    drafted = [c for c in proposer.commits if c[0]]
+    assert len(drafted) == sum(1 for k, _ in stats.steps if k) > 0
+    assert len(proposer.commits) < stats.target_forwards + stats.forced_tokens  # runs without a draft: one call
     for draft, accepted, committed in proposer.commits:
-        assert accepted <= len(draft) and committed[:accepted] == draft[:accepted]
-        assert len(committed) in (accepted, accepted + 1)  # + the target's own token unless the draft ended it
-        assert not draft or any(p[: len(draft)] == draft for p in proposer.proposed)
+        if draft:
+            assert accepted <= len(draft) and committed[:accepted] == draft[:accepted]
+            assert len(committed) in (accepted, accepted + 1)  # + the target's own token unless the draft ended it
+            assert any(p[: len(draft)] == draft for p in proposer.proposed)
+        else:
+            assert accepted == 0 and committed
 
 
 class NoCropCache:
