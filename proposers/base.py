@@ -174,15 +174,18 @@ class Proposer(Protocol):
         """
 
     def commit(self, draft: Draft, num_accepted: int, committed: Sequence[int]) -> None:
-        """The step is over: learn what was accepted.  Changes the proposer's state.
+        """Tokens were appended to the context: learn what was accepted.  Changes the proposer's state.
 
-        Called exactly once per loop step, also when this proposer did not
-        draft.  ``draft``: what it proposed this step, possibly cut by the
-        grammar or the budget (:data:`EMPTY_DRAFT` if none).  ``num_accepted``:
-        how many of those tokens the target accepted.  ``committed``: the
-        tokens appended to the context this step -- the accepted draft prefix
-        plus the target's own token, or forced tokens with an empty draft.
-        The next context is the previous one plus ``committed``.
+        Called once for each step that verified a draft of this proposer:
+        ``draft`` is what it proposed, possibly cut by the grammar, the budget
+        or the batch's allocation, ``num_accepted`` how many of those tokens
+        the target accepted, and ``committed`` the accepted prefix plus the
+        target's own token.  Tokens committed in steps that verified no draft
+        of its own (forced tokens, drafts cut to nothing, steps it was not
+        asked) come in one call with :data:`EMPTY_DRAFT` and ``0`` before it
+        is next asked to propose, and when the generation ends.  Every
+        committed token is told exactly once, in order: the next context is
+        the previous one plus everything committed since.
         """
 
 

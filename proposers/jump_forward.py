@@ -119,7 +119,7 @@ class JumpForwardProposer:
     The forced text is split canonically, then re-split where the target was
     seen to split the same text otherwise (:class:`~proposers.text.SplitPreferences`).
     ``splits``: learned splits owned by someone else (the composite, which
-    teaches them once per step from every draft remembered in them, this
+    teaches them at every commit from every draft remembered in them, this
     proposer's included); ``None``: its own, taught at its :meth:`commit`.
     """
 

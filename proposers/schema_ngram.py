@@ -87,7 +87,7 @@ class SchemaNgramProposer:
     Deterministic drafts (``probs=None``).  Works without a schema (history
     and prompt only) and without a grammar (no validation); proposes nothing
     once the output is not JSON.  ``splits``: learned splits owned by someone
-    else (the composite, which teaches them once per step from every draft
+    else (the composite, which teaches them at every commit from every draft
     remembered in them, this proposer's included); ``None``: its own, taught
     at its :meth:`commit`.
 
@@ -152,7 +152,7 @@ class SchemaNgramProposer:
         if list(context[self._prompt_len : base]) != doc.tokens:
             raise ValueError(
                 f"{self.name}: the context does not extend the {committed} tokens committed so far; "
-                "call commit() once per step with the tokens appended, or start() for a new generation"
+                "call commit() with every token appended before proposing again, or start() for a new generation"
             )
         doc.feed(context[base:])
         try:

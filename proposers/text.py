@@ -358,9 +358,9 @@ class SplitPreferences:
         self._context = [int(t) for t in prompt_ids]
 
     def commit(self, committed: Sequence[int]) -> None:
-        """A loop step appended ``committed`` to the context: learn from the remembered draft.  Changes state.
+        """The loop appended ``committed`` to the context: learn from the remembered draft.  Changes state.
 
-        Called once per step by the owner (the one that :meth:`remember`-s).
+        Called by the owner (the one that :meth:`remember`-s) whenever its proposer is told committed tokens.
         """
         self._context.extend(int(t) for t in committed)
         self.observe(self._context)

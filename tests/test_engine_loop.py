@@ -1,0 +1,52 @@
+"""tools/engine_loop.py: the server's engine in-process, as BENCHMARKS.md quotes it."""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+from helpers import load_tool
+
+from grammarspec.serve.engine import Engine
+from grammarspec.serve.sweep import workload
+
+
+def test_a_run_splits_its_time_between_forwards_the_rest_of_the_steps_and_the_loop(smol):
+    tool = load_tool("engine_loop")
+    model, tokenizer = smol
+    engine = Engine(model, tokenizer, max_batch_size=16, prefix_cache_bytes=0, trace_steps=True)
+    try:
+        plain = tool.run(engine, workload("prose"), "none", 2, 3, max_tokens=6)
+        drafted = tool.run(engine, workload("json"), "auto", 1, 1, max_tokens=6)
+    finally:
+        engine.close()
+    assert plain["steps"] >= 6 and plain["admitted"] == 0 and plain["tok/s"] > 0
+    assert plain["forward s"] > 0 and plain["rest of steps s"] > 0 and plain["outside s"] >= 0
+    assert drafted["steps"] >= 1 and drafted["admitted"] >= 0
+
+
+def test_the_host_functions_it_times_exist_and_count_their_seconds(monkeypatch):
+    tool = load_tool("engine_loop")
+    import importlib
+
+    for module_name, attribute, _ in tool.TIMED:  # each replaced only for this test
+        owner = importlib.import_module(module_name)
+        *path, name = attribute.split(".")
+        for part in path:
+            owner = getattr(owner, part)
+        monkeypatch.setattr(owner, name, getattr(owner, name))
+    seconds = collections.Counter()
+    tool.wrap_functions(seconds)
+    from grammarspec.step_cost import StepCostLearner
+    from proposers.cost import PassCost
+
+    StepCostLearner(PassCost()).observe(rows=1, batch=1, tokens=0, drafting=0, seconds=0.01)
+    assert set(seconds) == {"learner observe"} and seconds["learner observe"] > 0
+
+
+def test_bad_arguments_are_refused(capsys):
+    tool = load_tool("engine_loop")
+    with pytest.raises(SystemExit) as stop:
+        tool.main(["--pairs", "0"])
+    assert stop.value.code == 2
+    assert "--pairs" in capsys.readouterr().err
