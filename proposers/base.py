@@ -182,10 +182,12 @@ class Proposer(Protocol):
         the target accepted, and ``committed`` the accepted prefix plus the
         target's own token.  Tokens committed in steps that verified no draft
         of its own (forced tokens, drafts cut to nothing, steps it was not
-        asked) come in one call with :data:`EMPTY_DRAFT` and ``0`` before it
-        is next asked to propose, and when the generation ends.  Every
-        committed token is told exactly once, in order: the next context is
-        the previous one plus everything committed since.
+        asked) come with :data:`EMPTY_DRAFT` and ``0``, possibly several
+        steps' worth in one call (the decoding loop tells them at once), but
+        always before it is next asked to propose and by the time the
+        generation ends.  Every committed token is told exactly once, in
+        order: the next context is the previous one plus everything committed
+        since.
         """
 
 
