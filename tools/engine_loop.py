@@ -35,7 +35,7 @@ from grammars import grammar_spec  # noqa: E402
 from grammarspec.loading import load_model  # noqa: E402
 from grammarspec.serve.engine import Engine  # noqa: E402
 from grammarspec.serve.protocol import parse_request  # noqa: E402
-from grammarspec.serve.sweep import workload  # noqa: E402
+from grammarspec.serve.sweep import closed_loop, workload  # noqa: E402
 
 #: (module, attribute, label) of the host functions ``--functions`` times.
 TIMED = (
@@ -93,40 +93,27 @@ def run(
 ) -> dict[str, Any]:
     """One closed-loop run of ``requests`` requests: tokens a second and the trace's split of the time."""
     assert engine.trace is not None
-    engine.trace.steps, engine.trace.joins = [], []
-    lock, sent, tokens = threading.Lock(), [0], [0]
+    engine.trace.take()  # what came before belongs to no run
 
-    def client() -> None:
-        while True:
-            with lock:
-                if sent[0] >= requests:
-                    return
-                i = sent[0]
-                sent[0] += 1
-            body = dict(bodies[i % len(bodies)], model="m", temperature=0, max_tokens=max_tokens)
-            body["grammarspec"] = {"assistant": arm}
-            answer = ask(engine, body)
-            with lock:
-                tokens[0] += len(answer)
+    def send(body: dict[str, Any]) -> dict[str, Any]:
+        request = dict(body, model="m", temperature=0, max_tokens=max_tokens, grammarspec={"assistant": arm})
+        return {"tokens": len(ask(engine, request))}
 
     start = time.perf_counter()
-    threads = [threading.Thread(target=client) for _ in range(concurrency)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    records = closed_loop(send, [bodies[i % len(bodies)] for i in range(requests)], concurrency)
+    tokens = sum(record["tokens"] for record in records)
     wall = time.perf_counter() - start
-    steps = engine.trace.steps
+    steps, joins = engine.trace.take()
     inside = sum(sum(s.seconds.values()) for s in steps)
     forward = sum(s.seconds.get("forward", 0.0) for s in steps)
-    joins = sum(j.seconds for j in engine.trace.joins)
+    joined = sum(j.seconds for j in joins)
     return {
-        "tok/s": tokens[0] / wall,
+        "tok/s": tokens / wall,
         "steps": len(steps),
         "admitted": sum(s.admitted for s in steps),
         "forward s": forward,
         "rest of steps s": inside - forward,
-        "outside s": wall - inside - joins,
+        "outside s": wall - inside - joined,
     }
 
 
