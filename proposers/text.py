@@ -21,9 +21,13 @@ import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["TokenText", "token_text", "continuation_tokens", "token_sources", "SplitPreferences"]
+__all__ = ["TokenText", "token_text", "continuation_tokens", "token_sources", "SplitPreferences", "SplitMemory"]
+
+#: The most entries of each table a :class:`SplitMemory` keeps (the latest learned).
+MEMORY_ENTRIES = 512
 
 _ENCODE_CACHE_SIZE = 4096
 _CONTINUATION_CACHE_SIZE = 4096
@@ -308,6 +312,17 @@ def token_sources(
     return out
 
 
+@dataclass(frozen=True)
+class SplitMemory:
+    """What a :class:`SplitPreferences` had learned, handed to a later request (:meth:`SplitPreferences.memory`,
+    :meth:`SplitPreferences.recall`): the latest ``(previous, canonical) -> written`` and
+    ``canonical -> written`` entries, oldest first, at most :data:`MEMORY_ENTRIES` of each.  Immutable, so one
+    may start any number of requests."""
+
+    by_context: tuple[tuple[tuple[int, int], int], ...] = ()
+    by_token: tuple[tuple[int, int], ...] = ()
+
+
 class SplitPreferences:
     """How the target splits text where it disagrees with the canonical split (learned per request).
 
@@ -334,6 +349,11 @@ class SplitPreferences:
     drafter's (replayed on 9 SmolLM2 bench outputs: 130 target passes as with
     one learner per drafter; 131 when only the composite's drafts taught it).
     :meth:`observe` learns from a whole context instead of one step's tokens.
+
+    A model's habits outlive a request (SmolLM2 opens nearly every compact
+    JSON answer with ``{`` ``"``), so a server hands what one request learned
+    to the next of its kind of traffic: :meth:`memory` when a request ends,
+    :meth:`recall` when the next one joins, after :meth:`start`.
     """
 
     def __init__(self, tokenizer: Any = None) -> None:
@@ -356,6 +376,19 @@ class SplitPreferences:
         self._keys.clear()
         self._pending = []
         self._context = [int(t) for t in prompt_ids]
+
+    def memory(self) -> SplitMemory:
+        """The latest :data:`MEMORY_ENTRIES` entries of each table, for a later request.  Does not change state."""
+        return SplitMemory(
+            tuple(list(self.by_context.items())[-MEMORY_ENTRIES:]),
+            tuple(list(self.by_token.items())[-MEMORY_ENTRIES:]),
+        )
+
+    def recall(self, memory: SplitMemory) -> None:
+        """Start from what an earlier request learned: ``memory``'s entries, under whatever this request has
+        learned itself (its own sightings are later, so they win).  Changes state."""
+        self.by_context = {**dict(memory.by_context), **self.by_context}
+        self.by_token = {**dict(memory.by_token), **self.by_token}
 
     def commit(self, committed: Sequence[int]) -> None:
         """The loop appended ``committed`` to the context: learn from the remembered draft.  Changes state.
@@ -398,7 +431,7 @@ class SplitPreferences:
         n = 0
         while n < len(draft) and start + n < len(context) and context[start + n] == draft[n]:
             previous = int(context[start + n - 1]) if start + n > 0 else -1
-            self.by_context[(previous, keys[n])] = self.by_token[keys[n]] = draft[n]  # kept as drafted
+            self._note(previous, keys[n], draft[n])  # kept as drafted
             n += 1
         if n == len(draft) or start + n >= len(context):
             return
@@ -407,8 +440,14 @@ class SplitPreferences:
         rest = self.helper.bytes_of(draft[n:])
         if spelled and len(spelled) < len(rest) and rest.startswith(spelled):
             previous = int(context[start + n - 1]) if start + n > 0 else -1
-            self.by_context[(previous, keys[n])] = committed
-            self.by_token[keys[n]] = committed
+            self._note(previous, keys[n], committed)
+
+    def _note(self, previous: int, canonical: int, written: int) -> None:
+        """The target wrote ``written`` where the canonical split has ``canonical`` (after ``previous``); each
+        table keeps its entries in the order they were last seen (:meth:`memory` hands on the latest)."""
+        self.by_context.pop((previous, canonical), None)
+        self.by_token.pop(canonical, None)
+        self.by_context[(previous, canonical)] = self.by_token[canonical] = written
 
     def resplit(self, context: Sequence[int], tokens: Sequence[int]) -> list[int]:
         """``tokens`` (a canonical split after ``context``) with the learned splits applied.

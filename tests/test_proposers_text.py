@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+import proposers.text as text_module
 from proposers.text import SplitPreferences, continuation_tokens, token_text
 
 DOC = json.dumps(
@@ -157,3 +158,40 @@ def test_split_preferences_ignore_a_different_text(smol_tokenizer):
     assert splits.resplit(context, draft) == draft
     splits.observe(context + [5])  # nothing remembered any more: no effect
     assert not splits.by_context and not splits.by_token
+
+
+def test_a_later_request_starts_from_the_splits_an_earlier_one_saw(smol_tokenizer):
+    """``memory`` at the end of one request, ``recall`` after the next one's ``start``: its first draft is split
+    the way the target wrote that text before; what the new request sees itself wins over the memory."""
+    tok = smol_tokenizer
+    context = tok.encode('{"a":"x', add_special_tokens=False)
+    draft = continuation_tokens(tok, context, '","b":"y')
+    first = SplitPreferences(tok)
+    first.remember(context, draft)
+    first.observe(context + tok.encode('",', add_special_tokens=False) + [0])  # the target wrote '",' then '"'
+    memory = first.memory()
+    assert memory.by_token and memory.by_context
+
+    later = SplitPreferences(tok)
+    later.start(tok, context)
+    assert later.resplit(context, draft) == draft  # a fresh request knows nothing
+    later.recall(memory)
+    assert names(tok, later.resplit(context, draft))[:2] == ['",', '"']
+    later.remember(context, later.resplit(context, draft))
+    later.observe(context + draft[:2])  # this request's target kept '","': its own sighting wins
+    assert later.resplit(context, draft) == draft
+    later.recall(memory)  # recalled again under what it learned: still its own
+    assert later.resplit(context, draft) == draft
+    assert first.memory() == memory  # memory is a snapshot; recalling it changed nothing in the first
+
+
+def test_split_memory_keeps_the_latest_entries(smol_tokenizer, monkeypatch):
+    """At most MEMORY_ENTRIES of each table are handed on: the ones seen last (a sighting again is a new one)."""
+    monkeypatch.setattr(text_module, "MEMORY_ENTRIES", 3)
+    splits = SplitPreferences(smol_tokenizer)
+    for canonical in (10, 11, 12, 13):
+        splits._note(1, canonical, canonical + 100)
+    splits._note(1, 10, 110)  # seen again: now the latest
+    memory = splits.memory()
+    assert [c for c, _ in memory.by_token] == [12, 13, 10]
+    assert [key for key, _ in memory.by_context] == [(1, 12), (1, 13), (1, 10)]

@@ -3,7 +3,8 @@
 A request's ``max_tokens`` and ``stop`` end its row inside the loop (the text
 ends before the stop string); a greedy request gets the tokens it gets alone
 whatever sampled requests share its batch; a request without a prefix-cache hit
-starts from the records of the last finished request of its kind of traffic;
+starts from the records and the target's splits of the last finished request
+of its kind of traffic;
 an engine built with ``trace_steps`` records every step.  Toy tokenizer with a
 chat template and a tiny random Llama: fast.
 """
@@ -22,6 +23,8 @@ from grammarspec.serve import Engine
 from grammarspec.serve.engine import TrafficRecord, traffic_kind
 from grammarspec.serve.protocol import ChatRequest
 from grammarspec.step_trace import summarize
+from proposers.compose import split_owner
+from proposers.text import SplitMemory
 
 SCHEMA = {
     "type": "object",
@@ -151,5 +154,36 @@ def test_a_request_starts_resting_where_its_kinds_last_request_ended_resting(mod
         assert starts == [("text", True, 8), ("schema", False, 1)]
         assert engine._recent["text"].rest == text.row_request.controller.rest  # where the next one starts
         assert engine._recent["schema"].rest == schema.row_request.controller.rest
+    finally:
+        engine.close()
+
+
+def test_a_request_starts_from_the_splits_its_kinds_last_request_saw(model, chat):
+    """The last finished schema request saw the target write token 7 where the canonical split has 9: a new
+    schema request's drafts start from that; a free-text one does not; the record is the new row's at its end."""
+    engine = Engine(model, chat, max_batch_size=4, max_tokens=8, prefix_cache_bytes=0)
+    starts: list[tuple[str, dict, dict]] = []
+    owners = []
+    original = engine.more
+
+    def more(free):
+        given = original(free)
+        for choice in [c for c in engine._rows.values() if c.row_request in [r for r, _ in given]]:
+            owner = split_owner(choice.row_request.proposer)
+            owners.append(owner)
+            starts.append((choice.kind, dict(owner.by_context), dict(owner.by_token)))
+        return given
+
+    engine.more = more  # type: ignore[method-assign]
+    try:
+        seen = SplitMemory(by_context=(((3, 9), 7),), by_token=((9, 7),))
+        engine._recent["schema"] = TrafficRecord(Calibration(), 1, seen)
+        _wait(*_ask(engine, "tell me about bergen"))
+        _wait(*_ask(engine, "plan a trip to oslo", schema=SCHEMA))
+        assert [kind for kind, _, _ in starts] == ["text", "schema"]
+        assert starts[0][1:] == ({}, {})  # nothing finished of its kind before it
+        assert starts[1][1][(3, 9)] == 7 and starts[1][2][9] == 7  # from the last schema request
+        assert engine._recent["schema"].splits == owners[1].memory()  # where the next one starts
+        assert engine._recent["text"].splits == owners[0].memory()
     finally:
         engine.close()

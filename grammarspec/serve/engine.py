@@ -20,9 +20,11 @@ and die with their entry).  The earlier assistant messages' JSON
 ``Request.documents``.  A row without a cache hit starts from the records
 of the last finished row of its kind of traffic (:func:`traffic_kind`: tool
 calls, a schema, free text), so drafting starts from this server's evidence,
-not from a prior.  The policy prices each step by what this server's steps
-have taken (:class:`~grammarspec.step_cost.StepCostLearner`, kept across
-loops; ``step_cost="profile"``: the fixed profile).  Drafting policy only:
+not from a prior, and its drafts of text start split the way that row saw
+the target split text (:meth:`~proposers.text.SplitPreferences.recall`).
+The policy prices each step by what this server's steps have taken
+(:class:`~grammarspec.step_cost.StepCostLearner`, kept across loops;
+``step_cost="profile"``: the fixed profile).  Drafting policy only:
 outputs are unchanged.
 
 Each request's settings are its rows' own (:class:`~grammarspec.rows.RowSettings`):
@@ -49,6 +51,8 @@ from typing import Any
 import torch
 
 from grammars import GrammarError, compile_grammar, grammar_spec
+from proposers.compose import split_owner
+from proposers.text import SplitMemory
 
 from ..api import grammar_stats
 from ..conversation import NO_TOOL_NOTE, _add_note
@@ -137,10 +141,13 @@ def _template_renders_tools(tokenizer: Any, tools: list[dict[str, Any]]) -> bool
 @dataclass(frozen=True)
 class TrafficRecord:
     """Where a new request of one kind of traffic (schema, tools, free text) starts drafting: the survival
-    records and the rest (:attr:`AdaptiveController.rest`) its kind's last finished row ended with."""
+    records, the rest (:attr:`AdaptiveController.rest`) and the target's splits of drafted text
+    (:class:`~proposers.text.SplitMemory`; ``None`` without a composite drafter) its kind's last finished row
+    ended with."""
 
     calibration: Calibration
     rest: int
+    splits: SplitMemory | None = None
 
 
 @dataclass
@@ -429,6 +436,9 @@ class Engine:
                 if start is not None:
                     controller.calibration = copy.deepcopy(start)
                 controller.rest_from(recent.rest if recent else 1)
+                splits = split_owner(choice.row_request.proposer)
+                if splits is not None and recent is not None and recent.splits is not None:
+                    splits.recall(recent.splits)
             if choice.index == 0:
                 choice.job.reused_tokens = length
             self._rows[self._next] = choice
@@ -453,7 +463,9 @@ class Engine:
             self.counters["cancelled"] += 1
         controller = choice.row_request.controller
         if controller is not None and row.stats.target_forwards:
-            self._recent[choice.kind] = TrafficRecord(copy.deepcopy(controller.calibration), controller.rest)
+            splits = split_owner(choice.row_request.proposer)
+            memory = splits.memory() if splits is not None else None
+            self._recent[choice.kind] = TrafficRecord(copy.deepcopy(controller.calibration), controller.rest, memory)
         if kv is not None:
             self._keep(choice, row, kv, slot)
         elif choice.row_request.controller is not None:  # no KV to store: its records join its prompt's entry
