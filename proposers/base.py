@@ -42,6 +42,7 @@ __all__ = [
     "CostModelled",
     "SplitLearner",
     "members",
+    "split_owner",
 ]
 
 
@@ -265,7 +266,8 @@ class CostModelled(Protocol):
 
 @runtime_checkable
 class SplitLearner(Protocol):
-    """A proposer that learns how the target splits text into tokens (tree builders read it)."""
+    """A proposer that learns how the target splits text into tokens (tree builders read it; a server carries
+    it from request to request)."""
 
     splits: SplitPreferences
 
@@ -277,3 +279,12 @@ def members(proposer: Proposer) -> list[Proposer]:
         for member in proposer.proposers:
             out += [m for m in members(member) if all(m is not seen for seen in out)]
     return out
+
+
+def split_owner(proposer: Proposer | None) -> SplitPreferences | None:
+    """The splits the outermost :class:`SplitLearner` in ``proposer`` learns (a composite's, which it teaches
+    and its members share), or ``None`` where nothing drafting learns them.  Does not change state."""
+    for member in members(proposer) if proposer is not None else []:
+        if isinstance(member, SplitLearner):
+            return member.splits
+    return None

@@ -38,13 +38,13 @@ from typing import Any
 
 import torch
 
-from .base import EMPTY_DRAFT, Draft, ForcedSpanDrafter, GrammarView, ModelDrafter, Proposer, Request, members
+from .base import EMPTY_DRAFT, Draft, ForcedSpanDrafter, GrammarView, ModelDrafter, Proposer, Request
 from .cost import PassCost
 from .jump_forward import trim_ambiguous
 from .text import SplitPreferences, TokenText, continuation_tokens, token_sources, token_text
 from .track import Calibration, HoldBack
 
-__all__ = ["CompositeProposer", "concat_drafts", "is_model_proposer", "split_owner"]
+__all__ = ["CompositeProposer", "concat_drafts", "is_model_proposer"]
 
 
 def is_model_proposer(proposer: Proposer) -> bool:
@@ -54,15 +54,6 @@ def is_model_proposer(proposer: Proposer) -> bool:
     the draft-model drafter lives with the model runtime, this package never imports it).
     """
     return isinstance(proposer, ModelDrafter) and bool(proposer.runs_model)
-
-
-def split_owner(proposer: Proposer | None) -> SplitPreferences | None:
-    """The :class:`~proposers.text.SplitPreferences` the first composite in ``proposer`` owns (the one it
-    teaches), or ``None`` where no composite drafts.  Does not change state."""
-    for member in members(proposer) if proposer is not None else []:
-        if isinstance(member, CompositeProposer):
-            return member.splits
-    return None
 
 
 def concat_drafts(first: Draft, second: Draft) -> Draft:

@@ -46,7 +46,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .base import EMPTY_DRAFT, Draft, GrammarView, Proposer, ProposerGroup, Request, SplitLearner, members
+from .base import EMPTY_DRAFT, Draft, GrammarView, Proposer, ProposerGroup, Request, members, split_owner
 from .text import SplitPreferences, continuation_tokens
 
 if TYPE_CHECKING:
@@ -490,7 +490,7 @@ class TreeProposer:
     ) -> list[tuple[list[int], str]]:
         """Other paths, best first: the draft's other splits, the whole forced span, other candidates."""
         out: list[tuple[list[int], str]] = []
-        splits = _split_memory(self.inner)
+        splits = split_owner(self.inner)
         if draft and splits is not None:
             out += [(p, "split") for p in split_paths(splits, context, draft.tokens, width=self.width)[1:]]
         if grammar is None:
@@ -519,11 +519,6 @@ class TreeProposer:
             for path in ngram.alternatives(list(context) + prefix, view, k - lead, self.width):
                 out.append((prefix + path, "candidate"))
         return out
-
-
-def _split_memory(proposer: Proposer) -> SplitPreferences | None:
-    """The :class:`SplitPreferences` a proposer (or its composite members) learned this request."""
-    return proposer.splits if isinstance(proposer, SplitLearner) else None
 
 
 def _schema_ngram(proposer: Proposer) -> SchemaNgramProposer | None:

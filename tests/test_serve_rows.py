@@ -23,7 +23,7 @@ from grammarspec.serve import Engine
 from grammarspec.serve.engine import TrafficRecord, traffic_kind
 from grammarspec.serve.protocol import ChatRequest
 from grammarspec.step_trace import summarize
-from proposers.compose import split_owner
+from proposers.base import split_owner
 from proposers.text import SplitMemory
 
 SCHEMA = {

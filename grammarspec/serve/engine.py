@@ -51,7 +51,7 @@ from typing import Any
 import torch
 
 from grammars import GrammarError, compile_grammar, grammar_spec
-from proposers.compose import split_owner
+from proposers.base import split_owner
 from proposers.text import SplitMemory
 
 from ..api import grammar_stats
