@@ -79,13 +79,13 @@ def run_step(
 
     # 1. Propose: a draft tree of up to k levels per row (k leaves room for the token the target adds).  No chain
     # where not even drafts that all survive could pay at this batch (the policy would cut every token of them) or
-    # where the loop's drafted steps of this size have committed fewer tokens a second than its plain ones; a row
+    # where the loop's drafted steps of this size and kind of rows show no gain over its plain ones; a row
     # resting after drafts cut to nothing asks for none (grammarspec/adaptive.py).
     asks = [_ask(row) if row.proposer is not None else 0 for row in stepping]  # 0 too for a resting row
     cost = _step_cost(model, shared, len(stepping)) if any(asks) else None
     worth = _worth(stepping, cost, finishing and not reading)
     chains = cost is None or (
-        _drafting_pays(shared, len(stepping))
+        _drafting_pays(shared, len(stepping), rows_kind(stepping))
         and drafts_could_pay(
             cost, asks, [len(row.pending) for row in stepping], packed=kv.packed, worth=max(worth or [1.0])
         )
@@ -172,6 +172,7 @@ def run_step(
             seconds=sum(phases.seconds.values()),
             packed=kv.packed,
             committed=None if prompted else len(stepping) + sum(len(path) for path, _ in results),
+            kind=rows_kind(stepping),
         )
     if shared.on_step is not None:
         shared.on_step(active, kv)
@@ -438,10 +439,18 @@ def _propose(row: Row, k: int, trees: bool, chains: bool) -> Step:
     return step
 
 
-def _drafting_pays(shared: StepResources, batch: int) -> bool:
-    """Whether the loop's step cost learner lets a step of ``batch`` rows draft (:meth:`StepCostLearner.drafting_pays`:
-    not while its drafted steps committed fewer tokens a second than plain ones); True without one."""
-    return shared.cost_learner is None or shared.cost_learner.drafting_pays(batch)
+def _drafting_pays(shared: StepResources, batch: int, kind: str) -> bool:
+    """Whether the loop's step cost learner lets a step of ``batch`` rows of ``kind`` draft
+    (:meth:`StepCostLearner.drafting_pays`: not while its drafted steps show no gain in tokens a second over plain
+    ones); True without one."""
+    return shared.cost_learner is None or shared.cost_learner.drafting_pays(batch, kind)
+
+
+def rows_kind(rows: Sequence[Row]) -> str:
+    """What kind of rows step together, for the drafted steps' record: ``constrained`` (every row has a
+    grammar), ``free`` (none has) or ``mixed``.  What drafts bring differs most between them.  Pure."""
+    constrained = sum(row.matcher is not None for row in rows)
+    return "constrained" if constrained == len(rows) else "free" if constrained == 0 else "mixed"
 
 
 def _worth(stepping: Sequence[Row], cost: Cost | None, finishing: bool) -> list[float] | None:

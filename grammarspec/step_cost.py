@@ -38,12 +38,20 @@ so and the policy drafts only what pays.
 A model of a step's cost prices what it can see, and the survival the
 policy expects of the slots it admits runs high (it admits the best-looking
 of many noisy estimates).  So the learner also keeps the outcome: per batch
-size, the tokens per second that drafted steps and plain steps committed
-(faded averages).  Where the drafted steps at a batch size committed fewer
-tokens per second than the plain ones, it holds drafting off there
-(:meth:`StepCostLearner.drafting_pays`), save one step in
-``explore_every``, whose drafts keep the drafted record current: a busy
-server whose drafts lose, however the loss arises, stops paying for them.
+size and kind of rows (constrained, free or both: what drafts bring differs
+most between them), the tokens per second each drafted step and each plain
+step committed (faded means and variances).  Unless the drafted steps there
+show a gain -- their mean beats the plain steps' by more than the standard
+error of the difference --, it holds drafting off
+(:meth:`StepCostLearner.drafting_pays`): a draft that only breaks even at
+its own step still pays for host work, for joins it moves out of step and
+for the noise in its record.  A hold keeps an exploring step whose drafts
+keep the drafted record current: the first after ``explore_every`` held
+steps, each later one after twice as many as the one before, up to
+``explore_most`` (an exploring step that loses is the hold's own cost, and
+traffic that no draft survives would pay it for as long as it lasts).  A
+busy server whose drafts do not pay, however that arises, stops paying for
+them; rows of another kind start their own record.
 
 Steps that read prompt chunks or verify token trees teach nothing (their
 cost is not the policy's to choose).  Drafting policy only: which tokens are
@@ -55,6 +63,7 @@ seeded sample draws, then depend on measured times, which is why
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -103,6 +112,17 @@ class StepCost:
         return self.cost(rows)
 
 
+def _mean_var(sums: Sequence[float]) -> tuple[float, float]:
+    """The mean and variance of values from their (faded) count (above 0), sum and sum of squares.  Pure.
+
+    >>> _mean_var([2.0, 6.0, 20.0])
+    (3.0, 1.0)
+    """
+    count, total, squares = sums
+    mean = total / count
+    return mean, max(squares / count - mean * mean, 0.0)
+
+
 def priced_rows(tokens: Sequence[int], packed: bool) -> int:
     """The rows a forward over rows feeding ``tokens[r]`` tokens computes, as the policy prices them: every
     token on the packed path (batch 2 or more), else every row at the widest row's width.  Pure.
@@ -146,6 +166,7 @@ class StepCostLearner:
         warmup: int = 8,
         probe_every: int = 50,
         explore_every: int = 16,
+        explore_most: int = 256,
         min_outcomes: float = 8.0,
         refit_every: int = 8,
     ) -> None:
@@ -153,15 +174,18 @@ class StepCostLearner:
             raise ValueError("StepCostLearner needs prior_weight > 0, 0 < decay <= 1, warmup >= 1 and probe_every >= 1")
         if refit_every < 1:
             raise ValueError(f"StepCostLearner needs refit_every >= 1 steps, got {refit_every}")
-        if explore_every < 1 or min_outcomes <= 0:
-            raise ValueError("StepCostLearner needs explore_every >= 1 and min_outcomes > 0")
+        if explore_every < 1 or explore_most < explore_every or min_outcomes <= 0:
+            raise ValueError("StepCostLearner needs 1 <= explore_every <= explore_most and min_outcomes > 0")
         self._profile, self.prior_weight, self.decay, self.warmup = profile, prior_weight, decay, warmup
         self.probe_every, self.explore_every, self.min_outcomes = probe_every, explore_every, min_outcomes
+        self.explore_most = explore_most
         self.refit_every = refit_every
-        self.holds = 0  # steps held plain because drafted steps committed fewer tokens a second (drafting_pays)
-        #: batch size -> [tokens, seconds, steps] of plain steps, then of drafted ones (each faded by ``decay``)
-        self._outcomes: dict[int, list[float]] = {}
-        self._held: dict[int, int] = {}  # batch size -> steps held since the last exploring one
+        self.holds = 0  # steps held plain because drafted steps showed no gain over plain ones (drafting_pays)
+        #: (batch size, kind of rows) -> [steps, sum of rates, sum of squared rates] of plain steps, then of drafted
+        #: ones (a step's rate: the tokens it committed a second; each sum faded by ``decay`` as its kind comes in)
+        self._outcomes: dict[tuple[int, str], list[float]] = {}
+        #: (batch size, kind of rows) held -> [steps held since the last exploring step, held steps before the next]
+        self._held: dict[tuple[int, str], list[int]] = {}
         self.steps = 0  # steps observed
         self.probes = 0  # plain steps asked for (wants_plain_step)
         self._since_plain = 0  # steps observed since the last one that verified no draft
@@ -190,8 +214,10 @@ class StepCostLearner:
         seconds: float,
         packed: bool = True,
         committed: int | None = None,
+        kind: str = "",
     ) -> None:
-        """Learn from one measured step: ``rows`` computed (:func:`priced_rows`), ``batch`` rows stepping,
+        """Learn from one measured step: ``rows`` computed (:func:`priced_rows`), ``batch`` rows stepping (of
+        ``kind``, as :meth:`drafting_pays` is asked),
         ``tokens`` draft tokens verified on ``drafting`` rows, ``packed`` whether a drafted pass packs its rows;
         ``seconds`` the whole step; ``committed`` the tokens it committed (the rows' own and the accepted
         drafts; ``None``: no outcome kept, as for a step that also read a prompt, whose time is not a decoding
@@ -199,9 +225,9 @@ class StepCostLearner:
         if batch < 1 or rows < 1 or not seconds > 0:
             return
         if committed is not None:
-            outcome = self._outcomes.setdefault(batch, [0.0] * 6)
-            at = 3 if tokens > 0 else 0
-            for i, value in enumerate((float(committed), seconds, 1.0)):
+            outcome = self._outcomes.setdefault((batch, kind), [0.0] * 6)
+            at, rate = (3 if tokens > 0 else 0), committed / seconds
+            for i, value in enumerate((1.0, rate, rate * rate)):
                 outcome[at + i] = outcome[at + i] * self.decay + value
         self.steps += 1
         self._since_plain = self._since_plain + 1 if tokens > 0 else 0
@@ -228,32 +254,37 @@ class StepCostLearner:
         self._since_plain = 0
         return True
 
-    def drafting_pays(self, batch: int) -> bool:
-        """Whether a step of ``batch`` rows may draft: no, while drafted steps of that size have committed fewer
-        tokens a second than plain ones (both with ``min_outcomes`` faded steps), except every
-        ``explore_every``-th such step.  Changes state (counts the holds)."""
-        outcome = self._outcomes.get(batch)
-        if outcome is None or min(outcome[2], outcome[5]) < self.min_outcomes:
+    def drafting_pays(self, batch: int, kind: str = "") -> bool:
+        """Whether a step of ``batch`` rows of ``kind`` may draft: no, once both plain and drafted steps of that
+        size and kind number ``min_outcomes`` (faded), unless the drafted steps' mean tokens a second beat the
+        plain steps' by more than the standard error of that difference (a gain shown, not a tie: drafting
+        that only breaks even still pays for the host work, the joins it moves and the noise around it);
+        except an exploring step: the first after ``explore_every`` held steps, each later one after twice the
+        held steps of the one before, up to ``explore_most``.  Changes state (counts the holds)."""
+        key = (batch, kind)
+        outcome = self._outcomes.get(key)
+        if outcome is None or min(outcome[0], outcome[3]) < self.min_outcomes:
             return True
-        plain, drafted = outcome[0] / outcome[1], outcome[3] / outcome[4]
-        if drafted >= plain:
-            self._held.pop(batch, None)
+        (plain, plain_var), (drafted, drafted_var) = _mean_var(outcome[:3]), _mean_var(outcome[3:])
+        if drafted - plain > math.sqrt(plain_var / outcome[0] + drafted_var / outcome[3]):
+            self._held.pop(key, None)
             return True
-        held = self._held.get(batch, 0) + 1
-        if held >= self.explore_every:
-            self._held[batch] = 0
+        held = self._held.setdefault(key, [0, self.explore_every])
+        held[0] += 1
+        if held[0] >= held[1]:
+            held[0], held[1] = 0, min(2 * held[1], self.explore_most)
             return True
-        self._held[batch] = held
         self.holds += 1
         return False
 
-    def outcomes(self) -> dict[int, dict[str, float | None]]:
-        """Per batch size: tokens a second of plain and drafted steps (``None`` without any) and the faded
-        counts of each.  Pure."""
+    def outcomes(self) -> dict[tuple[int, str], dict[str, float | None]]:
+        """Per batch size and kind of rows: the mean tokens a second of plain and drafted steps (``None`` without
+        any) and the faded counts of each.  Pure."""
         out = {}
-        for batch, (pt, ps, pn, dt, ds, dn) in sorted(self._outcomes.items()):
-            out[batch] = {"plain": pt / ps if ps else None, "drafted": dt / ds if ds else None, "plain_steps": pn}
-            out[batch]["drafted_steps"] = dn
+        for key, outcome in sorted(self._outcomes.items()):
+            plain = _mean_var(outcome[:3])[0] if outcome[0] else None
+            drafted = _mean_var(outcome[3:])[0] if outcome[3] else None
+            out[key] = {"plain": plain, "drafted": drafted, "plain_steps": outcome[0], "drafted_steps": outcome[3]}
         return out
 
     def cost(self, batch: int) -> PassCost | StepCost:

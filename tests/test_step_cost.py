@@ -12,6 +12,7 @@ from __future__ import annotations
 import doctest
 import random
 
+import numpy as np
 import pytest
 from helpers import batch_row, load_tool
 from proposer_fakes import ScriptFollower
@@ -290,19 +291,22 @@ def test_rows_whose_drafts_are_cut_to_nothing_rest_their_proposers(max_rest):
 
 def test_drafting_is_held_off_at_a_batch_size_where_drafted_steps_committed_fewer_tokens_a_second():
     """However the model prices it, a drafted step that commits fewer tokens a second than a plain one at the
-    same batch size loses: the learner holds drafting off there, save one step in ``explore_every``."""
-    learner = StepCostLearner(PassCost(), explore_every=4)
+    same batch size loses: the learner holds drafting off there, save an exploring step after ``explore_every``
+    held steps, then after twice as many each time, up to ``explore_most``."""
+    learner = StepCostLearner(PassCost(), explore_every=4, explore_most=8)
     for _ in range(20):
         learner.observe(rows=8, batch=8, tokens=0, drafting=0, seconds=0.07, committed=8)  # 114 tokens a second
         learner.observe(rows=12, batch=8, tokens=4, drafting=1, seconds=0.09, committed=9)  # 100
         learner.observe(rows=2, batch=2, tokens=0, drafting=0, seconds=0.04, committed=2)  # 50
         learner.observe(rows=6, batch=2, tokens=4, drafting=1, seconds=0.06, committed=5)  # 83
-    assert [learner.drafting_pays(8) for _ in range(8)] == [False, False, False, True] * 2  # explores 1 in 4
-    assert learner.holds == 6 and learner.terms()["holds"] == 6
+    explored = [learner.drafting_pays(8) for _ in range(28)]
+    assert [i for i, pays in enumerate(explored) if pays] == [3, 11, 19, 27]  # after 4 held steps, then 8 (most)
+    assert learner.holds == 24 and learner.terms()["holds"] == 24
     assert all(learner.drafting_pays(2) for _ in range(8))  # at batch 2 drafting wins
     assert learner.drafting_pays(4)  # no outcome at batch 4 yet: drafting is allowed
     outcomes = learner.outcomes()
-    assert outcomes[8]["plain"] == pytest.approx(8 / 0.07) and outcomes[8]["drafted"] == pytest.approx(100.0)
+    assert outcomes[(8, "")]["plain"] == pytest.approx(8 / 0.07)
+    assert outcomes[(8, "")]["drafted"] == pytest.approx(100.0)
     for _ in range(60):  # drafted steps at batch 8 now win: the hold lifts
         learner.observe(rows=12, batch=8, tokens=4, drafting=1, seconds=0.06, committed=10)
     assert all(learner.drafting_pays(8) for _ in range(8))
@@ -311,3 +315,40 @@ def test_drafting_is_held_off_at_a_batch_size_where_drafted_steps_committed_fewe
     assert fresh.drafting_pays(8)  # one step of each is not evidence
     with pytest.raises(ValueError, match="explore_every"):
         StepCostLearner(PassCost(), explore_every=0)
+    with pytest.raises(ValueError, match="explore_most"):
+        StepCostLearner(PassCost(), explore_every=16, explore_most=8)
+
+
+def test_a_hold_explores_ever_more_rarely_while_it_stands_and_each_kind_of_rows_has_its_own_record():
+    """While drafted steps keep losing, the hold's exploring steps come after 16, 32, then ``explore_most`` held
+    steps: traffic that no draft survives pays for about one drafted step in ``explore_most``, not one in 16.
+    Rows of another kind at the same batch size have a record of their own, so a hold on free text does not
+    hold constrained rows."""
+    learner = StepCostLearner(PassCost(), explore_every=16, explore_most=64, min_outcomes=8.0)
+    for _ in range(12):  # free rows: drafted steps lose
+        learner.observe(rows=16, batch=16, tokens=0, drafting=0, seconds=0.10, committed=16, kind="free")
+        learner.observe(rows=20, batch=16, tokens=4, drafting=2, seconds=0.13, committed=17, kind="free")
+    drafted = 0
+    for _ in range(2000):  # every step asks; drafted only where allowed (with the same loss)
+        if learner.drafting_pays(16, "free"):
+            drafted += 1
+            learner.observe(rows=20, batch=16, tokens=4, drafting=2, seconds=0.13, committed=17, kind="free")
+        else:
+            learner.observe(rows=16, batch=16, tokens=0, drafting=0, seconds=0.10, committed=16, kind="free")
+    assert 2000 / 64 <= drafted <= 2000 / 64 + 4  # exploring at the widest interval, not one step in 16
+    assert learner.drafting_pays(16, "constrained")  # another kind of rows: no record, drafting allowed
+    assert learner.drafting_pays(16, "mixed")
+
+
+def test_drafted_steps_that_only_break_even_are_held_and_a_gain_beyond_the_noise_is_not():
+    """Drafting must show a gain: drafted steps whose tokens a second tie the plain steps' (within noise) are
+    held, at any batch size; drafted steps that beat them by more than the noise keep drafting."""
+    rng = np.random.default_rng(0)
+    tie, gain = StepCostLearner(PassCost()), StepCostLearner(PassCost())
+    for _ in range(40):
+        for learner, committed in ((tie, 5), (gain, 6)):  # 80 tokens a second plain, 80 or 96 drafted (mean)
+            plain_s, drafted_s = 0.05 * rng.uniform(0.9, 1.1), 0.0625 * rng.uniform(0.9, 1.1)
+            learner.observe(rows=4, batch=4, tokens=0, drafting=0, seconds=plain_s, committed=4)
+            learner.observe(rows=8, batch=4, tokens=4, drafting=2, seconds=drafted_s, committed=committed)
+    assert [tie.drafting_pays(4) for _ in range(16)] == [False] * 15 + [True]  # a tie: held, save an exploring step
+    assert all(gain.drafting_pays(4) for _ in range(15))  # a gain of a fifth, beyond the noise

@@ -111,6 +111,7 @@ def run(
         "tok/s": tokens / wall,
         "steps": len(steps),
         "admitted": sum(s.admitted for s in steps),
+        "drafted steps": sum(1 for s in steps if s.admitted),
         "forward s": forward,
         "rest of steps s": inside - forward,
         "outside s": wall - inside - joined,
