@@ -352,3 +352,45 @@ def test_drafted_steps_that_only_break_even_are_held_and_a_gain_beyond_the_noise
             learner.observe(rows=8, batch=4, tokens=4, drafting=2, seconds=drafted_s, committed=committed)
     assert [tie.drafting_pays(4) for _ in range(16)] == [False] * 15 + [True]  # a tie: held, save an exploring step
     assert all(gain.drafting_pays(4) for _ in range(15))  # a gain of a fifth, beyond the noise
+
+
+def test_in_the_loop_a_hold_on_free_rows_keeps_them_plain_and_leaves_constrained_rows_drafting(grammars):
+    """The loop asks the learner about the rows that step together by their kind: with drafted steps of free rows
+    held (their record shows a tie), free rows whose drafts would all survive draft nothing, while constrained
+    rows at the same batch sizes, with no record of their own, draft and accept.  Outputs are unchanged."""
+    model = ToyCausalLM(toy_vocab_size(), seed=3)
+    config = DecodeConfig(max_new_tokens=30, eos_token_ids=(0,))
+    prompts = [[2, 3], [2, 5, 9, 4, 7], [6]]
+    learner = StepCostLearner(PassCost(), warmup=1, explore_every=1000, explore_most=1000)
+    for batch in (1, 2, 3):  # free rows: drafted steps cost what plain ones do and commit no more
+        for _ in range(20):
+            learner.observe(rows=batch, batch=batch, tokens=0, drafting=0, seconds=0.01, committed=batch, kind="free")
+            learner.observe(
+                rows=batch + 4, batch=batch, tokens=4, drafting=1, seconds=0.01, committed=batch, kind="free"
+            )
+    free_alone = [decode(model, p, config)[0] for p in prompts]
+    free = decode_batch(
+        model,
+        [adaptive_row(p, None, ScriptFollower(out, 3), config) for p, out in zip(prompts, free_alone)],
+        config,
+        cost_learner=learner,
+    )
+    assert [row.generated for row in free] == free_alone
+    assert sum(sum(row.stats.accepted.values()) for row in free) == 0  # held: certain drafts never verified
+    alone = [decode(model, p, config, matcher=g.matcher())[0] for p, g in zip(prompts, grammars)]
+    constrained = decode_batch(
+        model,
+        [adaptive_row(p, g.matcher(), ScriptFollower(out, 3), config) for p, g, out in zip(prompts, grammars, alone)],
+        config,
+        cost_learner=learner,
+    )
+    assert [row.generated for row in constrained] == alone
+    assert sum(sum(row.stats.accepted.values()) for row in constrained) > 0  # their own kind: no hold
+    assert learner.holds > 0
+
+
+def adaptive_row(prompt, matcher, proposer, config) -> RowRequest:
+    """A decode_batch row whose controller adapts (the policy, and the learner's hold, may cut its drafts)."""
+    proposer.start(Request(prompt_ids=tuple(prompt), tokenizer=None))
+    controller = AdaptiveController(k_min=4, k_max=4)
+    return RowRequest(prompt, matcher, proposer, controller, sampling_processing(config, (), len(prompt)))
