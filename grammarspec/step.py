@@ -84,8 +84,9 @@ def run_step(
     asks = [_ask(row) if row.proposer is not None else 0 for row in stepping]  # 0 too for a resting row
     cost = _step_cost(model, shared, len(stepping)) if any(asks) else None
     worth = _worth(stepping, cost, finishing and not reading)
+    kind = rows_kind(stepping) if shared.cost_learner is not None else ""  # the learner's record for these rows
     chains = cost is None or (
-        _drafting_pays(shared, len(stepping), rows_kind(stepping))
+        _drafting_pays(shared, len(stepping), kind)
         and drafts_could_pay(
             cost, asks, [len(row.pending) for row in stepping], packed=kv.packed, worth=max(worth or [1.0])
         )
@@ -172,7 +173,7 @@ def run_step(
             seconds=sum(phases.seconds.values()),
             packed=kv.packed,
             committed=None if prompted else len(stepping) + sum(len(path) for path, _ in results),
-            kind=rows_kind(stepping),
+            kind=kind,
         )
     if shared.on_step is not None:
         shared.on_step(active, kv)

@@ -230,6 +230,13 @@ class CountingFollower(ScriptFollower):
         return super().propose(context, grammar, k)
 
 
+def adaptive_row(prompt, matcher, proposer, config) -> RowRequest:
+    """A decode_batch row whose controller adapts (the policy, and the learner's hold, may cut its drafts)."""
+    proposer.start(Request(prompt_ids=tuple(prompt), tokenizer=None))
+    controller = AdaptiveController(k_min=4, k_max=4)
+    return RowRequest(prompt, matcher, proposer, controller, sampling_processing(config, (), len(prompt)))
+
+
 @pytest.mark.parametrize("cost, proposes", [(PassCost(1.2, 0.1, 1, per_token=2.0), False), (flat_until(64), True)])
 def test_where_not_even_certain_drafts_could_pay_no_proposer_is_asked(grammars, cost, proposes):
     """Host work a token dearer than the batch's share of a pass: the loop asks no proposer (their drafts would be
@@ -239,13 +246,7 @@ def test_where_not_even_certain_drafts_could_pay_no_proposer_is_asked(grammars, 
     prompts = [[2, 3], [2, 5, 9, 4, 7], [6]]
     alone = [decode(model, p, config, matcher=g.matcher())[0] for p, g in zip(prompts, grammars)]
     proposers = [CountingFollower(out) for out in alone]
-    requests = []
-    for prompt, grammar, proposer in zip(prompts, grammars, proposers):
-        proposer.start(Request(prompt_ids=tuple(prompt), tokenizer=None))
-        controller = AdaptiveController(k_min=4, k_max=4)
-        requests.append(
-            RowRequest(prompt, grammar.matcher(), proposer, controller, sampling_processing(config, (), len(prompt)))
-        )
+    requests = [adaptive_row(p, g.matcher(), proposer, config) for p, g, proposer in zip(prompts, grammars, proposers)]
     rows = decode_batch(model, requests, config, step_cost=cost)
     assert [row.generated for row in rows] == alone
     asked = sum(p.asked for p in proposers)
@@ -387,10 +388,3 @@ def test_in_the_loop_a_hold_on_free_rows_keeps_them_plain_and_leaves_constrained
     assert [row.generated for row in constrained] == alone
     assert sum(sum(row.stats.accepted.values()) for row in constrained) > 0  # their own kind: no hold
     assert learner.holds > 0
-
-
-def adaptive_row(prompt, matcher, proposer, config) -> RowRequest:
-    """A decode_batch row whose controller adapts (the policy, and the learner's hold, may cut its drafts)."""
-    proposer.start(Request(prompt_ids=tuple(prompt), tokenizer=None))
-    controller = AdaptiveController(k_min=4, k_max=4)
-    return RowRequest(prompt, matcher, proposer, controller, sampling_processing(config, (), len(prompt)))
