@@ -34,11 +34,14 @@ __all__ = ["run_step", "prompt_plan", "checked_prompt_chunk", "Phases", "leave"]
 #: A step that reads prompt chunks costs at most this many times the step without them (on the pass cost model):
 #: the decoding rows' per-token latency while a prompt is read, as a share of their latency without it.
 PROMPT_STEP_COST = 2.0
-#: ... unless that would spread a prompt over more steps than this: a joining request's time to first token is
-#: then its prompt's own pass plus about this many of the batch's steps, whatever the pass cost's shape (a CPU's
-#: steep curve would otherwise read a long prompt a few tokens a step, for tens of seconds).  Two keeps a request
-#: that joins a busy batch within about twice its time to first token alone; the decoding rows' stall is the
-#: same prompt tokens either way, in fewer, longer steps.
+#: ... unless that would spread the prompts that joined over more steps than this: a joining request's time to
+#: first token is then its prompt's own pass plus about this many of the batch's steps, whatever the pass cost's
+#: shape (a CPU's steep curve would otherwise read a long prompt a few tokens a step, for tens of seconds).  The
+#: budget is spent first come, first served and is never less than the earliest joining prompt's whole rest, so a
+#: request that joins alone waits one of the batch's steps more than alone, and of requests that join together
+#: the earliest half read in the first step and the rest in the next.  Two steps, not one, keeps a clump of joining
+#: prompts from stalling the decoding rows in one pass and then decoding and ending together; the decoding
+#: rows' stall is the same prompt tokens either way.
 PROMPT_STEPS = 2
 
 
@@ -202,35 +205,37 @@ def prompt_plan(
 
     A row that joined a busy batch reads its prompt in chunks while more of it
     is uncached than the step's prompt budget leaves it; the budget (``chunk``,
-    or the larger of :func:`prompt_budget` and what reads every joining prompt
-    within :data:`PROMPT_STEPS` steps: the step reads as fast as prompts
-    arrive) is spent in slot order -- first come, first served: rows that join
-    together do not share it evenly, the earliest reads first, so each waits
-    for the prompts before it and not for those after --, at least one token a
-    row so every prompt progresses, and never the prompt's last token (the full
-    step feeds it and samples after it).  When no row is decoding, every row
-    takes a full step: its whole prompt in one pass, as at batch 1.  Does not
-    change state.
+    or the largest of :func:`prompt_budget`, what reads every joining prompt
+    within :data:`PROMPT_STEPS` steps -- the step reads as fast as prompts
+    arrive -- and the earliest joining prompt's whole rest) is spent first
+    come, first served, in the order the rows came
+    (``Row.index``; slot order is reshuffled by leaves).  Rows that join
+    together do not share it evenly: the earliest reads first, so each waits
+    for the prompts before it and not for those after.  Every reading row gets
+    at least one token, so every prompt progresses, and never its prompt's last
+    token (the full step feeds it and samples after it).  When no row is decoding,
+    every row takes a full step: its whole prompt in one pass, as at batch 1.
+    Does not change state.
     """
     behind = [row.prompt_length - row.cached for row in active]
     decoding = [row for row, left in zip(active, behind) if left <= 1]
     if not decoding or len(decoding) == len(active):
         return [None] * len(active)
+    joining = sorted((slot for slot, left in enumerate(behind) if left > 1), key=lambda slot: active[slot].index)
     if chunk is not None:
         budget = chunk
-    else:  # the pass cost's budget, or enough to read every joining prompt within PROMPT_STEPS steps
-        spread = sum(min(left, -(-row.prompt_length // PROMPT_STEPS)) for row, left in zip(active, behind) if left > 1)
-        budget = max(prompt_budget(model, sum(len(r.pending) for r in decoding), shared), spread)
-    plan: list[int | None] = []
-    for row, left in zip(active, behind):
-        if left <= 1:
-            plan.append(None)
-        elif len(row.pending) <= budget:  # the rest of its prompt fits: it steps
-            plan.append(None)
+    else:  # the pass cost's budget, or enough to read every joining prompt within PROMPT_STEPS steps and the first
+        spread = sum(min(behind[slot], -(-active[slot].prompt_length // PROMPT_STEPS)) for slot in joining)
+        first = len(active[joining[0]].pending)
+        budget = max(prompt_budget(model, sum(len(r.pending) for r in decoding), shared), spread, first)
+    plan: list[int | None] = [None] * len(active)
+    for slot in joining:
+        row, left = active[slot], behind[slot]
+        if len(row.pending) <= budget:  # the rest of its prompt fits: it steps
             budget -= len(row.pending)
         else:
             read = max(1, min(budget, left - 1))
-            plan.append(read)
+            plan[slot] = read
             budget -= read
     return plan
 

@@ -173,10 +173,11 @@ def test_a_request_joining_a_busy_batch_reads_its_prompt_in_chunks_and_decodes_a
     assert stats.prompt_passes == len(reading) and stats.target_forwards == len(stats.steps)
 
 
-def test_a_steep_pass_cost_still_reads_a_joining_prompt_within_a_few_steps(grammars):  # noqa: F811
+def test_a_steep_pass_cost_still_reads_a_joining_prompt_in_the_next_step(grammars):  # noqa: F811
     """On a curve where every extra row costs a whole step (a CPU's steep one), the pass cost alone would read a
-    long prompt a token or two a step; the joining request's prompt is still read within PROMPT_STEPS steps."""
-    from grammarspec.step import PROMPT_STEPS, prompt_budget
+    long prompt a token or two a step; the joining request's prompt is read whole in the step it joins, beside
+    the decoding row, which takes its token in that step too."""
+    from grammarspec.step import prompt_budget
 
     model = ToyCausalLM(V, seed=3)
     config = DecodeConfig(max_new_tokens=24, eos_token_ids=(0,))
@@ -187,23 +188,31 @@ def test_a_steep_pass_cost_still_reads_a_joining_prompt_within_a_few_steps(gramm
     alone = decode(model, LONG, config, matcher=grammars[0].matcher())[0]
     first = [batch_row(PROMPTS[1], grammars[1].matcher(), None, 0, config)]
     feed = ListFeed([(batch_row(LONG, grammars[0].matcher(), Noisy(alone, 2), 2, config), None)], delay=1)
-    reading = []
+    steps = []  # after each step: (the joined row's cached tokens and generated count, the decoding row's)
 
     def on_step(rows, kv):
-        reading.extend(row.cached for row in rows if row.index == 1 and row.cached < len(LONG))
+        by_index = {row.index: row for row in rows}
+        joined, decoding = by_index.get(1), by_index.get(0)
+        steps.append(
+            (
+                None if joined is None else (joined.cached, len(joined.generated)),
+                None if decoding is None else len(decoding.generated),
+            )
+        )
 
     decode_batch(model, first, config, max_batch_size=2, feed=feed, on_step=on_step, step_cost=steep)
     assert prompt_budget(model, 1, SimpleNamespace(step_cost=steep)) == 1  # the cost alone: a token a step
     assert feed.ended[1][0] == alone
-    assert 1 <= len(reading) <= PROMPT_STEPS  # read over a few steps, beside the decoding row
+    joined_at = next(i for i, (joined, _) in enumerate(steps) if joined is not None)
+    cached, generated = steps[joined_at][0]
+    assert cached >= len(LONG) and generated >= 1  # its whole prompt read and its first token sampled at once
+    assert joined_at > 0 and steps[joined_at][1] > steps[joined_at - 1][1]  # the decoding row stepped beside it
 
 
 def test_prompts_that_join_together_are_read_first_come_first_served(grammars):  # noqa: F811
-    """Two long prompts join a busy batch at once on a steep curve: the step's prompt budget (enough for both
-    within PROMPT_STEPS steps) goes to the first before the second, so the first decodes sooner than an even
-    share would let it, and the second within PROMPT_STEPS steps more; both decode as alone."""
-    from grammarspec.step import PROMPT_STEPS
-
+    """Two long prompts join a busy batch at once on a steep curve: the step's budget (both within two steps, and
+    never less than the first's whole prompt) reads the first whole, so it decodes after one step, and the
+    second after the next; both decode as alone."""
     model = ToyCausalLM(V, seed=3)
     config = DecodeConfig(max_new_tokens=24, eos_token_ids=(0,))
     second = LONG[::-1]
@@ -220,8 +229,31 @@ def test_prompts_that_join_together_are_read_first_come_first_served(grammars): 
 
     decode_batch(model, first, config, max_batch_size=3, feed=feed, on_step=on_step, step_cost=float)
     assert [feed.ended[i][0] for i in (1, 2)] == alone
-    reading = [sum(1 for c in cached[i] if c < len(p) - 1) for i, p in ((1, LONG), (2, second))]
-    assert reading[0] < reading[1] <= 2 * PROMPT_STEPS  # the first read first; an even share ends both together
+    reading = [sum(1 for c in cached[i] if c < len(p)) for i, p in ((1, LONG), (2, second))]
+    assert reading == [0, 1]  # the first read whole at once; the second a token beside it, then the rest
+
+
+def test_the_prompt_budget_goes_to_the_row_that_came_first_whatever_its_slot():
+    """A leave can move a later request into a lower slot; the budget still goes first to the request that came
+    first (its ``index``), and every other reading row progresses by a token."""
+    from grammarspec.step import prompt_plan
+
+    def row(index, prompt_length, cached):
+        return SimpleNamespace(
+            index=index, prompt_length=prompt_length, cached=cached, pending=[5] * (prompt_length - cached)
+        )
+
+    decoding = row(0, 4, 3)
+    later, earlier = row(7, 40, 0), row(3, 30, 0)
+    plan = prompt_plan(None, [decoding, later, earlier], SimpleNamespace(), chunk=30)
+    assert plan == [None, 1, None]  # the earlier request's whole prompt; the later one's first token
+    plan = prompt_plan(None, [decoding, later, earlier], SimpleNamespace(), chunk=20)
+    assert plan == [None, 1, 20]  # neither fits: the earlier reads the budget
+    # The derived budget on a steep curve: three prompts of 30 tokens within two steps (45 tokens), first come,
+    # first served: the first whole, the second half, the third a token.
+    third = row(9, 30, 0)
+    plan = prompt_plan(None, [decoding, third, row(8, 30, 0), row(4, 30, 0)], SimpleNamespace(step_cost=float), None)
+    assert plan == [None, 1, 15, None]
 
 
 def test_joins_and_leaves_copy_no_other_row_s_cache():
