@@ -22,6 +22,7 @@ def test_a_run_splits_its_time_between_forwards_the_rest_of_the_steps_and_the_lo
         engine.close()
     assert plain["steps"] >= 6 and plain["admitted"] == 0 and plain["tok/s"] > 0
     assert plain["forward s"] > 0 and plain["rest of steps s"] > 0 and plain["outside s"] >= 0
+    assert plain["gc s"] >= 0 and plain["full gc"] >= 0
     assert drafted["steps"] >= 1 and drafted["admitted"] >= 0
 
 
@@ -50,3 +51,18 @@ def test_bad_arguments_are_refused(capsys):
         tool.main(["--pairs", "0"])
     assert stop.value.code == 2
     assert "--pairs" in capsys.readouterr().err
+
+
+def test_the_garbage_collector_s_time_and_full_collections_are_counted_between_takes():
+    import gc
+
+    tool = load_tool("engine_loop")
+    clock = tool.GcClock()
+    try:
+        clock.take()
+        gc.collect()  # a full collection
+        seconds, full = clock.take()
+        assert seconds > 0 and full >= 1
+        assert clock.take()[1] == 0  # a take starts the count again
+    finally:
+        gc.callbacks.remove(clock._on)

@@ -12,7 +12,7 @@ untimed run of each (every JSON schema is compiled before, as ``bench-serve
 --sweep`` does).  Per run it prints output tokens a second, the steps,
 the seconds inside steps (forward and the rest) and outside them (the loop
 around the steps: joins, the feed, the step cost learner), from the engine's
-step trace.  ``--functions`` wraps the loop's host functions with timers and
+step trace, and the seconds the garbage collector ran (and its full collections).  ``--functions`` wraps the loop's host functions with timers and
 prints ms a step for each (the wrappers add a little to every arm).  Counts
 are exact; times need the machine to itself.
 """
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import gc
 import statistics
 import sys
 import threading
@@ -72,6 +73,28 @@ def _timed(function: Callable[..., Any], label: str, seconds: collections.Counte
     return timed
 
 
+class GcClock:
+    """Seconds the garbage collector ran, and its full collections, since the last :meth:`take` (any thread)."""
+
+    def __init__(self) -> None:
+        self.seconds, self.full, self._start = 0.0, 0, 0.0
+        gc.callbacks.append(self._on)
+
+    def _on(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        else:
+            self.seconds += time.perf_counter() - self._start
+            self.full += info["generation"] == 2
+
+    def take(self) -> tuple[float, int]:
+        taken, self.seconds, self.full = (self.seconds, self.full), 0.0, 0
+        return taken
+
+
+GC = GcClock()
+
+
 def ask(engine: Engine, body: dict[str, Any]) -> list[int]:
     """One request through ``prepare`` / ``submit``, waited for; its tokens."""
     done, answer = threading.Event(), {}
@@ -94,6 +117,7 @@ def run(
     """One closed-loop run of ``requests`` requests: tokens a second and the trace's split of the time."""
     assert engine.trace is not None
     engine.trace.take()  # what came before belongs to no run
+    GC.take()
 
     def send(body: dict[str, Any]) -> dict[str, Any]:
         request = dict(body, model="m", temperature=0, max_tokens=max_tokens, grammarspec={"assistant": arm})
@@ -107,6 +131,7 @@ def run(
     inside = sum(sum(s.seconds.values()) for s in steps)
     forward = sum(s.seconds.get("forward", 0.0) for s in steps)
     joined = sum(j.seconds for j in joins)
+    collected, full = GC.take()
     return {
         "tok/s": tokens / wall,
         "steps": len(steps),
@@ -115,6 +140,8 @@ def run(
         "forward s": forward,
         "rest of steps s": inside - forward,
         "outside s": wall - inside - joined,
+        "gc s": collected,
+        "full gc": full,
     }
 
 
