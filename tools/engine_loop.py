@@ -12,9 +12,10 @@ untimed run of each (every JSON schema is compiled before, as ``bench-serve
 --sweep`` does).  Per run it prints output tokens a second, the steps,
 the seconds inside steps (forward and the rest) and outside them (the loop
 around the steps: joins, the feed, the step cost learner), from the engine's
-step trace, and the seconds the garbage collector ran (and its full collections).  ``--functions`` wraps the loop's host functions with timers and
-prints ms a step for each (the wrappers add a little to every arm).  Counts
-are exact; times need the machine to itself.
+step trace, and the seconds the garbage collector ran (with its full
+collections).  ``--functions`` wraps the loop's host functions with timers
+and prints ms a step for each (the wrappers add a little to every arm).
+Counts are exact; times need the machine to itself.
 """
 
 from __future__ import annotations
