@@ -80,6 +80,7 @@ from ..tool_calls import (
 )
 from .prefix import PrefixCache, row_cache
 from .protocol import ChatRequest, RequestError
+from .text_stream import TextStream
 from .tool_stream import ToolCallStream
 
 __all__ = ["Choice", "Engine", "Job", "prompt_ids", "traffic_kind", "COMPILE_TIMEOUT"]
@@ -167,6 +168,7 @@ class Choice:
     row: Row | None = None
     sent: int = 0  # characters of text already streamed
     calls: ToolCallStream = field(default_factory=ToolCallStream)  # tool-call deltas sent, and the calls' ids
+    decoded: TextStream | None = None  # the text of ``tokens`` as they come (whole once the choice ends)
 
 
 @dataclass
@@ -351,7 +353,10 @@ class Engine:
                 max_draft_tokens=request.max_draft_tokens or DEFAULT_MAX_DRAFT,
                 documents=documents,
             )
-            job.choices.append(Choice(job, index, ids, row, compiled, spec, kind=traffic_kind(spec, constraint)))
+            kind = traffic_kind(spec, constraint)
+            job.choices.append(
+                Choice(job, index, ids, row, compiled, spec, kind=kind, decoded=TextStream(self.tokenizer))
+            )
         return job
 
     def submit(self, job: Job) -> None:
@@ -488,8 +493,8 @@ class Engine:
         if job.first_token_seconds is None:
             job.first_token_seconds = time.perf_counter() - job.started
         choice.tokens += tokens
-        text = self.tokenizer.decode(choice.tokens, skip_special_tokens=True)
-        choice.text, choice.stopped = before_stop(text, job.request.stop)
+        assert choice.decoded is not None
+        choice.text, choice.stopped = before_stop(choice.decoded.add(tokens), job.request.stop)
         if job.request.stream:
             self._stream_delta(choice)
 
@@ -513,6 +518,10 @@ class Engine:
     def _finish_choice(self, choice: Choice) -> None:
         job, row = choice.job, choice.row
         assert row is not None
+        # The answer decoded whole, once: the text ``generate`` gives for these tokens (what was streamed is its
+        # start; an incomplete last character, say, was held back).
+        text = self.tokenizer.decode(choice.tokens, skip_special_tokens=True)
+        choice.text, choice.stopped = before_stop(text, job.request.stop)
         stats = row.stats
         if choice.stopped:  # the client's text ends before a stop string, whatever else ended the row
             reason, stats.finish_reason = "stop", "stop_string"
