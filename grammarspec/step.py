@@ -226,8 +226,7 @@ def prompt_plan(
         budget = chunk
     else:  # the pass cost's budget, or enough to read every joining prompt within PROMPT_STEPS steps and the first
         spread = sum(min(behind[slot], -(-active[slot].prompt_length // PROMPT_STEPS)) for slot in joining)
-        first = len(active[joining[0]].pending)
-        budget = max(prompt_budget(model, sum(len(r.pending) for r in decoding), shared), spread, first)
+        budget = max(prompt_budget(model, sum(len(r.pending) for r in decoding), shared), spread, behind[joining[0]])
     plan: list[int | None] = [None] * len(active)
     for slot in joining:
         row, left = active[slot], behind[slot]

@@ -251,8 +251,8 @@ def test_the_prompt_budget_goes_to_the_row_that_came_first_whatever_its_slot():
     assert plan == [None, 1, 20]  # neither fits: the earlier reads the budget
     # The derived budget on a steep curve: three prompts of 30 tokens within two steps (45 tokens), first come,
     # first served: the first whole, the second half, the third a token.
-    third = row(9, 30, 0)
-    plan = prompt_plan(None, [decoding, third, row(8, 30, 0), row(4, 30, 0)], SimpleNamespace(step_cost=float), None)
+    arrived = [row(9, 30, 0), row(8, 30, 0), row(4, 30, 0)]  # in slot order; they came 4, 8, 9
+    plan = prompt_plan(None, [decoding, *arrived], SimpleNamespace(step_cost=float), None)
     assert plan == [None, 1, 15, None]
 
 
