@@ -88,7 +88,7 @@ def test_a_request_the_server_refuses_is_counted_and_the_level_goes_on():
     import httpx
     import openai
 
-    from grammarspec.serve.sweep import _send
+    from grammarspec.serve.load import send as _send
 
     request = httpx.Request("POST", "http://127.0.0.1/v1/chat/completions")
 
@@ -113,6 +113,25 @@ def test_a_request_the_server_refuses_is_counted_and_the_level_goes_on():
     assert summary["refused"] == 1 and summary["tokens"] == 10
     with pytest.raises(openai.APIConnectionError):
         _send(Refusing(openai.APIConnectionError(request=request)), "m", body, "vllm", 8)
+
+
+def test_the_clients_run_in_a_process_of_their_own_and_say_when_it_fails():
+    """The load generator is a child process that imports neither torch nor grammarspec (it would compete for the
+    server's interpreter lock in the server's process); a server that is not there fails the run by its arm."""
+    import subprocess
+    import sys
+
+    from grammarspec.serve import load
+    from grammarspec.serve.servers import free_port
+
+    probe = "import runpy, sys; runpy.run_path(sys.argv[1]); print(sorted({'torch', 'grammarspec'} & set(sys.modules)))"
+    loaded = subprocess.run([sys.executable, "-c", probe, load.__file__], capture_output=True, text=True, check=True)
+    assert loaded.stdout.strip() == "[]"
+    body = {"messages": [{"role": "user", "content": "hi"}]}
+    with pytest.raises(RuntimeError, match="the auto arm's client process failed: .*Connect"):
+        load.run_load(free_port(), "m", "auto", [body], concurrency=1, max_tokens=4)
+    with pytest.raises(ValueError, match="exactly one of concurrency"):
+        load.run_load(1, "m", "auto", [body], concurrency=1, rate=2.0, max_tokens=4)
 
 
 def test_the_sweep_runs_every_level_and_arm_and_the_greedy_outputs_agree(tasks_file, tmp_path):

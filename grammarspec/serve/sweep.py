@@ -12,7 +12,9 @@ arm's runs averaged, and each ``auto`` run's ratio to the ``none`` runs either
 side of it reported too, so the table shows how far the ratio moves between
 runs; ``vllm`` and ``vllm_ngram`` (``vllm serve`` from ``.venv-vllm`` without
 and with its n-gram proposer) are the anchor, each its own server, at the same
-levels.  Greedy.
+levels.  Greedy.  Every run's clients are a process of their own
+(:func:`grammarspec.serve.load.run_load`), apart from every server, as a
+server's users are.
 
 Per arm and level: output tokens per second, median and p90 time to first
 token (and its median over the requests after a closed loop's opening burst,
@@ -25,20 +27,20 @@ per-step table says where each arm's time goes.
 
 from __future__ import annotations
 
-import functools
 import json
-import random
 import statistics
-import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from .load import OUR_ARMS, closed_loop, open_loop, run_load
+
 __all__ = [
     "OUR_ARMS",
+    "closed_loop",
+    "open_loop",
     "PROSE_PROMPTS",
     "SWEEP_ARMS",
     "VLLM_ARMS",
@@ -48,7 +50,6 @@ __all__ = [
     "write_sweep_plots",
 ]
 
-OUR_ARMS = ("none", "auto")
 VLLM_ARMS = ("vllm", "vllm_ngram")
 SWEEP_ARMS = OUR_ARMS + VLLM_ARMS
 WORKLOADS = ("json", "prose")
@@ -98,72 +99,6 @@ def workload(name: str, tasks_path: str | Path | None = None) -> list[dict[str, 
         schema = {"name": task.id.replace("-", "_")[:64], "schema": task.schema}
         bodies.append({"messages": messages, "response_format": {"type": "json_schema", "json_schema": schema}})
     return bodies
-
-
-def _send(client: Any, model_id: str, body: dict[str, Any], arm: str, max_tokens: int) -> dict[str, Any]:
-    """One streamed request; its times, tokens and text (``refused``: the server's error, a request it would not
-    serve, e.g. a schema its grammar backend rejects; the level goes on without it)."""
-    import openai
-
-    extra = {"extra_body": {"grammarspec": {"assistant": arm}}} if arm in OUR_ARMS else {}
-    sent = time.perf_counter()
-    first = last = None
-    text, tokens, finish, refused = "", 0, None, None
-    try:
-        stream = client.chat.completions.create(
-            model=model_id,
-            temperature=0,
-            max_tokens=max_tokens,
-            stream=True,
-            stream_options={"include_usage": True},
-            **body,
-            **extra,
-        )
-        for chunk in stream:
-            if chunk.usage is not None:
-                tokens = chunk.usage.completion_tokens
-            for c in chunk.choices:
-                if c.delta.content:
-                    last = time.perf_counter()
-                    first = first if first is not None else last
-                    text += c.delta.content
-                finish = c.finish_reason or finish
-    except openai.APIError as error:
-        if isinstance(error, openai.APIConnectionError):
-            raise  # the server is gone: nothing more of the arm can be measured
-        refused = str(error)
-    end = time.perf_counter()
-    ttft = (first - sent) if first is not None else None
-    itl = (last - first) / (tokens - 1) if first is not None and last is not None and tokens > 1 else None
-    record = {"sent": sent, "end": end, "ttft": ttft, "itl": itl, "tokens": tokens, "text": text, "finish": finish}
-    return record | {"refused": refused}
-
-
-def closed_loop(
-    send: Callable[[dict[str, Any]], dict[str, Any]], bodies: Sequence[dict[str, Any]], concurrency: int
-) -> list[dict[str, Any]]:
-    """``concurrency`` clients, each sending its next body when its last answer ends; records in body order."""
-    with ThreadPoolExecutor(concurrency) as pool:
-        return list(pool.map(send, bodies))
-
-
-def open_loop(
-    send: Callable[[dict[str, Any]], dict[str, Any]], bodies: Sequence[dict[str, Any]], rate: float, seed: int = 0
-) -> list[dict[str, Any]]:
-    """Bodies sent at random times, ``rate`` a second on average (Poisson arrivals, fixed ``seed``)."""
-    rng = random.Random(seed)
-    start = time.perf_counter()
-    at, times = 0.0, []
-    for _ in bodies:
-        times.append(at)
-        at += rng.expovariate(rate)
-
-    def timed(i: int) -> dict[str, Any]:
-        time.sleep(max(0.0, start + times[i] - time.perf_counter()))
-        return send(bodies[i])
-
-    with ThreadPoolExecutor(len(bodies)) as pool:
-        return list(pool.map(timed, range(len(bodies))))
 
 
 def _percentile(values: Sequence[float], q: float) -> float | None:
@@ -266,8 +201,6 @@ def run_sweep(
     """
     if pairs < 1:
         raise ValueError(f"run_sweep needs pairs >= 1, got {pairs}")
-    import openai
-
     from grammars import grammar_spec
 
     unknown = [a for a in arms if a not in SWEEP_ARMS]
@@ -280,11 +213,13 @@ def run_sweep(
     warmups: list[dict[str, Any]] = []  # the untimed bursts that open each level, for each arm
     ours = [a for a in OUR_ARMS if a in arms]
 
-    def sender(client: Any, model_id: str, arm: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
-        return functools.partial(_send, client, model_id, arm=arm, max_tokens=max_tokens)
+    def load(port: int, model_id: str, arm: str, bodies: Sequence[dict[str, Any]], kind: str, value: float) -> Any:
+        if kind == "C":
+            return run_load(port, model_id, arm, bodies, concurrency=int(value), max_tokens=max_tokens)
+        return run_load(port, model_id, arm, bodies, rate=value, max_tokens=max_tokens)  # every arm: same arrivals
 
     def level_runs(
-        client: Any,
+        port: int,
         model_id: str,
         arm_order: Sequence[str],
         trace: Any = None,
@@ -298,17 +233,13 @@ def run_sweep(
                 if level_warmup:
                     width = min(len(bodies), int(value) if kind == "C" else requests)
                     for arm in dict.fromkeys(arm_order):
-                        closed_loop(sender(client, model_id, arm), bodies[:width], width)
+                        load(port, model_id, arm, bodies[:width], "C", width)
                     if trace is not None:
                         trace.take()  # the warm-up's steps belong to no run
                     warmups.append({"workload": name, "load": kind, "level": value, "requests": width})
                 for position, arm in enumerate(arm_order):
                     before = dict(counters) if counters is not None else None
-                    send = sender(client, model_id, arm)
-                    if kind == "C":
-                        records = closed_loop(send, bodies, int(value))
-                    else:
-                        records = open_loop(send, bodies, value, seed=0)  # every arm: the same arrivals
+                    records = load(port, model_id, arm, bodies, kind, value)
                     summary = level_summary(records, burst=int(value) if kind == "C" else 0)
                     refused = [r["refused"] for r in records if r.get("refused")]
                     if refused:
@@ -349,17 +280,14 @@ def run_sweep(
         try:
             for body in pools.get("json", []):  # compile every schema before timing
                 server.engine._compile(grammar_spec(schema=body["response_format"]["json_schema"]["schema"]))
-            client = openai.OpenAI(
-                base_url=f"http://127.0.0.1:{server.port}/v1", api_key="-", max_retries=0, timeout=3600
-            )
             for pool in pools.values():  # warm-up, untimed, at full length: the first long passes are slower
                 for arm in ours:
-                    _send(client, model_name, pool[0], arm, max_tokens)
+                    load(server.port, model_name, arm, pool[:1], "C", 1)
             assert server.engine.trace is not None
             server.engine.trace.take()
             order = ["none"] + ["auto", "none"] * pairs if ours == ["none", "auto"] else ours
             engine = server.engine
-            level_runs(client, model_name, order, engine.trace, engine.counters, engine.cost_learner)
+            level_runs(server.port, model_name, order, engine.trace, engine.counters, engine.cost_learner)
         finally:
             server.close()
     for arm in [a for a in VLLM_ARMS if a in arms]:
@@ -371,12 +299,9 @@ def run_sweep(
             if started.error:
                 notes.append(f"{arm}: did not start ({started.error}); its arm is left out")
                 continue
-            client = openai.OpenAI(
-                base_url=f"http://127.0.0.1:{started.port}/v1", api_key="-", max_retries=0, timeout=3600
-            )
             for pool in pools.values():
-                _send(client, model_name, pool[0], arm, max_tokens)
-            level_runs(client, model_name, [arm])
+                load(started.port, model_name, arm, pool[:1], "C", 1)
+            level_runs(started.port, model_name, [arm])
         finally:
             started.close()
     return {
