@@ -81,15 +81,19 @@ def run_step(
     phases.lap("forced")
 
     # 1. Propose: a draft tree of up to k levels per row (k leaves room for the token the target adds).  No chain
-    # where not even drafts that all survive could pay at this batch (the policy would cut every token of them) or
-    # where the loop's drafted steps of this size and kind of rows show no gain over its plain ones; a row
-    # resting after drafts cut to nothing asks for none (grammarspec/adaptive.py).
+    # where the loop's record holds drafting at this size and kind of rows (its drafted steps show no gain over its
+    # plain ones, or the policy cut what the rows offered; the step is then not priced either), on a probe (the
+    # learner's plain step), or where not even drafts that all survive could pay at this batch (the policy would cut
+    # every token of them); a row resting after drafts cut to nothing asks for none (grammarspec/adaptive.py).
     asks = [_ask(row) if row.proposer is not None else 0 for row in stepping]  # 0 too for a resting row
-    cost = _step_cost(model, shared, len(stepping)) if any(asks) else None
-    worth = _worth(stepping, cost, finishing and not reading)
     kind = rows_kind(stepping) if shared.cost_learner is not None else ""  # the learner's record for these rows
-    chains = cost is None or (
-        _drafting_pays(shared, len(stepping), kind)
+    held = any(asks) and not _drafting_pays(shared, len(stepping), kind)
+    whole = any(row.controller is not None and not row.controller.adaptive for row in stepping)  # never cut
+    cost = _step_cost(model, shared, len(stepping)) if any(asks) and (whole or not held) else None
+    worth = _worth(stepping, cost, finishing and not reading)
+    chains = (
+        not held
+        and cost is not None
         and drafts_could_pay(
             cost, asks, [len(row.pending) for row in stepping], packed=kv.packed, worth=max(worth or [1.0])
         )
@@ -177,6 +181,7 @@ def run_step(
             packed=kv.packed,
             committed=None if prompted else len(stepping) + sum(len(path) for path, _ in results),
             kind=kind,
+            refused=cost is not None and any(len(s.offered) for s in steps) and not any(len(s.tree) for s in steps),
         )
     if shared.on_step is not None:
         shared.on_step(active, kv)

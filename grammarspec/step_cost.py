@@ -51,7 +51,14 @@ steps, each later one after twice as many as the one before, up to
 ``explore_most`` (an exploring step that loses is the hold's own cost, and
 traffic that no draft survives would pay it for as long as it lasts).  A
 busy server whose drafts do not pay, however that arises, stops paying for
-them; rows of another kind start their own record.
+them; rows of another kind start their own record.  Where the policy itself
+keeps cutting what the rows offer, drafted steps are too rare to make a
+record at all, yet every step still prices its batch and asks proposers for
+drafts it then cuts: so the learner also counts, per batch size and kind,
+the steps that offered drafts and had every one cut, and holds (with the
+same exploring steps) once those outnumber the drafted steps
+``refusals`` to one (the hold then skips the pricing and the proposing, and
+an exploring step asks again).
 
 Steps that read prompt chunks or verify token trees teach nothing (their
 cost is not the policy's to choose).  Drafting policy only: which tokens are
@@ -168,21 +175,25 @@ class StepCostLearner:
         explore_every: int = 16,
         explore_most: int = 256,
         min_outcomes: float = 8.0,
+        refusals: float = 8.0,
         refit_every: int = 8,
     ) -> None:
         if prior_weight <= 0 or not 0 < decay <= 1 or warmup < 1 or probe_every < 1:
             raise ValueError("StepCostLearner needs prior_weight > 0, 0 < decay <= 1, warmup >= 1 and probe_every >= 1")
         if refit_every < 1:
             raise ValueError(f"StepCostLearner needs refit_every >= 1 steps, got {refit_every}")
-        if explore_every < 1 or explore_most < explore_every or min_outcomes <= 0:
-            raise ValueError("StepCostLearner needs 1 <= explore_every <= explore_most and min_outcomes > 0")
+        if explore_every < 1 or explore_most < explore_every or min_outcomes <= 0 or refusals < 1:
+            raise ValueError(
+                "StepCostLearner needs 1 <= explore_every <= explore_most, min_outcomes > 0 and refusals >= 1"
+            )
         self._profile, self.prior_weight, self.decay, self.warmup = profile, prior_weight, decay, warmup
         self.probe_every, self.explore_every, self.min_outcomes = probe_every, explore_every, min_outcomes
-        self.explore_most = explore_most
+        self.explore_most, self.refusals = explore_most, refusals
         self.refit_every = refit_every
         self.holds = 0  # steps held plain because drafted steps showed no gain over plain ones (drafting_pays)
         #: (batch size, kind of rows) -> [steps, sum of rates, sum of squared rates] of plain steps, then of drafted
-        #: ones (a step's rate: the tokens it committed a second; each sum faded by ``decay`` as its kind comes in)
+        #: ones (a step's rate: the tokens it committed a second; each sum faded by ``decay`` as its kind comes in),
+        #: then the steps whose offered drafts were all cut (faded by ``decay`` at every step of the key)
         self._outcomes: dict[tuple[int, str], list[float]] = {}
         #: (batch size, kind of rows) held -> [steps held since the last exploring step, held steps before the next]
         self._held: dict[tuple[int, str], list[int]] = {}
@@ -215,20 +226,22 @@ class StepCostLearner:
         packed: bool = True,
         committed: int | None = None,
         kind: str = "",
+        refused: bool = False,
     ) -> None:
         """Learn from one measured step: ``rows`` computed (:func:`priced_rows`), ``batch`` rows stepping (of
         ``kind``, as :meth:`drafting_pays` is asked),
         ``tokens`` draft tokens verified on ``drafting`` rows, ``packed`` whether a drafted pass packs its rows;
         ``seconds`` the whole step; ``committed`` the tokens it committed (the rows' own and the accepted
         drafts; ``None``: no outcome kept, as for a step that also read a prompt, whose time is not a decoding
-        step's).  Changes state."""
+        step's); ``refused``: rows offered drafts and the policy cut every one.  Changes state."""
         if batch < 1 or rows < 1 or not seconds > 0:
             return
         if committed is not None:
-            outcome = self._outcomes.setdefault((batch, kind), [0.0] * 6)
+            outcome = self._outcomes.setdefault((batch, kind), [0.0] * 7)
             at, rate = (3 if tokens > 0 else 0), committed / seconds
             for i, value in enumerate((1.0, rate, rate * rate)):
                 outcome[at + i] = outcome[at + i] * self.decay + value
+            outcome[6] = outcome[6] * self.decay + (1.0 if refused and tokens <= 0 else 0.0)
         self.steps += 1
         self._since_plain = self._since_plain + 1 if tokens > 0 else 0
         self._plain_seen = self._plain_seen or tokens <= 0
@@ -258,17 +271,31 @@ class StepCostLearner:
         """Whether a step of ``batch`` rows of ``kind`` may draft: no, once both plain and drafted steps of that
         size and kind number ``min_outcomes`` (faded), unless the drafted steps' mean tokens a second beat the
         plain steps' by more than the standard error of that difference (a gain shown, not a tie: drafting
-        that only breaks even still pays for the host work, the joins it moves and the noise around it);
-        except an exploring step: the first after ``explore_every`` held steps, each later one after twice the
-        held steps of the one before, up to ``explore_most``.  Changes state (counts the holds)."""
+        that only breaks even still pays for the host work, the joins it moves and the noise around it); no
+        either, while drafted steps are too few to judge, once the steps whose offered drafts the policy cut
+        number ``min_outcomes`` and ``refusals`` times the drafted ones (the policy itself says drafts do not
+        pay there); except an exploring step: the first after ``explore_every`` held steps, each later one
+        after twice the held steps of the one before, up to ``explore_most``.  Changes state (counts the
+        holds)."""
         key = (batch, kind)
         outcome = self._outcomes.get(key)
-        if outcome is None or min(outcome[0], outcome[3]) < self.min_outcomes:
+        if outcome is None:
             return True
-        (plain, plain_var), (drafted, drafted_var) = _mean_var(outcome[:3]), _mean_var(outcome[3:])
+        if outcome[3] < self.min_outcomes:
+            refused = outcome[6]
+            if refused < self.min_outcomes or refused < self.refusals * outcome[3]:
+                return True
+            return self._hold(key)
+        if outcome[0] < self.min_outcomes:
+            return True
+        (plain, plain_var), (drafted, drafted_var) = _mean_var(outcome[:3]), _mean_var(outcome[3:6])
         if drafted - plain > math.sqrt(plain_var / outcome[0] + drafted_var / outcome[3]):
             self._held.pop(key, None)
             return True
+        return self._hold(key)
+
+    def _hold(self, key: tuple[int, str]) -> bool:
+        """A held step (False), or the exploring step its schedule is due (True).  Changes state."""
         held = self._held.setdefault(key, [0, self.explore_every])
         held[0] += 1
         if held[0] >= held[1]:
@@ -279,12 +306,13 @@ class StepCostLearner:
 
     def outcomes(self) -> dict[tuple[int, str], dict[str, float | None]]:
         """Per batch size and kind of rows: the mean tokens a second of plain and drafted steps (``None`` without
-        any) and the faded counts of each.  Pure."""
+        any), the faded counts of each and of the steps whose offered drafts were all cut.  Pure."""
         out = {}
         for key, outcome in sorted(self._outcomes.items()):
             plain = _mean_var(outcome[:3])[0] if outcome[0] else None
-            drafted = _mean_var(outcome[3:])[0] if outcome[3] else None
-            out[key] = {"plain": plain, "drafted": drafted, "plain_steps": outcome[0], "drafted_steps": outcome[3]}
+            drafted = _mean_var(outcome[3:6])[0] if outcome[3] else None
+            counts = {"plain_steps": outcome[0], "drafted_steps": outcome[3], "refused_steps": outcome[6]}
+            out[key] = {"plain": plain, "drafted": drafted} | counts
         return out
 
     def cost(self, batch: int) -> PassCost | StepCost:

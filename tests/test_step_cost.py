@@ -388,3 +388,73 @@ def test_in_the_loop_a_hold_on_free_rows_keeps_them_plain_and_leaves_constrained
     assert [row.generated for row in constrained] == alone
     assert sum(sum(row.stats.accepted.values()) for row in constrained) > 0  # their own kind: no hold
     assert learner.holds > 0
+
+
+def test_where_the_policy_cuts_every_offered_draft_the_learner_holds_without_a_drafted_record():
+    """Drafted steps too rare to judge, but the policy keeps cutting what the rows offer: once those steps number
+    ``min_outcomes`` and ``refusals`` times the drafted ones, drafting is held at that batch size and kind (its
+    exploring steps kept); not where the policy admits drafts often enough, nor for another size or kind; the
+    refusals fade as plain steps come, and the hold lifts."""
+    learner = StepCostLearner(PassCost(), explore_every=4, explore_most=8, min_outcomes=8.0, refusals=8.0)
+
+    def refused(learner, n):
+        for _ in range(n):
+            learner.observe(
+                rows=16, batch=16, tokens=0, drafting=0, seconds=0.1, committed=16, kind="free", refused=True
+            )
+
+    refused(learner, 7)
+    assert learner.drafting_pays(16, "free")  # seven refusals, faded: not yet evidence
+    refused(learner, 3)
+    held = [learner.drafting_pays(16, "free") for _ in range(12)]
+    assert [i for i, pays in enumerate(held) if pays] == [3, 11]  # exploring after 4 held steps, then 8
+    assert learner.holds == 10
+    assert learner.drafting_pays(16, "constrained") and learner.drafting_pays(8, "free")
+    assert learner.outcomes()[(16, "free")]["refused_steps"] == pytest.approx(sum(0.99**k for k in range(10)))
+    for _ in range(200):  # plain steps that offered nothing: the refusals fade below min_outcomes
+        learner.observe(rows=16, batch=16, tokens=0, drafting=0, seconds=0.1, committed=16, kind="free")
+    assert all(learner.drafting_pays(16, "free") for _ in range(8))
+
+    often = StepCostLearner(PassCost(), min_outcomes=8.0, refusals=8.0)
+    for _ in range(5):  # the policy admits drafts on one step in four: too few drafted steps to judge, not held
+        refused(often, 3)
+        often.observe(rows=20, batch=16, tokens=4, drafting=1, seconds=0.11, committed=18, kind="free")
+    assert often.outcomes()[(16, "free")]["refused_steps"] >= 8.0
+    assert all(often.drafting_pays(16, "free") for _ in range(8)) and often.holds == 0
+    with pytest.raises(ValueError, match="refusals"):
+        StepCostLearner(PassCost(), refusals=0.5)
+
+
+def test_in_the_loop_rows_whose_offered_drafts_the_policy_always_cuts_stop_being_asked():
+    """No row rests (``max_rest=0``) and every draft is a token the target never writes: once the learner's record
+    shows the policy cutting them, the step is held, neither priced nor proposed for, save its exploring steps.
+    A learner that never holds asks at every step.  Outputs are unchanged either way."""
+    model = ToyCausalLM(toy_vocab_size(), seed=3)
+    config = DecodeConfig(max_new_tokens=60, eos_token_ids=(0,))
+    prompts = [[2, 3], [2, 5, 9, 4, 7], [6]]
+    alone = [decode(model, p, config)[0] for p in prompts]
+    never = next(t for t in range(1, toy_vocab_size()) if not any(t in out for out in alone))
+    calls = {}
+    for name, learner in (
+        ("holds", StepCostLearner(PassCost(1.2, 0.1, 1), warmup=10**6)),  # priced by the profile: no timing
+        ("never holds", StepCostLearner(PassCost(1.2, 0.1, 1), warmup=10**6, min_outcomes=1e9)),
+    ):
+        proposers = [CountingFollower([never] * 128) for _ in prompts]
+        requests = []
+        for prompt, proposer in zip(prompts, proposers):
+            proposer.start(Request(prompt_ids=tuple(prompt), tokenizer=None))
+            controller = AdaptiveController(k_min=4, k_max=4, max_rest=0)
+            requests.append(
+                RowRequest(prompt, None, proposer, controller, sampling_processing(config, (), len(prompt)))
+            )
+        rows = decode_batch(model, requests, config, cost_learner=learner)
+        assert [row.generated for row in rows] == alone
+        steps = sum(row.stats.target_forwards for row in rows)
+        calls[name] = sum(p.calls for p in proposers)
+        if name == "holds":
+            assert learner.holds > 0
+        assert sum(sum(row.stats.accepted.values()) for row in rows) == 0
+    assert steps >= 60
+    assert calls["never holds"] >= steps - len(prompts)  # every step but each row's first (its prompt's pass)
+    assert 0 < calls["holds"] < calls["never holds"] / 2, calls
+    assert learner.holds == 0
