@@ -190,7 +190,7 @@ class StepCostLearner:
         self.probe_every, self.explore_every, self.min_outcomes = probe_every, explore_every, min_outcomes
         self.explore_most, self.refusals = explore_most, refusals
         self.refit_every = refit_every
-        self.holds = 0  # steps held plain because drafted steps showed no gain over plain ones (drafting_pays)
+        self.holds = 0  # steps held plain: drafted steps showed no gain, or the policy cut what rows offered
         #: (batch size, kind of rows) -> [steps, sum of rates, sum of squared rates] of plain steps, then of drafted
         #: ones (a step's rate: the tokens it committed a second; each sum faded by ``decay`` as its kind comes in),
         #: then the steps whose offered drafts were all cut (faded by ``decay`` at every step of the key)
@@ -311,8 +311,8 @@ class StepCostLearner:
         for key, outcome in sorted(self._outcomes.items()):
             plain = _mean_var(outcome[:3])[0] if outcome[0] else None
             drafted = _mean_var(outcome[3:6])[0] if outcome[3] else None
-            counts = {"plain_steps": outcome[0], "drafted_steps": outcome[3], "refused_steps": outcome[6]}
-            out[key] = {"plain": plain, "drafted": drafted} | counts
+            out[key] = {"plain": plain, "drafted": drafted, "plain_steps": outcome[0], "drafted_steps": outcome[3]}
+            out[key]["refused_steps"] = outcome[6]
         return out
 
     def cost(self, batch: int) -> PassCost | StepCost:
