@@ -458,3 +458,21 @@ def test_in_the_loop_rows_whose_offered_drafts_the_policy_always_cuts_stop_being
     assert calls["never holds"] >= steps - len(prompts)  # every step but each row's first (its prompt's pass)
     assert 0 < calls["holds"] < calls["never holds"] / 2, calls
     assert learner.holds == 0
+
+
+def test_on_a_flat_curve_the_learner_that_holds_on_refusals_lets_drafts_that_survive_run_long():
+    """A GPU's flat pass cost and drafts that survive: the policy admits them, so no refusals pile up, nothing is
+    held and the rows draft long, the same learner as the one that holds where every draft is cut."""
+    model = ToyCausalLM(toy_vocab_size(), seed=3)
+    config = DecodeConfig(max_new_tokens=60, eos_token_ids=(0,))
+    prompts = [[2, 3], [2, 5, 9, 4, 7], [6]]
+    alone = [decode(model, p, config)[0] for p in prompts]
+    learner = StepCostLearner(flat_until(64), warmup=10**6)  # priced by the flat profile: no timing
+    requests = [adaptive_row(p, None, ScriptFollower(out), config) for p, out in zip(prompts, alone)]
+    rows = decode_batch(model, requests, config, cost_learner=learner)
+    assert [row.generated for row in rows] == alone
+    generated = sum(len(row.generated) for row in rows)
+    passes = sum(row.stats.target_forwards for row in rows)
+    assert learner.holds == 0
+    assert all(o["refused_steps"] < 1 for o in learner.outcomes().values())
+    assert generated / passes >= 3.0, (generated, passes)  # about four tokens a pass: drafts of k_max=4 survive
