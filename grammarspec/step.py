@@ -87,9 +87,10 @@ def run_step(
     # every token of them); a row resting after drafts cut to nothing asks for none (grammarspec/adaptive.py).
     asks = [_ask(row) if row.proposer is not None else 0 for row in stepping]  # 0 too for a resting row
     kind = rows_kind(stepping) if shared.cost_learner is not None else ""  # the learner's record for these rows
-    held = any(asks) and not _drafting_pays(shared, len(stepping), kind)
-    whole = any(row.controller is not None and not row.controller.adaptive for row in stepping)  # never cut
-    cost = _step_cost(model, shared, len(stepping)) if any(asks) and (whole or not held) else None
+    asking = any(asks)
+    held = asking and not _drafting_pays(shared, len(stepping), kind)
+    priced = asking and (not held or any(_verifies_whole(row) for row in stepping))  # rows never cut draft held too
+    cost = _step_cost(model, shared, len(stepping)) if priced else None
     worth = _worth(stepping, cost, finishing and not reading)
     chains = (
         not held
@@ -429,7 +430,7 @@ def _propose(row: Row, k: int, trees: bool, chains: bool) -> Step:
     """
     step = Step()
     tree = trees and row.tree_drafter is not None
-    if not (chains or tree or (row.controller is not None and not row.controller.adaptive)):
+    if not (chains or tree or _verifies_whole(row)):
         return step
     if row.proposer is not None and k > 0:
         t0 = time.perf_counter()
@@ -447,6 +448,12 @@ def _propose(row: Row, k: int, trees: bool, chains: bool) -> Step:
             step.tree = _chain(step.draft)
         step.draft_seconds = time.perf_counter() - t0
     return step
+
+
+def _verifies_whole(row: Row) -> bool:
+    """Whether the row's controller verifies its drafts whole (``adaptive=False``): they are proposed and priced
+    even on a held step."""
+    return row.controller is not None and not row.controller.adaptive
 
 
 def _drafting_pays(shared: StepResources, batch: int, kind: str) -> bool:

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-__all__ = ["closed_loop", "open_loop", "run_load", "send"]
+__all__ = ["OUR_ARMS", "closed_loop", "open_loop", "run_load", "send"]
 
 #: The arms that name grammarspec's ``assistant`` in the request body (the others are foreign servers).
 OUR_ARMS = ("none", "auto")
