@@ -34,15 +34,14 @@ __all__ = ["run_step", "prompt_plan", "checked_prompt_chunk", "Phases", "leave"]
 #: A step that reads prompt chunks costs at most this many times the step without them (on the pass cost model):
 #: the decoding rows' per-token latency while a prompt is read, as a share of their latency without it.
 PROMPT_STEP_COST = 2.0
-#: ... unless that would spread the prompts that joined over more steps than this: a joining request's time to
-#: first token is then its prompt's own pass plus about this many of the batch's steps, whatever the pass cost's
-#: shape (a CPU's steep curve would otherwise read a long prompt a few tokens a step, for tens of seconds).  The
-#: budget is spent first come, first served and is never less than the earliest joining prompt's whole rest, so a
-#: request that joins alone waits one of the batch's steps more than alone, and of requests that join together
-#: the earliest half read in the first step and the rest in the next.  Two steps, not one, keeps a clump of joining
-#: prompts from stalling the decoding rows in one pass and then decoding and ending together; the decoding
-#: rows' stall is the same prompt tokens either way.
-PROMPT_STEPS = 2
+#: ... and never less than the earliest joining prompt's whole rest, so a joining request's time to first token is
+#: its prompt's own pass plus one of the batch's steps, whatever the pass cost's shape (a CPU's steep curve would
+#: otherwise read a long prompt a few tokens a step, for tens of seconds).  The budget is spent first come, first
+#: served, so prompts that join together are read one after another, each in a step of its own beside the
+#: decoding rows, and not all in one long pass that every one of them waits for: on a pass cost that grows with
+#: the tokens, a clump of k prompts then waits 1, 2, ..., k prompts' reading instead of k each, and its rows start
+#: (and end) apart, so later requests do not arrive in clumps either.  Reading at least one whole prompt a step
+#: keeps up with the requests that arrive as long as the batch's rows take more steps each than there are rows.
 
 
 def run_step(
@@ -88,7 +87,9 @@ def run_step(
     asks = [_ask(row) if row.proposer is not None else 0 for row in stepping]  # 0 too for a resting row
     kind = rows_kind(stepping) if shared.cost_learner is not None else ""  # the learner's record for these rows
     asking = any(asks)
-    held = asking and not _drafting_pays(shared, len(stepping), kind)
+    # A step that also reads prompts is judged as the batch its forward carries (every active row): such steps
+    # teach the learner nothing, so a record of their own stepping rows' size would never form.
+    held = asking and not _drafting_pays(shared, len(active), kind)
     priced = asking and (not held or any(_verifies_whole(row) for row in stepping))  # rows never cut draft held too
     cost = _step_cost(model, shared, len(stepping)) if priced else None
     worth = _worth(stepping, cost, finishing and not reading)
@@ -211,10 +212,8 @@ def prompt_plan(
 
     A row that joined a busy batch reads its prompt in chunks while more of it
     is uncached than the step's prompt budget leaves it; the budget (``chunk``,
-    or the largest of :func:`prompt_budget`, what reads every joining prompt
-    within :data:`PROMPT_STEPS` steps -- the step reads as fast as prompts
-    arrive -- and the earliest joining prompt's whole rest) is spent first
-    come, first served, in the order the rows came
+    or the larger of :func:`prompt_budget` and the earliest joining prompt's
+    whole rest) is spent first come, first served, in the order the rows came
     (``Row.index``; slot order is reshuffled by leaves).  Rows that join
     together do not share it evenly: the earliest reads first, so each waits
     for the prompts before it and not for those after.  Every reading row gets
@@ -230,9 +229,8 @@ def prompt_plan(
     joining = sorted((slot for slot, left in enumerate(behind) if left > 1), key=lambda slot: active[slot].index)
     if chunk is not None:
         budget = chunk
-    else:  # the pass cost's budget, or enough to read every joining prompt within PROMPT_STEPS steps and the first
-        spread = sum(min(behind[slot], -(-active[slot].prompt_length // PROMPT_STEPS)) for slot in joining)
-        budget = max(prompt_budget(model, sum(len(r.pending) for r in decoding), shared), spread, behind[joining[0]])
+    else:  # the pass cost's budget, and at least the earliest joining prompt whole
+        budget = max(prompt_budget(model, sum(len(r.pending) for r in decoding), shared), behind[joining[0]])
     plan: list[int | None] = [None] * len(active)
     for slot in joining:
         row, left = active[slot], behind[slot]

@@ -58,7 +58,9 @@ drafts it then cuts: so the learner also counts, per batch size and kind,
 the steps that offered drafts and had every one cut, and holds (with the
 same exploring steps) once those outnumber the drafted steps
 ``refusals`` to one (the hold then skips the pricing and the proposing, and
-an exploring step asks again).
+an exploring step asks again).  That count fades only as steps that offered
+drafts come in, so a hold lasts until exploring steps see drafts admitted,
+not until enough held steps have gone by.
 
 Steps that read prompt chunks or verify token trees teach nothing (their
 cost is not the policy's to choose).  Drafting policy only: which tokens are
@@ -193,7 +195,8 @@ class StepCostLearner:
         self.holds = 0  # steps held plain: drafted steps showed no gain, or the policy cut what rows offered
         #: (batch size, kind of rows) -> [steps, sum of rates, sum of squared rates] of plain steps, then of drafted
         #: ones (a step's rate: the tokens it committed a second; each sum faded by ``decay`` as its kind comes in),
-        #: then the steps whose offered drafts were all cut (faded by ``decay`` at every step of the key)
+        #: then the steps whose offered drafts were all cut (faded by ``decay`` as steps that offered drafts come in:
+        #: cut ones and drafted ones; a step that offered none, a held one, says nothing about what drafts get)
         self._outcomes: dict[tuple[int, str], list[float]] = {}
         #: (batch size, kind of rows) held -> [steps held since the last exploring step, held steps before the next]
         self._held: dict[tuple[int, str], list[int]] = {}
@@ -241,7 +244,8 @@ class StepCostLearner:
             at, rate = (3 if tokens > 0 else 0), committed / seconds
             for i, value in enumerate((1.0, rate, rate * rate)):
                 outcome[at + i] = outcome[at + i] * self.decay + value
-            outcome[6] = outcome[6] * self.decay + (1.0 if refused and tokens <= 0 else 0.0)
+            if refused or tokens > 0:
+                outcome[6] = outcome[6] * self.decay + (1.0 if refused and tokens <= 0 else 0.0)
         self.steps += 1
         self._since_plain = self._since_plain + 1 if tokens > 0 else 0
         self._plain_seen = self._plain_seen or tokens <= 0
@@ -275,24 +279,43 @@ class StepCostLearner:
         either, while drafted steps are too few to judge, once the steps whose offered drafts the policy cut
         number ``min_outcomes`` and ``refusals`` times the drafted ones (the policy itself says drafts do not
         pay there); except an exploring step: the first after ``explore_every`` held steps, each later one
-        after twice the held steps of the one before, up to ``explore_most``.  Changes state (counts the
-        holds)."""
+        after twice the held steps of the one before, up to ``explore_most``.  A size whose record is too thin
+        to judge either way takes the verdict of the nearest size of the same kind whose record can (the larger
+        on a tie): sizes the loop seldom steps at, such as a batch draining at the end of a run, or that never
+        teach (steps that also read prompts), would otherwise draft on hope; its held steps explore on its own
+        schedule, so its own record still forms.  Changes state (counts the holds)."""
         key = (batch, kind)
-        outcome = self._outcomes.get(key)
-        if outcome is None:
+        judge = key if self._judges(key) else self._nearest_judge(batch, kind)
+        if judge is None:
             return True
-        if outcome[3] < self.min_outcomes:
-            refused = outcome[6]
-            if refused < self.min_outcomes or refused < self.refusals * outcome[3]:
+        outcome = self._outcomes[judge]
+        if outcome[3] < self.min_outcomes:  # judged by the refusals alone
+            if outcome[6] < self.refusals * outcome[3]:
                 return True
             return self._hold(key)
-        if outcome[0] < self.min_outcomes:
-            return True
         (plain, plain_var), (drafted, drafted_var) = _mean_var(outcome[:3]), _mean_var(outcome[3:6])
         if drafted - plain > math.sqrt(plain_var / outcome[0] + drafted_var / outcome[3]):
             self._held.pop(key, None)
             return True
         return self._hold(key)
+
+    def _judges(self, key: tuple[int, str]) -> bool:
+        """Whether the record of ``key`` can judge drafting there: plain and drafted steps both number
+        ``min_outcomes``, or drafted ones fewer and the steps whose drafts were all cut that many.  Pure."""
+        outcome = self._outcomes.get(key)
+        if outcome is None:
+            return False
+        if outcome[3] < self.min_outcomes:
+            return outcome[6] >= self.min_outcomes
+        return outcome[0] >= self.min_outcomes
+
+    def _nearest_judge(self, batch: int, kind: str) -> tuple[int, str] | None:
+        """The key of the nearest batch size of ``kind`` (the larger on a tie) whose record judges, or ``None``.
+        Pure."""
+        sizes = [size for size, of in self._outcomes if of == kind and size != batch and self._judges((size, of))]
+        if not sizes:
+            return None
+        return min(sizes, key=lambda size: (abs(size - batch), -size)), kind
 
     def _hold(self, key: tuple[int, str]) -> bool:
         """A held step (False), or the exploring step its schedule is due (True).  Changes state."""

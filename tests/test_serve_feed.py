@@ -210,27 +210,27 @@ def test_a_steep_pass_cost_still_reads_a_joining_prompt_in_the_next_step(grammar
 
 
 def test_prompts_that_join_together_are_read_first_come_first_served(grammars):  # noqa: F811
-    """Two long prompts join a busy batch at once on a steep curve: the step's budget (both within two steps, and
-    never less than the first's whole prompt) reads the first whole, so it decodes after one step, and the
-    second after the next; both decode as alone."""
+    """Four long prompts join a busy batch at once on a steep curve: each step reads the earliest unread prompt
+    whole (the budget is never less than that) and the others a token, so they decode after one, two, three and
+    four steps -- none waits for the prompts after it -- and each decodes as alone."""
     model = ToyCausalLM(V, seed=3)
     config = DecodeConfig(max_new_tokens=24, eos_token_ids=(0,))
-    second = LONG[::-1]
-    alone = [decode(model, p, config, matcher=grammars[0].matcher())[0] for p in (LONG, second)]
+    prompts = [LONG, LONG[::-1], LONG[3:] + LONG[:3], LONG[::-1][5:] + LONG[:5]]
+    alone = [decode(model, p, config, matcher=grammars[0].matcher())[0] for p in prompts]
     first = [batch_row(PROMPTS[1], grammars[1].matcher(), None, 0, config)]
-    joining = [(batch_row(p, grammars[0].matcher(), None, 0, config), None) for p in (LONG, second)]
+    joining = [(batch_row(p, grammars[0].matcher(), None, 0, config), None) for p in prompts]
     feed = ListFeed(joining, delay=1)
-    cached: dict[int, list[int]] = {1: [], 2: []}
+    cached: dict[int, list[int]] = {1: [], 2: [], 3: [], 4: []}
 
     def on_step(rows, kv):
         for row in rows:
             if row.index in cached:
                 cached[row.index].append(row.cached)
 
-    decode_batch(model, first, config, max_batch_size=3, feed=feed, on_step=on_step, step_cost=float)
-    assert [feed.ended[i][0] for i in (1, 2)] == alone
-    reading = [sum(1 for c in cached[i] if c < len(p)) for i, p in ((1, LONG), (2, second))]
-    assert reading == [0, 1]  # the first read whole at once; the second a token beside it, then the rest
+    decode_batch(model, first, config, max_batch_size=5, feed=feed, on_step=on_step, step_cost=float)
+    assert [feed.ended[i][0] for i in (1, 2, 3, 4)] == alone
+    reading = [sum(1 for c in cached[i] if c < len(p)) for i, p in zip((1, 2, 3, 4), prompts)]
+    assert reading == [0, 1, 2, 3]  # the first read whole at once; each later one a token a step until its turn
 
 
 def test_the_prompt_budget_goes_to_the_row_that_came_first_whatever_its_slot():
@@ -249,11 +249,11 @@ def test_the_prompt_budget_goes_to_the_row_that_came_first_whatever_its_slot():
     assert plan == [None, 1, None]  # the earlier request's whole prompt; the later one's first token
     plan = prompt_plan(None, [decoding, later, earlier], SimpleNamespace(), chunk=20)
     assert plan == [None, 1, 20]  # neither fits: the earlier reads the budget
-    # The derived budget on a steep curve: three prompts of 30 tokens within two steps (45 tokens), first come,
-    # first served: the first whole, the second half, the third a token.
+    # The derived budget on a steep curve: of three prompts that joined together, the earliest whole, the others a
+    # token each (not a share of a budget that reads them all within a few steps: each would wait for all).
     arrived = [row(9, 30, 0), row(8, 30, 0), row(4, 30, 0)]  # in slot order; they came 4, 8, 9
     plan = prompt_plan(None, [decoding, *arrived], SimpleNamespace(step_cost=float), None)
-    assert plan == [None, 1, 15, None]
+    assert plan == [None, 1, 1, None]
 
 
 def test_joins_and_leaves_copy_no_other_row_s_cache():

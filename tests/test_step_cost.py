@@ -393,8 +393,9 @@ def test_in_the_loop_a_hold_on_free_rows_keeps_them_plain_and_leaves_constrained
 def test_where_the_policy_cuts_every_offered_draft_the_learner_holds_without_a_drafted_record():
     """Drafted steps too rare to judge, but the policy keeps cutting what the rows offer: once those steps number
     ``min_outcomes`` and ``refusals`` times the drafted ones, drafting is held at that batch size and kind (its
-    exploring steps kept); not where the policy admits drafts often enough, nor for another size or kind; the
-    refusals fade as plain steps come, and the hold lifts."""
+    exploring steps kept); not where the policy admits drafts often enough, nor for another kind.  Plain
+    steps that offered nothing (held ones) leave the refusals where they are; drafted steps fade them, and the
+    hold lifts."""
     learner = StepCostLearner(PassCost(), explore_every=4, explore_most=8, min_outcomes=8.0, refusals=8.0)
 
     def refused(learner, n):
@@ -409,10 +410,14 @@ def test_where_the_policy_cuts_every_offered_draft_the_learner_holds_without_a_d
     held = [learner.drafting_pays(16, "free") for _ in range(12)]
     assert [i for i, pays in enumerate(held) if pays] == [3, 11]  # exploring after 4 held steps, then 8
     assert learner.holds == 10
-    assert learner.drafting_pays(16, "constrained") and learner.drafting_pays(8, "free")
+    assert learner.drafting_pays(16, "constrained")
     assert learner.outcomes()[(16, "free")]["refused_steps"] == pytest.approx(sum(0.99**k for k in range(10)))
-    for _ in range(200):  # plain steps that offered nothing: the refusals fade below min_outcomes
+    for _ in range(200):  # plain steps that offered nothing: no evidence either way, the hold stays
         learner.observe(rows=16, batch=16, tokens=0, drafting=0, seconds=0.1, committed=16, kind="free")
+    assert learner.outcomes()[(16, "free")]["refused_steps"] == pytest.approx(sum(0.99**k for k in range(10)))
+    assert not all(learner.drafting_pays(16, "free") for _ in range(8))
+    for _ in range(2):  # exploring steps whose drafts the policy admitted: drafting is let go
+        learner.observe(rows=20, batch=16, tokens=4, drafting=1, seconds=0.11, committed=18, kind="free")
     assert all(learner.drafting_pays(16, "free") for _ in range(8))
 
     often = StepCostLearner(PassCost(), min_outcomes=8.0, refusals=8.0)
@@ -423,6 +428,28 @@ def test_where_the_policy_cuts_every_offered_draft_the_learner_holds_without_a_d
     assert all(often.drafting_pays(16, "free") for _ in range(8)) and often.holds == 0
     with pytest.raises(ValueError, match="refusals"):
         StepCostLearner(PassCost(), refusals=0.5)
+
+
+def test_a_size_too_thin_to_judge_takes_the_nearest_judged_size_s_verdict():
+    """A batch size the learner has no verdict for (no record, or too few steps) borrows the verdict of the nearest
+    size of the same kind whose record judges, the larger on a tie, and explores on its own schedule; a size whose
+    own record judges keeps its own verdict; with nothing judged anywhere, drafting is allowed."""
+    learner = StepCostLearner(PassCost(), explore_every=4, explore_most=8, min_outcomes=8.0, refusals=8.0)
+    assert learner.drafting_pays(12, "free")  # nothing judged anywhere: drafting allowed
+    for _ in range(10):  # at 16 rows the policy cuts every offered draft: held there
+        learner.observe(rows=16, batch=16, tokens=0, drafting=0, seconds=0.1, committed=16, kind="free", refused=True)
+    for _ in range(3):  # at 15 a few plain steps: too thin to judge
+        learner.observe(rows=15, batch=15, tokens=0, drafting=0, seconds=0.1, committed=15, kind="free")
+    for batch in (15, 9):  # both borrow 16's hold, each exploring on its own schedule (after 4 held steps)
+        assert [learner.drafting_pays(batch, "free") for _ in range(5)] == [False, False, False, True, False]
+    assert learner.drafting_pays(15, "constrained")  # another kind: its own (empty) record
+    for i in range(10):  # at 4 rows drafted steps commit twice the tokens a second of plain ones: it drafts
+        learner.observe(rows=4, batch=4, tokens=0, drafting=0, seconds=0.1, committed=4, kind="free")
+        learner.observe(rows=12, batch=4, tokens=8, drafting=4, seconds=0.1, committed=8 + i % 2, kind="free")
+    assert all(learner.drafting_pays(4, "free") for _ in range(8))
+    assert [learner.drafting_pays(6, "free") for _ in range(4)] == [True] * 4  # nearer 4 than 16
+    assert not learner.drafting_pays(10, "free")  # as near to 4 as to 16: the larger, held
+    assert not learner.drafting_pays(16, "free")
 
 
 def test_in_the_loop_rows_whose_offered_drafts_the_policy_always_cuts_stop_being_asked():

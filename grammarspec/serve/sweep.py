@@ -471,9 +471,9 @@ def _step_cost_lines(result: dict[str, Any]) -> list[str]:
         "The step cost the policy had learned at the end of each auto run (plain 1-row steps; the profile's terms in "
         "brackets): every term is what the server's real steps took (grammarspec/step_cost.py).",
         "",
-        "Steps held plain: steps that drafted nothing because, at their batch size and kind of rows, drafted steps "
-        "had shown no gain in tokens a second over plain ones, or the policy had cut what the rows offered "
-        "(counts so far in the server's life).",
+        "Steps held plain: steps that drafted nothing because, at their batch size and kind of rows (or the nearest "
+        "size with a record where theirs was too thin), drafted steps had shown no gain in tokens a second over "
+        "plain ones, or the policy had cut what the rows offered (counts so far in the server's life).",
         "",
         "| workload | load | run | steps learned from (plain probes, held plain) | unit ms | per stepping row | switch | "
         "per draft token | "
