@@ -32,16 +32,16 @@ from .tree_layout import descend
 __all__ = ["run_step", "prompt_plan", "checked_prompt_chunk", "Phases", "leave"]
 
 #: A step that reads prompt chunks costs at most this many times the step without them (on the pass cost model):
-#: the decoding rows' per-token latency while a prompt is read, as a share of their latency without it.
-PROMPT_STEP_COST = 2.0
-#: ... and never less than the earliest joining prompt's whole rest, so a joining request's time to first token is
-#: its prompt's own pass plus one of the batch's steps, whatever the pass cost's shape (a CPU's steep curve would
-#: otherwise read a long prompt a few tokens a step, for tens of seconds).  The budget is spent first come, first
+#: the decoding rows' per-token latency while a prompt is read, as a share of their latency without it.  The
+#: budget is never less than the earliest joining prompt's whole rest, so a joining request's time to first token
+#: is its prompt's own pass plus one of the batch's steps, whatever the pass cost's shape (a CPU's steep curve
+#: would otherwise read a long prompt a few tokens a step, for tens of seconds).  It is spent first come, first
 #: served, so prompts that join together are read one after another, each in a step of its own beside the
 #: decoding rows, and not all in one long pass that every one of them waits for: on a pass cost that grows with
 #: the tokens, a clump of k prompts then waits 1, 2, ..., k prompts' reading instead of k each, and its rows start
 #: (and end) apart, so later requests do not arrive in clumps either.  Reading at least one whole prompt a step
 #: keeps up with the requests that arrive as long as the batch's rows take more steps each than there are rows.
+PROMPT_STEP_COST = 2.0
 
 
 def run_step(

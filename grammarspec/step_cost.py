@@ -244,8 +244,8 @@ class StepCostLearner:
             at, rate = (3 if tokens > 0 else 0), committed / seconds
             for i, value in enumerate((1.0, rate, rate * rate)):
                 outcome[at + i] = outcome[at + i] * self.decay + value
-            if refused or tokens > 0:
-                outcome[6] = outcome[6] * self.decay + (1.0 if refused and tokens <= 0 else 0.0)
+            if tokens > 0 or refused:  # only steps that offered drafts say what drafts get
+                outcome[6] = outcome[6] * self.decay + (0.0 if tokens > 0 else 1.0)
         self.steps += 1
         self._since_plain = self._since_plain + 1 if tokens > 0 else 0
         self._plain_seen = self._plain_seen or tokens <= 0
@@ -334,8 +334,13 @@ class StepCostLearner:
         for key, outcome in sorted(self._outcomes.items()):
             plain = _mean_var(outcome[:3])[0] if outcome[0] else None
             drafted = _mean_var(outcome[3:6])[0] if outcome[3] else None
-            out[key] = {"plain": plain, "drafted": drafted, "plain_steps": outcome[0], "drafted_steps": outcome[3]}
-            out[key]["refused_steps"] = outcome[6]
+            out[key] = {
+                "plain": plain,
+                "drafted": drafted,
+                "plain_steps": outcome[0],
+                "drafted_steps": outcome[3],
+                "refused_steps": outcome[6],
+            }
         return out
 
     def cost(self, batch: int) -> PassCost | StepCost:
