@@ -23,6 +23,8 @@ def test_a_run_splits_its_time_between_forwards_the_rest_of_the_steps_and_the_lo
     assert plain["steps"] >= 6 and plain["admitted"] == 0 and plain["tok/s"] > 0
     assert plain["forward s"] > 0 and plain["rest of steps s"] > 0 and plain["outside s"] >= 0
     assert plain["gc s"] >= 0 and plain["full gc"] >= 0
+    # both clients' rows decode together once the second prompt is read: steps of the one shape both arms share
+    assert 1 <= plain["full plain steps"] < plain["steps"] and plain["their forward ms"] > 0
     assert drafted["steps"] >= 1 and drafted["admitted"] >= 0
 
 

@@ -79,6 +79,12 @@ def test_each_auto_run_is_compared_with_the_none_runs_either_side_of_it():
     result = {"runs": [run(arm, i, v) for i, (arm, v) in enumerate(speeds)]}
     lines = {line["arm"]: line for line in sweep_summary(result)}
     assert lines["auto"]["pair_ratios"] == pytest.approx([1.0, 0.9])  # 11 / mean(10, 12), 9 / mean(12, 8)
+    assert lines["auto"]["pair_mean"] == pytest.approx(0.95)
+    assert lines["auto"]["pair_error"] == pytest.approx(0.05)  # stdev 0.0707 of two ratios, over sqrt(2)
+    assert lines["none"]["pair_mean"] is None and lines["none"]["pair_error"] is None
+    one = {"runs": result["runs"][:3]}  # a single auto run: a ratio, no error to give
+    alone = {line["arm"]: line for line in sweep_summary(one)}["auto"]
+    assert alone["pair_mean"] == pytest.approx(1.0) and alone["pair_error"] is None
     assert lines["auto"]["tok_s"] == 10.0 and lines["none"]["tok_s"] == 10.0 and lines["none"]["pair_ratios"] == []
 
 

@@ -12,8 +12,10 @@ untimed run of each (every JSON schema is compiled before, as ``bench-serve
 --sweep`` does).  Per run it prints output tokens a second, the steps,
 the seconds inside steps (forward and the rest) and outside them (the loop
 around the steps: joins, the feed, the step cost learner), from the engine's
-step trace, and the seconds the garbage collector ran (with its full
-collections).  ``--functions`` wraps the loop's host functions with timers
+step trace, the mean forward of the steps that take one shape in both arms
+(all C rows decoding a token, no prompt read, no draft verified: whether an
+arm's forwards themselves run slower), and the seconds the garbage collector
+ran (with its full collections).  ``--functions`` wraps the loop's host functions with timers
 and prints ms a step for each (the wrappers add a little to every arm).
 Counts are exact; times need the machine to itself.
 """
@@ -131,6 +133,10 @@ def run(
     steps, joins = engine.trace.take()
     inside = sum(sum(s.seconds.values()) for s in steps)
     forward = sum(s.seconds.get("forward", 0.0) for s in steps)
+    # forwards of one shape in both arms: every client's row decoding a token, no prompt read, no draft verified
+    shaped = [
+        s.seconds.get("forward", 0.0) for s in steps if s.rows == concurrency and not s.prompt_tokens + s.admitted
+    ]
     joined = sum(j.seconds for j in joins)
     collected, full = GC.take()
     return {
@@ -139,6 +145,8 @@ def run(
         "admitted": sum(s.admitted for s in steps),
         "drafted steps": sum(1 for s in steps if s.admitted),
         "forward s": forward,
+        "full plain steps": len(shaped),
+        "their forward ms": 1000 * statistics.fmean(shaped) if shaped else float("nan"),
         "rest of steps s": inside - forward,
         "outside s": wall - inside - joined,
         "gc s": collected,

@@ -364,10 +364,25 @@ def _pair_ratios(runs: Sequence[dict[str, Any]], nones: Sequence[dict[str, Any]]
     return ratios
 
 
+def _ratio_spread(ratios: Sequence[float]) -> tuple[float | None, float | None]:
+    """The mean of ``ratios`` and its standard error (``None`` without two ratios).  Adjacent runs' ratios share
+    the ``none`` run between them, so the error understates the uncertainty a little.  Pure.
+
+    >>> mean, error = _ratio_spread([0.98, 1.0, 1.02])
+    >>> round(mean, 3), round(error, 4)
+    (1.0, 0.0115)
+    """
+    if not ratios:
+        return None, None
+    mean = statistics.fmean(ratios)
+    return mean, statistics.stdev(ratios) / len(ratios) ** 0.5 if len(ratios) > 1 else None
+
+
 def sweep_summary(result: dict[str, Any]) -> list[dict[str, Any]]:
     """One line per workload, level and arm: its runs' summaries averaged, each run's throughput against the
-    ``none`` runs either side of it (``pair_ratios``, the embedded arms), and its outputs against ``none``'s first
-    run (identical requests / requests).  Pure."""
+    ``none`` runs either side of it (``pair_ratios``, the embedded arms; ``pair_mean`` and ``pair_error``, their
+    mean and its standard error), and its outputs against ``none``'s first run (identical requests / requests).
+    Pure."""
     grouped = _arm_rows(result)
     lines = []
     for (name, kind, value, arm), runs in grouped.items():
@@ -380,6 +395,8 @@ def sweep_summary(result: dict[str, Any]) -> list[dict[str, Any]]:
                 same += sum(a == b for a, b in zip(run["outputs"], reference["outputs"]))
                 total += len(run["outputs"])
         keys = ("tok_s", "ttft_median", "ttft_p90", "ttft_steady_median", "itl_median", "tokens_per_pass")
+        ratios = _pair_ratios(runs, grouped.get((name, kind, value, "none"), [])) if arm == "auto" else []
+        mean, error = _ratio_spread(ratios)
         line = {
             "workload": name,
             "load": kind,
@@ -388,7 +405,9 @@ def sweep_summary(result: dict[str, Any]) -> list[dict[str, Any]]:
             "runs": len(runs),
             **{k: _mean([r["summary"].get(k) for r in runs]) for k in keys},
             "identical": (same, total) if total else None,
-            "pair_ratios": _pair_ratios(runs, grouped.get((name, kind, value, "none"), [])) if arm == "auto" else [],
+            "pair_ratios": ratios,
+            "pair_mean": mean,
+            "pair_error": error,
         }
         lines.append(line)
     return lines
@@ -403,7 +422,8 @@ def sweep_markdown(result: dict[str, Any], command: str) -> str:
         "",
         f"Greedy, max_tokens {result['max_tokens']}, --max-batch-size "
         f"{result['max_batch_size']}, prefix cache off; each arm is the mean of its runs (none, then auto, none "
-        f"{result.get('pairs', 1)} time(s)); 'each run' gives every auto run against the none runs either side of it. "
+        f"{result.get('pairs', 1)} time(s)); 'each run' gives every auto run against the none runs either side of it, "
+        "then those ratios' mean ± its standard error (neighbouring ratios share a none run: it understates a little). "
         "TTFT after the burst: the requests a closed loop sends after its C opening ones, each joining a batch "
         "that is decoding ('-': the level sent no more than C)."
         + (
@@ -425,6 +445,8 @@ def sweep_markdown(result: dict[str, Any], command: str) -> str:
         itl = s["itl_median"] * 1000 if s["itl_median"] is not None else None
         same = f"{s['identical'][0]}/{s['identical'][1]}" if s["identical"] else "-"
         each = ", ".join(f"{r:.2f}" for r in s["pair_ratios"]) or "-"
+        if s["pair_error"] is not None:
+            each += f" (mean {s['pair_mean']:.3f} ± {s['pair_error']:.3f})"
         out.append(
             f"| {s['workload']} | {s['load']}={s['level']:g} | {s['arm']} | {s['tok_s']:.1f} | {_cell(ratio)} | {each} | "
             f"{_cell(s['ttft_median'])} | {_cell(s['ttft_p90'])} | {_cell(s['ttft_steady_median'])} | {_cell(itl, 1)} | "
