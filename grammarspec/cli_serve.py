@@ -180,7 +180,7 @@ def add_serve_commands(commands: Any) -> None:
         default=1,
         metavar="P",
         help="none and auto interleaved as none, then auto, none P times: more runs to average where the "
-        "ratio is near 1 (default: 1)",
+        "ratio is near 1; from 2, the report gives the runs' mean ratio and its standard error (default: 1)",
     )
     sweep.add_argument(
         "--max-batch-size",
