@@ -135,7 +135,7 @@ def run(
     forward = sum(s.seconds.get("forward", 0.0) for s in steps)
     # forwards of one shape in both arms: every client's row decoding a token, no prompt read, no draft verified
     shaped = [
-        s.seconds.get("forward", 0.0) for s in steps if s.rows == concurrency and not s.prompt_tokens + s.admitted
+        s.seconds.get("forward", 0.0) for s in steps if s.rows == concurrency and not s.prompt_tokens and not s.admitted
     ]
     joined = sum(j.seconds for j in joins)
     collected, full = GC.take()

@@ -365,8 +365,8 @@ def _pair_ratios(runs: Sequence[dict[str, Any]], nones: Sequence[dict[str, Any]]
 
 
 def _ratio_spread(ratios: Sequence[float]) -> tuple[float | None, float | None]:
-    """The mean of ``ratios`` and its standard error (``None`` without two ratios).  Adjacent runs' ratios share
-    the ``none`` run between them, so the error understates the uncertainty a little.  Pure.
+    """The mean of ``ratios`` (``None`` without any) and its standard error (``None`` without two).  Adjacent
+    runs' ratios share the ``none`` run between them, so the error understates the uncertainty a little.  Pure.
 
     >>> mean, error = _ratio_spread([0.98, 1.0, 1.02])
     >>> round(mean, 3), round(error, 4)
