@@ -118,7 +118,8 @@ def _text(value: Any) -> str:
         if not isinstance(part, Mapping) or part.get("type") != "text" or not isinstance(part.get("text"), str):
             kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
             raise PydanticCustomError(
-                "invalid_value", f"content[{j}] is {kind!r}: only text parts ({{'type': 'text', 'text': ...}}) are supported"
+                "invalid_value",
+                f"content[{j}] is {kind!r}: only text parts ({{'type': 'text', 'text': ...}}) are supported",
             )
         texts.append(part["text"])
     return "".join(texts)
@@ -476,7 +477,9 @@ def parse_request(body: Any, model_name: str) -> ChatRequest:
     for name, (off, why) in _OFF_ONLY.items():
         value = getattr(checked, name)
         if value not in off and not (name == "logit_bias" and value == {}):
-            raise RequestError(f"'{name}'={value!r} cannot be honoured: {why}", param=name, code="unsupported_parameter")
+            raise RequestError(
+                f"'{name}'={value!r} cannot be honoured: {why}", param=name, code="unsupported_parameter"
+            )
     request = ChatRequest(messages=[_message(m) for m in checked.messages])
     fmt = checked.response_format
     if isinstance(fmt, JsonObjectFormat):
