@@ -46,7 +46,9 @@ def add_serve_commands(commands: Any) -> None:
         description="Serve POST /v1/chat/completions (response_format, tools, tool_choice, parallel_tool_calls, "
         "stream, temperature, top_p, max_tokens, stop, seed, n), GET /v1/models and GET /health. One "
         "continuous-batching decode loop serves every open request; recent conversations' KV is reused by prefix. "
-        "A field the server cannot honour is refused with a 400 in OpenAI's error shape.",
+        "A field the server cannot honour is refused with a 400 in OpenAI's error shape. Before exposing it "
+        "(--host 0.0.0.0), give it a key (--api-key); bodies and prompts are capped (--max-body-mb, "
+        "--max-prompt-chars).",
     )
     serve.add_argument(
         "model",

@@ -367,24 +367,56 @@ def _is_tag(path: str) -> bool:
     return path in ("tool_choice", "response_format") or bool(re.fullmatch(r"messages\[\d+\]", path))
 
 
+#: The model at each place of the body, by the names (fields and union tags) of its location, list indices left out.
+_PLACES: dict[tuple[str, ...], type[BaseModel]] = {
+    ("messages", "system"): SystemMessage,
+    ("messages", "user"): UserMessage,
+    ("messages", "assistant"): AssistantMessage,
+    ("messages", "tool"): ToolMessage,
+    ("messages", "assistant", "tool_calls"): ToolCall,
+    ("messages", "assistant", "tool_calls", "function"): FunctionCall,
+    ("tools",): Tool,
+    ("tools", "function"): FunctionDefinition,
+    ("tool_choice", "named"): NamedToolChoice,
+    ("tool_choice", "named", "function"): FunctionName,
+    ("response_format", "text"): TextFormat,
+    ("response_format", "json_object"): JsonObjectFormat,
+    ("response_format", "json_schema"): JsonSchemaResponseFormat,
+    ("response_format", "json_schema", "json_schema"): JsonSchemaFormat,
+    ("stream_options",): StreamOptions,
+    ("grammarspec",): Extension,
+}
+
+
+def _unknown(loc: tuple[Any, ...], path: str) -> str:
+    """What an unknown field's message says: the fields its place may hold."""
+    if len(loc) == 1:
+        return f"unknown field '{path}'; grammarspec serve accepts {', '.join(_FIELDS)}"
+    place = _PLACES.get(tuple(item for item in loc[:-1] if not isinstance(item, int)))
+    if place is None:
+        return f"unknown field '{path}'"
+    fields = [f.alias or name for name, f in place.model_fields.items()]
+    return f"unknown field '{path}'; {path.rsplit('.', 1)[0]} may hold {', '.join(fields)}"
+
+
 def _refusal(e: ValidationError) -> RequestError:
     errors = e.errors(include_url=False)
     first = errors[0]
-    path = _path(tuple(first["loc"]))
+    loc = tuple(first["loc"])
+    path = _path(loc)
     kind = first["type"]
     if kind == "invalid_role":
         path += ".role"
     elif kind == "invalid_format":
         path += ".type"
+    said = first["msg"][:1].lower() + first["msg"][1:]
     if kind == "extra_forbidden":
-        where = path.rsplit(".", 1)[0] if "." in path else ""
-        allowed = ", ".join(_FIELDS) if not where else "the fields OpenAI defines there"
-        message = f"unknown field '{path}'; grammarspec serve accepts {allowed}"
+        message = _unknown(loc, path)
     elif kind == "missing":
-        message = f"{path}: field required" if first["msg"] == "Field required" else f"{path}: {first['msg']}"
+        message = f"{path}: field required" if said == "field required" else f"{path}: {said}"
     else:
         got = f" (got {type(first['input']).__name__})" if kind.endswith("_type") else ""
-        message = f"{path}: {first['msg']}{got}" if path else first["msg"]
+        message = f"{path}: {said}{got}" if path else said
     if len(errors) > 1:
         message += f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})"
     code = _CODES.get(kind, "invalid_type" if kind.endswith("_type") or kind == "invalid_type" else "invalid_value")
@@ -502,6 +534,12 @@ def parse_request(body: Any, model_name: str) -> ChatRequest:
             )
         request.tool_choice = choice.model_dump()
     elif choice is not None:
+        if choice == "required" and not checked.tools:
+            raise RequestError(
+                "tool_choice='required' needs tools: pass tools=[...], or tool_choice 'auto' or 'none'",
+                param="tool_choice",
+                code="invalid_value",
+            )
         request.tool_choice = choice
     request.parallel_tool_calls = bool(checked.parallel_tool_calls)
     if request.tools and (request.schema is not None or request.json_object) and request.tool_choice != "none":
