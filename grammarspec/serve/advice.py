@@ -14,7 +14,7 @@ import re
 __all__ = ["client_words"]
 
 _REWRITES: tuple[tuple[str, str], ...] = (
-    (r"grammar_backend='(\w+)'", r'"grammarspec": {"grammar_backend": "\1"} in the request'),
+    (r"(?:grammar_)?backend='(\w+)'", r'"grammarspec": {"grammar_backend": "\1"} in the request'),
     (
         r"or compile without compile_timeout to see the backend's own error",
         "or ask the server's operator to raise its --compile-timeout",
