@@ -8,6 +8,8 @@ module so that one patched helper serves every subcommand.
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -16,11 +18,26 @@ from . import cli
 
 __all__ = ["add_serve_commands"]
 
+_non_negative_int = cli._number(int, 0)
+
+
+def _positive_seconds_or_mb(text: str) -> float:
+    """An argparse ``type=``: a finite number above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be a finite number above 0, got {text}")
+    return value
+
 
 def add_serve_commands(commands: Any) -> None:
     from grammars.registry import BACKEND_CHOICES
     from grammars.registry import DEFAULT as DEFAULT_BACKEND
 
+    from .serve.engine import COMPILE_TIMEOUT
+    from .serve.guard import DEFAULT_MAX_BODY_MB
     from .step_cost import STEP_COSTS
 
     serve = commands.add_parser(
@@ -29,7 +46,9 @@ def add_serve_commands(commands: Any) -> None:
         description="Serve POST /v1/chat/completions (response_format, tools, tool_choice, parallel_tool_calls, "
         "stream, temperature, top_p, max_tokens, stop, seed, n), GET /v1/models and GET /health. One "
         "continuous-batching decode loop serves every open request; recent conversations' KV is reused by prefix. "
-        "A field the server cannot honour is refused with a 400 in OpenAI's error shape.",
+        "A field the server cannot honour is refused with a 400 in OpenAI's error shape. Before exposing it "
+        "(--host 0.0.0.0), give it a key (--api-key); bodies and prompts are capped (--max-body-mb, "
+        "--max-prompt-chars).",
     )
     serve.add_argument(
         "model",
@@ -95,7 +114,44 @@ def add_serve_commands(commands: Any) -> None:
         help="how tool calls are written: auto (the chat template's, else json), json, or an "
         "xgrammar model format (default: auto)",
     )
+    serve.add_argument(
+        "--compile-timeout",
+        type=_positive_seconds_or_mb,
+        default=COMPILE_TIMEOUT,
+        metavar="SECONDS",
+        help=f"the longest one request's grammar may take to compile, over every backend tried; past it the "
+        f"request is a 400 (default: {COMPILE_TIMEOUT:g})",
+    )
     serve.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    security = serve.add_argument_group(
+        "a public endpoint",
+        "what guards a server others can reach (--host 0.0.0.0): a key, and the size of what is read",
+    )
+    security.add_argument(
+        "--api-key",
+        metavar="KEY",
+        default=None,
+        help="the key every request must send as 'Authorization: Bearer KEY' (the openai client's api_key); "
+        "a missing or wrong key is a 401. GET /health stays open for liveness probes and answers only its status "
+        "without the key (default: the environment variable GRAMMARSPEC_API_KEY; neither: no key, an open server)",
+    )
+    security.add_argument(
+        "--max-body-mb",
+        type=_positive_seconds_or_mb,
+        default=DEFAULT_MAX_BODY_MB,
+        metavar="MB",
+        help=f"the largest request body read, in MiB; a larger one is a 413 before it is read or parsed "
+        f"(default: {DEFAULT_MAX_BODY_MB:g})",
+    )
+    security.add_argument(
+        "--max-prompt-chars",
+        type=_non_negative_int,
+        default=None,
+        metavar="N",
+        help="the most characters of message text a request may hold; more is a 400 before the tokenizer sees "
+        "it (default: the model's context in tokens times its longest vocabulary entry in characters, which no "
+        "prompt that fits the context passes; 0: no limit)",
+    )
     cli._add_placement(serve)
     serve.set_defaults(run=_cmd_serve)
 
@@ -209,6 +265,10 @@ def _cmd_serve(args: argparse.Namespace, command: str) -> int:
     from .serve import Engine, serve
     from .tool_calls import ToolCallError
 
+    api_key = args.api_key if args.api_key is not None else os.environ.get("GRAMMARSPEC_API_KEY") or None
+    if api_key is not None and not api_key.strip():
+        raise cli.CliError("--api-key is empty: give a key, or leave the flag out for an open server")
+
     cli._quiet_transformers()
     model, tokenizer = cli._load(args.model, device=args.device, dtype=args.dtype)
     try:
@@ -223,12 +283,23 @@ def _cmd_serve(args: argparse.Namespace, command: str) -> int:
             tool_format=args.tool_format,
             prompt_chunk=args.prompt_chunk,
             step_cost=args.step_cost,
+            compile_timeout=args.compile_timeout,
         )
     except ToolCallError as e:
         raise cli.CliError(f"--tool-format: {e}") from None
     name = args.served_model_name or args.model
-    print(f"grammarspec serve: {name} on http://{args.host}:{args.port}/v1", file=sys.stderr)
-    serve(engine, name, host=args.host, port=args.port, log_level=args.log_level)
+    guarded = "an API key" if api_key else "no API key: anyone who can reach it may use it"
+    print(f"grammarspec serve: {name} on http://{args.host}:{args.port}/v1 ({guarded})", file=sys.stderr)
+    serve(
+        engine,
+        name,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        api_key=api_key,
+        max_body_bytes=int(args.max_body_mb * 2**20),
+        max_prompt_chars="auto" if args.max_prompt_chars is None else (args.max_prompt_chars or None),
+    )
     return 0
 
 

@@ -238,7 +238,7 @@ def test_errors_are_typed_with_our_message_and_param(client):
     assert e.value.param == "response_format" and "no finite value" in e.value.message
     with pytest.raises(openai.BadRequestError) as e:
         _ask(client, "hi", metadata={"k": 5})
-    assert e.value.param == "metadata"
+    assert e.value.param == "metadata.k"
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="gpt-9", messages=[{"role": "user", "content": "hi"}])
 

@@ -73,7 +73,7 @@ def test_metadata_is_accepted_and_checked():
     for bad in ({"k": 1}, "tag", {f"k{i}": "v" for i in range(17)}):
         with pytest.raises(RequestError) as e:
             parse_request({**body, "metadata": bad}, "m")
-        assert e.value.param == "metadata"
+        assert e.value.param.startswith("metadata")
 
 
 def test_include_usage_is_read_and_needs_a_stream():

@@ -76,6 +76,40 @@ def test_what_cannot_be_honoured_is_refused_by_name(extra, param, status):
     assert set(body) == {"message", "type", "param", "code"} and body["message"]
 
 
+@pytest.mark.parametrize(
+    "extra, param, says",
+    [
+        (
+            {"messages": [{"role": "user", "content": "x", "tool_calls": []}]},
+            "messages[0].tool_calls",
+            "messages[0] may hold role, content, name",
+        ),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}, "mode": "x"}}},
+            "response_format.json_schema.mode",
+            "response_format.json_schema may hold name, description, schema, strict",
+        ),
+        ({"grammarspec": {"draft": 3}}, "grammarspec.draft", "grammarspec may hold assistant"),
+        ({"tool_choice": "required"}, "tool_choice", "needs tools"),
+        ({"grammarspec": {"grammar_backend": "regex"}}, "grammarspec.grammar_backend", "'xgrammar'"),
+        ({"messages": [{"role": "assistant"}]}, "messages[0]", "needs content or tool_calls"),
+        ({"temperature": float("inf")}, "temperature", "out of range"),
+    ],
+)
+def test_an_unknown_or_malformed_nested_field_is_named_with_what_its_place_holds(extra, param, says):
+    with pytest.raises(RequestError) as e:
+        parse_request({"model": "m", "messages": MESSAGES, **extra}, "m")
+    assert e.value.param == param and says in e.value.message, e.value.message
+
+
+def test_a_request_may_choose_its_grammar_backend():
+    body = {"model": "m", "messages": MESSAGES}
+    assert parse_request(body, "m").grammar_backend is None  # the server's --grammar-backend
+    assert parse_request({**body, "grammarspec": {"grammar_backend": "llguidance"}}, "m").grammar_backend == (
+        "llguidance"
+    )
+
+
 def _kv_of(model, tokens):
     kv = BatchKV(model, 1)
     kv.forward([tokens], [[]])  # the prompt pass: no draft tree

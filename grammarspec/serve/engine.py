@@ -262,9 +262,10 @@ class Engine:
 
     # --- preparing a request (the HTTP side; errors are 400s) -------------------------------------
 
-    def _compile(self, spec: Any) -> Any:
+    def _compile(self, spec: Any, backend: str | None = None) -> Any:
+        backend = backend or self.grammar_backend  # a request's own choice, else the server's
         key = json.dumps(
-            [spec.kind, spec.schema, getattr(spec, "grammar", None), getattr(spec, "regex", None), repr(spec)],
+            [backend, spec.kind, spec.schema, getattr(spec, "grammar", None), getattr(spec, "regex", None), repr(spec)],
             sort_keys=True,
             default=str,
         )
@@ -277,7 +278,7 @@ class Engine:
             self.tokenizer,
             vocab_size=self.vocab,
             stop_token_ids=self.eos,
-            backend=self.grammar_backend,
+            backend=backend,
             compile_timeout=self.compile_timeout,
         )
         with self._grammar_lock:
@@ -323,7 +324,7 @@ class Engine:
             spec = grammar_spec(
                 schema=request.schema, json_object=request.json_object, **{k: v for k, v in constraint.items()}
             )
-            compiled = self._compile(spec) if spec is not None else None
+            compiled = self._compile(spec, request.grammar_backend) if spec is not None else None
         except (GrammarError, ValueError, TypeError) as e:
             param = "tools" if constraint else "response_format"
             raise RequestError(f"the constraint does not compile: {e}", param=param, code="invalid_schema") from None
