@@ -184,6 +184,7 @@ class Job:
     choices: list[Choice] = field(default_factory=list)
     reused_tokens: int = 0
     cancelled: bool = False
+    failed: bool = False  # one of its rows failed in its own work: the client got the error
     done: int = 0
     id: str = field(default_factory=lambda: "chatcmpl-" + uuid.uuid4().hex[:24])
     created: int = field(default_factory=lambda: int(time.time()))
@@ -462,8 +463,36 @@ class Engine:
         self._keep(self._rows[row.index], row, kv, slot)
 
     def finished(self, row: Row, kv: BatchKV | None, slot: int) -> None:
-        choice = self._rows[row.index]
+        choice = self._rows.pop(
+            row.index
+        )  # the loop asks no more about it; a busy loop never returns, so forget it now
         choice.row = row
+        if row.failure is not None:
+            self._fail(choice.job, f"{row.failure}", row.failure.error)
+            return
+        try:
+            self._report_choice(choice, row, kv, slot)
+        except Exception as e:  # reporting this row failed (its text, its validation): its request fails alone
+            self._fail(choice.job, f"reporting its answer raised {type(e).__name__}: {e}", e)
+
+    def _fail(self, job: Job, what: str, error: Exception) -> None:
+        """The job failed in its own work: its client gets the error (once), its other choices stop."""
+        if job.failed:
+            return
+        job.failed = job.cancelled = True
+        self.counters["failed"] += 1
+        traceback.print_exception(error)
+        job.emit(
+            (
+                "error",
+                f"this request failed inside the server ({what}); other requests were not affected. It is a server "
+                "bug, not a fault of the request: please report it with the request (other settings, such as "
+                '"assistant": "none" or another schema, may avoid it)',
+            )
+        )
+
+    def _report_choice(self, choice: Choice, row: Row, kv: BatchKV | None, slot: int) -> None:
+        """Keep the ended row's KV and drafting records, and send its answer."""
         if row.finish_reason == "cancelled":
             self.counters["cancelled"] += 1
         controller = choice.row_request.controller
@@ -477,7 +506,6 @@ class Engine:
             records = copy.deepcopy(choice.row_request.controller.calibration)
             self.prefix.annotate(row.tokens, records, min_length=max(len(choice.prompt) - 1, 1))
         self._finish_choice(choice)
-        del self._rows[row.index]  # the loop asks no more about it; a busy loop never returns, so forget it now
 
     def _keep(self, choice: Choice, row: Row, kv: BatchKV, slot: int) -> None:
         """Store the row's cached prompt + answer in the prefix cache."""
