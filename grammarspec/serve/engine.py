@@ -31,7 +31,11 @@ Each request's settings are its rows' own (:class:`~grammarspec.rows.RowSettings
 greedy or sampled, temperature and top_p in the row's processing, ``max_tokens``
 and ``stop`` where the loop ends the row (no draft reaches past ``max_tokens``).
 The client's text ends before the stop string (:func:`~grammarspec.stopping.before_stop`).
-A request that disconnects cancels its rows.
+A request that disconnects cancels its rows.  A request whose own work fails
+(its grammar matcher, its drafter, reporting its answer) gets a 500 -- an error
+event when streamed -- and its other choices stop; the rows decoding beside it
+go on untouched (:mod:`grammarspec.isolation`).  Only a failure of what the rows
+share (the model's forward, the batch cache) fails every request in the loop.
 """
 
 from __future__ import annotations
@@ -403,7 +407,7 @@ class Engine:
                     prompt_chunk=self.prompt_chunk,
                     cost_learner=self.cost_learner,
                 )
-            except Exception as e:  # the loop failed: every row in it fails, the engine goes on
+            except Exception as e:  # what the rows share failed (the forward, the cache): every row in it fails
                 traceback.print_exc()
                 failed = {id(c.job): c.job for c in list(self._rows.values()) + self._pending}
                 self._pending = []
