@@ -248,7 +248,10 @@ class Conversation:
 
         ``tool_choice``: ``"auto"`` (text or a call), ``"required"``,
         ``"none"`` or ``{"type": "function", "function": {"name": ...}}``.
-        Changes state: the cache and (with ``append``) the messages.
+        Changes state: the cache and (with ``append``) the messages.  A turn whose
+        own work fails (its grammar matcher or drafter raises) raises
+        :class:`~grammarspec.GenerationError` and appends nothing; the next
+        ``reply`` starts from the same messages.
         """
         t0 = time.perf_counter()
         options = {**self._options, **generation_kwargs}

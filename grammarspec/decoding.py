@@ -52,7 +52,9 @@ for later steps, never committed tokens) in the policy's allocation and in
 :func:`grammarspec.bookkeeping.account`.
 
 Rows finish independently (grammar end, EOS, stop string, token limit) and leave
-the batch, so the batch never waits for its longest row.  With no proposer every
+the batch, so the batch never waits for its longest row.  A row whose own work
+raises (its matcher, its proposer, its stop check) ends alone the same way, with
+``finish_reason="error"`` (:mod:`grammarspec.isolation`).  With no proposer every
 step is a plain constrained decoding step; the output distribution of every row is
 the same either way, and the same as at batch 1.
 """
@@ -70,8 +72,8 @@ import torch
 from grammars.base import Matcher, allocate_bitmask
 from proposers.base import CostModelled, Proposer, members
 
-from .bookkeeping import finish
-from .commit import commit, tell
+from .commit import commit
+from .isolation import GenerationError
 from .kv import BatchKV
 from .kv_cache import logits_device as _logits_device
 from .policy import batch_cost_model
@@ -79,7 +81,7 @@ from .processing import LogitsPipeline
 from .rows import DecodeConfig, DecodeState, Processing, Row, RowRequest, StepResources
 from .sampling import LogitsProcessorFn
 from .stats import GenerationStats
-from .step import checked_prompt_chunk, leave, run_step
+from .step import checked_prompt_chunk, end_row, leave, run_step
 
 if TYPE_CHECKING:
     from .adaptive import AdaptiveController
@@ -157,6 +159,8 @@ def decode(
     measured time (replays against an oracle target model the cost).
     ``processing``: the row's processing (a :class:`~grammarspec.processing.LogitsPipeline`);
     default: ``config``'s sampling settings plus ``processors``.
+    Raises :class:`~grammarspec.isolation.GenerationError` when the row's own work
+    raised (its ``output`` holds what was committed before, and the stats).
     """
     processing = processing or sampling_processing(config, processors, len(prompt_ids), device=_logits_device(model))
     request = RowRequest(prompt_ids, matcher, proposer, controller, processing)
@@ -173,6 +177,8 @@ def decode(
         if on_step is not None
         else None,
     )
+    if row.failure is not None:
+        raise GenerationError({0: row.failure}, (row.generated, row.stats), rows=1) from row.failure.error
     return row.generated, row.stats
 
 
@@ -231,6 +237,12 @@ def decode_batch(
     ``cost_learner``: the drafting policy prices steps by what this loop's steps took
     (:class:`~grammarspec.step_cost.StepCostLearner`; a server keeps one across its loops) instead of the
     fixed profile; draft lengths then depend on measured times.
+
+    A row whose own work raises -- its grammar matcher, its proposer, its stop
+    check, ``on_commit`` for it (:mod:`grammarspec.isolation`) -- ends alone with
+    ``finish_reason="error"`` and the exception in ``row.failure``; the other
+    rows decode on as they would without it.  The call raises only for what the
+    rows share (the target forward, the batch cache).
     """
     rows = [_new_row(i, request, config, model, step_cost) for i, request in enumerate(requests)]
     _check_own_proposers(rows)
@@ -353,8 +365,7 @@ def _report(feed: Feed, batch: Batch, before: list[Row], started: float) -> None
             row.finish_reason = "cancelled"
         if row.finish_reason is not None and row.index not in batch.told_ended:
             batch.told_ended.add(row.index)
-            tell(row)
-            finish(row, time.perf_counter() - started)
+            end_row(row, time.perf_counter() - started)
             feed.finished(row, kv, slot)
 
 

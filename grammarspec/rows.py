@@ -21,6 +21,7 @@ from .stats import GenerationStats
 
 if TYPE_CHECKING:
     from .adaptive import AdaptiveController
+    from .isolation import RowFailure
     from .step_cost import StepCostLearner
     from .step_trace import StepTrace
 
@@ -92,7 +93,8 @@ class Row:
     settings: RowSettings
     stats: GenerationStats = field(default_factory=GenerationStats)
     cached: int = 0  # leading tokens whose keys/values are in the target cache
-    finish_reason: str | None = None
+    finish_reason: str | None = None  # "error": its own work raised (``failure``; grammarspec/isolation.py)
+    failure: RowFailure | None = None
     scores: list[torch.Tensor] = field(default_factory=list)  # processed scores of committed tokens (record_scores)
     logits: list[torch.Tensor] = field(default_factory=list)  # raw logits of committed tokens (record_scores)
     state_mask: torch.Tensor | None = (

@@ -16,10 +16,11 @@ import torch
 
 from grammars.base import allocate_bitmask, fill_masks
 from proposers.base import Draft, GrammarView
-from proposers.tree import DraftTree
+from proposers.tree import EMPTY_TREE, DraftTree
 
 from .bookkeeping import account, finish, record_scores
 from .commit import commit, tell
+from .isolation import contained
 from .kv import BatchKV
 from .masking import apply_masks, forced_token, prune_and_fill_masks
 from .policy import Cost, batch_cost_model, drafts_could_pay, finishing_worth, plan_drafts
@@ -29,7 +30,7 @@ from .rows import Row, Step, StepResources
 from .step_cost import priced_rows
 from .tree_layout import descend
 
-__all__ = ["run_step", "prompt_plan", "checked_prompt_chunk", "Phases", "leave"]
+__all__ = ["run_step", "prompt_plan", "checked_prompt_chunk", "Phases", "leave", "end_row"]
 
 #: A step that reads prompt chunks costs at most this many times the step without them (on the pass cost model):
 #: the decoding rows' per-token latency while a prompt is read, as a share of their latency without it.  The
@@ -72,7 +73,7 @@ def run_step(
     if not config.record_scores:
         _fill_state_masks(stepping, shared)
         for row in stepping:
-            _commit_forced(row, shared)
+            contained(row, "forced tokens", None, _commit_forced, row, shared)
     active = leave(active, kv, shared.started)
     stepping = [row for row in active if id(row) not in reading]  # in slot order, as the forward scores them
     if not stepping:  # only rows reading prompts are left: the next step plans again
@@ -84,7 +85,7 @@ def run_step(
     # plain ones, or the policy cut what the rows offered; the step is then not priced either), on a probe (the
     # learner's plain step), or where not even drafts that all survive could pay at this batch (the policy would cut
     # every token of them); a row resting after drafts cut to nothing asks for none (grammarspec/adaptive.py).
-    asks = [_ask(row) if row.proposer is not None else 0 for row in stepping]  # 0 too for a resting row
+    asks = [contained(row, "drafting", 0, _ask, row) if row.proposer is not None else 0 for row in stepping]
     kind = rows_kind(stepping) if shared.cost_learner is not None else ""  # the learner's record for these rows
     asking = any(asks)
     # A step that also reads prompts is judged as the batch its forward carries (every active row): such steps
@@ -100,21 +101,26 @@ def run_step(
             cost, asks, [len(row.pending) for row in stepping], packed=kv.packed, worth=max(worth or [1.0])
         )
     )
-    steps = [_propose(row, k, shared.trees, chains) for row, k in zip(stepping, asks)]
+    steps = [
+        contained(row, "drafting", Step(), _propose, row, k, shared.trees, chains) for row, k in zip(stepping, asks)
+    ]
     phases.lap("propose")
     # (policy) One allocation over the batch cuts each chain to what pays at this batch (grammarspec/policy.py).
     _allocate(stepping, steps, cost, packed=kv.packed, worth=worth)
 
-    # 2. Walk: one mask per scored row; each tree loses its grammar-illegal nodes.
+    # 2. Walk: one mask per scored row; each tree loses its grammar-illegal nodes.  A row that failed (here or
+    # in its draft) rides the forward with no tree and its result is dropped: the other rows' layout stands.
     masks = _masks(shared, sum(1 + len(step.tree) for step in steps))
     start = 0
     for row, step in zip(stepping, steps):
         t0 = time.perf_counter()
-        step.tree, step.ends = prune_and_fill_masks(
-            row.matcher, masks, start, step.tree, eos, row.state_mask if row.state_mask_ready else None
-        )
-        row.state_mask_ready = False
         step.start = start
+        if row.failure is None:
+            contained(row, "grammar walk", None, _walk, row, step, masks, eos)
+        if row.failure is not None:
+            step.tree, step.ends = EMPTY_TREE, []
+            masks[start] = -1  # any token: its choice is never committed
+        row.state_mask_ready = False
         step.grammar_seconds += time.perf_counter() - t0
         start += 1 + len(step.tree)
     phases.lap("walk")
@@ -166,7 +172,8 @@ def run_step(
     # 6. Adapt: statistics and the controllers learn what the step cost and brought (and the step cost learner,
     # where the loop has one, what it took).
     for row, step, (path, next_token) in zip(stepping, steps, results):
-        account(row, step, path, next_token, verify_seconds, commit_seconds, shared.started)
+        if row.failure is None:
+            account(row, step, path, next_token, verify_seconds, commit_seconds, shared.started)
         phases.add_to(row.stats.phases)
     for row in active:
         if id(row) in reading:
@@ -277,18 +284,32 @@ def _fold_width(active: Sequence[Row], chunks: Sequence[Sequence[int]], fed: Seq
 
 
 def leave(active: list[Row], kv: BatchKV, started: float) -> list[Row]:
-    """Finished rows leave the batch (their slots are freed); returns the rest in their new slot order."""
+    """Finished rows (failed ones too) leave the batch (their slots are freed); returns the rest in their new slot
+    order.  The rows that stay keep their slots' columns and positions."""
     now = time.perf_counter()
     keep = []
     for slot, row in enumerate(active):
         if row.finish_reason is None:
             keep.append(slot)
         else:
-            tell(row)
-            finish(row, now - started)
+            end_row(row, now - started)
     if keep and len(keep) < len(active):  # the last rows keep their cache (a caller's prompt cache stays whole)
         return [active[slot] for slot in kv.select(keep)]
     return [active[slot] for slot in keep]
+
+
+def end_row(row: Row, seconds: float) -> None:
+    """The row ended: its proposer hears its last committed tokens (a conversation keeps it for the next turn)
+    and its statistics are closed.  Changes the row and its proposer."""
+    contained(row, "proposer update", None, tell, row)
+    finish(row, seconds)
+
+
+def _walk(row: Row, step: Step, masks: torch.Tensor, eos: frozenset[int]) -> None:
+    """The row's tree loses its grammar-illegal nodes; its mask rows are filled from ``step.start`` on (the state's
+    mask from the forced check where it is still current).  Changes ``step`` and ``masks``."""
+    root = row.state_mask if row.state_mask_ready else None
+    step.tree, step.ends = prune_and_fill_masks(row.matcher, masks, step.start, step.tree, eos, root)
 
 
 class Phases:
@@ -376,10 +397,14 @@ def _fill_state_masks(active: Sequence[Row], shared: StepResources) -> None:
         return
     t0 = time.perf_counter()
     roots = torch.empty((len(pairs), shared.masks.shape[1]), dtype=torch.int32, device="cpu")  # host, as backends fill
-    fill_masks([matcher for _, matcher in pairs], roots, range(len(pairs)))
+    try:
+        fill_masks([matcher for _, matcher in pairs], roots, range(len(pairs)))
+    except Exception:  # some row's matcher raised: each fills its own, and the one that raises fails alone
+        for i, (row, matcher) in enumerate(pairs):
+            contained(row, "grammar mask", None, matcher.fill_mask, roots, i)
     share = (time.perf_counter() - t0) / len(pairs)
     for i, (row, _) in enumerate(pairs):
-        row.state_mask, row.state_mask_ready = roots[i : i + 1], True
+        row.state_mask, row.state_mask_ready = roots[i : i + 1], row.failure is None
         row.stats.grammar_seconds += share
 
 

@@ -31,7 +31,11 @@ Each request's settings are its rows' own (:class:`~grammarspec.rows.RowSettings
 greedy or sampled, temperature and top_p in the row's processing, ``max_tokens``
 and ``stop`` where the loop ends the row (no draft reaches past ``max_tokens``).
 The client's text ends before the stop string (:func:`~grammarspec.stopping.before_stop`).
-A request that disconnects cancels its rows.
+A request that disconnects cancels its rows.  A request whose own work fails
+(its grammar matcher, its drafter, reporting its answer) gets a 500 -- an error
+event when streamed -- and its other choices stop; the rows decoding beside it
+go on untouched (:mod:`grammarspec.isolation`).  Only a failure of what the rows
+share (the model's forward, the batch cache) fails every request in the loop.
 """
 
 from __future__ import annotations
@@ -184,6 +188,7 @@ class Job:
     choices: list[Choice] = field(default_factory=list)
     reused_tokens: int = 0
     cancelled: bool = False
+    failed: bool = False  # one of its rows failed in its own work: the client got the error
     done: int = 0
     id: str = field(default_factory=lambda: "chatcmpl-" + uuid.uuid4().hex[:24])
     created: int = field(default_factory=lambda: int(time.time()))
@@ -403,7 +408,7 @@ class Engine:
                     prompt_chunk=self.prompt_chunk,
                     cost_learner=self.cost_learner,
                 )
-            except Exception as e:  # the loop failed: every row in it fails, the engine goes on
+            except Exception as e:  # what the rows share failed (the forward, the cache): every row in it fails
                 traceback.print_exc()
                 failed = {id(c.job): c.job for c in list(self._rows.values()) + self._pending}
                 self._pending = []
@@ -463,8 +468,36 @@ class Engine:
         self._keep(self._rows[row.index], row, kv, slot)
 
     def finished(self, row: Row, kv: BatchKV | None, slot: int) -> None:
-        choice = self._rows[row.index]
+        choice = self._rows.pop(
+            row.index
+        )  # the loop asks no more about it; a busy loop never returns, so forget it now
         choice.row = row
+        if row.failure is not None:
+            self._fail(choice.job, f"{row.failure}", row.failure.error)
+            return
+        try:
+            self._report_choice(choice, row, kv, slot)
+        except Exception as e:  # reporting this row failed (its text, its validation): its request fails alone
+            self._fail(choice.job, f"reporting its answer raised {type(e).__name__}: {e}", e)
+
+    def _fail(self, job: Job, what: str, error: Exception) -> None:
+        """The job failed in its own work: its client gets the error (once), its other choices stop."""
+        if job.failed:
+            return
+        job.failed = job.cancelled = True
+        self.counters["failed"] += 1
+        traceback.print_exception(error)
+        job.emit(
+            (
+                "error",
+                f"this request failed inside the server ({what}); other requests were not affected. It is a server "
+                "bug, not a fault of the request: please report it with the request (other settings, such as "
+                '"assistant": "none" or another schema, may avoid it)',
+            )
+        )
+
+    def _report_choice(self, choice: Choice, row: Row, kv: BatchKV | None, slot: int) -> None:
+        """Keep the ended row's KV and drafting records, and send its answer."""
         if row.finish_reason == "cancelled":
             self.counters["cancelled"] += 1
         controller = choice.row_request.controller
@@ -478,7 +511,6 @@ class Engine:
             records = copy.deepcopy(choice.row_request.controller.calibration)
             self.prefix.annotate(row.tokens, records, min_length=max(len(choice.prompt) - 1, 1))
         self._finish_choice(choice)
-        del self._rows[row.index]  # the loop asks no more about it; a busy loop never returns, so forget it now
 
     def _keep(self, choice: Choice, row: Row, kv: BatchKV, slot: int) -> None:
         """Store the row's cached prompt + answer in the prefix cache."""
