@@ -482,12 +482,16 @@ def _check_json_schema(schema: Any, where: str) -> None:
             f"{where} has a remote $ref {remote!r}; grammarspec fetches nothing over the network. "
             "Inline the referenced schema (or put it under $defs and refer to it as '#/$defs/...')."
         )
-    try:
-        validator_for(schema).check_schema(schema)
+    from .ecma_regex import regex_format_checker
+
+    cls = validator_for(schema)
+    try:  # patterns are ECMA-262: Unicode property escapes (\p{Lu}) are read, which Python's re alone is not
+        cls.check_schema(schema, format_checker=regex_format_checker(cls.FORMAT_CHECKER))
     except SchemaError as e:
         path = "/".join(str(p) for p in e.absolute_path) or "(root)"
+        cause = f" ({e.cause})" if e.cause is not None else ""
         raise GrammarError(
-            f"{where} is not a valid JSON Schema: at {path}: {e.message}. "
+            f"{where} is not a valid JSON Schema: at {path}: {e.message}{cause}. "
             "Fix that part of the schema (jsonschema's check_schema must pass)."
         ) from None
 
