@@ -141,7 +141,7 @@ def property_problem(name: str) -> str | None:
     )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _compiles(name: str) -> Any:
     import regex
 

@@ -33,7 +33,7 @@ from typing import Any
 from .ecma_regex import python_pattern, python_schema, regex_format_checker
 from .spec import GrammarSpec
 
-__all__ = ["output_errors", "schema_errors", "parse_json", "duplicate_keys", "MAX_ERRORS"]
+__all__ = ["output_errors", "schema_errors", "schema_validator", "parse_json", "duplicate_keys", "MAX_ERRORS"]
 
 #: At most this many errors are reported per output.
 MAX_ERRORS = 10
@@ -121,8 +121,10 @@ def _plain(value: Any, path: list[str], errors: list[str]) -> Any:
         item, where, parent, slot = stack.pop()
         if isinstance(item, dict):
             for key, count in getattr(item, "repeated", {}).items():
-                at = f"at {'/'.join(where)}: the key {key!r} appears {count} times in one object" if where else (
-                    f"the key {key!r} appears {count} times in the top-level object"
+                at = (
+                    f"at {'/'.join(where)}: the key {key!r} appears {count} times in one object"
+                    if where
+                    else (f"the key {key!r} appears {count} times in the top-level object")
                 )
                 errors.append(f"{at} (a JSON parser keeps only the last value)")
             copy: Any = {}
@@ -143,19 +145,25 @@ def _plain(value: Any, path: list[str], errors: list[str]) -> Any:
 
 def schema_errors(schema: Any, value: Any) -> list[str]:
     """jsonschema's messages for ``value`` against ``schema`` (validator from ``$schema``; latest draft else)."""
+    schema, originals = python_schema(schema)  # ECMA-262 property escapes (\p{Lu}) in Python's re dialect, exactly
+    validator = schema_validator(schema)
+    errors = sorted(validator.iter_errors(value), key=lambda e: list(e.absolute_path))
+    return [_describe(e, originals) for e in errors[:MAX_ERRORS]]
+
+
+def schema_validator(schema: Any) -> Any:
+    """The ``jsonschema`` validator of ``schema``: draft from ``$schema`` (2020-12 else), local refs and ``$id``
+    resolved with ``referencing`` (nothing fetched), formats checked, ``format: regex`` read as ECMA-262."""
     import jsonschema
     from referencing import Registry, Resource
     from referencing.jsonschema import DRAFT202012
 
-    schema, originals = python_schema(schema)  # ECMA-262 property escapes (\p{Lu}) in Python's re dialect, exactly
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
     registry: Registry = Registry()
     if isinstance(schema, dict):
         resource = Resource.from_contents(schema, default_specification=DRAFT202012)
         registry = registry.with_resource(resource.id() or "", resource).crawl()
-    validator = cls(schema, registry=registry, format_checker=regex_format_checker(cls.FORMAT_CHECKER))
-    errors = sorted(validator.iter_errors(value), key=lambda e: list(e.absolute_path))
-    return [_describe(e, originals) for e in errors[:MAX_ERRORS]]
+    return cls(schema, registry=registry, format_checker=regex_format_checker(cls.FORMAT_CHECKER))
 
 
 def _describe(error: Any, originals: dict[str, str]) -> str:
