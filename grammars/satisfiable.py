@@ -65,8 +65,8 @@ def check_satisfiable(spec: GrammarSpec) -> None:
         found = _conflict_of(spec)
         if found is not None:
             raise GrammarError(
-                f"the JSON schema accepts no value, so no output could follow it: {found}. Fix the schema "
-                "(no backend can help)."
+                f"the JSON schema accepts no value, so no output could follow it: {found}; fix the schema "
+                "(no backend can help)"
             )
 
 

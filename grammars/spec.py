@@ -496,6 +496,9 @@ def _check_json_schema(schema: Any, where: str) -> None:
         ) from None
 
 
+#: Keywords that bring properties from other schema objects: ``additionalProperties`` sees only its siblings.
+_ELSEWHERE = ("$ref", "allOf", "anyOf", "oneOf", "$dynamicRef")
+
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 
 
@@ -508,7 +511,9 @@ def tools_schema(tools: Sequence[Mapping[str, Any]], parallel: bool = False) -> 
     ``{"name": <const>, "arguments": <the tool's parameters>}``; with several
     tools the schema is an ``anyOf`` over them, in the given order.  The
     arguments object gets ``additionalProperties: false`` unless the tool sets
-    it (as OpenAI's strict mode does).  With ``parallel=True`` the schema is an
+    it (as OpenAI's strict mode does) or takes its properties from elsewhere
+    (a ``$ref``, ``allOf``, ``anyOf`` or ``oneOf`` beside it, where ``false``
+    would forbid them all).  With ``parallel=True`` the schema is an
     array of such calls with ``minItems: 1``.  A local ``$ref`` inside a
     tool's parameters names a part of those parameters (``#`` is the
     parameters object), as when the tool is used alone: it is rewritten to
@@ -580,7 +585,8 @@ def _tool_definition(tool: Any, i: int) -> tuple[str, dict[str, Any]]:
             'wrap the arguments in an object schema with "properties"'
         )
     parameters.setdefault("type", "object")
-    parameters.setdefault("additionalProperties", False)
+    if not any(key in parameters for key in _ELSEWHERE):  # there, false would forbid the properties named elsewhere
+        parameters.setdefault("additionalProperties", False)
     check_json_schema(parameters, where=f"{where} parameters")
     dangling = _dangling_ref(parameters)
     if dangling is not None:  # checked here, where the tool can be named: once combined, a backend only sees a path
