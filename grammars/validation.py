@@ -114,32 +114,29 @@ def duplicate_keys(text: str) -> list[str]:
 
 
 def _plain(value: Any, path: list[str], errors: list[str]) -> Any:
-    """``value`` with plain dicts, reporting each repeated key into ``errors`` (iterative: no depth limit)."""
+    """``value`` with plain dicts, reporting each repeated key into ``errors`` in document order (iterative)."""
     root: list[Any] = [None]
     stack: list[tuple[Any, list[str], Any, Any]] = [(value, path, root, 0)]  # (item, its path, parent, slot)
     while stack:
         item, where, parent, slot = stack.pop()
+        children: list[tuple[Any, list[str], Any, Any]] = []
         if isinstance(item, dict):
             for key, count in getattr(item, "repeated", {}).items():
-                at = (
-                    f"at {'/'.join(where)}: the key {key!r} appears {count} times in one object"
-                    if where
-                    else (f"the key {key!r} appears {count} times in the top-level object")
+                at = f"at {'/'.join(where)}: " if where else ""
+                place = "one object" if where else "the top-level object"
+                errors.append(
+                    f"{at}the key {key!r} appears {count} times in {place} (a JSON parser keeps only the last value)"
                 )
-                errors.append(f"{at} (a JSON parser keeps only the last value)")
-            copy: Any = {}
-            for key, child in item.items():
-                copy[key] = None
-                stack.append((child, [*where, key], copy, key))
-            for key, child in getattr(item, "dropped", ()):
-                stack.append((child, [*where, key], {}, key))  # checked for repeats, then discarded
+            copy: Any = dict.fromkeys(item)
+            dropped = [(child, [*where, key], {}, key) for key, child in getattr(item, "dropped", ())]
+            children = dropped + [(child, [*where, key], copy, key) for key, child in item.items()]
         elif isinstance(item, list):
             copy = [None] * len(item)
-            for i, child in enumerate(item):
-                stack.append((child, [*where, str(i)], copy, i))
+            children = [(child, [*where, str(i)], copy, i) for i, child in enumerate(item)]
         else:
             copy = item
         parent[slot] = copy
+        stack.extend(reversed(children))  # the dropped values are checked for repeats too, then discarded
     return root[0]
 
 
