@@ -103,6 +103,8 @@ class _Checker:
 
         self.root = root
         self.resolver = _local_resolver(root)
+        #: drafts 3 to 7: a ``$ref`` makes its siblings ignored
+        self.ref_alone = any(f"draft-0{n}" in str(root.get("$schema", "")) for n in range(3, 8))
         self.memo: dict[int, str | None] = {}
         self.active: set[int] = set()
         self._validator: Any = None
@@ -137,8 +139,13 @@ class _Checker:
             for keyword in ("anyOf", "oneOf"):
                 branches = part.node.get(keyword)
                 if isinstance(branches, list) and branches:
-                    reasons = [self.node(b, f"{part.where}/{keyword}/{i}") for i, b in enumerate(branches)]
-                    if all(reasons):
+                    reasons: list[str] = []
+                    for i, branch in enumerate(branches):
+                        reason = self.node(branch, f"{part.where}/{keyword}/{i}")
+                        if reason is None:
+                            break  # a branch some value satisfies
+                        reasons.append(reason)
+                    else:
                         return f"every {keyword} branch {_at(part.where)} accepts nothing ({reasons[0]}; ...)"
         found = self._values(node, where, parts)
         if found is not None:
@@ -152,8 +159,12 @@ class _Checker:
         if not isinstance(node, dict) or id(node) in seen:
             return None
         seen.add(id(node))
-        parts.append(_Part(node, where))
         ref = node.get("$ref")
+        if isinstance(ref, str):
+            if self.ref_alone:  # the target stands for the whole object
+                target = self._resolve(ref)
+                return self._gather(target, ref.lstrip("#"), parts, seen) if target is not None else None
+        parts.append(_Part(node, where))
         if isinstance(ref, str):
             target = self._resolve(ref)
             if target is not None:

@@ -485,15 +485,17 @@ def _check_json_schema(schema: Any, where: str) -> None:
     from .ecma_regex import regex_format_checker
 
     cls = validator_for(schema)
-    try:  # patterns are ECMA-262: Unicode property escapes (\p{Lu}) are read, which Python's re alone is not
-        cls.check_schema(schema, format_checker=regex_format_checker(cls.FORMAT_CHECKER))
-    except SchemaError as e:
+    meta = validator_for(cls.META_SCHEMA, default=cls)  # what cls.check_schema does, with ECMA-262 patterns read
+    checker = regex_format_checker(meta.FORMAT_CHECKER)  # Unicode property escapes (\p{Lu}), which re alone is not
+    error = next(iter(meta(cls.META_SCHEMA, format_checker=checker).iter_errors(schema)), None)
+    if error is not None:
+        e = SchemaError.create_from(error)
         path = "/".join(str(p) for p in e.absolute_path) or "(root)"
         cause = f" ({e.cause})" if e.cause is not None else ""
         raise GrammarError(
             f"{where} is not a valid JSON Schema: at {path}: {e.message}{cause}. "
             "Fix that part of the schema (jsonschema's check_schema must pass)."
-        ) from None
+        )
 
 
 #: Keywords that bring properties from other schema objects: ``additionalProperties`` sees only its siblings.

@@ -67,7 +67,7 @@ def output_errors(spec_or_schema: GrammarSpec | dict[str, Any] | bool, text: str
     return (repeated + schema_errors(schema, value))[:MAX_ERRORS]
 
 
-class _Members(dict):  # type: ignore[type-arg]
+class _Members(dict[str, Any]):
     """A parsed JSON object that remembers the keys its text repeats, how often, and the values it dropped."""
 
     repeated: dict[str, int]
@@ -128,7 +128,9 @@ def _plain(value: Any, path: list[str], errors: list[str]) -> Any:
                     f"{at}the key {key!r} appears {count} times in {place} (a JSON parser keeps only the last value)"
                 )
             copy: Any = dict.fromkeys(item)
-            dropped = [(child, [*where, key], {}, key) for key, child in getattr(item, "dropped", ())]
+            dropped: list[tuple[Any, list[str], Any, Any]] = [
+                (child, [*where, key], {}, key) for key, child in getattr(item, "dropped", ())
+            ]
             children = dropped + [(child, [*where, key], copy, key) for key, child in item.items()]
         elif isinstance(item, list):
             copy = [None] * len(item)

@@ -66,7 +66,12 @@ UNSATISFIABLE = {
         ["property 'a' is required", "at /$defs/x/allOf/1"],
     ),
     "every anyOf branch empty": (
-        {"anyOf": [{"type": "integer", "minimum": 3, "maximum": 1}, {"type": "string", "minLength": 2, "maxLength": 1}]},
+        {
+            "anyOf": [
+                {"type": "integer", "minimum": 3, "maximum": 1},
+                {"type": "string", "minLength": 2, "maxLength": 1},
+            ]
+        },
         ["every anyOf branch", "/anyOf/0"],
     ),
 }
@@ -108,6 +113,12 @@ SATISFIABLE = {
         "items": {"type": ["boolean", "null"]},
         "uniqueItems": True,
         "minItems": 3,
+    },
+    "draft-07: siblings of a $ref are ignored": {
+        "$schema": "http://json-schema.org/draft-07/schema#",
+        "definitions": {"n": {"type": "integer"}},
+        "$ref": "#/definitions/n",
+        "type": "string",
     },
     "uniqueItems over 1 and true (different values)": {
         "type": "array",
@@ -163,6 +174,7 @@ def test_every_satisfiable_example_has_a_valid_instance():
         "a recursive $ref": {"next": {}},
         "uniqueItems over boolean or null": [True, False, None],
         "uniqueItems over 1 and true (different values)": [1, True],
+        "draft-07: siblings of a $ref are ignored": 3,
     }
     assert set(instances) == set(SATISFIABLE)
     for case, value in instances.items():

@@ -86,8 +86,8 @@ REPEATS = [
 ]
 
 
-@pytest.mark.parametrize("schema,text,backend", REPEATS)
-def test_generate_marks_an_output_with_a_repeated_key_invalid(schema, text, backend):
+def scripted_generate(schema: dict, text: str, backend: str):
+    """``(written text, stats)`` of :func:`grammarspec.generate` with a model that writes ``text`` greedily."""
     tok = toy_tokenizer()
     prompt = tok("go", add_special_tokens=False)["input_ids"]
     script = tok(text, add_special_tokens=False)["input_ids"]
@@ -105,10 +105,49 @@ def test_generate_marks_an_output_with_a_repeated_key_invalid(schema, text, back
             return_dict_in_generate=True,
         )
     (stats,) = out.stats
-    written = tok.decode(out.sequences[0, len(prompt) :].tolist(), skip_special_tokens=True)
+    return tok.decode(out.sequences[0, len(prompt) :].tolist(), skip_special_tokens=True), stats
+
+
+@pytest.mark.parametrize("schema,text,backend", REPEATS)
+def test_generate_marks_an_output_with_a_repeated_key_invalid(schema, text, backend):
+    written, stats = scripted_generate(schema, text, backend)
     assert written == text and stats.finish_reason == "stop"  # the grammar let the repeat through
     assert stats.valid is False
     assert any("appears" in e and "a JSON parser keeps only the last value" in e for e in stats.schema_errors)
+
+
+class Continuing(ToyCausalLM):
+    """Writes ``script``: the token after the longest start of it the context ends with (then EOS, id 0)."""
+
+    def __init__(self, script: list[int]) -> None:
+        super().__init__(toy_vocab_size())
+        self.script = script
+
+    def next_logits(self, context):
+        done = next((k for k in range(len(self.script), 0, -1) if list(context[-k:]) == self.script[:k]), 0)
+        logits = torch.full((toy_vocab_size(),), -30.0)
+        logits[self.script[done] if done < len(self.script) else 0] = 30.0
+        return logits
+
+
+def test_complete_reports_a_repeated_key_as_an_error():
+    tok = toy_tokenizer()
+    text = '{"k":1,"k":2}'
+    model = Continuing(tok(text, add_special_tokens=False)["input_ids"])
+    schema = {"type": "object", "patternProperties": {"^k$": {"type": "integer"}}, "maxProperties": 2}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = grammarspec.complete(model, tok, "go", schema=schema, do_sample=False, max_new_tokens=20)
+    assert (result.text, result.finish_reason, result.value) == (text, "stop", {"k": 2})
+    assert not result.valid and "the key 'k' appears 2 times" in result.errors[0]
+
+
+@pytest.mark.parametrize("backend", ["xgrammar", "outlines"])
+def test_an_output_an_ignored_keyword_let_through_is_marked_invalid(backend):
+    """Both backends ignore ``not``: "a" gets through the grammar, and the validator says it breaks the schema."""
+    written, stats = scripted_generate({"enum": ["a", "b"], "not": {"const": "a"}}, '"a"', backend)
+    assert written == '"a"' and stats.finish_reason == "stop" and "not" in stats.unenforced_keywords
+    assert stats.valid is False and stats.schema_errors
 
 
 # -- every 2020-12 keyword classified; dynamic references -----------------------------------------
