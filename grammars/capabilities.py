@@ -57,6 +57,8 @@ __all__ = [
     "LOOKAROUND",
     "run_probe",
     "enforced_keywords",
+    "KEYWORDS_2020_12",
+    "NEUTRAL_2020_12",
 ]
 
 Support = Literal["enforced", "ignored", "refused"]
@@ -142,8 +144,27 @@ def tables() -> dict[str, Mapping[str, Support]]:
     return {backend.name: backend.capabilities.table for backend in REGISTRY}
 
 
+#: Keywords that change which values are valid although :data:`~grammars.keywords.ANNOTATIONS` lists them (their
+#: values are not schemas): dynamic references resolve at validation time, and a backend that ignores them leaves
+#: that part of the schema unconstrained.
+_DYNAMIC = frozenset({"$dynamicRef", "$dynamicAnchor", "$recursiveRef", "$recursiveAnchor"})
+
 #: Keywords that only annotate or lead to subschemas; never reported as unenforced.
-_NEUTRAL = ANNOTATIONS | {"properties", "format"}
+_NEUTRAL = (ANNOTATIONS - _DYNAMIC) | {"properties", "format"}
+
+#: Every keyword of JSON Schema 2020-12 (core, applicator, unevaluated, validation, format, content, meta-data).
+#: Each is either in :data:`NEUTRAL_2020_12` or a feature with an entry in every backend's table (a test checks).
+KEYWORDS_2020_12 = frozenset(
+    "$schema $id $ref $anchor $dynamicRef $dynamicAnchor $vocabulary $comment $defs prefixItems items contains "
+    "additionalProperties properties patternProperties dependentSchemas propertyNames if then else allOf anyOf "
+    "oneOf not unevaluatedItems unevaluatedProperties type const enum multipleOf maximum exclusiveMaximum minimum "
+    "exclusiveMinimum maxLength minLength pattern maxItems minItems uniqueItems maxContains minContains "
+    "maxProperties minProperties required dependentRequired format contentEncoding contentMediaType contentSchema "
+    "title description default deprecated readOnly writeOnly examples".split()
+)
+#: The 2020-12 keywords that constrain nothing themselves (annotations; ``properties`` and ``format`` are judged
+#: through their subschemas and ``format:<name>``).
+NEUTRAL_2020_12 = KEYWORDS_2020_12 & _NEUTRAL
 
 
 def support(backend: str, feature: str) -> Support:
@@ -193,6 +214,8 @@ def features_used(schema: Any) -> list[str]:
             any(k not in ("enum", "const", "type") for k in validation) or not _values_have_type(node)
         ):
             found["enum+siblings"] = None
+    if "$dynamicRef" not in found:  # an anchor nothing refers to dynamically changes nothing
+        found.pop("$dynamicAnchor", None)
     return list(found)
 
 
@@ -358,6 +381,31 @@ PROBES: tuple[Probe, ...] = (
         {"type": "object", "allOf": [{"properties": {"a": _INT}}], "unevaluatedProperties": False},
         '{"b":1}',
         '{"a":1}',
+    ),
+    Probe(
+        "unevaluatedProperties",
+        {"type": "object", "properties": {"a": _INT}, "unevaluatedProperties": _INT},
+        '{"b":"x"}',
+        '{"a":1}',
+    ),
+    Probe("propertyNames", {"type": "object", "propertyNames": {"maxLength": 1}}, '{"ab":1}', '{"a":1}'),
+    Probe("unevaluatedItems", {"type": "array", "prefixItems": [_INT], "unevaluatedItems": False}, "[1,2]", "[1]"),
+    Probe("unevaluatedItems", {"type": "array", "prefixItems": [_INT], "unevaluatedItems": _INT}, '[1,"a"]', "[1]"),
+    Probe(
+        "minContains", {"type": "array", "items": _INT, "contains": {"const": 5}, "minContains": 2}, "[5,1]", "[5,5]"
+    ),
+    Probe("maxContains", {"type": "array", "items": _INT, "contains": {"const": 5}, "maxContains": 1}, "[5,5]", "[5]"),
+    Probe(
+        "$dynamicRef",
+        {"type": "array", "items": {"$dynamicRef": "#i"}, "$defs": {"i": {"$dynamicAnchor": "i", "type": "integer"}}},
+        '["a"]',
+        "[1]",
+    ),
+    Probe(
+        "$dynamicAnchor",  # what the anchor names is what a $dynamicRef to it must match
+        {"$defs": {"i": {"$dynamicAnchor": "i", "type": "integer"}}, "$dynamicRef": "#i"},
+        '"a"',
+        "1",
     ),
 )
 

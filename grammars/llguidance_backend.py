@@ -74,7 +74,8 @@ capabilities = Capabilities.declare(
     "multipleOf:number maxLength+pattern minLength+pattern allOf allOf:multi $ref+siblings anyOf+siblings "
     "enum+siblings patternProperties",
     refused="propertyNames pattern:lookaround oneOf:overlap uniqueItems contains not if then else dependentRequired "
-    "dependentSchemas dependencies unevaluatedProperties",
+    "dependentSchemas dependencies unevaluatedProperties unevaluatedItems minContains maxContains $dynamicRef "
+    "$dynamicAnchor",
     formats="date time date-time duration email hostname ipv4 ipv6 uri uuid",
     other_formats="refused",
     auto_rank=1,  # it refuses what it does not implement, so what it compiles it enforces

@@ -482,15 +482,24 @@ def _check_json_schema(schema: Any, where: str) -> None:
             f"{where} has a remote $ref {remote!r}; grammarspec fetches nothing over the network. "
             "Inline the referenced schema (or put it under $defs and refer to it as '#/$defs/...')."
         )
-    try:
-        validator_for(schema).check_schema(schema)
-    except SchemaError as e:
-        path = "/".join(str(p) for p in e.absolute_path) or "(root)"
-        raise GrammarError(
-            f"{where} is not a valid JSON Schema: at {path}: {e.message}. "
-            "Fix that part of the schema (jsonschema's check_schema must pass)."
-        ) from None
+    from .ecma_regex import regex_format_checker
 
+    cls = validator_for(schema)
+    meta = validator_for(cls.META_SCHEMA, default=cls)  # what cls.check_schema does, with ECMA-262 patterns read
+    checker = regex_format_checker(meta.FORMAT_CHECKER)  # Unicode property escapes (\p{Lu}), which re alone is not
+    error = next(iter(meta(cls.META_SCHEMA, format_checker=checker).iter_errors(schema)), None)
+    if error is not None:
+        e = SchemaError.create_from(error)
+        path = "/".join(str(p) for p in e.absolute_path) or "(root)"
+        cause = f" ({e.cause})" if e.cause is not None else ""
+        raise GrammarError(
+            f"{where} is not a valid JSON Schema: at {path}: {e.message}{cause}. "
+            "Fix that part of the schema (jsonschema's check_schema must pass)."
+        )
+
+
+#: Keywords that bring properties from other schema objects: ``additionalProperties`` sees only its siblings.
+_ELSEWHERE = ("$ref", "allOf", "anyOf", "oneOf", "$dynamicRef")
 
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 
@@ -504,7 +513,9 @@ def tools_schema(tools: Sequence[Mapping[str, Any]], parallel: bool = False) -> 
     ``{"name": <const>, "arguments": <the tool's parameters>}``; with several
     tools the schema is an ``anyOf`` over them, in the given order.  The
     arguments object gets ``additionalProperties: false`` unless the tool sets
-    it (as OpenAI's strict mode does).  With ``parallel=True`` the schema is an
+    it (as OpenAI's strict mode does) or takes its properties from elsewhere
+    (a ``$ref``, ``allOf``, ``anyOf`` or ``oneOf`` beside it, where ``false``
+    would forbid them all).  With ``parallel=True`` the schema is an
     array of such calls with ``minItems: 1``.  A local ``$ref`` inside a
     tool's parameters names a part of those parameters (``#`` is the
     parameters object), as when the tool is used alone: it is rewritten to
@@ -576,7 +587,8 @@ def _tool_definition(tool: Any, i: int) -> tuple[str, dict[str, Any]]:
             'wrap the arguments in an object schema with "properties"'
         )
     parameters.setdefault("type", "object")
-    parameters.setdefault("additionalProperties", False)
+    if not any(key in parameters for key in _ELSEWHERE):  # there, false would forbid the properties named elsewhere
+        parameters.setdefault("additionalProperties", False)
     check_json_schema(parameters, where=f"{where} parameters")
     dangling = _dangling_ref(parameters)
     if dangling is not None:  # checked here, where the tool can be named: once combined, a backend only sees a path

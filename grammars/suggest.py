@@ -4,7 +4,10 @@ After a refusal, :func:`alternatives` names the other backends that both
 compile the grammar *and* can decode it -- having tried them, not guessed
 from tables: a backend is suggested only when its grammar compiles and a
 fresh matcher accepts a first token (:func:`decodes`), so a suggestion is
-never a grammar that accepts nothing.  Suggestions name the keyword users
+never a grammar that accepts nothing.  Nor is it a backend that leaves
+unenforced a keyword the failed backend refused (llguidance refuses
+``$dynamicRef``; xgrammar compiles it and ignores it): that one is named as
+compiling it without enforcing it, not suggested.  Suggestions name the keyword users
 pass, ``grammar_backend='...'`` (the command line shows it as
 ``--grammar-backend``).
 
@@ -18,7 +21,7 @@ import warnings
 from collections.abc import Callable
 
 from .base import CompiledGrammar, GrammarError, GrammarWarning
-from .capabilities import support, unenforced
+from .capabilities import refused, support, unenforced
 from .deadline import Budget, CompileTimeout, NotTried
 from .registry import PREFERENCE
 from .spec import GrammarSpec
@@ -43,6 +46,8 @@ def alternatives(failed: str, spec: GrammarSpec, compile_with: Callable[..., Com
     """
     compiles: list[str] = []
     notes: list[str] = []
+    lacking: list[str] = []  # compile it, but leave unenforced the features the failed backend refused
+    why = refused(spec.schema, failed) if spec.kind == "json_schema" else []
     tried: list[str] = []
     untried: list[str] = []
     undecodable: list[str] = []
@@ -68,14 +73,25 @@ def alternatives(failed: str, spec: GrammarSpec, compile_with: Callable[..., Com
             notes.append(f"{other} compiles it, but its grammar accepts no first token")
             continue
         gaps = unenforced(spec.schema, other) if spec.kind == "json_schema" else []
+        missing = [f for f in why if f in gaps]
+        if missing:  # suggesting it would trade a refusal for a keyword silently not enforced
+            lacking.append(f"{other} compiles it but does not enforce {', '.join(missing)} either")
+            continue
         compiles.append(f"grammar_backend='{other}'" + (f" (it does not enforce {', '.join(gaps)})" if gaps else ""))
     if untried:
         notes.append(
             f"{', '.join(untried)} not tried: compile_timeout={budget.total:g} s was spent; raise it to find out "
             f"whether {'it compiles' if len(untried) == 1 else 'they compile'} this grammar"
         )
+    if lacking:
+        notes.append(
+            "; ".join(lacking) + " (an output that breaks it is reported with valid=false; rewrite that part of "
+            "the schema to have it enforced)"
+        )
     detail = f" ({'; '.join(notes)})" if notes else ""
     if not compiles:
+        if lacking:
+            return f"No other backend enforces {', '.join(why)}{detail}."
         if not tried:
             return f"No other backend was tried{detail}."
         decode = " into a grammar that can decode" if undecodable else ""

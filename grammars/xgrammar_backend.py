@@ -20,6 +20,7 @@ Quirks absorbed here:
 
 from __future__ import annotations
 
+import json
 import operator
 import os
 import re
@@ -33,6 +34,7 @@ from ._bitmask import check_bitmask, clear_padding
 from ._window import RollbackWindow, WindowedMatcher
 from .base import CompiledGrammar, GrammarError, Matcher
 from .capabilities import Capabilities
+from .ecma_regex import expand, has_property_escapes, xgrammar_schema
 from .emptiness import forced_text_bounded
 from .spec import GrammarSpec
 
@@ -64,10 +66,10 @@ aliases: tuple[str, ...] = ()
 capabilities = Capabilities.declare(
     kinds="json_schema any_json regex ebnf",
     enforced="minimum maximum exclusiveMinimum exclusiveMaximum multipleOf minProperties maxProperties propertyNames "
-    "allOf patternProperties unevaluatedProperties",
+    "allOf patternProperties unevaluatedProperties unevaluatedItems",
     ignored="multipleOf:number pattern:lookaround maxLength+pattern minLength+pattern allOf:multi oneOf:overlap "
     "$ref+siblings anyOf+siblings enum+siblings uniqueItems contains not if then else dependentRequired "
-    "dependentSchemas dependencies",
+    "dependentSchemas dependencies minContains maxContains $dynamicRef $dynamicAnchor",
     formats="date time date-time duration email hostname ipv4 ipv6 uri uri-reference uri-template uuid json-pointer",
     other_formats="ignored",
     auto_rank=2,  # the fastest masks, but it lets some keywords through (accepts 22 of 652 invalid examples)
@@ -120,20 +122,36 @@ def compile_spec(
     """Compile ``spec`` with the prepared compiler; raises :class:`GrammarError` when xgrammar cannot."""
     compiler = prepared.compiler
     try:
+        source = readable_source(spec)
+    except ValueError as e:
+        raise GrammarError(f"xgrammar cannot compile the {spec.kind.replace('_', ' ')}: {e}") from None
+    try:
         if spec.is_json:
             if spec.any_whitespace:
-                compiled = compiler.compile_json_schema(spec.source, any_whitespace=True)
+                compiled = compiler.compile_json_schema(source, any_whitespace=True)
             else:
-                compiled = compiler.compile_json_schema(
-                    spec.source, any_whitespace=False, separators=COMPACT_SEPARATORS
-                )
+                compiled = compiler.compile_json_schema(source, any_whitespace=False, separators=COMPACT_SEPARATORS)
         elif spec.kind == "regex":
-            compiled = compiler.compile_regex(spec.source)
+            compiled = compiler.compile_regex(source)
         else:
             compiled = compiler.compile_grammar(spec.source, root_rule_name="root")
     except Exception as e:  # C++ errors surface as RuntimeError (sometimes ValueError)
         raise GrammarError(_compile_error_message(spec, e, compiler)) from None
     return XGrammarCompiled(compiled, vocab_size, stop_token_ids)
+
+
+def readable_source(spec: GrammarSpec) -> str:
+    """``spec``'s source as xgrammar reads it: ECMA-262 property escapes (``\\p{Lu}``), which its regex compiler
+    lacks, written out as the exact classes of their code points (:mod:`grammars.ecma_regex`).
+
+    Raises ``ValueError`` for an escape that names no ECMA-262 property.
+    """
+    if spec.is_json:
+        readable = xgrammar_schema(spec.schema)
+        return spec.source if readable is spec.schema else json.dumps(readable, ensure_ascii=False)
+    if spec.kind == "regex" and has_property_escapes(spec.source):
+        return expand(spec.source, dialect="xgrammar")
+    return spec.source
 
 
 def serialize(compiled: XGrammarCompiled) -> bytes:

@@ -209,12 +209,14 @@ def complete(
         if offered:
             message = parse_tool_reply(text, offered, "json", [f"call_{i}" for i in range(64)])
         if spec is not None and spec.kind in ("json_schema", "any_json"):
+            from grammars.validation import parse_json
+
             try:
-                value, has_value = json.loads(text), True
+                (value, repeated), has_value = parse_json(text), True  # repeated: keys written twice in one object
             except json.JSONDecodeError as exc:
                 errors.append(f"not JSON: {exc}")
             else:
-                errors = _schema_errors(json_schema, value) if json_schema is not None else []
+                errors = repeated + (_schema_errors(json_schema, value) if json_schema is not None else [])
         else:  # grammar=, regex=, a text reply under tool_choice="auto" (the grammar finished) or no constraint
             value, has_value = text, True
             if message.get("tool_calls"):
