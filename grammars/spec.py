@@ -490,6 +490,11 @@ def _check_json_schema(schema: Any, where: str) -> None:
             f"{where} is not a valid JSON Schema: at {path}: {e.message}. "
             "Fix that part of the schema (jsonschema's check_schema must pass)."
         ) from None
+    from .ref_cycles import cycle_message, same_value_cycle
+
+    cycle = same_value_cycle(schema)
+    if cycle is not None:
+        raise GrammarError(cycle_message(cycle, where))
 
 
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
