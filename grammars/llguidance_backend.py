@@ -11,7 +11,11 @@ ignoring them, so what it compiles it enforces (see
 
 The tokenizer is handed over as the same token bytes the outlines adapter
 reads (:func:`grammars.outlines_backend.token_bytes`, pinned against xgrammar
-by the contract tests), so all three backends see one vocabulary.
+by the contract tests), so all three backends see one vocabulary.  Its
+tokenize callback returns tokens that spell exactly the text it is given
+(llguidance lets the mask allow only the first of them where the grammar
+forces bytes), as the tokenizer splits the text inside a longer one: a
+SentencePiece tokenizer's dummy prefix ``▁`` is not part of it.
 
 Quirks absorbed here:
 
@@ -27,6 +31,11 @@ Quirks absorbed here:
   ``max_rollback`` window as every other backend.
 * Grammar errors come back as a message (``validate_grammar_with_warnings``),
   never as an exception; the adapter turns them into :class:`GrammarError`.
+* A grammar that allows no text (llguidance compiles some) puts the matcher
+  into an error state at its first mask, which then allows only EOS -- a
+  token ``accept`` refuses.  Compiling computes that first mask on a copy and
+  refuses such a grammar; a mask that ends in llguidance's error state later
+  raises :class:`GrammarError` instead of being handed out.
 """
 
 from __future__ import annotations
@@ -459,6 +468,11 @@ class LLGuidanceMatcher(StopMarkingMatcher):
         mask_row = check_bitmask(bitmask, row, self.vocab_size)
         fill_next_token_bitmask(self._matcher, bitmask.numpy(), row)
         clear_padding(mask_row, self.vocab_size)
+        if self._matcher.is_error():  # llguidance's mask then allows only EOS, which accept() refuses
+            raise GrammarError(
+                f"llguidance stopped with an error ({_first_line(self._matcher.get_error())}); "
+                "try grammar_backend='xgrammar', or simplify the grammar"
+            )
 
     def forced_text(self) -> str:
         """The bytes the grammar forces next (``compute_ff_bytes``), whole characters only.  Does not change state.

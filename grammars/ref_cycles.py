@@ -47,7 +47,9 @@ def same_value_cycle(schema: Any) -> list[str] | None:
     ref_target: dict[int, dict[str, Any]] = {}
     local = [node for node in refs if node["$ref"].startswith("#")]
     resolver = _local_resolver(schema) if local else None
-    for node in local if resolver is not None else ():
+    for node in local:
+        if resolver is None:
+            break
         try:
             found = resolver.lookup(node["$ref"]).contents
         except Exception:  # referencing.exceptions.Unresolvable: refused by the dangling-ref check

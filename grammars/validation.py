@@ -65,7 +65,10 @@ def schema_errors(schema: Any, value: Any) -> list[str]:
         resource = Resource.from_contents(schema, default_specification=DRAFT202012)
         registry = registry.with_resource(resource.id() or "", resource).crawl()
     validator = cls(schema, registry=registry, format_checker=cls.FORMAT_CHECKER)
-    errors = sorted(validator.iter_errors(value), key=lambda e: list(e.absolute_path))
+    try:
+        errors = sorted(validator.iter_errors(value), key=lambda e: list(e.absolute_path))
+    except OverflowError:  # jsonschema's multipleOf on a number beyond a float (1e999 reads as inf)
+        return ["a number in the output is too large to check against the schema (it overflows a float)"]
     return [_describe(e) for e in errors[:MAX_ERRORS]]
 
 

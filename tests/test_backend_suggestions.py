@@ -118,5 +118,7 @@ def test_llguidance_refuses_a_grammar_that_allows_no_first_token(tok):
     from grammars.spec import GrammarSpec
 
     prepared = prepare(tok, len(tok), (tok.eos_token_id,))
-    with pytest.raises(GrammarError, match="llguidance compiles the JSON schema, but its grammar allows no first token"):
+    with pytest.raises(
+        GrammarError, match="llguidance compiles the JSON schema, but its grammar allows no first token"
+    ):
         compile_spec(prepared, GrammarSpec("json_schema", json.dumps(REF_CYCLE)), len(tok), (tok.eos_token_id,))
