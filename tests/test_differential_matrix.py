@@ -32,6 +32,7 @@ mask allowed only EOS, which the matcher refused.
 from __future__ import annotations
 
 import json
+import os
 import warnings
 from functools import cache
 from pathlib import Path
@@ -52,7 +53,17 @@ from tools.fuzz import CI_SLICES
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "tokenizers"
 #: Family -> where its tokenizer comes from: the embedded model, or a vocabulary shipped in data/tokenizers.
-FAMILIES = {"smollm2": None, "llama-spm": DATA / "ggml-vocab-llama-spm.gguf", "phi-3": DATA / "ggml-vocab-phi-3.gguf"}
+#: ``$GRAMMARSPEC_TOKENIZERS`` (GGUF vocabulary files, separated by ``os.pathsep``) adds families for larger runs.
+FAMILIES: dict[str, Path | None] = {
+    "smollm2": None,
+    "llama-spm": DATA / "ggml-vocab-llama-spm.gguf",
+    "phi-3": DATA / "ggml-vocab-phi-3.gguf",
+    **{
+        Path(p).stem.removeprefix("ggml-vocab-"): Path(p)
+        for p in os.environ.get("GRAMMARSPEC_TOKENIZERS", "").split(os.pathsep)
+        if p
+    },
+}
 SENTENCEPIECE = ("llama-spm", "phi-3")
 
 #: The grammar contract's schema (tests/test_grammar_contract.py), its small ones, and the schemas users reported.
