@@ -496,6 +496,11 @@ def _check_json_schema(schema: Any, where: str) -> None:
             f"{where} is not a valid JSON Schema: at {path}: {e.message}{cause}. "
             "Fix that part of the schema (jsonschema's check_schema must pass)."
         )
+    from .ref_cycles import cycle_message, same_value_cycle
+
+    cycle = same_value_cycle(schema)
+    if cycle is not None:
+        raise GrammarError(cycle_message(cycle, where))
 
 
 #: Keywords that bring properties from other schema objects: ``additionalProperties`` sees only its siblings.

@@ -146,7 +146,10 @@ def schema_errors(schema: Any, value: Any) -> list[str]:
     """jsonschema's messages for ``value`` against ``schema`` (validator from ``$schema``; latest draft else)."""
     schema, originals = python_schema(schema)  # ECMA-262 property escapes (\p{Lu}) in Python's re dialect, exactly
     validator = schema_validator(schema)
-    errors = sorted(validator.iter_errors(value), key=lambda e: list(e.absolute_path))
+    try:
+        errors = sorted(validator.iter_errors(value), key=lambda e: list(e.absolute_path))
+    except OverflowError:  # jsonschema's multipleOf on a number beyond a float (1e999 reads as inf)
+        return ["a number in the output is too large to check against the schema (it overflows a float)"]
     return [_describe(e, originals) for e in errors[:MAX_ERRORS]]
 
 

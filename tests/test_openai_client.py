@@ -272,7 +272,7 @@ def test_refs_inside_a_tools_parameters_name_that_tools_parameters(client):
     }
     with pytest.raises(openai.BadRequestError) as e:  # tool_choice "auto": the text-or-call grammar says why too
         _ask(client, "hi", tools=[{"type": "function", "function": {"name": "loop", "parameters": empty_cycle}}])
-    assert e.value.param == "tools" and "Circular $ref chain" in e.value.message, e.value.message
+    assert e.value.param == "tools" and "circular $ref chain" in e.value.message, e.value.message
 
 
 def test_a_client_timeout_mid_stream_leaves_the_server_serving(client, server):
