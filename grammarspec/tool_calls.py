@@ -335,6 +335,8 @@ def _parse_tagged_cut(
             calls.append((name, cut_arguments(text[body:])))
             break
         calls.append((name, json.dumps(arguments, ensure_ascii=False)))
+        if end.startswith(text[stop:]):  # cut inside the call's end tag
+            break
         pos = stop + len(end) if text.startswith(end, stop) else stop
     joined = "".join(pieces)
     if not calls:
