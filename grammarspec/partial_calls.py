@@ -203,8 +203,8 @@ def cut_arguments(raw: str) -> str:
 def compact_prefix(text: str) -> str:
     """A prefix of JSON text without the blanks outside its strings (as the compact grammar writes it).  Pure.
 
-        >>> compact_prefix('{"a": [1, 2], "b": "x y')
-        '{"a":[1,2],"b":"x y'
+    >>> compact_prefix('{"a": [1, 2], "b": "x y')
+    '{"a":[1,2],"b":"x y'
     """
     out: list[str] = []
     in_string = escaped = False

@@ -16,7 +16,6 @@ from toy_models import tiny_llama
 from transformers import DynamicCache, GenerationConfig
 
 import grammarspec
-from grammarspec.kv_cache import common_prefix_length
 
 
 @pytest.fixture(scope="module")

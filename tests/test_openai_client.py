@@ -355,7 +355,11 @@ def test_the_readme_conversation_snippet_runs_as_written(smol, monkeypatch, caps
     exec(compile(code, "README.md", "exec"), namespace)
     assert namespace["call"]["function"]["name"] == "get_weather"
     json.loads(namespace["call"]["function"]["arguments"])
-    assert capsys.readouterr().out.strip()
+    last = namespace["conv"].replies[-1]  # the snippet prints its last turn: the answer and what the cache saved
+    assert isinstance(last.content, str) and last.content.strip() and not last.tool_calls, last.message
+    assert not last.content.lstrip().startswith("{"), last.content  # an answer, not a call written as text
+    assert last.reused_tokens > 0 and last.prefilled_tokens > 0
+    assert capsys.readouterr().out.strip() == f"{last.content} {last.reused_tokens} {last.prefilled_tokens}"
 
 
 def test_the_readme_quick_start_snippet_runs_as_written(smol, monkeypatch, capsys):

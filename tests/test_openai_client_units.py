@@ -100,7 +100,7 @@ def test_every_cut_of_a_call_reply_keeps_named_calls_and_the_stream_adds_up_to_i
 
     tools = [{"type": "function", "function": {"name": n, "parameters": {"type": "object"}}} for n in ("f", "g")]
     replies = [
-        [{"name": "f", "arguments": {"x": "é\\n\"", "n": [1, 2.5, -30], "t": True, "z": None}}],
+        [{"name": "f", "arguments": {"x": 'é\\n"', "n": [1, 2.5, -30], "t": True, "z": None}}],
         [{"name": "f", "arguments": {"a": 12}}, {"name": "g", "arguments": {"u": "\u00e9\ud83d\ude00"}}],
     ]
     for calls in replies:
@@ -112,7 +112,7 @@ def test_every_cut_of_a_call_reply_keeps_named_calls_and_the_stream_adds_up_to_i
             got = [(c["function"]["name"], c["function"]["arguments"]) for c in message.get("tool_calls", [])]
             named = [c["name"] for c in calls if f'"name":"{c["name"]}"' in cut]
             assert message["content"] is None and [name for name, _ in got] == named, (cut, message)
-            for (name, arguments), (_, whole) in zip(got, final):  # the finished arguments, up to an unfinished end
+            for (_name, arguments), (_, whole) in zip(got, final):  # the finished arguments, up to an unfinished end
                 assert whole.startswith(normalized_prefix(arguments)[0]), (cut, got)
             if k == len(text):
                 assert got == final

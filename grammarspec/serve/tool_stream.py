@@ -30,6 +30,7 @@ from ..partial_calls import call_prefixes, normalized_prefix
 
 __all__ = ["ToolCallStream", "normalized_prefix", "call_prefixes"]
 
+
 class ToolCallStream:
     """What has been sent of one choice's calls; :meth:`feed` gives the new deltas, :meth:`finish` the rest.
 
