@@ -250,12 +250,13 @@ def test_tool_choice_none_offers_no_call_format_and_tells_the_model_not_to_call(
     model, tok = chat
     conv = grammarspec.Conversation(model, tok, tools=TOOLS, system="Be brief.", assistant=None)
     conv.add_user("Hi")
-    auto, none = tok.decode(conv.prompt_ids()), tok.decode(conv.prompt_ids(tool_choice="none"))
+    none_ids = conv.prompt_ids(tool_choice="none")
+    auto, none = tok.decode(conv.prompt_ids()), tok.decode(none_ids)
     assert NO_TOOL_NOTE in none and NO_TOOL_NOTE not in auto
     assert "reply with one JSON object" in auto and "get_weather" in auto
     assert "JSON object" not in none and "get_weather" not in none and "Be brief." in none
     reply = conv.reply(tool_choice="none", max_new_tokens=2)
-    assert reply.prompt_tokens == len(none) and "tool_calls" not in reply.message
+    assert reply.prompt_tokens == len(none_ids) and "tool_calls" not in reply.message
     assert NO_TOOL_NOTE not in str(conv.messages)  # the note is not kept
 
 
