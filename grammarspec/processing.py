@@ -209,9 +209,16 @@ def prefix_tensors(prefixes: Sequence[Sequence[int]], device: torch.device | str
 
 
 def _sampling_config(params: Any, min_new_tokens: int) -> GenerationConfig:
+    """The ``GenerationConfig`` of ``params``: greedy leaves the sampling-only fields unset.
+
+    A greedy config that sets ``top_k``/``top_p``/``temperature`` makes transformers warn that they are
+    ignored, about settings the user never gave (greedy draft models use this path by default).
+    """
+    if params.greedy:
+        return GenerationConfig(do_sample=False, min_new_tokens=min_new_tokens or None)
     return GenerationConfig(
-        do_sample=not params.greedy,
-        temperature=params.temperature if not params.greedy else 1.0,
+        do_sample=True,
+        temperature=params.temperature,
         top_k=params.top_k,
         top_p=params.top_p,
         min_new_tokens=min_new_tokens or None,

@@ -59,7 +59,6 @@ from proposers.base import split_owner
 from proposers.text import SplitMemory
 
 from ..api import grammar_stats
-from ..conversation import NO_TOOL_NOTE, _add_note
 from ..decoding import DecodeConfig, Row, RowRequest, decode_batch, logits_width
 from ..inputs import eos_ids
 from ..kv import BatchKV
@@ -71,14 +70,14 @@ from ..step import checked_prompt_chunk
 from ..step_cost import STEP_COSTS, StepCostLearner
 from ..step_trace import StepTrace
 from ..stopping import before_stop
-from ..templates import fit_messages
 from ..tool_calls import (
     ToolCallError,
-    chat_messages,
     check_tools,
-    describe_tools,
     earlier_documents,
+    parse_cut_reply,
     parse_tool_reply,
+    prompt_text,
+    template_renders_tools,
     tool_constraint,
     tool_format_for,
 )
@@ -102,25 +101,12 @@ def prompt_ids(
 ) -> list[int]:
     """The token ids of ``messages`` as the chat template renders them (assistant turn opened).  Pure.
 
-    The same rendering as :meth:`grammarspec.Conversation.prompt_ids`, so a
-    conversation sent to the server reads exactly the prompt it would read in
-    process: with ``tools`` and ``tool_choice="none"`` the tools stay described
-    and the last user message gets :data:`~grammarspec.conversation.NO_TOOL_NOTE`
-    (answer in plain text); tools in a non-JSON format whose template drops
-    ``tools=`` are described in the system message.
+    The same rendering as :meth:`grammarspec.Conversation.prompt_ids`
+    (:func:`~grammarspec.tool_calls.prompt_text`), so a conversation sent to
+    the server reads exactly the prompt it would read in process.
     """
-    rendered = chat_messages(messages, tools, tool_format)
-    if tools and tool_choice == "none":
-        _add_note(rendered, NO_TOOL_NOTE)
-    if tools and tool_format != "json" and not _template_renders_tools(tokenizer, tools):
-        description = describe_tools(tools)
-        if rendered and rendered[0]["role"] == "system":
-            rendered[0]["content"] += "\n\n" + description
-        else:
-            rendered.insert(0, {"role": "system", "content": description})
-    extra = {"tools": tools} if tools and tool_format != "json" else {}
-    rendered = fit_messages(tokenizer, rendered)  # what the template drops goes into a user turn
-    text = tokenizer.apply_chat_template(rendered, tokenize=False, add_generation_prompt=True, **extra)
+    describe = bool(tools) and tool_format != "json" and not template_renders_tools(tokenizer, tools or [])
+    text = prompt_text(tokenizer, messages, tools, tool_format, tool_choice, describe=describe)
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
@@ -134,13 +120,6 @@ def traffic_kind(spec: Any, constraint: dict[str, Any]) -> str:
     if constraint:
         return "tools"
     return "schema" if spec is not None else "text"
-
-
-def _template_renders_tools(tokenizer: Any, tools: list[dict[str, Any]]) -> bool:
-    """Whether the chat template writes ``tools=`` into the prompt (as ``Conversation`` probes it)."""
-    probe = [{"role": "user", "content": "hi"}]
-    render = tokenizer.apply_chat_template
-    return bool(render(probe, tokenize=False, tools=tools) != render(probe, tokenize=False))
 
 
 @dataclass(frozen=True)
@@ -568,12 +547,15 @@ class Engine:
             grammar_stats(stats, choice.compiled, choice.spec, choice.text)
         message: dict[str, Any] = {"role": "assistant", "content": choice.text}
         offered = job.constraint.get("offered")
-        if reason == "stop" and not choice.stopped and offered:
+        complete = reason == "stop" and not choice.stopped
+        if complete and offered:
             try:
                 message = parse_tool_reply(choice.text, offered, job.tool_format, choice.calls.call_ids(64))
             except ToolCallError:
                 message = {"role": "assistant", "content": choice.text}
-        finish = "tool_calls" if message.get("tool_calls") else reason
+        elif offered and reason != "cancelled":  # cut short: a call whose name is complete stays a call
+            message = parse_cut_reply(choice.text, offered, job.tool_format, choice.calls.call_ids(64))
+        finish = "tool_calls" if message.get("tool_calls") and complete else reason
         self.counters["completion_tokens"] += len(choice.tokens)
         self.counters["target_forwards"] += stats.target_forwards
         self.counters["prompt_passes"] += stats.prompt_passes
