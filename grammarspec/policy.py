@@ -87,6 +87,7 @@ __all__ = [
     "Calibration",
     "batch_cost_model",
     "checked_cost_model",
+    "measure_cost_model",
     "drafts_could_pay",
     "finishing_worth",
     "forced_lead",
@@ -465,6 +466,20 @@ def checked_cost_model(model: Any, clock: Clock | None = None) -> ProfileCheck |
     elif key not in _COST_MODELS:
         _measure(model, key, label, clock)
     return _CHECKS.get(key)
+
+
+def measure_cost_model(model: Any, why: str, clock: Clock | None = None) -> str:
+    """Measure ``model``'s profile now, whatever is stored (``why``: kept in the entry), and keep it for this process
+    and the next; the label it is stored under.  Raises ``ValueError`` where no profile would be stored: the
+    prior mode, or a model with no name or device.  Changes the cost models and the stored profiles."""
+    mode, key, label = _cost_key(model)
+    if label is None:
+        if mode != "profile":
+            raise ValueError(f"{PASS_COST_ENV}={mode}: drafts are sized by the CPU prior, no profile is used; unset it")
+        raise ValueError("the model has no name or device to store a profile under (a model built in code)")
+    _STALE.pop(key, None)
+    _measure(model, key, label, clock, why=why)
+    return label
 
 
 def _measure(model: Any, key: tuple[Any, ...], label: str | None, clock: Clock | None, why: str = "") -> PassCost:

@@ -80,7 +80,9 @@ class ProfileCheck:
         if measured.step_seconds is None:
             raise ValueError("ProfileCheck needs a measured profile (its step_seconds), not the prior")
         if steps < 1 or window < steps or not tolerance > 1.0:
-            raise ValueError(f"ProfileCheck needs 1 <= steps <= window and tolerance > 1; got {steps}, {window}, {tolerance}")
+            raise ValueError(
+                f"ProfileCheck needs 1 <= steps <= window and tolerance > 1; got {steps}, {window}, {tolerance}"
+            )
         self.measured, self.steps, self.window, self.tolerance = measured, steps, window, tolerance
         self.on_disagree = on_disagree
         self.reason: str | None = None

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from clocks import ClockedToy, FakeClock
+from clocks import FakeClock
 from helpers import single_thread
 from toy_models import ToyCausalLM, tiny_llama
 from transformers import LlamaConfig
@@ -186,7 +186,9 @@ def test_a_failed_profile_is_not_stored_and_a_broken_file_is_ignored(profile_mod
 
 def test_an_unnamed_model_is_profiled_for_itself_and_never_stored(profile_mode):
     first, second = SleepyTarget("", fixed=0.002, per_token=0.0), SleepyTarget("", fixed=0.002, per_token=0.0)
-    assert batch_cost_model(first, clock=first.clock) is not batch_cost_model(second, clock=second.clock)  # two models built in code: two profiles
+    assert batch_cost_model(first, clock=first.clock) is not batch_cost_model(
+        second, clock=second.clock
+    )  # two models built in code: two profiles
     assert not profile_file().exists()  # a class name is no identity to keep on disk
 
 
@@ -234,7 +236,9 @@ def test_a_stored_entry_that_is_not_a_whole_curve_is_profiled_again_and_kept_who
     assert entry["per_token"] == cost.per_token and entry["switch"] == cost.switch
     assert entry["per_draft_row"] == cost.per_draft_row
     assert {int(n) for n in entry["table"]} == {n for n, _ in cost.table if n > 1}
-    again = stored_profile(tiny_llama(64, seed=0), "old-key", clock=FakeClock(tick=0.001))  # read back whole: the same curve
+    again = stored_profile(
+        tiny_llama(64, seed=0), "old-key", clock=FakeClock(tick=0.001)
+    )  # read back whole: the same curve
     assert again.table == cost.table and again.cost(5) == cost.cost(5)
 
 
@@ -249,7 +253,9 @@ def test_a_whole_entry_measured_another_way_is_profiled_again(profile_mode):
     cost = stored_profile(tiny_llama(64, seed=0), "old-key", clock=FakeClock(tick=0.001))
     entry = json.loads(profile_file().read_text())["old-key"]
     assert entry["format"] == PROFILE_FORMAT and entry["switch"] == cost.switch != 9.0
-    assert stored_profile(tiny_llama(64, seed=0), "old-key", clock=FakeClock(0.001)).switch == cost.switch  # the current format is kept
+    assert (
+        stored_profile(tiny_llama(64, seed=0), "old-key", clock=FakeClock(0.001)).switch == cost.switch
+    )  # the current format is kept
 
 
 def test_the_loop_s_step_overhead_is_part_of_the_unit(monkeypatch):
@@ -264,4 +270,6 @@ def test_the_loop_s_step_overhead_is_part_of_the_unit(monkeypatch):
     assert bare.cost(16) == 8.5 and with_overhead.cost(16) == pytest.approx(3.1)  # (0.034 + 0.01) / (0.004 + 0.01)
     monkeypatch.undo()
     clock = FakeClock(tick=0.001)  # a step between two reads of the clock: the real loop runs and is timed by it
-    assert profiling.step_overhead_seconds(tiny_llama(64, seed=0), 24, 0.0, repeats=1, clock=clock) == pytest.approx(0.001)
+    assert profiling.step_overhead_seconds(tiny_llama(64, seed=0), 24, 0.0, repeats=1, clock=clock) == pytest.approx(
+        0.001
+    )

@@ -170,3 +170,38 @@ def test_a_machine_busy_after_a_quiet_profile_keeps_the_profile(profile_mode):
     assert batch_cost_model(model) is profile
     check = grammarspec.policy._CHECKS[next(iter(grammarspec.policy._CHECKS))]
     assert check.passes > 32 and all(m == pytest.approx(3.0, rel=0.05) for m in check.medians().values())
+
+
+def test_the_cli_shows_resets_and_measures_the_stored_profiles(profile_mode, monkeypatch, capsys):
+    """``grammarspec profile --show`` prints each stored curve (rows -> plain steps) and how it was measured,
+    ``--reset`` deletes them (the next use measures again), ``--measure`` measures ``--model``'s now."""
+    from grammarspec import cli
+
+    assert cli.main(["profile"]) == 0
+    assert capsys.readouterr().out.startswith("no pass-cost profile stored")
+    clock = FakeClock()
+    model = ClockedToy(clock, "shown", *QUIET)
+    batch_cost_model(model, clock=clock)
+    assert cli.main(["profile", "--show"]) == 0
+    out = capsys.readouterr().out
+    (label,) = stored_entries()
+    assert out.startswith(f"1 pass-cost profile in {profile_file()}:") and label in out
+    assert "the lowest of 5 rounds" in out and "a plain step: 10.50 ms" in out
+    rows, costs = [line.split()[1:] for line in out.splitlines() if line.startswith(("  rows", "  plain steps"))]
+    costs = costs[1:]  # "plain steps": the second word is part of the name
+    assert dict(zip(rows, costs))["12"] == "1.5" and rows[0] == "2" and rows[-1] == "256"
+    assert cli.main(["profile", "--reset"]) == 0
+    assert capsys.readouterr().out.startswith("deleted 1 stored pass-cost profile")
+    assert not profile_file().exists() and stored_entries() == {}
+    monkeypatch.setattr(cli, "_load", lambda name, **placement: (ClockedToy(FakeClock(), name, *QUIET), None))
+    assert cli.main(["profile", "--measure", "--model", "measured-now"]) == 0
+    out = capsys.readouterr().out
+    (label,) = stored_entries()
+    assert label.startswith("measured-now|cpu|") and out.startswith(label)
+    assert "measured again: grammarspec profile --measure" in out
+    monkeypatch.setenv("GRAMMARSPEC_PASS_COST", "prior")
+    assert cli.main(["profile", "--measure"]) == 2
+    assert "GRAMMARSPEC_PASS_COST=prior" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(["profile", "--show", "--reset"])
+    assert "not allowed with" in capsys.readouterr().err

@@ -477,7 +477,10 @@ def test_in_the_loop_rows_whose_offered_drafts_the_policy_always_cuts_stop_being
     never = next(t for t in range(1, toy_vocab_size()) if not any(t in out for out in alone))
     calls = {}
     for name, learner in (
-        ("holds", StepCostLearner(PassCost(1.2, 0.1, 1), warmup=10**6, clock=step_clock(0.01))),  # priced by the profile
+        (
+            "holds",
+            StepCostLearner(PassCost(1.2, 0.1, 1), warmup=10**6, clock=step_clock(0.01)),
+        ),  # priced by the profile
         ("never holds", StepCostLearner(PassCost(1.2, 0.1, 1), warmup=10**6, min_outcomes=1e9, clock=step_clock(0.01))),
     ):
         proposers = [CountingFollower([never] * 128) for _ in prompts]
