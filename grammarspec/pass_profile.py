@@ -112,6 +112,7 @@ __all__ = [
     "fit_pass_cost",
     "forget_profile",
     "measure_profile",
+    "profile_or_prior",
     "profile_pass_cost",
     "reset_profiles",
     "stored_entries",
@@ -194,14 +195,22 @@ def stored_measurement(model: Any, key: str, *, clock: Clock | None = None, why:
         found = _from_entry(_read_profiles(path).get(key))
         if found is not None:
             return found
-    try:
-        measured = measure_profile(model, clock=clock, why=why)
-    except Exception as error:  # the model refused: the prior, and nothing stored (the next process tries again)
-        return Measured(_fallback(model, error))
+    measured = profile_or_prior(model, clock=clock, why=why)
+    if measured.step_seconds is None:  # the model refused: nothing stored (the next process tries again)
+        return measured
     stored = _read_profiles(path)  # read again: another process may have stored a key since
     stored[key] = _to_entry(measured)
     _write_profiles(path, stored)
     return measured
+
+
+def profile_or_prior(model: Any, *, clock: Clock | None = None, why: str = "") -> Measured:
+    """:func:`measure_profile` with the defaults, or, where the model refuses, the prior :class:`PassCost` (no
+    ``step_seconds``) with a warning saying why."""
+    try:
+        return measure_profile(model, clock=clock, why=why)
+    except Exception as error:  # the model refused: draft as before rather than fail the request
+        return Measured(_fallback(model, error))
 
 
 def stored_entries() -> dict[str, dict[str, Any]]:

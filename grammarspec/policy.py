@@ -485,12 +485,12 @@ def measure_cost_model(model: Any, why: str, clock: Clock | None = None) -> str:
 def _measure(model: Any, key: tuple[Any, ...], label: str | None, clock: Clock | None, why: str = "") -> PassCost:
     """Profile ``model`` (stored under ``label``; ``why``: again, whatever is stored) and keep it and its check
     under ``key``.  Changes the cost models."""
-    from .pass_profile import profile_pass_cost, stored_measurement
+    from .pass_profile import profile_or_prior, stored_measurement
 
     if label is not None:  # a named model: one profile per machine, kept on disk
         measured = stored_measurement(model, label, clock=clock, why=why)
-    else:
-        measured = Measured(profile_pass_cost(model, clock=clock))  # profiled for itself: nothing to check against
+    else:  # a model built in code: profiled for this process only
+        measured = profile_or_prior(model, clock=clock, why=why)
     _COST_MODELS[key] = measured.cost
     _CHECKS.pop(key, None)
     _MEASURED.pop(key, None)
