@@ -9,13 +9,14 @@
     grammarspec bench-agent --out bench-agent
     grammarspec serve --port 8000
     grammarspec bench-serve --out bench-serve
+    grammarspec profile --show
 
 Errors in the arguments or inputs exit with status 2 and say what to fix;
 errors while generating exit with status 1.
 
 The parser, the shared helpers (argument checks, model loading, report writing) and the
 ``generate``, ``bench`` and ``bench-agent`` subcommands live here; the server's two
-(``serve``, ``bench-serve``) live in :mod:`grammarspec.cli_serve`.  The work itself is in
+(``serve``, ``bench-serve``) live in :mod:`grammarspec.cli_serve`, ``profile`` in :mod:`grammarspec.cli_profile`.  The work itself is in
 :mod:`grammarspec.bench`, :mod:`grammarspec.serve` and the library.
 """
 
@@ -208,9 +209,11 @@ def build_parser() -> argparse.ArgumentParser:
     agent.add_argument("--conversations", metavar="A,B", help="only these conversations (comma-separated)")
     agent.add_argument("--out", default="bench-out", metavar="DIR", help="output folder (default: bench-out)")
     agent.set_defaults(run=_cmd_bench_agent)
+    from .cli_profile import add_profile_command
     from .cli_serve import add_serve_commands
 
     add_serve_commands(commands)
+    add_profile_command(commands)
     return parser
 
 

@@ -9,7 +9,7 @@ samples until the step that reads the rest of its prompt.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -63,7 +63,7 @@ def run_step(
     (:func:`policy.finishing_worth`).
     """
     config, eos = shared.config, shared.eos
-    phases = Phases()
+    phases = Phases(shared.clock)
     # (0) Plan: rows joining a busy batch read a chunk of their prompt; the others take a full step.
     plan = prompt_plan(model, active, shared, prompt_chunk)
     prompted = any(row.prompt_length - row.cached > 1 for row in active)  # some row feeds prompt tokens this step
@@ -192,6 +192,9 @@ def run_step(
             kind=kind,
             refused=cost is not None and any(len(s.offered) for s in steps) and not any(len(s.tree) for s in steps),
         )
+    if shared.profile_check is not None and len(active) == 1 and not prompted and not steps[0].is_tree:
+        # a lone row's pass, as the profile times one: its check (grammarspec/profile_check.py) reads its seconds
+        shared.profile_check.observe(len(chunks[0]), phases.seconds["forward"] + phases.seconds["verify"])
     if shared.on_step is not None:
         shared.on_step(active, kv)
     return active
@@ -313,14 +316,15 @@ def _walk(row: Row, step: Step, masks: torch.Tensor, eos: frozenset[int]) -> Non
 
 
 class Phases:
-    """Seconds per phase of one step (a lap timer: each lap ends the named phase).  Bookkeeping only."""
+    """Seconds per phase of one step by ``clock`` (a lap timer: each lap ends the named phase).  Bookkeeping only."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
         self.seconds: dict[str, float] = {}
-        self._last = time.perf_counter()
+        self._clock = clock
+        self._last = clock()
 
     def lap(self, name: str) -> None:
-        now = time.perf_counter()
+        now = self._clock()
         self.seconds[name] = self.seconds.get(name, 0.0) + now - self._last
         self._last = now
 
