@@ -220,7 +220,9 @@ def accelerator_steps(compiled, batch: int, params: SamplingParams) -> tuple[lis
             proposer = AlwaysB(token)
         controller = AdaptiveController(k_min=3, k_max=3, adaptive=False)
         requests.append(
-            RowRequest(prompt, grammar.matcher(max_rollback=8), proposer, controller, sampling_processing(config, (), 3))
+            RowRequest(
+                prompt, grammar.matcher(max_rollback=8), proposer, controller, sampling_processing(config, (), 3)
+            )
         )
     per_step: list[int] = []
     seen = {"batched calls": 0, "drafted": 0, "prompt chunks": 0}
