@@ -17,6 +17,7 @@ from grammarspec import packed_attention
 from grammarspec.adaptive import AdaptiveController
 from grammarspec.decoding import DecodeConfig, RowRequest, decode_batch, sampling_processing
 from grammarspec.packed_attention import BATCHED, ROWS
+from grammarspec.rows import RowSettings
 
 one_thread = pytest.fixture(autouse=True)(single_thread)  # one torch thread per test: helpers.single_thread says why
 
@@ -30,18 +31,17 @@ SCHEMA = {
 
 def decode_on(path, model, grammar, prompts, *, new_tokens, batch):
     """Greedy ``decode_batch`` of ``prompts`` on ``path``: at most ``batch`` rows at once (the rest join as rows
-    end, their prompts read 3 tokens a step beside the decoding rows); even rows draft trees, odd ones chains.
+    end, their prompts read 3 tokens a step beside the decoding rows; the first row ends after 4 tokens); even rows
+    draft trees, odd ones chains.
     Returns each row's tokens and how many one-call attentions, drafted tokens and prompt chunks the run had."""
     config = DecodeConfig(max_new_tokens=new_tokens, eos_token_ids=grammar.stop_token_ids)
     requests = []
     for i, prompt in enumerate(prompts):
         proposer = BranchyTreeProposer(i) if i % 2 == 0 else ImprobableProposer()
         controller = AdaptiveController(k_min=3, k_max=3, adaptive=False)
-        requests.append(
-            RowRequest(
-                prompt, grammar.matcher(max_rollback=8), proposer, controller, sampling_processing(config, (), 0)
-            )
-        )
+        settings = RowSettings(4) if i == 0 else None  # the first row ends early: the last request joins then
+        processing = sampling_processing(config, (), 0)
+        requests.append(RowRequest(prompt, grammar.matcher(max_rollback=8), proposer, controller, processing, settings))
     seen = {"one-call attentions": 0, "drafted": 0, "prompt chunks": 0}
     original, forward = packed_attention._attend_batched, kv_module.BatchKV.forward
 
