@@ -257,7 +257,7 @@ class BatchKV:
                 layer.seq = feeds[0].start  # the model reads its positions from the cache length
         else:
             keep = [int(len(f.tokens) - f.logits <= j < len(f.tokens)) for f in feeds for j in range(n)]
-            ids, keep_mask, mask, positions = self._masks(feeds, n, plan, [ids_host, keep])
+            ids, keep_mask, mask, positions = self._masks(feeds, n, plan, ids_host, keep)
             kwargs["logits_to_keep"] = keep_mask.view(len(feeds), n) != 0
             kwargs["attention_mask"], kwargs["position_ids"] = mask, positions
         return self._run(plan, ids.view(len(feeds), n), kwargs, chunks, (len(feeds), n, not plain))
@@ -353,10 +353,10 @@ class BatchKV:
         return rows + pieces
 
     def _masks(
-        self, feeds: Sequence[_Feed], n: int, plan: WritePlan, arrays: Sequence[Sequence[int]]
+        self, feeds: Sequence[_Feed], n: int, plan: WritePlan, ids: Sequence[int], keep: Sequence[int]
     ) -> tuple[torch.Tensor, torch.Tensor, Any, torch.Tensor]:
-        """``arrays`` (host integers) on the device, then the 4-D additive mask(s) ``[R, 1, n, width]`` and
-        position ids ``[R, n]`` of a forward, all from one copy of the host's integers (the plan's write index
+        """``ids`` and ``keep`` (host integers) on the device, the 4-D additive mask(s) ``[R, 1, n, width]`` and
+        the position ids ``[R, n]`` of a forward, all from one copy of the host's integers (the plan's write index
         too).
 
         Query ``j`` of a batch row sees its slot's columns before its start (the
@@ -376,8 +376,8 @@ class BatchKV:
             grids += [int(j == i) for i in range(size, n) for j in range(n)]
             offsets += offset + [offset[-1] + 1 + i for i in range(n - size)]
         rows = len(feeds)
-        host = [*arrays, [f.start for f in feeds], [len(f.tokens) for f in feeds], grids, offsets, *plan.host_index()]
-        *given, starts, sizes, allowed, offset_ids, slots, write_columns = to_device(host, device)
+        host = [ids, keep, [f.start for f in feeds], [len(f.tokens) for f in feeds], grids, offsets, *plan.host_index()]
+        ids_on, keep_on, starts, sizes, allowed, offset_ids, slots, write_columns = to_device(host, device)
         plan.preset(slots, write_columns)
         starts, sizes = starts[:, None], sizes[:, None]  # [R, 1]
         steps = torch.arange(n, dtype=torch.long, device=device)[None, :]  # [1, n]
@@ -394,15 +394,15 @@ class BatchKV:
             return mask.masked_fill_(~seen, torch.finfo(dtype).min)[:, None]  # [R, 1, n, W]
 
         if self._window is None:
-            return *given, additive(visible), positions
+            return ids_on, keep_on, additive(visible), positions
         key_positions = columns.expand(len(feeds), -1).scatter(1, new_columns, positions)  # [R, W]
         near = positions[:, :, None] - key_positions[:, None, :] < self._window  # [R, n, W]
         windowed = additive(visible & near)
         if self._layer_types is None:  # every layer slides (Mistral v0.1)
-            return *given, windowed, positions
+            return ids_on, keep_on, windowed, positions
         full = additive(visible)
         kinds = {kind: windowed if kind == "sliding_attention" else full for kind in self._layer_types}
-        return *given, kinds, positions
+        return ids_on, keep_on, kinds, positions
 
     def supports_trees(self) -> bool:
         """Whether a tree pass can run here: a 4-D additive mask and a gatherable cache.

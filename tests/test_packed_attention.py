@@ -6,8 +6,8 @@ import random
 
 import pytest
 import torch
-from toy_models import tiny_llama
 from torch.nn import functional
+from toy_models import tiny_llama
 
 from grammarspec.kv import BatchKV
 from grammarspec.packed_attention import (

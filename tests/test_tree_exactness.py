@@ -21,10 +21,10 @@ from toy import toy_tokenizer, toy_vocab_size
 from toy_models import tiny_llama
 
 from grammars import compile_grammar, grammar_spec
-from grammarspec.adaptive import AdaptiveController
-from grammarspec.decoding import DecodeConfig, RowRequest, decode, decode_batch, sampling_processing
 from grammarspec import kv as kv_module
 from grammarspec import packed_attention
+from grammarspec.adaptive import AdaptiveController
+from grammarspec.decoding import DecodeConfig, RowRequest, decode, decode_batch, sampling_processing
 from grammarspec.kv_cache import cache_length
 from grammarspec.packed_attention import BATCHED, ROWS
 from grammarspec.sampling import SamplingParams
