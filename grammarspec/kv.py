@@ -296,6 +296,7 @@ class BatchKV:
         tensors = to_device(arrays, device)
         plan.preset(tensors[3], tensors[4])
         if one_call:
+            assert plan.in_order, "internal error: a packed forward reads row r's slot r"
             layout.batched = batched(tensors[5:], queries, nodes, plan.width, self._groups, _float_dtype(self.model))
         kwargs: dict[str, object] = {
             self._cache_arg: self.cache,
