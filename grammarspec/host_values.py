@@ -28,7 +28,7 @@ def to_device(arrays: Sequence[Sequence[int]], device: torch.device | str) -> li
     is queued behind the device's work without waiting for it.  Pure.
     """
     device = torch.device(device)
-    host = torch.tensor(list(chain.from_iterable(arrays)), dtype=torch.long)
+    host = torch.tensor(list(chain.from_iterable(arrays)), dtype=torch.long, device="cpu")
     if device.type == "cuda":
         host = host.pin_memory().to(device, non_blocking=True)
     elif device.type != "cpu":
