@@ -47,6 +47,8 @@ import torch
 from transformers import GenerationConfig
 from transformers.generation import logits_process as lp
 
+from .host_values import to_device
+
 __all__ = ["PREFIX_FREE", "LogitsPipeline", "build_pipeline", "check_stateless", "prefix_tensors"]
 
 #: Processor classes that read only the scores (never ``input_ids``): run on all rows at once.
@@ -195,7 +197,8 @@ class LogitsPipeline:
 
 
 def prefix_tensors(prefixes: Sequence[Sequence[int]], device: torch.device | str) -> list[torch.Tensor]:
-    """Each prefix as a ``[1, L_i]`` int64 view of one right-padded ``[N, max L]`` tensor: one copy to ``device``.
+    """Each prefix as a ``[1, L_i]`` int64 view of one right-padded ``[N, max L]`` tensor: one copy to ``device``
+    (:func:`grammarspec.host_values.to_device`: it does not wait for the device).
 
     A processor reading ``ids[i]`` sees exactly row ``i``'s tokens (the
     padding lies outside its view).  Pure.
@@ -204,7 +207,8 @@ def prefix_tensors(prefixes: Sequence[Sequence[int]], device: torch.device | str
     [[[5, 6, 7]], [[5]]]
     """
     width = max((len(p) for p in prefixes), default=0)
-    padded = torch.tensor([list(p) + [0] * (width - len(p)) for p in prefixes], dtype=torch.long, device=device)
+    (flat,) = to_device([[t for p in prefixes for t in [*p, *[0] * (width - len(p))]]], device)
+    padded = flat.view(len(prefixes), width)
     return [padded[i : i + 1, : len(p)] for i, p in enumerate(prefixes)]
 
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .host_values import to_device
 from .sampling import NoLegalTokenError, row_max
 
 __all__ = ["Segment", "target_choices", "verify_chain", "rejection_sample", "greedy_verify"]
@@ -90,8 +91,8 @@ def target_choices(
             for seg in sampled:
                 rows += range(seg.start, seg.start + len(seg.draft))
                 drafted += seg.draft
-            index = torch.tensor(rows, dtype=torch.long, device=device)
-            tokens[index] = torch.tensor(drafted, dtype=torch.long, device=device)
+            index, drafted_tokens = to_device([rows, drafted], device)  # one copy, the host's own integers
+            tokens[index] = drafted_tokens
             q = torch.zeros_like(probs)  # [N, V]: the draft distributions, 0 elsewhere
             q[index] = torch.cat([seg.draft_probs for seg in sampled if seg.draft_probs is not None]).to(
                 device=device, dtype=probs.dtype
@@ -106,7 +107,8 @@ def target_choices(
             dist = torch.where(total > 0, residual / total.clamp_min(1e-30), probs)
         choice = torch.where(accepted, tokens, _multinomial(dist, generator))
         if mixed:  # the greedy rows take their argmax (a draw was made for them too: draws are independent)
-            flags = torch.tensor(list(greedy), dtype=torch.bool, device=device)  # type: ignore[arg-type]
+            (flags,) = to_device([[int(g) for g in greedy]], device)  # type: ignore[union-attr]
+            flags = flags != 0
             choice = torch.where(flags, row_max(scores)[1].to(device), choice)
     host = torch.stack([choice, empty.long()]).tolist()  # the one host transfer
     if any(host[1]):
