@@ -1,6 +1,7 @@
 """Which JSON-Schema keywords each backend enforces: the :class:`Capabilities` each declares, checked by probes.
 
-Each backend module declares its own ``capabilities`` (the grammar kinds it
+Each backend module declares its own ``capabilities`` (a
+:class:`~grammars.features.Capabilities`, re-exported here: the grammar kinds it
 compiles, a table of features, its formats, its rank for ``backend="auto"``);
 this module reads them through :mod:`grammars.registry` and answers, per
 schema, what a backend enforces.  For every backend and every *feature* (a keyword, or a keyword in a setting
@@ -16,8 +17,8 @@ that changes how a backend treats it, such as ``maxLength`` beside a
 The entries come from the fuzz tool's findings on the production corpus
 (xgrammar 0.2.9, outlines-core 0.2.14, llguidance 1.9) and every one is
 checked by :data:`PROBES`: tests/test_grammar_spec.py compiles each probe's
-schema on a toy vocabulary (:func:`grammars.probes.run_probe`) and checks that an invalid instance is (or is not)
-rejected, so a backend upgrade that changes an entry fails a test.
+schema on a toy vocabulary (:func:`grammars.probes.run_probe`) and checks that
+an invalid instance is (or is not) rejected, so a backend upgrade that changes an entry fails a test.
 
 A ``format`` is the feature ``"format:<name>"``: ``"enforced"`` when the
 backend turns it into a grammar (:attr:`Capabilities.formats`; only approximately: the

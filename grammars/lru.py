@@ -51,6 +51,10 @@ class LRU(Generic[K, V]):
         while len(self._entries) > self.maxsize:
             self._entries.popitem(last=False)
 
+    def clear(self) -> None:
+        """Drop every entry."""
+        self._entries.clear()
+
     def __contains__(self, key: object) -> bool:
         """Whether ``key`` is stored (does not count as a use)."""
         return key in self._entries

@@ -36,11 +36,11 @@ from .cli_common import (
     CliError,
     chosen_conversations,
     load_for_timing,
-    names,
     number,
     out_folder,
     positive_int,
     quiet_transformers,
+    split_names,
     warn_if_busy,
     write_report,
 )
@@ -369,7 +369,7 @@ def _bench_tasks(args: argparse.Namespace, limit: int | None) -> list[Any]:
             if not Path(corpus).exists():
                 raise TaskFileError(f"--schemas {corpus}: no such file or folder")
             tasks += load_schema_corpus(corpus)
-        categories = names(args.categories) or None
+        categories = split_names(args.categories) or None
         chosen = select_tasks(tasks, categories, limit)
     except TaskFileError as e:
         raise CliError(str(e)) from None
@@ -388,7 +388,7 @@ def _cmd_bench(args: argparse.Namespace, command: str) -> int:
     arm_list = args.arms or quick.get("arms")
     max_new = args.max_new_tokens or quick.get("max_new_tokens") or BENCH_MAX_NEW_TOKENS
     if arm_list:
-        names = names(arm_list)
+        names = split_names(arm_list)
     else:
         names = list(DEFAULT_ARMS) + (list(DRAFT_ARMS) if args.draft_model else [])
     try:

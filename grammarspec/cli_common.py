@@ -21,8 +21,8 @@ __all__ = [
     "positive_int",
     "non_negative_float",
     "quiet_transformers",
-    "names",
-    "known",
+    "split_names",
+    "check_known",
     "out_folder",
     "write_report",
     "load",
@@ -73,12 +73,12 @@ positive_int = number(int, 1)
 non_negative_float = number(float, 0)
 
 
-def names(text: str | None) -> list[str]:
+def split_names(text: str | None) -> list[str]:
     """A comma-separated option's names, blanks dropped."""
     return [n.strip() for n in (text or "").split(",") if n.strip()]
 
 
-def known(flag: str, names: list[str], known: Sequence[str] | dict[str, Any], note: str = "") -> list[str]:
+def check_known(flag: str, names: list[str], known: Sequence[str] | dict[str, Any], note: str = "") -> list[str]:
     """*names* when each is one of *known*; else a CliError that names the unknown ones and the choices."""
     unknown = [n for n in names if n not in known]
     if unknown:
@@ -159,4 +159,4 @@ def chosen_conversations(names: str | None, conversations: dict[str, Any]) -> di
     """``--conversations a,b`` -> those scripts (all when not given); an unknown name is a CliError."""
     if not names:
         return dict(conversations)
-    return {n: conversations[n] for n in known("--conversations", names(names), conversations)}
+    return {n: conversations[n] for n in check_known("--conversations", split_names(names), conversations)}

@@ -313,7 +313,7 @@ def _cmd_bench_serve(args: argparse.Namespace, command: str) -> int:
 
     if args.sweep:
         return _cmd_bench_serve_sweep(args, command)
-    arms = cli_common.known("--arms", cli_common.names(args.arms or ",".join(SERVE_ARMS)), SERVE_ARMS)
+    arms = cli_common.check_known("--arms", cli_common.split_names(args.arms or ",".join(SERVE_ARMS)), SERVE_ARMS)
     chosen = cli_common.chosen_conversations(args.conversations, CONVERSATIONS)
     out = cli_common.out_folder(args.out)
     model, tokenizer = cli_common.load_for_timing(args.model, device=args.device, dtype=args.dtype)
@@ -344,8 +344,10 @@ def _cmd_bench_serve_sweep(args: argparse.Namespace, command: str) -> int:
             raise cli_common.CliError(f"{flag}: every value must be > 0, got {text!r}")
         return values
 
-    arms = cli_common.known("--arms", cli_common.names(args.arms or "none,auto"), SWEEP_ARMS, "with --sweep ")
-    workloads = cli_common.names(args.workloads)
+    arms = cli_common.check_known(
+        "--arms", cli_common.split_names(args.arms or "none,auto"), SWEEP_ARMS, "with --sweep "
+    )
+    workloads = cli_common.split_names(args.workloads)
     if not workloads or any(w not in WORKLOADS for w in workloads):
         raise cli_common.CliError(f"--workloads: choose from {', '.join(WORKLOADS)}, got {args.workloads!r}")
     levels, rates = listed(args.levels, int, "--levels"), listed(args.rates, float, "--rates")
