@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from .spec import schema_nodes
+from .schema_walk import schema_nodes
 
 __all__ = ["KNOWN_KEYWORDS", "ANNOTATIONS", "used_keywords", "unknown_keywords", "unsatisfiable", "schema_objects"]
 

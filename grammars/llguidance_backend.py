@@ -52,7 +52,7 @@ import torch
 from ._bitmask import check_bitmask, clear_padding
 from ._window import RollbackWindow, StopMarkingMatcher
 from .base import CompiledGrammar, GrammarError, allocate_bitmask
-from .capabilities import Capabilities
+from .features import Capabilities
 from .spec import GrammarSpec, schema_nodes
 
 if TYPE_CHECKING:

@@ -25,11 +25,14 @@ import json
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from .base import GrammarError
+from .schema_walk import DATA_KEYWORDS as _DATA_KEYWORDS
+from .schema_walk import SCHEMA_MAPS as _SCHEMA_MAPS
+from .schema_walk import schema_nodes
 
 __all__ = ["GrammarSpec", "GrammarKind", "grammar_spec", "tools_schema", "check_json_schema", "schema_nodes"]
 
@@ -340,36 +343,6 @@ def _pydantic_schema(obj: Any) -> dict[str, Any] | None:
     if not issubclass(obj, BaseModel):
         return None
     return obj.model_json_schema()
-
-
-#: Keywords whose values are instances (data), not schemas: a "$ref" key there is data.
-_DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples"})
-#: Keywords whose values map names to schemas: every value is a schema, whatever the name.
-_SCHEMA_MAPS = frozenset(
-    {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas", "dependencies"}
-)
-
-
-def schema_nodes(node: Any) -> Iterator[dict[str, Any]]:
-    """Every schema object in ``node`` (itself included), outermost first.
-
-    Walks schemas only: the values of ``enum``/``const``/``default``/``examples``
-    are instances (a ``"$ref"`` or ``"pattern"`` key there is plain data), and
-    the keys of ``properties``/``$defs``/... are names, not keywords.  Yields the
-    objects themselves, so a caller may edit them in place.
-    """
-    stack: list[tuple[Any, bool]] = [(node, True)]  # (item, item is a schema rather than a name map)
-    while stack:
-        item, is_schema = stack.pop()
-        if isinstance(item, list):
-            stack.extend((x, True) for x in reversed(item))
-        elif isinstance(item, dict) and not is_schema:
-            stack.extend((x, True) for x in reversed(list(item.values())))
-        elif isinstance(item, dict):
-            yield item
-            for key, value in reversed(list(item.items())):
-                if key not in _DATA_KEYWORDS:
-                    stack.append((value, key not in _SCHEMA_MAPS))
 
 
 def _remote_ref(node: Any) -> str | None:

@@ -33,9 +33,9 @@ import torch
 from ._bitmask import check_bitmask, clear_padding
 from ._window import RollbackWindow, WindowedMatcher
 from .base import CompiledGrammar, GrammarError, Matcher
-from .capabilities import Capabilities
 from .ecma_regex import expand, has_property_escapes, xgrammar_schema
 from .emptiness import forced_text_bounded
+from .features import Capabilities
 from .spec import GrammarSpec
 
 if TYPE_CHECKING:

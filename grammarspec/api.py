@@ -22,6 +22,7 @@ from transformers import GenerationConfig
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from grammars import compile_grammar
+from grammars.registry import DEFAULT as DEFAULT_BACKEND
 from proposers.base import members
 from proposers.presets import resolve_assistant
 
@@ -97,7 +98,7 @@ def generate(
     json_object: bool = False,
     parallel_tool_calls: bool = False,
     any_whitespace: bool = False,
-    grammar_backend: str = "xgrammar",
+    grammar_backend: str = DEFAULT_BACKEND,
     strict: bool = False,
     compile_timeout: float | None = None,
     assistant: Any = None,
@@ -204,7 +205,7 @@ def _generate(
     constraint: Constraint,
     *,
     tokenizer: Any = None,
-    grammar_backend: str = "xgrammar",
+    grammar_backend: str = DEFAULT_BACKEND,
     strict: bool = False,
     compile_timeout: float | None = None,
     assistant: Any = None,

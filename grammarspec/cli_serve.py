@@ -1,8 +1,8 @@
 """The ``grammarspec serve`` and ``grammarspec bench-serve`` subcommands: their options and their glue to the server.
 
 :func:`add_serve_commands` adds both to :func:`grammarspec.cli.build_parser`'s subcommands; the shared
-helpers (model loading, argument checks, report writing) are :mod:`grammarspec.cli`'s, read through the
-module so that one patched helper serves every subcommand.
+helpers (model loading, argument checks, report writing) are :mod:`grammarspec.cli_common`'s, read through
+the module so that one patched helper serves every subcommand.
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from . import cli
+from . import cli_common
 
 __all__ = ["add_serve_commands"]
 
-_non_negative_int = cli._number(int, 0)
+_non_negative_int = cli_common.number(int, 0)
 
 
 def _positive_seconds_or_mb(text: str) -> float:
@@ -53,39 +53,39 @@ def add_serve_commands(commands: Any) -> None:
     serve.add_argument(
         "model",
         nargs="?",
-        default=cli.DEFAULT_MODEL,
+        default=cli_common.DEFAULT_MODEL,
         metavar="MODEL",
-        help=f"embedded model name or local model directory (default: {cli.DEFAULT_MODEL})",
+        help=f"embedded model name or local model directory (default: {cli_common.DEFAULT_MODEL})",
     )
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
-    serve.add_argument("--port", type=cli._positive_int, default=8000, help="port (default: 8000)")
+    serve.add_argument("--port", type=cli_common.positive_int, default=8000, help="port (default: 8000)")
     serve.add_argument(
         "--served-model-name", metavar="NAME", help="the model id clients send and /v1/models lists (default: MODEL)"
     )
     serve.add_argument(
         "--max-batch-size",
-        type=cli._positive_int,
+        type=cli_common.positive_int,
         default=8,
         metavar="N",
         help="rows decoded together; more requests wait and join as rows finish (default: 8)",
     )
     serve.add_argument(
         "--max-tokens",
-        type=cli._positive_int,
+        type=cli_common.positive_int,
         default=1024,
         metavar="N",
         help="the most new tokens one request may ask for (default: 1024; the context also bounds it)",
     )
     serve.add_argument(
         "--prefix-cache-mb",
-        type=cli._non_negative_float,
+        type=cli_common.non_negative_float,
         default=1024.0,
         metavar="MB",
         help="memory budget of the prefix KV cache, LRU-evicted (default: 1024; 0 turns it off)",
     )
     serve.add_argument(
         "--prompt-chunk",
-        type=cli._positive_int,
+        type=cli_common.positive_int,
         default=None,
         metavar="N",
         help="the most prompt tokens one step reads for requests that join a busy batch, beside the decoding "
@@ -93,7 +93,7 @@ def add_serve_commands(commands: Any) -> None:
     )
     serve.add_argument(
         "--grammar-cache-size",
-        type=cli._positive_int,
+        type=cli_common.positive_int,
         default=128,
         metavar="N",
         help="compiled grammars kept, one per distinct schema / tool set (default: 128)",
@@ -152,7 +152,7 @@ def add_serve_commands(commands: Any) -> None:
         "it (default: the model's context in tokens times its longest vocabulary entry in characters, which no "
         "prompt that fits the context passes; 0: no limit)",
     )
-    cli._add_placement(serve)
+    cli_common.add_placement(serve)
     serve.set_defaults(run=_cmd_serve)
 
     bench = commands.add_parser(
@@ -164,8 +164,8 @@ def add_serve_commands(commands: Any) -> None:
         "xgrammar re-sending, interleaved; every call is compared with HF re-sending's; write serve.md and "
         "serve.json (every call's output) to --out.",
     )
-    bench.add_argument("--model", default=cli.DEFAULT_MODEL, metavar="NAME_OR_DIR")
-    cli._add_placement(bench)
+    bench.add_argument("--model", default=cli_common.DEFAULT_MODEL, metavar="NAME_OR_DIR")
+    cli_common.add_placement(bench)
     bench.add_argument(
         "--arms",
         metavar="A,B",
@@ -175,7 +175,7 @@ def add_serve_commands(commands: Any) -> None:
     )
     bench.add_argument(
         "--concurrency",
-        type=cli._positive_int,
+        type=cli_common.positive_int,
         default=8,
         metavar="N",
         help="conversations at once for serve_concurrent (default: 8)",
@@ -185,10 +185,10 @@ def add_serve_commands(commands: Any) -> None:
         metavar="A,B",
         help="only these conversations (comma-separated: weather, orders, shopping, mixed)",
     )
-    bench.add_argument("--repeat", type=cli._positive_int, default=1, metavar="N")
+    bench.add_argument("--repeat", type=cli_common.positive_int, default=1, metavar="N")
     bench.add_argument(
         "--max-new-tokens",
-        type=cli._positive_int,
+        type=cli_common.positive_int,
         metavar="N",
         help="cap every turn's max_tokens (default: the scripts' own; for smoke runs)",
     )
@@ -220,11 +220,15 @@ def add_serve_commands(commands: Any) -> None:
         help="json (the task file, response_format json_schema) and/or prose (no schema)",
     )
     sweep.add_argument(
-        "--requests", type=cli._positive_int, default=8, metavar="N", help="requests per level (at least C; default: 8)"
+        "--requests",
+        type=cli_common.positive_int,
+        default=8,
+        metavar="N",
+        help="requests per level (at least C; default: 8)",
     )
     sweep.add_argument(
         "--rounds",
-        type=cli._positive_int,
+        type=cli_common.positive_int,
         default=1,
         metavar="R",
         help="closed loop: each client sends about R requests, so later ones join a busy batch (a level sends "
@@ -232,7 +236,7 @@ def add_serve_commands(commands: Any) -> None:
     )
     sweep.add_argument(
         "--pairs",
-        type=cli._positive_int,
+        type=cli_common.positive_int,
         default=1,
         metavar="P",
         help="none and auto interleaved as none, then auto, none P times: more runs to average where the "
@@ -240,7 +244,7 @@ def add_serve_commands(commands: Any) -> None:
     )
     sweep.add_argument(
         "--max-batch-size",
-        type=cli._positive_int,
+        type=cli_common.positive_int,
         default=16,
         metavar="N",
         help="the servers' rows decoded together (default: 16)",
@@ -261,16 +265,16 @@ def _cmd_serve(args: argparse.Namespace, command: str) -> int:
 
     for package in ("starlette", "uvicorn"):
         if importlib.util.find_spec(package) is None:
-            raise cli.CliError(f"serve needs {package}: pip install 'grammarspec[serve]'")
+            raise cli_common.CliError(f"serve needs {package}: pip install 'grammarspec[serve]'")
     from .serve import Engine, serve
     from .tool_calls import ToolCallError
 
     api_key = args.api_key if args.api_key is not None else os.environ.get("GRAMMARSPEC_API_KEY") or None
     if api_key is not None and not api_key.strip():
-        raise cli.CliError("--api-key is empty: give a key, or leave the flag out for an open server")
+        raise cli_common.CliError("--api-key is empty: give a key, or leave the flag out for an open server")
 
-    cli._quiet_transformers()
-    model, tokenizer = cli._load(args.model, device=args.device, dtype=args.dtype)
+    cli_common.quiet_transformers()
+    model, tokenizer = cli_common.load(args.model, device=args.device, dtype=args.dtype)
     try:
         engine = Engine(
             model,
@@ -286,7 +290,7 @@ def _cmd_serve(args: argparse.Namespace, command: str) -> int:
             compile_timeout=args.compile_timeout,
         )
     except ToolCallError as e:
-        raise cli.CliError(f"--tool-format: {e}") from None
+        raise cli_common.CliError(f"--tool-format: {e}") from None
     name = args.served_model_name or args.model
     guarded = "an API key" if api_key else "no API key: anyone who can reach it may use it"
     print(f"grammarspec serve: {name} on http://{args.host}:{args.port}/v1 ({guarded})", file=sys.stderr)
@@ -309,10 +313,10 @@ def _cmd_bench_serve(args: argparse.Namespace, command: str) -> int:
 
     if args.sweep:
         return _cmd_bench_serve_sweep(args, command)
-    arms = cli._known("--arms", cli._names(args.arms or ",".join(SERVE_ARMS)), SERVE_ARMS)
-    chosen = cli._chosen_conversations(args.conversations, CONVERSATIONS)
-    out = cli._out_folder(args.out)
-    model, tokenizer = cli._load_for_timing(args.model, device=args.device, dtype=args.dtype)
+    arms = cli_common.check_known("--arms", cli_common.split_names(args.arms or ",".join(SERVE_ARMS)), SERVE_ARMS)
+    chosen = cli_common.chosen_conversations(args.conversations, CONVERSATIONS)
+    out = cli_common.out_folder(args.out)
+    model, tokenizer = cli_common.load_for_timing(args.model, device=args.device, dtype=args.dtype)
     result = run_serve_bench(
         model,
         tokenizer,
@@ -324,7 +328,7 @@ def _cmd_bench_serve(args: argparse.Namespace, command: str) -> int:
         max_new_tokens=args.max_new_tokens,
         progress=lambda line: print(line, file=sys.stderr),
     )
-    cli._write_report(out, "serve", serve_markdown(result, command), result)
+    cli_common.write_report(out, "serve", serve_markdown(result, command), result)
     return 0
 
 
@@ -335,20 +339,22 @@ def _cmd_bench_serve_sweep(args: argparse.Namespace, command: str) -> int:
         try:
             values = [kind(v.strip()) for v in text.split(",") if v.strip()]
         except ValueError:
-            raise cli.CliError(f"{flag}: expected a comma-separated list of numbers, got {text!r}") from None
+            raise cli_common.CliError(f"{flag}: expected a comma-separated list of numbers, got {text!r}") from None
         if any(v <= 0 for v in values):
-            raise cli.CliError(f"{flag}: every value must be > 0, got {text!r}")
+            raise cli_common.CliError(f"{flag}: every value must be > 0, got {text!r}")
         return values
 
-    arms = cli._known("--arms", cli._names(args.arms or "none,auto"), SWEEP_ARMS, "with --sweep ")
-    workloads = cli._names(args.workloads)
+    arms = cli_common.check_known(
+        "--arms", cli_common.split_names(args.arms or "none,auto"), SWEEP_ARMS, "with --sweep "
+    )
+    workloads = cli_common.split_names(args.workloads)
     if not workloads or any(w not in WORKLOADS for w in workloads):
-        raise cli.CliError(f"--workloads: choose from {', '.join(WORKLOADS)}, got {args.workloads!r}")
+        raise cli_common.CliError(f"--workloads: choose from {', '.join(WORKLOADS)}, got {args.workloads!r}")
     levels, rates = listed(args.levels, int, "--levels"), listed(args.rates, float, "--rates")
     if not levels and not rates:
-        raise cli.CliError("--levels and --rates are both empty: give at least one load level")
-    out = cli._out_folder(args.out)
-    model, tokenizer = cli._load_for_timing(args.model, device=args.device, dtype=args.dtype)
+        raise cli_common.CliError("--levels and --rates are both empty: give at least one load level")
+    out = cli_common.out_folder(args.out)
+    model, tokenizer = cli_common.load_for_timing(args.model, device=args.device, dtype=args.dtype)
     result = run_sweep(
         model,
         tokenizer,

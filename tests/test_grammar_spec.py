@@ -403,7 +403,8 @@ def test_outlines_gets_the_pattern_not_the_length():
 # -- capabilities, auto, strict, validation ---------------------------------------------------------
 
 from grammars import GrammarWarning  # noqa: E402
-from grammars.capabilities import PROBES, features_used, run_probe, support, unenforced  # noqa: E402
+from grammars.capabilities import PROBES, features_used, support, unenforced  # noqa: E402
+from grammars.probes import run_probe  # noqa: E402
 from grammars.validation import output_errors  # noqa: E402
 
 

@@ -54,11 +54,12 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from grammars.registry import BACKEND_CHOICES
+from proposers.presets import PRESETS
 
 __all__ = ["ChatBody", "ChatRequest", "RequestError", "error_body", "parse_request", "ASSISTANT_PRESETS"]
 
 #: The speculation presets a request may name (``"grammarspec": {"assistant": ...}``).
-ASSISTANT_PRESETS = ("auto", "none", "prompt_lookup", "schema_ngram", "jump_forward")
+ASSISTANT_PRESETS = tuple(p for p in PRESETS if p != "draft_model")
 
 #: Fields accepted only at their "off" value, and why any other value is refused.
 _OFF_ONLY: dict[str, tuple[tuple[Any, ...], str]] = {
