@@ -16,7 +16,7 @@ import os
 import sys
 from typing import Any
 
-from . import cli
+from . import cli_common as cli
 
 __all__ = ["add_profile_command", "format_entry"]
 
@@ -40,7 +40,7 @@ def add_profile_command(commands: Any) -> None:
         metavar="NAME_OR_DIR",
         help=f"with --measure (default: {cli.DEFAULT_MODEL})",
     )
-    cli._add_placement(profile)
+    cli.add_placement(profile)
     profile.set_defaults(run=_cmd_profile)
 
 
@@ -72,8 +72,8 @@ def _measure(args: argparse.Namespace) -> str:
     """Load ``--model`` and measure its profile now; the label it is stored under."""
     from .policy import measure_cost_model
 
-    cli._quiet_transformers()
-    model, _ = cli._load(args.model, device=args.device, dtype=args.dtype)
+    cli.quiet_transformers()
+    model, _ = cli.load(args.model, device=args.device, dtype=args.dtype)
     try:
         load, cores = os.getloadavg()[0], os.cpu_count() or 1
     except (AttributeError, OSError):
