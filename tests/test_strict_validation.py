@@ -186,7 +186,7 @@ def test_a_refusal_does_not_suggest_a_backend_that_ignores_the_refused_keyword()
     message = str(info.value)
     assert "grammar_backend='xgrammar'" not in message and "Try " not in message, message
     assert "No other backend enforces $dynamicRef" in message, message
-    assert "xgrammar compiles it but does not enforce $dynamicRef" in message, message
+    assert "xgrammar compiles it but does not enforce $dynamicRef either" in message, message
 
 
 # -- ECMA-262 Unicode property escapes ------------------------------------------------------------
