@@ -249,7 +249,7 @@ def xgrammar_schema(schema: Any) -> Any:
 
 
 def _rewritten(schema: Any, dialect: Dialect) -> tuple[Any, dict[str, str]]:
-    from .spec import schema_nodes
+    from .schema_walk import schema_nodes
 
     originals: dict[str, str] = {}
     if not any(_node_escapes(node) for node in schema_nodes(schema)):

@@ -16,7 +16,7 @@ import os
 import sys
 from typing import Any
 
-from . import cli_common as cli
+from . import cli_common
 
 __all__ = ["add_profile_command", "format_entry"]
 
@@ -36,11 +36,11 @@ def add_profile_command(commands: Any) -> None:
     action.add_argument("--measure", action="store_true", help="measure --model's profile now and store it")
     profile.add_argument(
         "--model",
-        default=cli.DEFAULT_MODEL,
+        default=cli_common.DEFAULT_MODEL,
         metavar="NAME_OR_DIR",
-        help=f"with --measure (default: {cli.DEFAULT_MODEL})",
+        help=f"with --measure (default: {cli_common.DEFAULT_MODEL})",
     )
-    cli.add_placement(profile)
+    cli_common.add_placement(profile)
     profile.set_defaults(run=_cmd_profile)
 
 
@@ -72,8 +72,8 @@ def _measure(args: argparse.Namespace) -> str:
     """Load ``--model`` and measure its profile now; the label it is stored under."""
     from .policy import measure_cost_model
 
-    cli.quiet_transformers()
-    model, _ = cli.load(args.model, device=args.device, dtype=args.dtype)
+    cli_common.quiet_transformers()
+    model, _ = cli_common.load(args.model, device=args.device, dtype=args.dtype)
     try:
         load, cores = os.getloadavg()[0], os.cpu_count() or 1
     except (AttributeError, OSError):
@@ -87,7 +87,7 @@ def _measure(args: argparse.Namespace) -> str:
     try:
         return measure_cost_model(model, why="grammarspec profile --measure")
     except ValueError as e:
-        raise cli.CliError(str(e)) from None
+        raise cli_common.CliError(str(e)) from None
 
 
 def format_entry(label: str, entry: dict[str, Any]) -> str:

@@ -175,7 +175,7 @@ def test_a_machine_busy_after_a_quiet_profile_keeps_the_profile(profile_mode):
 def test_the_cli_shows_resets_and_measures_the_stored_profiles(profile_mode, monkeypatch, capsys):
     """``grammarspec profile --show`` prints each stored curve (rows -> plain steps) and how it was measured,
     ``--reset`` deletes them (the next use measures again), ``--measure`` measures ``--model``'s now."""
-    from grammarspec import cli
+    from grammarspec import cli, cli_common
 
     assert cli.main(["profile"]) == 0
     assert capsys.readouterr().out.startswith("no pass-cost profile stored")
@@ -193,7 +193,7 @@ def test_the_cli_shows_resets_and_measures_the_stored_profiles(profile_mode, mon
     assert cli.main(["profile", "--reset"]) == 0
     assert capsys.readouterr().out.startswith("deleted 1 stored pass-cost profile")
     assert not profile_file().exists() and stored_entries() == {}
-    monkeypatch.setattr(cli, "_load", lambda name, **placement: (ClockedToy(FakeClock(), name, *QUIET), None))
+    monkeypatch.setattr(cli_common, "load", lambda name, **placement: (ClockedToy(FakeClock(), name, *QUIET), None))
     assert cli.main(["profile", "--measure", "--model", "measured-now"]) == 0
     out = capsys.readouterr().out
     (label,) = stored_entries()
