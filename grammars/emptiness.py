@@ -277,7 +277,7 @@ def xgrammar_ebnf(spec: GrammarSpec) -> str | None:
     try:
         import xgrammar as xgr
 
-        from .xgrammar_backend import readable_source
+        from .xgrammar_source import readable_source
 
         source = readable_source(spec)
         if spec.is_json:

@@ -24,7 +24,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from .spec import _DATA_KEYWORDS, _SCHEMA_MAPS, _local_resolver, _refs_and_targets
+from .schema_walk import DATA_KEYWORDS as _DATA_KEYWORDS
+from .schema_walk import SCHEMA_MAPS as _SCHEMA_MAPS
+from .schema_walk import local_resolver as _local_resolver
+from .schema_walk import refs_and_targets as _refs_and_targets
 
 __all__ = ["same_value_cycle", "cycle_message"]
 

@@ -52,6 +52,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .base import GrammarError
+from .schema_walk import local_resolver, pointer_token
 from .spec import GrammarSpec
 
 __all__ = ["check_satisfiable", "conflict"]
@@ -99,10 +100,8 @@ def _at(where: str) -> str:
 
 class _Checker:
     def __init__(self, root: dict[str, Any]) -> None:
-        from .spec import _local_resolver
-
         self.root = root
-        self.resolver = _local_resolver(root)
+        self.resolver = local_resolver(root)
         #: drafts 3 to 7: a ``$ref`` makes its siblings ignored
         self.ref_alone = any(f"draft-0{n}" in str(root.get("$schema", "")) for n in range(3, 8))
         self.memo: dict[int, str | None] = {}
@@ -374,7 +373,7 @@ class _Checker:
                 patterns = part.node.get("patternProperties")
                 patterns = patterns if isinstance(patterns, dict) else {}
                 if name in properties:
-                    reason = self.node(properties[name], f"{part.where}/properties/{_escape(name)}")
+                    reason = self.node(properties[name], f"{part.where}/properties/{pointer_token(name)}")
                     if reason is not None:
                         return f"the property {name!r} is required ({_at(where)}), and {reason}"
                 elif part.node.get("additionalProperties") is False and not any(_matches(p, name) for p in patterns):
@@ -405,10 +404,6 @@ def _count(value: Any) -> int:
 
 def _show(declared: Any) -> str:
     return repr(declared) if not isinstance(declared, list) else "[" + ", ".join(map(repr, declared)) + "]"
-
-
-def _escape(key: str) -> str:
-    return key.replace("~", "~0").replace("/", "~1")
 
 
 def _matches(pattern: Any, name: str) -> bool:

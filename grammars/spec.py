@@ -32,6 +32,8 @@ from typing import Any, Literal
 from .base import GrammarError
 from .schema_walk import DATA_KEYWORDS as _DATA_KEYWORDS
 from .schema_walk import SCHEMA_MAPS as _SCHEMA_MAPS
+from .schema_walk import local_resolver as _local_resolver
+from .schema_walk import refs_and_targets as _refs_and_targets
 from .schema_walk import schema_nodes
 
 __all__ = ["GrammarSpec", "GrammarKind", "grammar_spec", "tools_schema", "check_json_schema", "schema_nodes"]
@@ -231,34 +233,6 @@ def _rebase_refs(schema: dict[str, Any], prefix: str) -> None:
             node["$ref"] = "#" + prefix + where
 
 
-def _refs_and_targets(schema: dict[str, Any]) -> tuple[list[tuple[dict[str, Any], str]], list[dict[str, Any]]]:
-    """Every schema object in ``schema`` with its JSON pointer, and the objects with a string ``$ref``
-    outside any nested ``$id`` scope (where ``#`` means the root).  Pure."""
-    targets: list[tuple[dict[str, Any], str]] = []
-    refs: list[dict[str, Any]] = []
-    stack: list[tuple[Any, str, bool, bool]] = [(schema, "", True, False)]  # (item, pointer, is schema, in $id scope)
-    while stack:
-        item, pointer, is_schema, scoped = stack.pop()
-        if isinstance(item, list):
-            stack.extend((x, f"{pointer}/{i}", True, scoped) for i, x in enumerate(item))
-        elif isinstance(item, dict) and not is_schema:
-            stack.extend((v, f"{pointer}/{_escape(k)}", True, scoped) for k, v in item.items())
-        elif isinstance(item, dict):
-            targets.append((item, pointer))
-            if isinstance(item.get("$ref"), str) and not scoped:
-                refs.append(item)
-            inner = scoped or (bool(pointer) and isinstance(item.get("$id"), str))
-            for key, value in item.items():
-                if key not in _DATA_KEYWORDS:
-                    stack.append((value, f"{pointer}/{_escape(key)}", key not in _SCHEMA_MAPS, inner))
-    return targets, refs
-
-
-def _escape(key: Any) -> str:
-    """A JSON-pointer token (RFC 6901)."""
-    return str(key).replace("~", "~0").replace("/", "~1")
-
-
 def _warn_unknown_keywords(schema: dict[str, Any]) -> None:
     """Warn about keywords no JSON Schema draft defines (a typo makes its object accept anything)."""
     import difflib
@@ -379,20 +353,6 @@ def _dangling_ref(node: dict[str, Any]) -> str | None:
         except Exception:  # referencing.exceptions.Unresolvable and friends
             return ref
     return None
-
-
-def _local_resolver(node: Any) -> Any:
-    """A ``referencing`` resolver over ``node`` and the subschemas it names with ``$id`` (nothing remote)."""
-    try:
-        from referencing import Registry, Resource
-        from referencing.jsonschema import DRAFT202012
-
-        resource = Resource.from_contents(node, default_specification=DRAFT202012)  # $schema wins when given
-        base = resource.id() or ""
-        registry = Registry().with_resource(base, resource).crawl()
-        return registry.resolver(base_uri=base)
-    except Exception:
-        return None
 
 
 #: Digests of schemas that passed :func:`check_json_schema` lately (at most this many, 32 bytes each).

@@ -20,7 +20,6 @@ Quirks absorbed here:
 
 from __future__ import annotations
 
-import json
 import operator
 import os
 import re
@@ -33,10 +32,10 @@ import torch
 from ._bitmask import check_bitmask, clear_padding
 from ._window import RollbackWindow, WindowedMatcher
 from .base import CompiledGrammar, GrammarError, Matcher
-from .ecma_regex import expand, has_property_escapes, xgrammar_schema
 from .emptiness import forced_text_bounded
 from .features import Capabilities
 from .spec import GrammarSpec
+from .xgrammar_source import readable_source
 
 if TYPE_CHECKING:
     import xgrammar as xgr
@@ -138,20 +137,6 @@ def compile_spec(
     except Exception as e:  # C++ errors surface as RuntimeError (sometimes ValueError)
         raise GrammarError(_compile_error_message(spec, e, compiler)) from None
     return XGrammarCompiled(compiled, vocab_size, stop_token_ids)
-
-
-def readable_source(spec: GrammarSpec) -> str:
-    """``spec``'s source as xgrammar reads it: ECMA-262 property escapes (``\\p{Lu}``), which its regex compiler
-    lacks, written out as the exact classes of their code points (:mod:`grammars.ecma_regex`).
-
-    Raises ``ValueError`` for an escape that names no ECMA-262 property.
-    """
-    if spec.is_json:
-        readable = xgrammar_schema(spec.schema)
-        return spec.source if readable is spec.schema else json.dumps(readable, ensure_ascii=False)
-    if spec.kind == "regex" and has_property_escapes(spec.source):
-        return expand(spec.source, dialect="xgrammar")
-    return spec.source
 
 
 def serialize(compiled: XGrammarCompiled) -> bytes:

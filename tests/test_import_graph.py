@@ -43,14 +43,6 @@ ALLOWED_CIRCLES: dict[frozenset[str], str] = {
         "change that reworks the profile (isolation and profile_check join it through rows' "
         "type-only imports)"
     ),
-    frozenset({"grammars.ref_cycles", "grammars.spec"}): (
-        "spec's schema check calls ref_cycles, which walks $refs with spec's private resolver and "
-        "ref/target helpers; those helpers belong in a leaf both import"
-    ),
-    frozenset({"grammars.emptiness", "grammars.xgrammar_backend"}): (
-        "xgrammar_backend asks emptiness for forced text, and emptiness reads "
-        "xgrammar_backend.readable_source; that helper belongs in a leaf both import"
-    ),
 }
 
 
