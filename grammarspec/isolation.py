@@ -2,14 +2,16 @@
 
 What belongs to one row -- its grammar matcher (mask fills, the draft walk,
 accepting committed tokens), its proposer (proposing, being told what was
-committed), its stop check and the caller's per-row callback -- runs through
-:func:`contained`.  An exception there ends that row with
+committed), its logits processing, its stop check and the caller's per-row
+callback -- runs through :func:`contained`.  A row whose grammar allows no
+token where it needs one (a dead end) fails the same way (:func:`fail`).  An exception there ends that row with
 ``finish_reason="error"`` and keeps the exception in ``row.failure``; the row
 leaves the batch like a finished one (its slot of the cache is freed, the other
 rows' columns and positions are not touched), so the other rows decode as they
 would alone.  What the rows share -- the target forward, the batch cache, the
 step's choice of tokens -- is not contained: an exception there still ends the
-whole loop.
+whole loop.  A processor that every row shares (a ``logits_processor=`` of one
+``generate`` call) and that raises on every row fails every row, so the call fails.
 
 Callers see the failure: ``generate`` raises :class:`GenerationError` after the
 other rows finish, ``grammarspec serve`` answers the failed request with an
@@ -25,7 +27,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 if TYPE_CHECKING:
     from .rows import Row
 
-__all__ = ["RowFailure", "GenerationError", "contained"]
+__all__ = ["RowFailure", "GenerationError", "contained", "fail"]
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -67,7 +69,13 @@ def contained(row: Row, work: str, failed: T, call: Callable[P, T], *args: P.arg
     try:
         return call(*args, **kwargs)
     except Exception as error:
-        if row.failure is None:
-            row.failure = RowFailure(work, error)
-        row.finish_reason = "error"
+        fail(row, work, error)
         return failed
+
+
+def fail(row: Row, work: str, error: Exception) -> None:
+    """``row`` fails in its own ``work`` with ``error``: ``finish_reason="error"``, and ``row.failure`` keeps the
+    first failure.  Changes the row."""
+    if row.failure is None:
+        row.failure = RowFailure(work, error)
+    row.finish_reason = "error"

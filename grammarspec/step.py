@@ -20,13 +20,14 @@ from proposers.tree import EMPTY_TREE, DraftTree
 
 from .bookkeeping import account, finish, record_scores
 from .commit import commit, tell
-from .isolation import contained
+from .isolation import contained, fail
 from .kv import BatchKV
 from .masking import apply_masks, forced_token, prune_and_fill_masks
 from .policy import Cost, batch_cost_model, drafts_could_pay, finishing_worth, plan_drafts
 from .processing import LogitsPipeline, prefix_tensors
-from .rejection import Segment, target_choices
+from .rejection import Segment, choices_and_dead_ends
 from .rows import Row, Step, StepResources
+from .sampling import NoLegalTokenError
 from .step_cost import priced_rows
 from .tree_layout import descend
 
@@ -151,8 +152,10 @@ def run_step(
     apply_masks(scores, masks[:start])
     _process(stepping, steps, scores[:start])
     sampled = [_segment(step) for step in steps if step.draft.probs is not None and len(step.tree)]
-    choices = target_choices(scores, _greedy_rows(stepping, steps), sampled, shared.generator)
+    choices, dead = choices_and_dead_ends(scores, _greedy_rows(stepping, steps), sampled, shared.generator)
     results = [descend(step.tree, step.ends, choices[step.start : step.start + 1 + len(step.tree)]) for step in steps]
+    stuck = [_dead_end(step, result, dead) for step, result in zip(steps, results)]
+    results = [(path, None) if dead_end else (path, token) for (path, token), dead_end in zip(results, stuck)]
     verify_seconds = time.perf_counter() - t0
     phases.lap("verify")
 
@@ -163,6 +166,9 @@ def run_step(
     outcome = iter(results)
     all_results = [next(outcome) if read is None else ([], None) for read in fed]
     committed = commit(active, everyone, all_results, kv, shared, fed)
+    for row, dead_end in zip(stepping, stuck):  # it keeps the path it accepted; no token may follow it
+        if dead_end and row.finish_reason is None:
+            fail(row, "its grammar", _no_token(row, shared))
     if config.record_scores:
         mine = [c for c, read in zip(committed, fed) if read is None]
         record_scores(stepping, steps, results, mine, logits, scores)
@@ -348,13 +354,21 @@ def _process(active: Sequence[Row], steps: Sequence[Step], scores: torch.Tensor)
     step's rows; otherwise each row's pipeline runs on its own rows, with their
     prefixes: for every pipeline that reads them, views of one tensor built once
     a step (:func:`processing.prefix_tensors`), so one copy to the device serves them all.
+    Processing is each row's own: where it raises, that row fails alone (its rows keep
+    their masked scores, and its choice is never committed) -- a shared call that raises
+    is run again row by row.  A ``generate`` call's ``logits_processor=`` serves all its
+    rows, so one that raises on every row fails every row, and the call.
     """
     first = active[0].processing
     if isinstance(first, LogitsPipeline) and first.batch_key is not None:
         if all(isinstance(r.processing, LogitsPipeline) and r.processing.batch_key == first.batch_key for r in active):
-            if not first.is_identity:  # greedy with no processor: the masked float32 logits are the scores
+            if first.is_identity:  # greedy with no processor: the masked float32 logits are the scores
+                return
+            try:
                 scores[:] = first(scores, [[]] * scores.shape[0])
-            return
+                return
+            except Exception:  # each row's processing on its own rows below: the one that raises fails alone
+                pass
     todo = [
         (row, step)
         for row, step in zip(active, steps)
@@ -367,7 +381,12 @@ def _process(active: Sequence[Row], steps: Sequence[Step], scores: torch.Tensor)
     for (row, step), rows, reads in zip(todo, prefixes, readers):
         block = slice(step.start, step.start + 1 + len(step.tree))
         given: list[Any] = [next(views) for _ in rows] if reads else rows
-        scores[block] = row.processing(scores[block], given)
+        contained(row, "logits processing", None, _apply, row.processing, scores, block, given)
+
+
+def _apply(processing: Any, scores: torch.Tensor, block: slice, given: list[Any]) -> None:
+    """``processing`` on the rows ``block`` of ``scores`` (changed in place only when it returns)."""
+    scores[block] = processing(scores[block], given)
 
 
 def _prefixes(row: Row, step: Step) -> list[list[int]]:
@@ -379,6 +398,29 @@ def _prefixes(row: Row, step: Step) -> list[list[int]]:
     if isinstance(row.processing, LogitsPipeline) and not row.processing.reads_prefixes:
         return [[]] * (1 + len(tree))
     return [list(row.tokens)] + [list(row.tokens) + [tree.tokens[j] for j in tree.path(i)] for i in range(len(tree))]
+
+
+def _dead_end(step: Step, result: tuple[list[int], int | None], dead: Sequence[bool]) -> bool:
+    """Whether the row's next token comes from a scored row that allows no token (its grammar's dead end).
+
+    Only the row the next token is read from can be one: a node whose state allows no token has no kept
+    children, so no draft token is compared with a dead row's choice.
+    """
+    path, token = result
+    return token is not None and dead[step.start + (1 + path[-1] if path else 0)]
+
+
+def _no_token(row: Row, shared: StepResources) -> NoLegalTokenError:
+    """The error of a row whose grammar allows no token where the row needs one."""
+    text = ""
+    if shared.tokenizer is not None and row.generated:
+        text = f" ({shared.tokenizer.decode(row.generated[-40:])!r})"
+    return NoLegalTokenError(
+        f"the grammar allows no token after {len(row.generated)} generated tokens{text}, and the output is not "
+        "complete: the grammar backend reached a state it cannot finish (a bug in the backend, or a schema "
+        "construct it cannot complete).  Try another grammar_backend ('xgrammar', 'llguidance' or 'outlines'), "
+        "or simplify the schema."
+    )
 
 
 def _segment(step: Step) -> Segment:

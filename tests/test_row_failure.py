@@ -173,3 +173,87 @@ def test_a_failed_conversation_turn_leaves_the_conversation_as_it_was(smol, monk
     fresh.add_user(QUESTIONS[1])
     assert again.tokens == fresh.reply(schema=SCHEMA, max_new_tokens=24).tokens
     assert again.finish_reason == "stop"
+
+
+# --- a row whose grammar reaches a dead end, a row whose processing raises ------------------------
+
+
+class DeadEnd:
+    """``inner`` (a matcher) whose every state from the ``after``-th token on allows no token (an all-zero mask):
+    a backend that reached a state it cannot finish."""
+
+    def __init__(self, inner, after: int) -> None:
+        self.inner, self.after, self.depth = inner, after, 0
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def accept(self, token):
+        accepted = self.inner.accept(token)
+        self.depth += bool(accepted)
+        return accepted
+
+    def rollback(self, n):
+        self.inner.rollback(n)
+        self.depth -= n
+
+    def fill_mask(self, bitmask, row):
+        self.inner.fill_mask(bitmask, row)
+        if self.depth >= self.after:
+            bitmask[row] = 0
+
+
+def test_a_row_whose_grammar_allows_no_token_ends_alone(grammars):
+    model = ToyCausalLM(V, seed=3)
+    config = DecodeConfig(max_new_tokens=40, eos_token_ids=(0,))
+    by_row = [grammars[2], grammars[1], grammars[0], grammars[2]]
+    alone = [decode(model, p, config, matcher=g.matcher())[0] for p, g in zip(PROMPTS, by_row)]
+    requests = [_row(p, g, out, config) for p, g, out in zip(PROMPTS, by_row, alone)]
+    requests[FAULTY].matcher = DeadEnd(requests[FAULTY].matcher, 3)
+    on_step, seen = check_rows(by_row)
+    rows = decode_batch(model, requests, config, on_step=on_step)
+    failed = rows[FAULTY]
+    assert failed.finish_reason == failed.stats.finish_reason == "error"
+    assert "its grammar raised NoLegalTokenError: the grammar allows no token after 3 generated tokens" in str(
+        failed.failure
+    )
+    assert "Try another grammar_backend" in str(failed.failure)
+    assert failed.generated == alone[FAULTY][:3]  # every token up to the dead end, nothing after it
+    assert [row.generated for i, row in enumerate(rows) if i != FAULTY] == alone[:FAULTY] + alone[FAULTY + 1 :]
+    assert all(row.finish_reason == "stop" and row.failure is None for i, row in enumerate(rows) if i != FAULTY)
+    assert any(FAULTY not in indices for indices, _ in seen[1:])
+
+
+def test_a_dead_end_row_does_not_move_the_other_rows_draws():
+    from grammarspec.rejection import choices_and_dead_ends
+
+    scores = torch.randn(3, 50)
+    dead = scores.clone()
+    dead[1] = float("-inf")
+    for seed in range(20):
+        alive, none_dead = choices_and_dead_ends(scores, False, (), torch.Generator().manual_seed(seed))
+        stuck, marked = choices_and_dead_ends(dead, False, (), torch.Generator().manual_seed(seed))
+        assert (alive[0], alive[2]) == (stuck[0], stuck[2]) and marked == [False, True, False]
+        assert not any(none_dead)
+
+
+class RaisingProcessor:
+    """A stateless logits processor that raises on every call (a user's processor with a bug)."""
+
+    def __call__(self, input_ids, scores):
+        raise ValueError("planted fault in a logits processor")
+
+
+def test_a_row_whose_processing_raises_ends_alone(grammars):
+    model = ToyCausalLM(V, seed=3)
+    config = DecodeConfig(max_new_tokens=40, eos_token_ids=(0,))
+    by_row = [grammars[2], grammars[1], grammars[0], grammars[2]]
+    alone = [decode(model, p, config, matcher=g.matcher())[0] for p, g in zip(PROMPTS, by_row)]
+    requests = [_row(p, g, out, config) for p, g, out in zip(PROMPTS, by_row, alone)]
+    requests[FAULTY].processing = sampling_processing(config, (RaisingProcessor(),), len(PROMPTS[FAULTY]))
+    rows = decode_batch(model, requests, config)
+    failed = rows[FAULTY]
+    assert failed.finish_reason == "error"
+    assert failed.generated == alone[FAULTY][: len(failed.generated)] < alone[FAULTY]  # forced tokens only
+    assert "logits processing raised ValueError: planted fault in a logits processor" in str(failed.failure)
+    assert [row.generated for i, row in enumerate(rows) if i != FAULTY] == alone[:FAULTY] + alone[FAULTY + 1 :]

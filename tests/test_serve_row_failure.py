@@ -35,6 +35,7 @@ SCHEMA = {
     "additionalProperties": False,
 }
 FAULT = {**SCHEMA, "title": "fault"}
+DEAD_END = {**SCHEMA, "title": "dead end"}
 COUNT = "Count from 1 to 40, separated by commas."
 
 
@@ -58,14 +59,41 @@ class FaultyMatcher:
         return self.inner.accept(token)
 
 
+class DeadEndMatcher:
+    """A matcher whose every state from its fourth token on allows no token (a backend's dead end)."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.depth = inner, 0
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def accept(self, token):
+        accepted = self.inner.accept(token)
+        self.depth += bool(accepted)
+        return accepted
+
+    def rollback(self, n):
+        self.inner.rollback(n)
+        self.depth -= n
+
+    def fill_mask(self, bitmask, row):
+        self.inner.fill_mask(bitmask, row)
+        if self.depth >= 4:
+            bitmask[row] = 0
+
+
 @pytest.fixture(scope="module")
 def server(smol):
     real = engine_module.row_request
 
     def row_request(*args, **kwargs):  # the rows of a request whose schema is titled "fault" get a faulty matcher
         request = real(*args, **kwargs)
-        if (kwargs.get("schema") or {}).get("title") == "fault":
+        title = (kwargs.get("schema") or {}).get("title")
+        if title == "fault":
             request.matcher = FaultyMatcher(request.matcher)
+        if title == "dead end":
+            request.matcher = DeadEndMatcher(request.matcher)
         return request
 
     model, tokenizer = smol
@@ -100,10 +128,10 @@ def _ask(client, content, schema=None, **kwargs):
     return client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": content}], **kwargs)
 
 
-def _fails(client, stream=False):
+def _fails(client, stream=False, schema=FAULT):
     """The faulty request's error message (a 500, or an error event when streamed)."""
     with pytest.raises(openai.APIError) as caught:
-        reply = _ask(client, "Plan 2 days in Porto. Reply in JSON.", FAULT, stream=stream)
+        reply = _ask(client, "Plan 2 days in Porto. Reply in JSON.", schema, stream=stream)
         for _ in reply if stream else ():
             pass
     if not stream:
@@ -143,3 +171,25 @@ def test_a_failing_request_fails_alone_and_the_server_serves_on(server, client):
     assert after.message.content == plan.message.content and after.finish_reason == "stop"
     health = httpx.get(server[0] + "/health").json()
     assert health["status"] == "ok" and engine.counters["failed"] == failed + 2
+
+
+def test_a_request_whose_grammar_reaches_a_dead_end_fails_alone(server, client):
+    engine = server[1]
+    plan = _ask(client, "Plan 3 days in Lisbon. Reply in JSON.", SCHEMA).choices[0]
+    loops = engine.counters["loops"]
+    stream = _ask(client, COUNT, max_tokens=80, stream=True)  # a loop the other two join
+    text = ""
+    for chunk in stream:
+        text += chunk.choices[0].delta.content or ""
+        if text:
+            break
+    with ThreadPoolExecutor(2) as pool:
+        dead = pool.submit(_fails, client, False, DEAD_END)
+        good = pool.submit(_ask, client, "Plan 3 days in Lisbon. Reply in JSON.", SCHEMA)
+        message, beside = dead.result(), good.result().choices[0]
+    for _ in stream:
+        pass
+    assert engine.counters["loops"] == loops + 1
+    assert "the grammar allows no token after 4 generated tokens" in message, message
+    assert "grammar_backend" in message and "other requests were not affected" in message
+    assert (beside.message.content, beside.finish_reason) == (plan.message.content, plan.finish_reason)
