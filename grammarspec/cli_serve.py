@@ -65,6 +65,14 @@ def add_serve_commands(commands: Any) -> None:
         help="memory budget of the prefix KV cache, LRU-evicted (default: 1024; 0 turns it off)",
     )
     serve.add_argument(
+        "--draft-memory-mb",
+        type=cli._non_negative_float,
+        default=256.0,
+        metavar="MB",
+        help="memory of the index of earlier outputs that requests with the same schema or tools draft from, "
+        "oldest evicted first (default: 256; 0 turns it off)",
+    )
+    serve.add_argument(
         "--prompt-chunk",
         type=cli._positive_int,
         default=None,
@@ -223,6 +231,7 @@ def _cmd_serve(args: argparse.Namespace, command: str) -> int:
             tool_format=args.tool_format,
             prompt_chunk=args.prompt_chunk,
             step_cost=args.step_cost,
+            draft_memory_bytes=int(args.draft_memory_mb * 2**20),
         )
     except ToolCallError as e:
         raise cli.CliError(f"--tool-format: {e}") from None
