@@ -63,7 +63,10 @@ class SuffixProposer:
         if not tokens:
             return EMPTY_DRAFT
         return Draft(  # confidence: each token's odds after its n-gram (the policy calibrates them)
-            tokens=tuple(tokens), sources=(self.name,) * len(tokens), kind=f"o{order}", confidence=tuple(probs[: len(tokens)])
+            tokens=tuple(tokens),
+            sources=(self.name,) * len(tokens),
+            kind=f"o{order}",
+            confidence=tuple(probs[: len(tokens)]),
         )
 
     def commit(self, draft: Draft, num_accepted: int, committed: Sequence[int]) -> None:

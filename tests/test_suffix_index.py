@@ -191,7 +191,9 @@ def test_auto_drafts_from_an_index_only_when_given_one():
     assert isinstance(auto, CompositeProposer)
     (suffix,) = [m for m in auto.followers if isinstance(m, SuffixProposer)]
     assert suffix.index is index  # a follower: the composite keeps its record like any other's
-    assert not any(isinstance(m, SuffixProposer) for m in members(resolve_assistant("auto", suffix_index=SuffixIndex(0))))
+    assert not any(
+        isinstance(m, SuffixProposer) for m in members(resolve_assistant("auto", suffix_index=SuffixIndex(0)))
+    )
 
 
 def test_resolve_index_shares_makes_or_refuses():

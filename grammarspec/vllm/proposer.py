@@ -62,9 +62,9 @@ from typing import Any
 from grammars import GrammarError, compile_grammar, grammar_spec
 from grammars.base import Matcher
 from proposers.base import EMPTY_DRAFT, Draft, GrammarView, Proposer, Request
-from proposers.suffix_index import SuffixIndex
 from proposers.cost import PassCost
 from proposers.presets import resolve_assistant
+from proposers.suffix_index import SuffixIndex
 
 from ..policy import Calibration, allocate
 
