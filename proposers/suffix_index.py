@@ -23,7 +23,7 @@ Memory: every output is kept as a 4-byte-per-token array beside the counts (so
 that evicting it can take its counts back out exactly), and the whole index is
 bounded by ``max_bytes``; past it the oldest outputs are evicted first, with
 their counts.  The accounting is conservative: ``sys.getsizeof`` of every
-container (tuples, dicts, arrays, per-output records) plus :data:`INT_BYTES` for
+container (dicts, bytes keys, arrays, per-output records) plus :data:`INT_BYTES` for
 every token id and count stored, whether or not CPython shares the int object
 (tests/test_suffix_index.py checks it against ``tracemalloc``).  About 400
 bytes per distinct n-gram of an order (three orders by default); repeated
