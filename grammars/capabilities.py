@@ -1,6 +1,7 @@
 """Which JSON-Schema keywords each backend enforces: the :class:`Capabilities` each declares, checked by probes.
 
-Each backend module declares its own ``capabilities`` (the grammar kinds it
+Each backend module declares its own ``capabilities`` (a
+:class:`~grammars.features.Capabilities`, re-exported here: the grammar kinds it
 compiles, a table of features, its formats, its rank for ``backend="auto"``);
 this module reads them through :mod:`grammars.registry` and answers, per
 schema, what a backend enforces.  For every backend and every *feature* (a keyword, or a keyword in a setting
@@ -16,8 +17,8 @@ that changes how a backend treats it, such as ``maxLength`` beside a
 The entries come from the fuzz tool's findings on the production corpus
 (xgrammar 0.2.9, outlines-core 0.2.14, llguidance 1.9) and every one is
 checked by :data:`PROBES`: tests/test_grammar_spec.py compiles each probe's
-schema on a toy vocabulary and checks that an invalid instance is (or is not)
-rejected, so a backend upgrade that changes an entry fails a test.
+schema on a toy vocabulary (:func:`grammars.probes.run_probe`) and checks that
+an invalid instance is (or is not) rejected, so a backend upgrade that changes an entry fails a test.
 
 A ``format`` is the feature ``"format:<name>"``: ``"enforced"`` when the
 backend turns it into a grammar (:attr:`Capabilities.formats`; only approximately: the
@@ -38,9 +39,11 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
+from .features import CORE, FEATURES, Capabilities, Support
 from .keywords import ANNOTATIONS, KNOWN_KEYWORDS, schema_objects
+from .registry import REGISTRY, get
 
 __all__ = [
     "Support",
@@ -55,101 +58,49 @@ __all__ = [
     "refused",
     "support",
     "LOOKAROUND",
-    "run_probe",
     "enforced_keywords",
+    "KEYWORDS_2020_12",
+    "NEUTRAL_2020_12",
 ]
-
-Support = Literal["enforced", "ignored", "refused"]
 
 #: A regex with look-ahead or look-behind.
 LOOKAROUND = re.compile(r"\(\?<?[=!]")
-
-#: Features with a setting of their own (the plain keyword names cover the rest).
-FEATURES = (
-    "pattern:lookaround",  # a pattern with (?=...), (?!...), (?<=...), (?<!...)
-    "maxLength+pattern",
-    "minLength+pattern",  # length bounds on a string that has a pattern
-    "multipleOf:number",  # multipleOf on a "number" (not "integer")
-    "allOf:multi",  # allOf with two or more parts
-    "oneOf:overlap",  # oneOf whose branches both match one value ("exactly one" is not checked)
-    "$ref+siblings",  # keywords beside a $ref
-    "anyOf+siblings",  # keywords beside anyOf / oneOf / allOf (xgrammar drops them)
-    "enum+siblings",  # keywords beside enum / const (xgrammar drops them)
-)
 
 _E: Support = "enforced"
 _I: Support = "ignored"
 _R: Support = "refused"
 
-#: The keywords every backend enforces: the start of each backend's table.
-CORE: Mapping[str, Support] = {
-    "type": _E,
-    "enum": _E,
-    "const": _E,
-    "required": _E,
-    "additionalProperties": _E,
-    "items": _E,
-    "prefixItems": _E,
-    "minItems": _E,
-    "maxItems": _E,
-    "minLength": _E,
-    "maxLength": _E,
-    "pattern": _E,
-    "anyOf": _E,
-    "oneOf": _E,
-    "$ref": _E,
-}
-
-
-@dataclass(frozen=True)
-class Capabilities:
-    """What one backend compiles and enforces: declared in its module, checked by :data:`PROBES`."""
-
-    #: The grammar kinds it compiles (:attr:`grammars.spec.GrammarSpec.kind`).
-    kinds: frozenset[str]
-    #: ``table[feature]`` for each JSON-Schema feature; a feature not listed is ``"ignored"``.
-    table: Mapping[str, Support]
-    #: The ``format`` values it turns into a grammar.
-    formats: frozenset[str]
-    #: What it does with a ``format`` it has no grammar for.
-    other_formats: Support
-    #: ``backend="auto"`` tries backends in increasing rank (:mod:`grammars.select`).
-    auto_rank: int
-
-    @classmethod
-    def declare(
-        cls,
-        *,
-        kinds: str,
-        formats: str,
-        other_formats: Support,
-        auto_rank: int,
-        enforced: str = "",
-        ignored: str = "",
-        refused: str = "",
-    ) -> Capabilities:
-        """Capabilities from space-separated names: the table is :data:`CORE` plus the features listed.  Pure."""
-        table: dict[str, Support] = dict(CORE)
-        for support, names in ((_E, enforced), (_I, ignored), (_R, refused)):
-            table.update(dict.fromkeys(names.split(), support))
-        return cls(frozenset(kinds.split()), table, frozenset(formats.split()), other_formats, auto_rank)
-
 
 def tables() -> dict[str, Mapping[str, Support]]:
     """Every registered backend's table, by backend name.  Pure."""
-    from .registry import REGISTRY
-
     return {backend.name: backend.capabilities.table for backend in REGISTRY}
 
 
+#: Keywords that change which values are valid although :data:`~grammars.keywords.ANNOTATIONS` lists them (their
+#: values are not schemas): dynamic references resolve at validation time, and a backend that ignores them leaves
+#: that part of the schema unconstrained.
+_DYNAMIC = frozenset({"$dynamicRef", "$dynamicAnchor", "$recursiveRef", "$recursiveAnchor"})
+
 #: Keywords that only annotate or lead to subschemas; never reported as unenforced.
-_NEUTRAL = ANNOTATIONS | {"properties", "format"}
+_NEUTRAL = (ANNOTATIONS - _DYNAMIC) | {"properties", "format"}
+
+#: Every keyword of JSON Schema 2020-12 (core, applicator, unevaluated, validation, format, content, meta-data).
+#: Each is either in :data:`NEUTRAL_2020_12` or a feature with an entry in every backend's table (a test checks).
+KEYWORDS_2020_12 = frozenset(
+    "$schema $id $ref $anchor $dynamicRef $dynamicAnchor $vocabulary $comment $defs prefixItems items contains "
+    "additionalProperties properties patternProperties dependentSchemas propertyNames if then else allOf anyOf "
+    "oneOf not unevaluatedItems unevaluatedProperties type const enum multipleOf maximum exclusiveMaximum minimum "
+    "exclusiveMinimum maxLength minLength pattern maxItems minItems uniqueItems maxContains minContains "
+    "maxProperties minProperties required dependentRequired format contentEncoding contentMediaType contentSchema "
+    "title description default deprecated readOnly writeOnly examples".split()
+)
+#: The 2020-12 keywords that constrain nothing themselves (annotations; ``properties`` and ``format`` are judged
+#: through their subschemas and ``format:<name>``).
+NEUTRAL_2020_12 = KEYWORDS_2020_12 & _NEUTRAL
 
 
 def support(backend: str, feature: str) -> Support:
     """The table entry for ``feature`` on ``backend`` (``"ignored"`` when not listed).  Pure."""
-    from .registry import get
-
     capabilities = get(backend).capabilities
     if feature.startswith("format:"):
         return "enforced" if feature[7:] in capabilities.formats else capabilities.other_formats
@@ -193,6 +144,8 @@ def features_used(schema: Any) -> list[str]:
             any(k not in ("enum", "const", "type") for k in validation) or not _values_have_type(node)
         ):
             found["enum+siblings"] = None
+    if "$dynamicRef" not in found:  # an anchor nothing refers to dynamically changes nothing
+        found.pop("$dynamicAnchor", None)
     return list(found)
 
 
@@ -359,44 +312,32 @@ PROBES: tuple[Probe, ...] = (
         '{"b":1}',
         '{"a":1}',
     ),
+    Probe(
+        "unevaluatedProperties",
+        {"type": "object", "properties": {"a": _INT}, "unevaluatedProperties": _INT},
+        '{"b":"x"}',
+        '{"a":1}',
+    ),
+    Probe("propertyNames", {"type": "object", "propertyNames": {"maxLength": 1}}, '{"ab":1}', '{"a":1}'),
+    Probe("unevaluatedItems", {"type": "array", "prefixItems": [_INT], "unevaluatedItems": False}, "[1,2]", "[1]"),
+    Probe("unevaluatedItems", {"type": "array", "prefixItems": [_INT], "unevaluatedItems": _INT}, '[1,"a"]', "[1]"),
+    Probe(
+        "minContains", {"type": "array", "items": _INT, "contains": {"const": 5}, "minContains": 2}, "[5,1]", "[5,5]"
+    ),
+    Probe("maxContains", {"type": "array", "items": _INT, "contains": {"const": 5}, "maxContains": 1}, "[5,5]", "[5]"),
+    Probe(
+        "$dynamicRef",
+        {"type": "array", "items": {"$dynamicRef": "#i"}, "$defs": {"i": {"$dynamicAnchor": "i", "type": "integer"}}},
+        '["a"]',
+        "[1]",
+    ),
+    Probe(
+        "$dynamicAnchor",  # what the anchor names is what a $dynamicRef to it must match
+        {"$defs": {"i": {"$dynamicAnchor": "i", "type": "integer"}}, "$dynamicRef": "#i"},
+        '"a"',
+        "1",
+    ),
 )
-
-
-def run_probe(probe: Probe, backend: str, tokenizer: Any) -> tuple[Support, str]:
-    """What ``backend`` does with ``probe``: ``(support, detail)``.  Compiles; changes no state.
-
-    ``"refused"`` when the schema does not compile; ``"enforced"`` when the
-    invalid instance is rejected token by token (and the valid one, if
-    given, accepted to the end); ``"ignored"`` when the invalid instance is
-    accepted.  A valid instance the grammar rejects makes the detail say so
-    (the grammar is then stricter than the schema, not laxer).
-    """
-    import warnings
-
-    from .base import GrammarError
-    from .compile import compile_grammar
-    from .spec import grammar_spec
-
-    try:
-        with warnings.catch_warnings():  # the probe measures what the warning would predict
-            warnings.simplefilter("ignore")
-            spec = grammar_spec(schema=probe.schema)
-            assert spec is not None, "a probe always has a schema"
-            compiled = compile_grammar(spec, tokenizer, backend=backend)
-    except GrammarError as e:
-        return "refused", str(e)[:200]
-    eos = compiled.stop_token_ids[0]
-
-    def accepted(text: str) -> bool:
-        tokens = list(tokenizer.encode(text, add_special_tokens=False))
-        if tokenizer.decode(tokens) != text:
-            raise ValueError(f"probe text {text!r} is not expressible in this vocabulary")
-        return compiled.matcher().validate(tokens + [eos]) == len(tokens) + 1
-
-    detail = ""
-    if probe.valid is not None and not accepted(probe.valid):
-        detail = f"the valid instance {probe.valid} is rejected too"
-    return ("ignored" if accepted(probe.invalid) else "enforced"), detail
 
 
 def enforced_keywords(backend: str) -> frozenset[str]:
@@ -405,7 +346,5 @@ def enforced_keywords(backend: str) -> frozenset[str]:
     >>> "uniqueItems" in enforced_keywords("xgrammar"), "maxLength" in enforced_keywords("xgrammar")
     (False, True)
     """
-    from .registry import get
-
     table = get(backend).capabilities.table
     return frozenset(k for k, v in table.items() if v == _E and ":" not in k and "+" not in k)

@@ -43,6 +43,7 @@ from .compile_cache import (
 from .deadline import Budget, CompileTimeout, NotTried
 from .emptiness import check_finite
 from .registry import BACKEND_CHOICES, BACKENDS, DEFAULT, canonical, get
+from .satisfiable import check_satisfiable
 from .spec import GrammarSpec
 from .suggest import NO_VALUE, alternatives, report_unenforced
 
@@ -116,6 +117,7 @@ def compile_grammar(
     tok_key, tok_size, eos = _fingerprint(tokenizer)
     vocab_size = _vocab_size(vocab_size, tok_size)
     stops = _stop_ids(stop_token_ids, eos, vocab_size)
+    check_satisfiable(spec)  # no value at all (allOf of string and integer, ...): refused on every backend alike
     check_finite(spec)  # no finite text (a $ref cycle with no way out): refused before any backend compiles
 
     budget = Budget(compile_timeout)
@@ -138,7 +140,7 @@ def compile_grammar(
         except CompileRefused as e:
             if NO_VALUE in str(e):  # no backend can help
                 raise
-            raise GrammarError(f"{e} {alternatives(name, spec, compile_with, budget)}") from None
+            raise GrammarError(f"{e} {alternatives(name, spec, compile_with, budget, str(e))}") from None
     report_unenforced(result, strict)
     return result
 

@@ -42,6 +42,7 @@ from typing import Any, Generic, TypeVar
 
 from .base import CompiledGrammar, GrammarError
 from .deadline import CompileTimeout
+from .lru import LRU
 from .registry import get
 
 __all__ = [
@@ -188,14 +189,12 @@ class _Failures:
     def __init__(self, maxsize: int) -> None:
         self.maxsize = maxsize
         self._lock = threading.Lock()
-        self._entries: OrderedDict[Hashable, tuple[str, float | None]] = OrderedDict()
+        self._entries: LRU[Hashable, tuple[str, float | None]] = LRU(maxsize)
 
     def check(self, key: Hashable, timeout: float | None) -> None:
         """Raise the remembered error for ``key`` if compiling again would end the same way."""
         with self._lock:
             entry = self._entries.get(key)
-            if entry is not None:
-                self._entries.move_to_end(key)
         if entry is None:
             return
         message, ran_past = entry
@@ -206,10 +205,7 @@ class _Failures:
 
     def add(self, key: Hashable, message: str, ran_past: float | None = None) -> None:
         with self._lock:
-            self._entries[key] = (message, ran_past)
-            self._entries.move_to_end(key)
-            while len(self._entries) > self.maxsize:
-                self._entries.popitem(last=False)
+            self._entries.put(key, (message, ran_past))
 
     def clear(self) -> None:
         with self._lock:

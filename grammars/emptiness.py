@@ -277,15 +277,18 @@ def xgrammar_ebnf(spec: GrammarSpec) -> str | None:
     try:
         import xgrammar as xgr
 
+        from .xgrammar_source import readable_source
+
+        source = readable_source(spec)
         if spec.is_json:
             if spec.any_whitespace:
-                grammar = xgr.Grammar.from_json_schema(spec.source, any_whitespace=True)
+                grammar = xgr.Grammar.from_json_schema(source, any_whitespace=True)
             else:
-                grammar = xgr.Grammar.from_json_schema(spec.source, any_whitespace=False, separators=(",", ":"))
+                grammar = xgr.Grammar.from_json_schema(source, any_whitespace=False, separators=(",", ":"))
         elif spec.kind == "regex":
-            grammar = xgr.Grammar.from_regex(spec.source)
+            grammar = xgr.Grammar.from_regex(source)
         else:
-            grammar = xgr.Grammar.from_ebnf(spec.source, root_rule_name="root")
+            grammar = xgr.Grammar.from_ebnf(source, root_rule_name="root")
     except Exception:  # the backend compiling the spec reports its own errors
         return None
     return str(grammar)

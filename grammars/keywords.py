@@ -13,11 +13,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from .spec import schema_nodes
+from .schema_walk import schema_nodes
 
 __all__ = ["KNOWN_KEYWORDS", "ANNOTATIONS", "used_keywords", "unknown_keywords", "unsatisfiable", "schema_objects"]
 
-#: Keywords that only describe (no backend needs to enforce them).
+#: Keywords whose values are not schemas and that, but for the dynamic references (``$dynamicRef``,
+#: ``$dynamicAnchor``, ``$recursiveRef``, ``$recursiveAnchor``, which :mod:`grammars.capabilities` classifies per
+#: backend), only describe: no backend needs to enforce them.
 ANNOTATIONS = frozenset(
     {
         "$schema",
@@ -176,6 +178,8 @@ def unsatisfiable(schema: Any) -> str | None:
     """
     if schema is False:
         return "the schema is false (it admits no value)"
+    if isinstance(schema, dict) and any(f"draft-0{n}" in str(schema.get("$schema", "")) for n in range(3, 8)):
+        return None  # llguidance reads a $ref beside other keywords as 2020-12 does; drafts 3 to 7 ignore those
     try:
         import llguidance
     except ImportError:  # pragma: no cover - llguidance is a dependency

@@ -11,7 +11,11 @@ ignoring them, so what it compiles it enforces (see
 
 The tokenizer is handed over as the same token bytes the outlines adapter
 reads (:func:`grammars.outlines_backend.token_bytes`, pinned against xgrammar
-by the contract tests), so all three backends see one vocabulary.
+by the contract tests), so all three backends see one vocabulary.  Its
+tokenize callback returns tokens that spell exactly the text it is given
+(llguidance lets the mask allow only the first of them where the grammar
+forces bytes), as the tokenizer splits the text inside a longer one: a
+SentencePiece tokenizer's dummy prefix ``▁`` is not part of it.
 
 Quirks absorbed here:
 
@@ -27,6 +31,11 @@ Quirks absorbed here:
   ``max_rollback`` window as every other backend.
 * Grammar errors come back as a message (``validate_grammar_with_warnings``),
   never as an exception; the adapter turns them into :class:`GrammarError`.
+* A grammar that allows no text (llguidance compiles some) puts the matcher
+  into an error state at its first mask, which then allows only EOS -- a
+  token ``accept`` refuses.  Compiling computes that first mask on a copy and
+  refuses such a grammar; a mask that ends in llguidance's error state later
+  raises :class:`GrammarError` instead of being handed out.
 """
 
 from __future__ import annotations
@@ -43,7 +52,7 @@ import torch
 from ._bitmask import check_bitmask, clear_padding
 from ._window import RollbackWindow, StopMarkingMatcher
 from .base import CompiledGrammar, GrammarError, allocate_bitmask
-from .capabilities import Capabilities
+from .features import Capabilities
 from .spec import GrammarSpec, schema_nodes
 
 if TYPE_CHECKING:
@@ -74,7 +83,8 @@ capabilities = Capabilities.declare(
     "multipleOf:number maxLength+pattern minLength+pattern allOf allOf:multi $ref+siblings anyOf+siblings "
     "enum+siblings patternProperties",
     refused="propertyNames pattern:lookaround oneOf:overlap uniqueItems contains not if then else dependentRequired "
-    "dependentSchemas dependencies unevaluatedProperties",
+    "dependentSchemas dependencies unevaluatedProperties unevaluatedItems minContains maxContains $dynamicRef "
+    "$dynamicAnchor",
     formats="date time date-time duration email hostname ipv4 ipv6 uri uuid",
     other_formats="refused",
     auto_rank=1,  # it refuses what it does not implement, so what it compiles it enforces
@@ -118,9 +128,92 @@ class _Wrapped:
         self.eos_token_id = int(stop_token_ids[0])
         self.bos_token_id = getattr(tokenizer, "bos_token_id", None)
         self._tokenizer = tokenizer
+        self._pieces = pieces
+        self._by_bytes: dict[bytes, int] | None = None  # the greedy fallback's table, built when first needed
 
     def __call__(self, text: str) -> list[int]:
-        return list(self._tokenizer.encode(text, add_special_tokens=False))
+        """Tokens that spell exactly ``text``, split as the tokenizer splits it inside a longer text.
+
+        llguidance tokenizes the bytes a grammar forces with this and lets the
+        mask allow only the first of those tokens, so they must spell the
+        bytes and nothing else.  A SentencePiece tokenizer encoding a text on
+        its own adds its dummy prefix (``{"`` encodes as ``▁{"``, a token that
+        starts with a space the grammar never allows), so the text is read
+        after an anchor whose tokens are cut off (:func:`_after_anchor`), as it
+        is split in the model's context.  Where neither reading spells the
+        text, the longest token at each position (up to the first byte no
+        token spells).  Takes ``str`` only (``TypeError`` for ``bytes``: the
+        wrapper then passes text).
+        """
+        if not isinstance(text, str):
+            raise TypeError("pass text (str)")
+        target = text.encode("utf-8")
+        plain = list(self._tokenizer.encode(text, add_special_tokens=False))
+        if self._spelled(plain) == target:
+            return plain
+        anchored = self._tokenizer.encode(_ANCHOR + text, add_special_tokens=False)
+        found = _after_anchor(self._pieces, anchored, target)
+        return found if found is not None else self._greedy(target)
+
+    def _spelled(self, ids: Sequence[int]) -> bytes | None:
+        """The bytes ``ids`` spell; ``None`` when one is special or out of range."""
+        out = []
+        for i in ids:
+            piece = self._pieces[i] if 0 <= i < len(self._pieces) else None
+            if piece is None:
+                return None
+            out.append(piece)
+        return b"".join(out)
+
+    def _greedy(self, target: bytes) -> list[int]:
+        """The longest token at each position of ``target``, up to the first byte no token spells."""
+        if self._by_bytes is None:
+            table: dict[bytes, int] = {}
+            for i, piece in enumerate(self._pieces):
+                if piece:
+                    table.setdefault(piece, i)
+            self._by_bytes = table
+        longest = max(map(len, self._by_bytes), default=0)
+        out: list[int] = []
+        at = 0
+        while at < len(target):
+            for n in range(min(longest, len(target) - at), 0, -1):
+                token = self._by_bytes.get(target[at : at + n])
+                if token is not None:
+                    out.append(token)
+                    at += n
+                    break
+            else:
+                break
+        return out
+
+
+#: What :meth:`_Wrapped.__call__` encodes before a text so a SentencePiece tokenizer splits it as in context: a
+#: newline, which such a vocabulary spells with a byte-fallback or a lone token that merges with nothing after it.
+_ANCHOR = "\n"
+
+
+def _after_anchor(pieces: Sequence[bytes | None], encoded: Sequence[int], target: bytes) -> list[int] | None:
+    """The tokens of ``encoded`` after a token boundary where exactly ``target`` is left; ``None`` if there is none.
+
+    >>> _after_anchor([b" ", b"\\n", b'{"', b"x"], [0, 1, 2, 3], b'{"x')
+    [2, 3]
+    >>> _after_anchor([b"\\n{", b'"x'], [0, 1], b'{"x') is None
+    True
+    """
+    lengths = []
+    for token in encoded:
+        piece = pieces[token] if 0 <= token < len(pieces) else None
+        if piece is None:
+            return None
+        lengths.append(len(piece))
+    cut, position = len(encoded), 0
+    while cut > 0 and position < len(target):
+        cut -= 1
+        position += lengths[cut]
+    if position != len(target) or b"".join(pieces[t] or b"" for t in encoded[cut:]) != target:
+        return None
+    return list(encoded[cut:])
 
 
 def prepared_nbytes(prepared: LLGuidanceTokenizer) -> int:
@@ -209,9 +302,25 @@ def compile_spec(
     template = llguidance.LLMatcher(prepared.tokenizer, grammar, log_level=0)
     if template.is_error():
         raise GrammarError(_compile_error_message(spec, template.get_error()))
+    _check_first_mask(template, spec, prepared.vocab_size)
     compiled = LLGuidanceCompiled(template, prepared, tuple(messages))
     compiled.nbytes = _GRAMMAR_BASE_BYTES + _GRAMMAR_BYTES_PER_CHAR * len(grammar)
     return compiled
+
+
+def _check_first_mask(template: llguidance.LLMatcher, spec: GrammarSpec, vocab_size: int) -> None:
+    """Refuse a grammar in which llguidance finds no first token (its mask would allow only EOS, which it then
+    refuses: the grammar describes no text).  Computes one mask on a copy; ``template`` is unchanged."""
+    from llguidance.numpy import fill_next_token_bitmask
+
+    probe = template.deep_copy()
+    fill_next_token_bitmask(probe, allocate_bitmask(1, vocab_size).numpy(), 0)
+    if probe.is_error() and not probe.is_accepting():
+        what = {"regex": "the regex", "ebnf": "the EBNF grammar"}.get(spec.kind, "the JSON schema")
+        raise GrammarError(
+            f"llguidance compiles {what}, but its grammar allows no first token ({_first_line(probe.get_error())}): "
+            "part of it describes no text, such as a $ref that only leads back to itself. Fix that part."
+        )
 
 
 def _first_line(error: BaseException | str) -> str:
@@ -360,6 +469,11 @@ class LLGuidanceMatcher(StopMarkingMatcher):
         mask_row = check_bitmask(bitmask, row, self.vocab_size)
         fill_next_token_bitmask(self._matcher, bitmask.numpy(), row)
         clear_padding(mask_row, self.vocab_size)
+        if self._matcher.is_error():  # llguidance's mask then allows only EOS, which accept() refuses
+            raise GrammarError(
+                f"llguidance stopped with an error ({_first_line(self._matcher.get_error())}); "
+                "try grammar_backend='xgrammar', or simplify the grammar"
+            )
 
     def forced_text(self) -> str:
         """The bytes the grammar forces next (``compute_ff_bytes``), whole characters only.  Does not change state.

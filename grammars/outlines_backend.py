@@ -46,7 +46,7 @@ import torch
 from ._bitmask import check_bitmask, clear_padding
 from ._window import RollbackWindow, StopMarkingMatcher
 from .base import CompiledGrammar, GrammarError
-from .capabilities import Capabilities
+from .features import Capabilities
 from .spec import GrammarSpec, schema_nodes
 
 if TYPE_CHECKING:
@@ -86,11 +86,11 @@ _LENGTH_KEYWORDS = ("minLength", "maxLength")
 #: are both rejected for multipleOf 0.5 (stricter than the schema).
 capabilities = Capabilities.declare(
     kinds="json_schema any_json regex",
-    enforced="multipleOf:number allOf anyOf+siblings unevaluatedProperties",
+    enforced="multipleOf:number allOf anyOf+siblings unevaluatedProperties unevaluatedItems",
     ignored="minimum maximum exclusiveMinimum exclusiveMaximum multipleOf minProperties maxProperties propertyNames "
     "maxLength+pattern minLength+pattern oneOf:overlap $ref+siblings enum+siblings uniqueItems contains not if "
-    "then else dependentRequired dependentSchemas dependencies patternProperties",
-    refused="pattern:lookaround allOf:multi",
+    "then else dependentRequired dependentSchemas dependencies patternProperties minContains maxContains",
+    refused="pattern:lookaround allOf:multi $dynamicRef $dynamicAnchor",
     formats=" ".join(sorted(FORMATS)),
     other_formats="refused",
     auto_rank=3,  # enforces least, and compiles slowly

@@ -4,7 +4,7 @@
 
 1. write ``grammars/<name>_backend.py`` that satisfies :class:`Backend` at
    module level -- ``name``, ``aliases``, ``capabilities`` (a
-   :class:`~grammars.capabilities.Capabilities`: the grammar kinds it
+   :class:`~grammars.features.Capabilities`: the grammar kinds it
    compiles, what it does with each JSON-Schema feature, its formats, its
    rank for ``backend="auto"``), ``prepare`` / ``prepared_nbytes`` (the
    tokenizer-level state and its size), ``compile_spec`` (a
@@ -35,7 +35,7 @@ from typing import Any, Protocol
 
 from . import llguidance_backend, outlines_backend, xgrammar_backend
 from .base import CompiledGrammar, GrammarError
-from .capabilities import Capabilities
+from .features import Capabilities
 from .spec import GrammarSpec
 
 __all__ = ["Backend", "REGISTRY", "BACKENDS", "BACKEND_CHOICES", "DEFAULT", "PREFERENCE", "get", "canonical"]

@@ -25,11 +25,16 @@ import json
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from .base import GrammarError
+from .schema_walk import DATA_KEYWORDS as _DATA_KEYWORDS
+from .schema_walk import SCHEMA_MAPS as _SCHEMA_MAPS
+from .schema_walk import local_resolver as _local_resolver
+from .schema_walk import refs_and_targets as _refs_and_targets
+from .schema_walk import schema_nodes
 
 __all__ = ["GrammarSpec", "GrammarKind", "grammar_spec", "tools_schema", "check_json_schema", "schema_nodes"]
 
@@ -228,34 +233,6 @@ def _rebase_refs(schema: dict[str, Any], prefix: str) -> None:
             node["$ref"] = "#" + prefix + where
 
 
-def _refs_and_targets(schema: dict[str, Any]) -> tuple[list[tuple[dict[str, Any], str]], list[dict[str, Any]]]:
-    """Every schema object in ``schema`` with its JSON pointer, and the objects with a string ``$ref``
-    outside any nested ``$id`` scope (where ``#`` means the root).  Pure."""
-    targets: list[tuple[dict[str, Any], str]] = []
-    refs: list[dict[str, Any]] = []
-    stack: list[tuple[Any, str, bool, bool]] = [(schema, "", True, False)]  # (item, pointer, is schema, in $id scope)
-    while stack:
-        item, pointer, is_schema, scoped = stack.pop()
-        if isinstance(item, list):
-            stack.extend((x, f"{pointer}/{i}", True, scoped) for i, x in enumerate(item))
-        elif isinstance(item, dict) and not is_schema:
-            stack.extend((v, f"{pointer}/{_escape(k)}", True, scoped) for k, v in item.items())
-        elif isinstance(item, dict):
-            targets.append((item, pointer))
-            if isinstance(item.get("$ref"), str) and not scoped:
-                refs.append(item)
-            inner = scoped or (bool(pointer) and isinstance(item.get("$id"), str))
-            for key, value in item.items():
-                if key not in _DATA_KEYWORDS:
-                    stack.append((value, f"{pointer}/{_escape(key)}", key not in _SCHEMA_MAPS, inner))
-    return targets, refs
-
-
-def _escape(key: Any) -> str:
-    """A JSON-pointer token (RFC 6901)."""
-    return str(key).replace("~", "~0").replace("/", "~1")
-
-
 def _warn_unknown_keywords(schema: dict[str, Any]) -> None:
     """Warn about keywords no JSON Schema draft defines (a typo makes its object accept anything)."""
     import difflib
@@ -342,36 +319,6 @@ def _pydantic_schema(obj: Any) -> dict[str, Any] | None:
     return obj.model_json_schema()
 
 
-#: Keywords whose values are instances (data), not schemas: a "$ref" key there is data.
-_DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples"})
-#: Keywords whose values map names to schemas: every value is a schema, whatever the name.
-_SCHEMA_MAPS = frozenset(
-    {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas", "dependencies"}
-)
-
-
-def schema_nodes(node: Any) -> Iterator[dict[str, Any]]:
-    """Every schema object in ``node`` (itself included), outermost first.
-
-    Walks schemas only: the values of ``enum``/``const``/``default``/``examples``
-    are instances (a ``"$ref"`` or ``"pattern"`` key there is plain data), and
-    the keys of ``properties``/``$defs``/... are names, not keywords.  Yields the
-    objects themselves, so a caller may edit them in place.
-    """
-    stack: list[tuple[Any, bool]] = [(node, True)]  # (item, item is a schema rather than a name map)
-    while stack:
-        item, is_schema = stack.pop()
-        if isinstance(item, list):
-            stack.extend((x, True) for x in reversed(item))
-        elif isinstance(item, dict) and not is_schema:
-            stack.extend((x, True) for x in reversed(list(item.values())))
-        elif isinstance(item, dict):
-            yield item
-            for key, value in reversed(list(item.items())):
-                if key not in _DATA_KEYWORDS:
-                    stack.append((value, key not in _SCHEMA_MAPS))
-
-
 def _remote_ref(node: Any) -> str | None:
     """The first ``$ref`` that points outside the document, if any.
 
@@ -406,20 +353,6 @@ def _dangling_ref(node: dict[str, Any]) -> str | None:
         except Exception:  # referencing.exceptions.Unresolvable and friends
             return ref
     return None
-
-
-def _local_resolver(node: Any) -> Any:
-    """A ``referencing`` resolver over ``node`` and the subschemas it names with ``$id`` (nothing remote)."""
-    try:
-        from referencing import Registry, Resource
-        from referencing.jsonschema import DRAFT202012
-
-        resource = Resource.from_contents(node, default_specification=DRAFT202012)  # $schema wins when given
-        base = resource.id() or ""
-        registry = Registry().with_resource(base, resource).crawl()
-        return registry.resolver(base_uri=base)
-    except Exception:
-        return None
 
 
 #: Digests of schemas that passed :func:`check_json_schema` lately (at most this many, 32 bytes each).
@@ -482,15 +415,29 @@ def _check_json_schema(schema: Any, where: str) -> None:
             f"{where} has a remote $ref {remote!r}; grammarspec fetches nothing over the network. "
             "Inline the referenced schema (or put it under $defs and refer to it as '#/$defs/...')."
         )
-    try:
-        validator_for(schema).check_schema(schema)
-    except SchemaError as e:
-        path = "/".join(str(p) for p in e.absolute_path) or "(root)"
-        raise GrammarError(
-            f"{where} is not a valid JSON Schema: at {path}: {e.message}. "
-            "Fix that part of the schema (jsonschema's check_schema must pass)."
-        ) from None
+    from .ecma_regex import regex_format_checker
 
+    cls = validator_for(schema)
+    meta = validator_for(cls.META_SCHEMA, default=cls)  # what cls.check_schema does, with ECMA-262 patterns read
+    checker = regex_format_checker(meta.FORMAT_CHECKER)  # Unicode property escapes (\p{Lu}), which re alone is not
+    error = next(iter(meta(cls.META_SCHEMA, format_checker=checker).iter_errors(schema)), None)
+    if error is not None:
+        e = SchemaError.create_from(error)
+        path = "/".join(str(p) for p in e.absolute_path) or "(root)"
+        cause = f" ({e.cause})" if e.cause is not None else ""
+        raise GrammarError(
+            f"{where} is not a valid JSON Schema: at {path}: {e.message}{cause}. "
+            "Fix that part of the schema (jsonschema's check_schema must pass)."
+        )
+    from .ref_cycles import cycle_message, same_value_cycle
+
+    cycle = same_value_cycle(schema)
+    if cycle is not None:
+        raise GrammarError(cycle_message(cycle, where))
+
+
+#: Keywords that bring properties from other schema objects: ``additionalProperties`` sees only its siblings.
+_ELSEWHERE = ("$ref", "allOf", "anyOf", "oneOf", "$dynamicRef")
 
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 
@@ -504,7 +451,9 @@ def tools_schema(tools: Sequence[Mapping[str, Any]], parallel: bool = False) -> 
     ``{"name": <const>, "arguments": <the tool's parameters>}``; with several
     tools the schema is an ``anyOf`` over them, in the given order.  The
     arguments object gets ``additionalProperties: false`` unless the tool sets
-    it (as OpenAI's strict mode does).  With ``parallel=True`` the schema is an
+    it (as OpenAI's strict mode does) or takes its properties from elsewhere
+    (a ``$ref``, ``allOf``, ``anyOf`` or ``oneOf`` beside it, where ``false``
+    would forbid them all).  With ``parallel=True`` the schema is an
     array of such calls with ``minItems: 1``.  A local ``$ref`` inside a
     tool's parameters names a part of those parameters (``#`` is the
     parameters object), as when the tool is used alone: it is rewritten to
@@ -576,7 +525,8 @@ def _tool_definition(tool: Any, i: int) -> tuple[str, dict[str, Any]]:
             'wrap the arguments in an object schema with "properties"'
         )
     parameters.setdefault("type", "object")
-    parameters.setdefault("additionalProperties", False)
+    if not any(key in parameters for key in _ELSEWHERE):  # there, false would forbid the properties named elsewhere
+        parameters.setdefault("additionalProperties", False)
     check_json_schema(parameters, where=f"{where} parameters")
     dangling = _dangling_ref(parameters)
     if dangling is not None:  # checked here, where the tool can be named: once combined, a backend only sees a path

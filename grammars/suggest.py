@@ -4,7 +4,10 @@ After a refusal, :func:`alternatives` names the other backends that both
 compile the grammar *and* can decode it -- having tried them, not guessed
 from tables: a backend is suggested only when its grammar compiles and a
 fresh matcher accepts a first token (:func:`decodes`), so a suggestion is
-never a grammar that accepts nothing.  Suggestions name the keyword users
+never a grammar that accepts nothing.  Nor is it a backend that leaves
+unenforced a keyword the refusal was for (llguidance refuses ``$dynamicRef``,
+naming it; xgrammar compiles it and ignores it): that one is named as
+compiling it without enforcing it, not suggested.  Suggestions name the keyword users
 pass, ``grammar_backend='...'`` (the command line shows it as
 ``--grammar-backend``).
 
@@ -14,11 +17,12 @@ schema features a compiled grammar does not enforce, with :func:`advice`.
 
 from __future__ import annotations
 
+import re
 import warnings
 from collections.abc import Callable
 
 from .base import CompiledGrammar, GrammarError, GrammarWarning
-from .capabilities import support, unenforced
+from .capabilities import refused, support, unenforced
 from .deadline import Budget, CompileTimeout, NotTried
 from .registry import PREFERENCE
 from .spec import GrammarSpec
@@ -34,7 +38,9 @@ NO_VALUE = "accepts no value"
 _FIRST_TOKENS = 8
 
 
-def alternatives(failed: str, spec: GrammarSpec, compile_with: Callable[..., CompiledGrammar], budget: Budget) -> str:
+def alternatives(
+    failed: str, spec: GrammarSpec, compile_with: Callable[..., CompiledGrammar], budget: Budget, reason: str = ""
+) -> str:
     """Which other backends compile and decode ``spec``, found by compiling it on each (cached, so switching is free).
 
     Each gets what the call has left of its ``compile_timeout`` (at most
@@ -43,6 +49,8 @@ def alternatives(failed: str, spec: GrammarSpec, compile_with: Callable[..., Com
     """
     compiles: list[str] = []
     notes: list[str] = []
+    lacking: list[str] = []  # compile it, but leave unenforced the features the failed backend refused
+    why = _refused_for(spec, failed, reason)
     tried: list[str] = []
     untried: list[str] = []
     undecodable: list[str] = []
@@ -68,20 +76,38 @@ def alternatives(failed: str, spec: GrammarSpec, compile_with: Callable[..., Com
             notes.append(f"{other} compiles it, but its grammar accepts no first token")
             continue
         gaps = unenforced(spec.schema, other) if spec.kind == "json_schema" else []
+        missing = [f for f in why if f in gaps]
+        if missing:  # suggesting it would trade a refusal for a keyword silently not enforced
+            lacking.append(other)
+            continue
         compiles.append(f"grammar_backend='{other}'" + (f" (it does not enforce {', '.join(gaps)})" if gaps else ""))
     if untried:
         notes.append(
             f"{', '.join(untried)} not tried: compile_timeout={budget.total:g} s was spent; raise it to find out "
             f"whether {'it compiles' if len(untried) == 1 else 'they compile'} this grammar"
         )
+    if lacking:
+        notes.append(
+            f"{' and '.join(lacking)} {'compiles' if len(lacking) == 1 else 'compile'} it but {'does' if len(lacking) == 1 else 'do'} "
+            f"not enforce {', '.join(why)} either: an output may break it, and is then reported with valid=false"
+        )
     detail = f" ({'; '.join(notes)})" if notes else ""
     if not compiles:
+        if lacking:
+            return f"No other backend enforces {', '.join(why)}{detail}; rewrite that part of the schema."
         if not tried:
             return f"No other backend was tried{detail}."
         decode = " into a grammar that can decode" if undecodable else ""
         return f"No other backend compiles it either{decode} (tried {', '.join(tried)}){detail}."
     they = "it compiles and decodes" if len(compiles) == 1 else "they compile and decode"
     return f"Try {' or '.join(compiles)}: tried, {they} this grammar{detail}."
+
+
+def _refused_for(spec: GrammarSpec, failed: str, reason: str) -> list[str]:
+    """The features ``failed`` refuses (its table) that its refusal ``reason`` names: what the refusal was for."""
+    if spec.kind != "json_schema":
+        return []
+    return [f for f in refused(spec.schema, failed) if f'"{re.split(r"[:+]", f)[0]}"' in reason]  # as its JSON key
 
 
 def decodes(compiled: CompiledGrammar) -> bool:

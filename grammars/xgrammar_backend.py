@@ -32,9 +32,10 @@ import torch
 from ._bitmask import check_bitmask, clear_padding
 from ._window import RollbackWindow, WindowedMatcher
 from .base import CompiledGrammar, GrammarError, Matcher
-from .capabilities import Capabilities
 from .emptiness import forced_text_bounded
+from .features import Capabilities
 from .spec import GrammarSpec
+from .xgrammar_source import readable_source
 
 if TYPE_CHECKING:
     import xgrammar as xgr
@@ -64,10 +65,10 @@ aliases: tuple[str, ...] = ()
 capabilities = Capabilities.declare(
     kinds="json_schema any_json regex ebnf",
     enforced="minimum maximum exclusiveMinimum exclusiveMaximum multipleOf minProperties maxProperties propertyNames "
-    "allOf patternProperties unevaluatedProperties",
+    "allOf patternProperties unevaluatedProperties unevaluatedItems",
     ignored="multipleOf:number pattern:lookaround maxLength+pattern minLength+pattern allOf:multi oneOf:overlap "
     "$ref+siblings anyOf+siblings enum+siblings uniqueItems contains not if then else dependentRequired "
-    "dependentSchemas dependencies",
+    "dependentSchemas dependencies minContains maxContains $dynamicRef $dynamicAnchor",
     formats="date time date-time duration email hostname ipv4 ipv6 uri uri-reference uri-template uuid json-pointer",
     other_formats="ignored",
     auto_rank=2,  # the fastest masks, but it lets some keywords through (accepts 22 of 652 invalid examples)
@@ -120,15 +121,17 @@ def compile_spec(
     """Compile ``spec`` with the prepared compiler; raises :class:`GrammarError` when xgrammar cannot."""
     compiler = prepared.compiler
     try:
+        source = readable_source(spec)
+    except ValueError as e:
+        raise GrammarError(f"xgrammar cannot compile the {spec.kind.replace('_', ' ')}: {e}") from None
+    try:
         if spec.is_json:
             if spec.any_whitespace:
-                compiled = compiler.compile_json_schema(spec.source, any_whitespace=True)
+                compiled = compiler.compile_json_schema(source, any_whitespace=True)
             else:
-                compiled = compiler.compile_json_schema(
-                    spec.source, any_whitespace=False, separators=COMPACT_SEPARATORS
-                )
+                compiled = compiler.compile_json_schema(source, any_whitespace=False, separators=COMPACT_SEPARATORS)
         elif spec.kind == "regex":
-            compiled = compiler.compile_regex(spec.source)
+            compiled = compiler.compile_regex(source)
         else:
             compiled = compiler.compile_grammar(spec.source, root_rule_name="root")
     except Exception as e:  # C++ errors surface as RuntimeError (sometimes ValueError)

@@ -10,6 +10,7 @@ from grammars import GrammarError
 from .api import GenerationOutput, enable, generate
 from .completion import Completion, build_prompt, complete
 from .conversation import ContextLimitError, Conversation, Reply
+from .isolation import GenerationError
 from .kv_cache import CacheError
 from .loading import ModelNotFoundError, load_model, load_tokenizer
 from .sampling import SamplingParams
@@ -23,6 +24,7 @@ __all__ = [
     "Conversation",
     "Reply",
     "ContextLimitError",
+    "GenerationError",
     "ToolCallError",
     "build_prompt",
     "Completion",

@@ -22,6 +22,7 @@ from transformers import GenerationConfig
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from grammars import compile_grammar
+from grammars.registry import DEFAULT as DEFAULT_BACKEND
 from proposers.base import members
 from proposers.presets import resolve_assistant
 from proposers.suffix_index import resolve_index
@@ -42,6 +43,7 @@ from .inputs import (
     refuse_arguments,
     warn_unmasked_padding,
 )
+from .isolation import GenerationError
 from .policy import Calibration
 from .processing import check_stateless
 from .row_requests import DEFAULT_MAX_DRAFT, row_request
@@ -101,7 +103,7 @@ def generate(
     json_object: bool = False,
     parallel_tool_calls: bool = False,
     any_whitespace: bool = False,
-    grammar_backend: str = "xgrammar",
+    grammar_backend: str = DEFAULT_BACKEND,
     strict: bool = False,
     compile_timeout: float | None = None,
     assistant: Any = None,
@@ -145,6 +147,14 @@ def generate(
     ``"auto"`` (text or a call), ``"none"`` (the tools are not used) or
     ``{"type": "function", "function": {"name": ...}}``; read the calls with
     :func:`grammarspec.tool_calls.parse_tool_reply` (``complete`` does).
+
+    A row whose own work fails (its grammar matcher or its drafter raises) ends
+    alone: the other rows finish exactly as they would without it, then
+    :class:`grammarspec.GenerationError` is raised naming each failed row and its
+    cause (the first cause is its ``__cause__``); its ``output`` is what this call
+    would have returned, each failed row holding the tokens it committed before
+    it failed (``stats.finish_reason == "error"``, ``valid`` False).  Nothing is
+    returned as if complete.
     """
     internal = sorted({"calibration", "documents"} & set(generation_kwargs))  # Conversation's and serve's carry
     if internal:
@@ -205,7 +215,7 @@ def _generate(
     constraint: Constraint,
     *,
     tokenizer: Any = None,
-    grammar_backend: str = "xgrammar",
+    grammar_backend: str = DEFAULT_BACKEND,
     strict: bool = False,
     compile_timeout: float | None = None,
     assistant: Any = None,
@@ -355,15 +365,20 @@ def _generate(
     scores = [row.scores for row in finished]
     raw = [row.logits for row in finished]
     sequences = _assemble(input_ids, rows, outputs, config, eos, repeat)
-    if not want_dict:
-        return sequences
-    # transformers annotates scores/logits as tuple[Tensor] (one entry); they hold one tensor per step, as in HF
-    return GenerationOutput(
-        sequences=sequences,
-        scores=_per_step(scores, vocab) if want_scores else None,  # type: ignore[arg-type]
-        logits=_per_step(raw, vocab) if want_logits else None,  # type: ignore[arg-type]
-        stats=all_stats,
-    )
+    result: torch.LongTensor | GenerationOutput = sequences
+    if want_dict:
+        # transformers annotates scores/logits as tuple[Tensor] (one entry); they hold one tensor per step, as in HF
+        result = GenerationOutput(
+            sequences=sequences,
+            scores=_per_step(scores, vocab) if want_scores else None,  # type: ignore[arg-type]
+            logits=_per_step(raw, vocab) if want_logits else None,  # type: ignore[arg-type]
+            stats=all_stats,
+        )
+    failures = {row.index: row.failure for row in finished if row.failure is not None}
+    if failures:  # never returned as if complete: the error carries the whole result
+        first = failures[min(failures)]
+        raise GenerationError(failures, result, rows=len(finished)) from first.error
+    return result
 
 
 #: generate's own keyword arguments besides the constraint.

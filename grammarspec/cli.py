@@ -9,13 +9,14 @@
     grammarspec bench-agent --out bench-agent
     grammarspec serve --port 8000
     grammarspec bench-serve --out bench-serve
+    grammarspec profile --show
 
 Errors in the arguments or inputs exit with status 2 and say what to fix;
 errors while generating exit with status 1.
 
-The parser, the shared helpers (argument checks, model loading, report writing) and the
+The parser (the helpers every subcommand shares are :mod:`grammarspec.cli_common`'s) and the
 ``generate``, ``bench`` and ``bench-agent`` subcommands live here; the server's two
-(``serve``, ``bench-serve``) live in :mod:`grammarspec.cli_serve`.  The work itself is in
+(``serve``, ``bench-serve``) live in :mod:`grammarspec.cli_serve`, ``profile`` in :mod:`grammarspec.cli_profile`.  The work itself is in
 :mod:`grammarspec.bench`, :mod:`grammarspec.serve` and the library.
 """
 
@@ -26,14 +27,27 @@ import json
 import re
 import shlex
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from . import cli_common
+from .cli_common import (
+    DEFAULT_MODEL,
+    CliError,
+    chosen_conversations,
+    load_for_timing,
+    number,
+    out_folder,
+    positive_int,
+    quiet_transformers,
+    split_names,
+    warn_if_busy,
+    write_report,
+)
+
 __all__ = ["main", "build_parser", "DEFAULT_MODEL", "BENCH_MAX_NEW_TOKENS", "QUICK"]
 
-DEFAULT_MODEL = "smollm2-135m"
-ASSISTANTS = ("auto", "none", "prompt_lookup", "schema_ngram", "jump_forward", "draft_model")
 #: max_new_tokens of a full bench run: keeps the default task file under 30 minutes.
 #: It covers most tool calls but cuts most extraction and generation answers; the
 #: report then adds a table over the answers that ended by themselves.
@@ -42,38 +56,14 @@ BENCH_MAX_NEW_TOKENS = 128
 QUICK = {"limit": 3, "arms": "baseline,none,auto", "max_new_tokens": 48}
 
 
-class CliError(Exception):
-    """Bad arguments or inputs: printed as ``error: ...`` with exit status 2."""
-
-
-def _number(parse: Callable[[str], Any], minimum: int | None = None, why: str = "") -> Callable[[str], Any]:
-    """An argparse ``type=``: *parse* (``int`` or ``float``) the text, refusing values under *minimum*.
-
-    Both refusals say what was expected (*why* explains the bound), and argparse prints them after the option name.
-    """
-    kind = "a whole number" if parse is int else "a number"
-
-    def read(text: str) -> Any:
-        try:
-            value = parse(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {kind}, got {text!r}") from None
-        if minimum is not None and value < minimum:
-            raise argparse.ArgumentTypeError(f"must be >= {minimum}{why}, got {text}")
-        return value
-
-    return read
-
-
-_int = _number(int)
-_positive_int = _number(int, 1)
-_non_negative_float = _number(float, 0)
-_temperature = _number(float, 0, " (0 means greedy)")
+_int = number(int)
+_temperature = number(float, 0, " (0 means greedy)")
 
 
 def build_parser() -> argparse.ArgumentParser:
     from grammars.registry import BACKEND_CHOICES
     from grammars.registry import DEFAULT as DEFAULT_BACKEND
+    from proposers.presets import PRESETS
 
     from . import __version__
 
@@ -99,10 +89,10 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--system", metavar="TEXT", help="a system prompt")
     gen.add_argument("--parallel-tool-calls", action="store_true", help="with --tools: allow a list of calls")
     gen.add_argument(
-        "--assistant", choices=ASSISTANTS, default="auto", help="drafter preset (default: auto; none = no speculation)"
+        "--assistant", choices=PRESETS, default="auto", help="drafter preset (default: auto; none = no speculation)"
     )
     gen.add_argument("--draft-model", metavar="DIR", help="a draft model sharing the tokenizer (local directory)")
-    gen.add_argument("--max-new-tokens", type=_positive_int, default=512, metavar="N", help="default: 512")
+    gen.add_argument("--max-new-tokens", type=positive_int, default=512, metavar="N", help="default: 512")
     gen.add_argument(
         "--temperature",
         type=_temperature,
@@ -144,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="schema corpus: a <category>.jsonl file or a folder of them (repeatable)",
     )
     bench.add_argument(
-        "--limit", type=_positive_int, metavar="N", help="run at most N tasks, taken round-robin over the categories"
+        "--limit", type=positive_int, metavar="N", help="run at most N tasks, taken round-robin over the categories"
     )
     bench.add_argument("--categories", metavar="A,B", help="only these categories (comma-separated)")
     bench.add_argument("--model", default=DEFAULT_MODEL, metavar="NAME_OR_DIR")
@@ -166,12 +156,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument(
         "--max-new-tokens",
-        type=_positive_int,
+        type=positive_int,
         metavar="N",
         help=f"default: {BENCH_MAX_NEW_TOKENS} ({QUICK['max_new_tokens']} with --quick)",
     )
     bench.add_argument("--seed", type=_int, default=0, metavar="S")
-    bench.add_argument("--repeat", type=_positive_int, default=1, metavar="N", help="runs per task and arm")
+    bench.add_argument("--repeat", type=positive_int, default=1, metavar="N", help="runs per task and arm")
     bench.add_argument("--out", default="bench-out", metavar="DIR", help="output folder (default: bench-out)")
     bench.add_argument(
         "--quick",
@@ -204,13 +194,15 @@ def build_parser() -> argparse.ArgumentParser:
         "interleaved, and write agent.md and agent.json to --out.",
     )
     agent.add_argument("--model", default=DEFAULT_MODEL, metavar="NAME_OR_DIR")
-    agent.add_argument("--repeat", type=_positive_int, default=1, metavar="N", help="runs per conversation and arm")
+    agent.add_argument("--repeat", type=positive_int, default=1, metavar="N", help="runs per conversation and arm")
     agent.add_argument("--conversations", metavar="A,B", help="only these conversations (comma-separated)")
     agent.add_argument("--out", default="bench-out", metavar="DIR", help="output folder (default: bench-out)")
     agent.set_defaults(run=_cmd_bench_agent)
+    from .cli_profile import add_profile_command
     from .cli_serve import add_serve_commands
 
     add_serve_commands(commands)
+    add_profile_command(commands)
     return parser
 
 
@@ -253,75 +245,6 @@ def _load_tools(path: str) -> list[dict[str, Any]]:
     return data
 
 
-def _quiet_transformers() -> None:
-    """No weight-loading bars or generation-flag warnings on the command line."""
-    try:
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.set_verbosity_error()
-        hf_logging.disable_progress_bar()
-    except ImportError:  # pragma: no cover
-        pass
-
-
-def _names(text: str | None) -> list[str]:
-    """A comma-separated option's names, blanks dropped."""
-    return [n.strip() for n in (text or "").split(",") if n.strip()]
-
-
-def _known(flag: str, names: list[str], known: Sequence[str] | dict[str, Any], note: str = "") -> list[str]:
-    """*names* when each is one of *known*; else a CliError that names the unknown ones and the choices."""
-    unknown = [n for n in names if n not in known]
-    if unknown:
-        raise CliError(f"{flag}: unknown {', '.join(unknown)}; {note}choose from {', '.join(known)}")
-    return names
-
-
-def _out_folder(text: str) -> Path:
-    """``--out``: a folder, or a path that does not exist yet (a file there is a CliError)."""
-    out = Path(text)
-    if out.exists() and not out.is_dir():
-        raise CliError(f"--out {out} exists and is not a folder")
-    return out
-
-
-def _write_report(out: Path, stem: str, markdown: str, data: Any) -> None:
-    """Write ``stem.md`` and ``stem.json`` into *out*, print the markdown and say where they went."""
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{stem}.md").write_text(markdown, encoding="utf-8")
-    (out / f"{stem}.json").write_text(json.dumps(data, indent=1, default=str), encoding="utf-8")
-    print(markdown)
-    print(f"wrote {out / (stem + '.md')} and {out / (stem + '.json')}", file=sys.stderr)
-
-
-def _load(name: str, what: str = "--model", *, device: str | None = None, dtype: str | None = None) -> tuple[Any, Any]:
-    from .loading import ModelNotFoundError, checked_device, load_model
-
-    try:
-        checked_device(device)  # before the model loads, and only its errors are the flag's
-    except ValueError as e:
-        raise CliError(f"--device: {e}") from None
-    try:
-        return load_model(name, device=device, dtype=dtype)
-    except ModelNotFoundError as e:
-        raise CliError(f"{what}: {e}") from None
-
-
-def _add_placement(parser: Any) -> None:
-    """``--device`` and ``--dtype``: where the model runs and in what precision."""
-    from .loading import DTYPES
-
-    parser.add_argument(
-        "--device",
-        default="cpu",
-        metavar="DEVICE",
-        help="torch device the model runs on: cpu, cuda, cuda:1, ... (default: cpu)",
-    )
-    parser.add_argument(
-        "--dtype", default="float32", choices=DTYPES, help="the model's weights and activations (default: float32)"
-    )
-
-
 def _cli_words(message: str) -> str:
     """The library's advice in the CLI's own terms (``grammar_backend='outlines'`` -> ``--grammar-backend outlines``)."""
     return re.sub(r"(?:grammar_)?backend='(\w+)'", r"--grammar-backend \1", message)
@@ -356,11 +279,11 @@ def _cmd_generate(args: argparse.Namespace, command: str) -> int:
         raise CliError(
             f"{'--schema ' + args.schema if schema is not None else '--tools ' + args.tools}: {_cli_words(str(e))}"
         ) from None
-    _quiet_transformers()
-    model, tokenizer = _load(args.model)
+    quiet_transformers()
+    model, tokenizer = cli_common.load(args.model)
     assistant: Any = None if args.assistant == "none" else args.assistant
     if args.draft_model:
-        draft, _ = _load(args.draft_model, "--draft-model")
+        draft, _ = cli_common.load(args.draft_model, "--draft-model")
         assistant = draft if args.assistant == "draft_model" else ["auto", draft]
     sampling: dict[str, Any] = {"do_sample": False}
     if args.temperature > 0:
@@ -429,30 +352,6 @@ def _progress_bar(total: int) -> Any:
     return tqdm(total=total, desc="bench", unit="run", dynamic_ncols=True, file=sys.stderr)
 
 
-def _load_for_timing(name: str, *, device: str | None = None, dtype: str | None = None) -> tuple[Any, Any]:
-    """``--model`` loaded quietly, then a warning if the machine is busy (the timings would be off)."""
-    _quiet_transformers()
-    loaded = _load(name, device=device, dtype=dtype)
-    _warn_if_busy()
-    return loaded
-
-
-def _warn_if_busy() -> None:
-    """Timings are only as good as the machine is quiet: say so when it is not."""
-    import os
-
-    try:
-        load, cores = os.getloadavg()[0], os.cpu_count() or 1
-    except (AttributeError, OSError):
-        return
-    if load > cores:  # this process accounts for about 1
-        print(
-            f"grammarspec bench: warning: the machine is busy (load average {load:.1f} on {cores} cores); "
-            "other processes make the timings noisy",
-            file=sys.stderr,
-        )
-
-
 def _bench_tasks(args: argparse.Namespace, limit: int | None) -> list[Any]:
     from .bench.tasks import TaskFileError, default_tasks_path, load_schema_corpus, load_tasks, select_tasks
 
@@ -473,7 +372,7 @@ def _bench_tasks(args: argparse.Namespace, limit: int | None) -> list[Any]:
             if not Path(corpus).exists():
                 raise TaskFileError(f"--schemas {corpus}: no such file or folder")
             tasks += load_schema_corpus(corpus)
-        categories = _names(args.categories) or None
+        categories = split_names(args.categories) or None
         chosen = select_tasks(tasks, categories, limit)
     except TaskFileError as e:
         raise CliError(str(e)) from None
@@ -492,7 +391,7 @@ def _cmd_bench(args: argparse.Namespace, command: str) -> int:
     arm_list = args.arms or quick.get("arms")
     max_new = args.max_new_tokens or quick.get("max_new_tokens") or BENCH_MAX_NEW_TOKENS
     if arm_list:
-        names = _names(arm_list)
+        names = split_names(arm_list)
     else:
         names = list(DEFAULT_ARMS) + (list(DRAFT_ARMS) if args.draft_model else [])
     try:
@@ -500,7 +399,7 @@ def _cmd_bench(args: argparse.Namespace, command: str) -> int:
     except ValueError as e:
         raise CliError(f"--arms: {e}") from None
     tasks = _bench_tasks(args, limit)
-    out = _out_folder(args.out)
+    out = out_folder(args.out)
     if args.batch_size:
         return _cmd_batch_bench(args, command, tasks, out, max_new)
     if not args.no_plots:
@@ -512,9 +411,9 @@ def _cmd_bench(args: argparse.Namespace, command: str) -> int:
     from .bench.report import write_results
     from .bench.runner import BenchConfig, run_bench
 
-    _quiet_transformers()
-    model, tokenizer = _load(args.model)
-    draft = _load(args.draft_model, "--draft-model")[0] if args.draft_model else None
+    quiet_transformers()
+    model, tokenizer = cli_common.load(args.model)
+    draft = cli_common.load(args.draft_model, "--draft-model")[0] if args.draft_model else None
     config = BenchConfig(
         arms=tuple(arms),
         max_new_tokens=max_new,
@@ -530,7 +429,7 @@ def _cmd_bench(args: argparse.Namespace, command: str) -> int:
         f"max_new_tokens {max_new}",
         file=sys.stderr,
     )
-    _warn_if_busy()
+    warn_if_busy()
     result = run_bench(model, tokenizer, tasks, config, draft_model=draft, progress=progress)
     paths = write_results(result, out, command=command, plots=not args.no_plots)
     markdown = paths["markdown"].read_text(encoding="utf-8")
@@ -544,18 +443,21 @@ def _cmd_bench(args: argparse.Namespace, command: str) -> int:
 
 def _cmd_bench_families(args: argparse.Namespace, command: str) -> int:
     """``bench --tokenizers DIR``: tokens per pass of a scripted canonical target, per tokenizer family."""
+    from proposers.presets import PRESETS
+
     from .bench.families import family_files, load_family_tokenizer, run_family, to_markdown
     from .loading import load_tokenizer
 
+    model_free = [p for p in PRESETS if p != "draft_model"]
     assistant = (args.arms or "auto").split(",")[0].strip()
-    if assistant not in ASSISTANTS or assistant == "draft_model":
-        raise CliError(f"--arms {args.arms}: with --tokenizers give one of {', '.join(ASSISTANTS[:-1])}")
+    if assistant not in model_free:
+        raise CliError(f"--arms {args.arms}: with --tokenizers give one of {', '.join(model_free)}")
     try:
         files = family_files(args.tokenizers)
     except ValueError as e:
         raise CliError(str(e)) from None
     tasks = _bench_tasks(args, args.limit)
-    _quiet_transformers()
+    quiet_transformers()
     families: list[tuple[str, str | Path]] = [(Path(args.model).name, args.model)]
     families += [(f.stem.removeprefix("ggml-vocab-"), f) for f in files]
     results = []
@@ -593,13 +495,13 @@ def _cmd_batch_bench(args: argparse.Namespace, command: str, tasks: list[Any], o
     sizes = _batch_sizes(args.batch_size)
     if args.temperature:
         raise CliError("--batch-size runs greedily (outputs are compared row by row): drop --temperature")
-    _quiet_transformers()
-    model, tokenizer = _load(args.model)
+    quiet_transformers()
+    model, tokenizer = cli_common.load(args.model)
     print(
         f"grammarspec bench --batch-size {args.batch_size}: {len(tasks)} tasks, max_new_tokens {max_new}",
         file=sys.stderr,
     )
-    _warn_if_busy()
+    warn_if_busy()
     progress = None if args.no_progress else (lambda line: print(line, file=sys.stderr))
     arms = [a for a in args.arms.split(",") if a] if args.arms else None
     unknown = sorted(set(arms or ()) - {"baseline", "none", "auto"})
@@ -627,21 +529,14 @@ def _cmd_bench_agent(args: argparse.Namespace, command: str) -> int:
     from .bench.agent import agent_markdown, run_agent_bench
     from .bench.agent_tasks import CONVERSATIONS
 
-    chosen = _chosen_conversations(args.conversations, CONVERSATIONS)
-    out = _out_folder(args.out)
-    model, tokenizer = _load_for_timing(args.model)
+    chosen = chosen_conversations(args.conversations, CONVERSATIONS)
+    out = out_folder(args.out)
+    model, tokenizer = load_for_timing(args.model)
     runs = run_agent_bench(
         model, tokenizer, conversations=chosen, repeat=args.repeat, progress=lambda line: print(line, file=sys.stderr)
     )
-    _write_report(out, "agent", agent_markdown(runs, command), [asdict(r) for r in runs])
+    write_report(out, "agent", agent_markdown(runs, command), [asdict(r) for r in runs])
     return 0
-
-
-def _chosen_conversations(names: str | None, conversations: dict[str, Any]) -> dict[str, Any]:
-    """``--conversations a,b`` -> those scripts (all when not given); an unknown name is a CliError."""
-    if not names:
-        return dict(conversations)
-    return {n: conversations[n] for n in _known("--conversations", _names(names), conversations)}
 
 
 if __name__ == "__main__":  # python -m grammarspec.cli

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from proposers.base import EMPTY_DRAFT
 
+from .isolation import contained
 from .kv import BatchKV
 from .rows import Row, Step, StepResources
 from .stopping import stop_reason
@@ -39,6 +40,9 @@ def commit(
     (``finish_reason``).  ``kv=None``: a forced token, committed before any pass
     (the cache is unchanged).  ``fed[r]`` (not None): row ``r`` read that many
     tokens of its prompt this pass and keeps them; it generates nothing.
+    A row whose commit raises (its matcher, its proposer, its stop check, the
+    ``on_commit`` callback), or that failed earlier in the step, commits no
+    more (:mod:`grammarspec.isolation`): it keeps no new column of the cache.
 
     A row that verified no draft of its own keeps its committed tokens in
     ``row.untold`` until :func:`tell` passes them to the proposer, in one call,
@@ -55,17 +59,13 @@ def commit(
             counts.append(0)
             continue
         pending = len(row.pending)
-        new = [step.tree.tokens[i] for i in path] + ([next_token] if next_token is not None else [])
-        committed = _commit_row(row, new, shared)
-        if row.proposer is not None:
-            if not len(step.tree):  # no draft of its own: the proposer hears these tokens when it next drafts
-                row.untold += committed
-            elif step.is_tree:
-                assert row.tree_drafter is not None and not row.untold
-                row.tree_drafter.commit_tree(step.tree, committed)
-            else:
-                assert not row.untold, "a row drafted before its proposer heard every committed token"
-                row.proposer.commit(step.draft.truncate(len(step.tree)), len(path), committed)
+        committed = None
+        if row.failure is None:
+            committed = contained(row, "committing its tokens", None, _commit_step, row, step, path, next_token, shared)
+        if committed is None:  # the row failed: it keeps no new column, and leaves the batch at the next step
+            kept.append([])
+            counts.append(0)
+            continue
         if kv is not None:
             keep = min(pending + len(path), len(row.tokens) - row.cached)
             row.cached += keep
@@ -83,6 +83,23 @@ def tell(row: Row) -> None:
     if row.untold and row.proposer is not None:
         untold, row.untold = row.untold, []
         row.proposer.commit(EMPTY_DRAFT, 0, untold)
+
+
+def _commit_step(row: Row, step: Step, path: Sequence[int], next_token: int | None, shared: StepResources) -> list[int]:
+    """The row's accepted path and the target's token: the matcher accepts them (up to a stop condition) and the
+    proposer is told.  Returns the committed tokens.  Changes the row, its matcher and its proposer."""
+    new = [step.tree.tokens[i] for i in path] + ([next_token] if next_token is not None else [])
+    committed = _commit_row(row, new, shared)
+    if row.proposer is not None:
+        if not len(step.tree):  # no draft of its own: the proposer hears these tokens when it next drafts
+            row.untold += committed
+        elif step.is_tree:
+            assert row.tree_drafter is not None and not row.untold
+            row.tree_drafter.commit_tree(step.tree, committed)
+        else:
+            assert not row.untold, "a row drafted before its proposer heard every committed token"
+            row.proposer.commit(step.draft.truncate(len(step.tree)), len(path), committed)
+    return committed
 
 
 def _commit_row(row: Row, new: Sequence[int], shared: StepResources) -> list[int]:

@@ -11,6 +11,7 @@ An output cut by the token limit is never reported as valid.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -96,7 +97,12 @@ def build_prompt(
     describe: bool = True,
     text_allowed: bool = False,
 ) -> list[int]:
-    """Token ids of a chat prompt ready for generation (with the assistant turn opened)."""
+    """Token ids of a chat prompt ready for generation (with the assistant turn opened).
+
+    ``describe``: put :func:`describe_schema`'s text (the whole schema, or the
+    tools' definitions) into the system message, so the model reads what to
+    write; ``False`` leaves it out (the grammar enforces the schema either way).
+    """
     _check_prompt(prompt)
     messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
     extra = describe_schema(schema, tools, text_allowed) if describe else ""
@@ -160,6 +166,15 @@ def complete(
     ``tool_choice`` (with ``tools=``): as for :func:`grammarspec.generate`
     (default ``"required"``); the calls come back OpenAI-shaped in
     ``Completion.tool_calls``.
+
+    ``describe`` (default ``True``): the system message carries the whole
+    schema as JSON (or the tools' definitions), so the model knows what to
+    write.  A large schema (a long enum, many properties) can fill the model's
+    context this way: ``describe=False`` leaves the description out and the
+    grammar still enforces the schema (describe it yourself in ``system=`` or
+    the prompt, if the model needs to know more than the grammar lets it write).
+    A prompt that does not fit raises ``ValueError`` naming how many of its
+    tokens the description takes.
     """
     from .api import run_generate
     from .constraint import Constraint
@@ -189,6 +204,8 @@ def complete(
         describe=describe,
         text_allowed=tool_choice == "auto",
     )
+    if describe:
+        _check_described_prompt(model, ids, lambda: build_prompt(tokenizer, prompt, system=system, describe=False))
     out: Any = run_generate(
         model,
         torch.tensor([ids], device="cpu"),  # generate moves the prompt to the model
@@ -209,12 +226,14 @@ def complete(
         if offered:
             message = parse_tool_reply(text, offered, "json", [f"call_{i}" for i in range(64)])
         if spec is not None and spec.kind in ("json_schema", "any_json"):
+            from grammars.validation import parse_json
+
             try:
-                value, has_value = json.loads(text), True
+                (value, repeated), has_value = parse_json(text), True  # repeated: keys written twice in one object
             except json.JSONDecodeError as exc:
                 errors.append(f"not JSON: {exc}")
             else:
-                errors = _schema_errors(json_schema, value) if json_schema is not None else []
+                errors = repeated + (_schema_errors(json_schema, value) if json_schema is not None else [])
         else:  # grammar=, regex=, a text reply under tool_choice="auto" (the grammar finished) or no constraint
             value, has_value = text, True
             if message.get("tool_calls"):
@@ -228,6 +247,26 @@ def complete(
         errors=errors,
         has_value=has_value,
         message=message,
+    )
+
+
+def _check_described_prompt(model: torch.nn.Module, ids: list[int], bare: Callable[[], list[int]]) -> None:
+    """Refuse a prompt that fills the model's context because of the schema's description in it.
+
+    ``bare``: the same prompt without the description.  A prompt too long on its own is left to
+    :func:`grammarspec.inputs.check_prompt`, whose advice (shorten the prompt) is then the right one.
+    """
+    context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if context is None or len(ids) < context:
+        return
+    described = len(ids) - len(bare())
+    if described <= 0:
+        return
+    raise ValueError(
+        f"the prompt has {len(ids)} tokens but the model's context is {context} "
+        f"(config.max_position_embeddings); {described} of them are the schema's (or tools') description, which "
+        "complete() puts in the system message: pass describe=False to leave it out (the grammar still enforces "
+        "the schema; say what the model needs to know in system= or the prompt), or shorten the schema"
     )
 
 

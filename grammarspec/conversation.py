@@ -65,21 +65,29 @@ from .constraint import Constraint
 from .kv_cache import cache_length, common_prefix_length, crop_cache, new_cache
 from .policy import Calibration
 from .stats import GenerationStats
-from .templates import fit_messages
 from .tool_calls import (
+    NO_TOOL_NOTE,
     ToolCallError,
-    chat_messages,
     check_tools,
-    describe_tools,
     earlier_documents,
+    parse_cut_reply,
     parse_tool_reply,
+    prompt_text,
+    template_renders_tools,
     tool_format_for,
 )
 
 #: The constraint keywords ``reply`` takes besides ``tool_choice`` / ``parallel_tool_calls``.
 _CONSTRAINT_KWARGS = ("schema", "grammar", "regex", "json_object", "any_whitespace")
 
-__all__ = ["CONVERSATION_DRAFT_BYTES", "ContextLimitError", "Conversation", "Reply", "common_prefix_length"]
+__all__ = [
+    "CONVERSATION_DRAFT_BYTES",
+    "NO_TOOL_NOTE",
+    "ContextLimitError",
+    "Conversation",
+    "Reply",
+    "common_prefix_length",
+]
 
 #: Bytes of a conversation's own index of earlier outputs (``draft_index=None``).
 CONVERSATION_DRAFT_BYTES = 16 << 20
@@ -212,31 +220,26 @@ class Conversation:
     ) -> list[int]:
         """Token ids of the templated conversation with the assistant turn opened.  Does not change state.
 
-        ``tool_choice="none"``: the tools stay described where they are (the kept
-        KV cache of every earlier turn stays valid), and the last user message
-        tells the model to answer in plain text (:data:`NO_TOOL_NOTE`); the note
-        is not kept in :attr:`messages`.
+        ``tool_choice="none"``: no tool is offered, so nothing asks for a call
+        format: the conversation renders as without tools (earlier calls and
+        results stay) and the last user message tells the model to answer in
+        plain text (:data:`NO_TOOL_NOTE`; not kept in :attr:`messages`).  The
+        prompt then differs from an ``"auto"`` turn's where the tools were
+        described, so such a turn reuses the cache only up to there.
         """
-        tools = self.tools
-        rendered = chat_messages(self.messages if messages is None else messages, tools, self.tool_format)
-        if tools and tool_choice == "none":
-            _add_note(rendered, NO_TOOL_NOTE)
-        if tools and self._describe_tools:  # the template drops tools=: describe them ourselves
-            description = describe_tools(tools)  # one text for "auto" and "required": the turns share the cache
-            if rendered and rendered[0]["role"] == "system":
-                rendered[0]["content"] += "\n\n" + description
-            else:
-                rendered.insert(0, {"role": "system", "content": description})
-        extra = {"tools": tools} if tools and self.tool_format != "json" else {}
-        rendered = fit_messages(self.tokenizer, rendered)  # what the template drops goes into a user turn
-        text = self.tokenizer.apply_chat_template(rendered, tokenize=False, add_generation_prompt=True, **extra)
+        text = prompt_text(
+            self.tokenizer,
+            self.messages if messages is None else messages,
+            self.tools,
+            self.tool_format,
+            tool_choice,
+            describe=self._describe_tools,
+        )
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def _template_renders_tools(self) -> bool:
         """Whether the chat template writes ``tools=`` into the prompt (SmolLM2's does not)."""
-        probe = [{"role": "user", "content": "hi"}]
-        render = self.tokenizer.apply_chat_template
-        return bool(render(probe, tokenize=False, tools=self.tools) != render(probe, tokenize=False))
+        return template_renders_tools(self.tokenizer, self.tools or [])
 
     @property
     def cached_tokens(self) -> int:
@@ -262,7 +265,14 @@ class Conversation:
 
         ``tool_choice``: ``"auto"`` (text or a call), ``"required"``,
         ``"none"`` or ``{"type": "function", "function": {"name": ...}}``.
-        Changes state: the cache and (with ``append``) the messages.
+        A reply cut by ``max_new_tokens`` (``finish_reason="length"``) keeps a
+        call whose name is complete as a call, with the arguments written so
+        far (not parseable JSON), as OpenAI returns it; a call cut inside its
+        name gives neither a call nor its text (``content`` is ``None``).
+        Changes state: the cache and (with ``append``) the messages.  A turn whose
+        own work fails (its grammar matcher or drafter raises) raises
+        :class:`~grammarspec.GenerationError` and appends nothing; the next
+        ``reply`` starts from the same messages.
         """
         t0 = time.perf_counter()
         options = {**self._options, **generation_kwargs}
@@ -305,13 +315,16 @@ class Conversation:
         self._sync_cache(ids + new)
         text = self.tokenizer.decode(new, skip_special_tokens=True)
         call_ids = [f"call_{self._calls + i}" for i in range(64)]
+        offered = self.tools if tool_choice != "none" else None
         if stats.finish_reason in ("stop", "eos"):
-            offered = self.tools if tool_choice != "none" else None
             message = parse_tool_reply(text, offered, self.tool_format, call_ids)
-        else:  # cut by max_new_tokens: never claimed to be a call
-            message = {"role": "assistant", "content": text}
+        else:  # cut short: a call whose name is complete stays a call, with the arguments written so far
+            message = parse_cut_reply(text, offered, self.tool_format, call_ids)
         self._calls += len(message.get("tool_calls") or [])
-        finish = "length" if stats.finish_reason == "length" else ("tool_calls" if "tool_calls" in message else "stop")
+        if stats.finish_reason == "length":
+            finish = "length"
+        else:
+            finish = "tool_calls" if "tool_calls" in message and stats.finish_reason in ("stop", "eos") else "stop"
         result = Reply(
             message=message,
             finish_reason=finish,
@@ -333,16 +346,3 @@ class Conversation:
             crop_cache(self._cache, len(tokens), "target model")
             held = len(tokens)
         self._cached = tokens[:held]
-
-
-#: What the last user message says in a ``tool_choice="none"`` turn of a conversation with tools.
-NO_TOOL_NOTE = "Answer in plain text now; do not call a tool."
-
-
-def _add_note(rendered: list[dict[str, Any]], note: str) -> None:
-    """Append ``note`` to the last user message of ``rendered`` (a rendered copy; a system message if none)."""
-    for message in reversed(rendered):
-        if message.get("role") == "user" and isinstance(message.get("content"), str):
-            message["content"] += "\n\n" + note
-            return
-    rendered.append({"role": "system", "content": note})

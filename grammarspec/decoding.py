@@ -35,10 +35,12 @@ One step for the whole batch (numbers match the comments in :func:`grammarspec.s
                    rollback -- keeps each row's pending tokens and accepted path
     6. adapt    -- each row's calibration learns what its draft brought (grammarspec/policy.py);
                    the pass cost is profiled once per model/device/dtype/thread count at
-                   first use and fixed afterwards, so draft lengths do not drift within a
-                   process (GRAMMARSPEC_PASS_COST=prior: draft lengths that never depend on
-                   the machine); a loop given a cost learner (the server's) prices steps
-                   by what its own steps took instead (grammarspec/step_cost.py)
+                   first use and fixed within a call, so draft lengths do not drift within
+                   one; a lone row's passes are checked against it, and it is measured
+                   again before the next call where they disagree (grammarspec/profile_check.py;
+                   GRAMMARSPEC_PASS_COST=prior: draft lengths that never depend on the
+                   machine); a loop given a cost learner (the server's) prices steps by
+                   what its own steps took instead (grammarspec/step_cost.py)
 
 Where state moves.  A row's committed state -- its tokens, matcher, proposer,
 ``cached`` count, the target cache's columns and ``finish_reason`` from a stop
@@ -52,7 +54,9 @@ for later steps, never committed tokens) in the policy's allocation and in
 :func:`grammarspec.bookkeeping.account`.
 
 Rows finish independently (grammar end, EOS, stop string, token limit) and leave
-the batch, so the batch never waits for its longest row.  With no proposer every
+the batch, so the batch never waits for its longest row.  A row whose own work
+raises (its matcher, its proposer, its stop check) ends alone the same way, with
+``finish_reason="error"`` (:mod:`grammarspec.isolation`).  With no proposer every
 step is a plain constrained decoding step; the output distribution of every row is
 the same either way, and the same as at batch 1.
 """
@@ -70,16 +74,16 @@ import torch
 from grammars.base import Matcher, allocate_bitmask
 from proposers.base import CostModelled, Proposer, members
 
-from .bookkeeping import finish
-from .commit import commit, tell
+from .commit import commit
+from .isolation import GenerationError
 from .kv import BatchKV
 from .kv_cache import logits_device as _logits_device
-from .policy import batch_cost_model
+from .policy import batch_cost_model, checked_cost_model
 from .processing import LogitsPipeline
 from .rows import DecodeConfig, DecodeState, Processing, Row, RowRequest, StepResources
 from .sampling import LogitsProcessorFn
 from .stats import GenerationStats
-from .step import checked_prompt_chunk, leave, run_step
+from .step import checked_prompt_chunk, end_row, leave, run_step
 
 if TYPE_CHECKING:
     from .adaptive import AdaptiveController
@@ -145,6 +149,7 @@ def decode(
     prompt_cache: Any = None,
     step_cost: Callable[[int], float] | None = None,
     processing: Processing | None = None,
+    clock: Callable[[], float] | None = None,
 ) -> tuple[list[int], GenerationStats]:
     """Generate after ``prompt_ids`` (one request); returns ``(new_tokens, stats)``.
 
@@ -156,7 +161,10 @@ def decode(
     controller is told a target pass of ``rows`` rows costs, instead of the
     measured time (replays against an oracle target model the cost).
     ``processing``: the row's processing (a :class:`~grammarspec.processing.LogitsPipeline`);
-    default: ``config``'s sampling settings plus ``processors``.
+    default: ``config``'s sampling settings plus ``processors``.  ``clock``: what the steps are timed by
+    (:func:`decode_batch`).
+    Raises :class:`~grammarspec.isolation.GenerationError` when the row's own work
+    raised (its ``output`` holds what was committed before, and the stats).
     """
     processing = processing or sampling_processing(config, processors, len(prompt_ids), device=_logits_device(model))
     request = RowRequest(prompt_ids, matcher, proposer, controller, processing)
@@ -168,11 +176,14 @@ def decode(
         generator=generator,
         prompt_cache=prompt_cache,
         step_cost=step_cost,
+        clock=clock,
         on_commit=(lambda index, tokens: on_commit(tokens)) if on_commit is not None else None,
         on_step=(lambda rows, kv: on_step(DecodeState(rows[0].tokens, rows[0].prompt_length, kv.cache, rows[0].cached)))
         if on_step is not None
         else None,
     )
+    if row.failure is not None:
+        raise GenerationError({0: row.failure}, (row.generated, row.stats), rows=1) from row.failure.error
     return row.generated, row.stats
 
 
@@ -213,6 +224,7 @@ def decode_batch(
     prompt_chunk: int | None = None,
     trace: StepTrace | None = None,
     cost_learner: StepCostLearner | None = None,
+    clock: Callable[[], float] | None = None,
 ) -> list[Row]:
     """Generate for every request; returns the finished rows in request order.
 
@@ -231,7 +243,21 @@ def decode_batch(
     ``cost_learner``: the drafting policy prices steps by what this loop's steps took
     (:class:`~grammarspec.step_cost.StepCostLearner`; a server keeps one across its loops) instead of the
     fixed profile; draft lengths then depend on measured times.
+    ``clock``: what the steps are timed by (seconds; default: the cost learner's, else ``time.perf_counter``).
+    Rows that draft on the profile (no ``step_cost``, learner or feed) have it ready before the first step,
+    measured again first where an earlier call's passes disagreed with it; this call's passes of a lone row
+    are checked against it (:func:`policy.checked_cost_model`).
+
+    A row whose own work raises -- its grammar matcher, its proposer, its stop
+    check, ``on_commit`` for it (:mod:`grammarspec.isolation`) -- ends alone with
+    ``finish_reason="error"`` and the exception in ``row.failure``; the other
+    rows decode on as they would without it.  The call raises only for what the
+    rows share (the target forward, the batch cache).
     """
+    clock = clock or (cost_learner.clock if cost_learner is not None else time.perf_counter)
+    check = None
+    if step_cost is None and cost_learner is None and feed is None and any(r.proposer is not None for r in requests):
+        check = checked_cost_model(model, clock)
     rows = [_new_row(i, request, config, model, step_cost) for i, request in enumerate(requests)]
     _check_own_proposers(rows)
     if feed is not None and max_batch_size is None:
@@ -255,6 +281,8 @@ def decode_batch(
         on_step,
         trace=trace,
         cost_learner=cost_learner,
+        clock=clock,
+        profile_check=check,
     )
     for row in rows:
         if row.settings.max_new_tokens <= 0:
@@ -353,8 +381,7 @@ def _report(feed: Feed, batch: Batch, before: list[Row], started: float) -> None
             row.finish_reason = "cancelled"
         if row.finish_reason is not None and row.index not in batch.told_ended:
             batch.told_ended.add(row.index)
-            tell(row)
-            finish(row, time.perf_counter() - started)
+            end_row(row, time.perf_counter() - started)
             feed.finished(row, kv, slot)
 
 

@@ -39,6 +39,7 @@ from typing import Any
 import torch
 
 from .grouped_attention import grouped_model
+from .host_values import to_device
 from .kv_cache import (
     CacheError,
     cache_argument,
@@ -49,8 +50,17 @@ from .kv_cache import (
     require_transformers_floor,
 )
 from .kv_slots import SlotLayer, Storage, WritePlan
-from .packed_attention import PackedLayout, packed_model, row_mask, supports_packing
-from .tree_layout import position_offsets
+from .packed_attention import (
+    BATCHED,
+    PackedLayout,
+    attention_path,
+    batched,
+    batched_arrays,
+    packed_model,
+    row_mask,
+    supports_packing,
+)
+from .tree_layout import position_offsets, tree_allowed
 
 __all__ = ["BatchKV"]
 
@@ -103,6 +113,8 @@ class BatchKV:
         self._window, self._layer_types = _attention_windows(model)
         #: Ragged forwards run packed (:mod:`grammarspec.packed_attention`); False: padded rows under a 4-D mask.
         self.packed = supports_packing(model)
+        #: How a packed forward attends on this device (:func:`grammarspec.packed_attention.attention_path`).
+        self.attention_path = attention_path(self.device)
         self._groups = _query_groups(model)
         self._sync()
 
@@ -229,24 +241,26 @@ class BatchKV:
         branching = any(any(parent != i - 1 for i, parent in enumerate(p)) for p in parents)
         plain = len(feeds) == batch and len({f.start for f in feeds}) == 1 and len({len(f.tokens) for f in feeds}) == 1
         plain = plain and not branching and len({f.logits for f in feeds}) == 1 and feeds[0].logits > 0
-        if not plain and self.packed and n > 1:  # one token a row: the masked call reads every slot in one kernel
+        # On the CPU one token a row goes to the masked call (it reads every slot in one kernel); an accelerator
+        # runs every ragged step packed, in one attention call per layer.
+        if not plain and self.packed and (n > 1 or self.attention_path == BATCHED):
             return self._forward_packed(feeds, chunks)
         plan = WritePlan([f.slot for f in feeds], [f.start for f in feeds], n, max(f.start + n for f in feeds))
         plan.real = [len(f.tokens) for f in feeds]
         pad = self.pad_token_id
-        ids = torch.tensor(
-            [f.tokens + [pad] * (n - len(f.tokens)) for f in feeds], dtype=torch.long, device=self.device
-        )
+        ids_host = [t for f in feeds for t in f.tokens + [pad] * (n - len(f.tokens))]
         kwargs: dict[str, object] = {self._cache_arg: self.cache, "use_cache": True}
         if plain:
+            (ids,) = to_device([ids_host], self.device)
             kwargs["logits_to_keep"] = feeds[0].logits
             for layer in self._layers:
                 layer.seq = feeds[0].start  # the model reads its positions from the cache length
         else:
-            keep = [[len(f.tokens) - f.logits <= j < len(f.tokens) for j in range(n)] for f in feeds]
-            kwargs["logits_to_keep"] = torch.tensor(keep, dtype=torch.bool, device=self.device)
-            kwargs["attention_mask"], kwargs["position_ids"] = self._masks(feeds, n, plan.width)
-        return self._run(plan, ids, kwargs, chunks, (len(feeds), n, not plain))
+            keep = [int(len(f.tokens) - f.logits <= j < len(f.tokens)) for f in feeds for j in range(n)]
+            ids, keep_mask, mask, positions = self._masks(feeds, n, plan, ids_host, keep)
+            kwargs["logits_to_keep"] = keep_mask.view(len(feeds), n) != 0
+            kwargs["attention_mask"], kwargs["position_ids"] = mask, positions
+        return self._run(plan, ids.view(len(feeds), n), kwargs, chunks, (len(feeds), n, not plain))
 
     def _forward_packed(self, feeds: Sequence[_Feed], chunks: Sequence[Sequence[int]]) -> torch.Tensor:
         """:meth:`forward` as one packed sequence of every row's tokens (no padding; see
@@ -257,25 +271,40 @@ class BatchKV:
             [f.slot for f in feeds], [f.start for f in feeds], max(sizes), max(f.start + len(f.tokens) for f in feeds)
         )
         plan.sizes = sizes
+        one_call = self.attention_path == BATCHED
         layout = PackedLayout(
             plan.slots,
             plan.starts,
             sizes,
-            [row_mask(f.start, f.pending, f.parents, self._groups, device) for f in feeds],
+            [None] * len(feeds)
+            if one_call
+            else [row_mask(f.start, f.pending, f.parents, self._groups, device) for f in feeds],
             self._groups,
         )
-        ids = torch.tensor([[t for f in feeds for t in f.tokens]], dtype=torch.long, device=device)
+        # every integer of the step, built here on the host, reaches the device in one copy
+        ids = [t for f in feeds for t in f.tokens]
         positions = [f.start + offset for f in feeds for offset in position_offsets(list(f.parents), f.pending)]
         wanted = [
             at + size - f.logits + i for f, at, size in zip(feeds, layout.offsets, sizes) for i in range(f.logits)
         ]
+        arrays = [ids, positions, wanted, *plan.host_packed_index()]
+        if one_call:
+            extra, queries, nodes = batched_arrays(
+                plan.starts, sizes, [f.pending for f in feeds], [f.parents for f in feeds]
+            )
+            arrays += extra
+        tensors = to_device(arrays, device)
+        plan.preset(tensors[3], tensors[4])
+        if one_call:
+            assert plan.in_order, "internal error: a packed forward reads row r's slot r"
+            layout.batched = batched(tensors[5:], queries, nodes, plan.width, self._groups, _float_dtype(self.model))
         kwargs: dict[str, object] = {
             self._cache_arg: self.cache,
             "use_cache": True,
-            "position_ids": torch.tensor([positions], dtype=torch.long, device=device),
-            "logits_to_keep": torch.tensor(wanted, dtype=torch.long, device=device),
+            "position_ids": tensors[1][None],
+            "logits_to_keep": tensors[2],
         }
-        return self._run(plan, ids, kwargs, chunks, (len(feeds), max(sizes), True), layout)
+        return self._run(plan, tensors[0][None], kwargs, chunks, (len(feeds), max(sizes), True), layout)
 
     def _run(
         self,
@@ -324,8 +353,12 @@ class BatchKV:
             )
         return rows + pieces
 
-    def _masks(self, feeds: Sequence[_Feed], n: int, width: int) -> tuple[Any, torch.Tensor]:
-        """The 4-D additive mask(s) ``[R, 1, n, width]`` and position ids ``[R, n]`` of a forward.
+    def _masks(
+        self, feeds: Sequence[_Feed], n: int, plan: WritePlan, ids: Sequence[int], keep: Sequence[int]
+    ) -> tuple[torch.Tensor, torch.Tensor, Any, torch.Tensor]:
+        """``ids`` and ``keep`` (host integers) on the device, the 4-D additive mask(s) ``[R, 1, n, width]`` and
+        the position ids ``[R, n]`` of a forward, all from one copy of the host's integers (the plan's write index
+        too).
 
         Query ``j`` of a batch row sees its slot's columns before its start (the
         row's cache and any folded pieces before it) and, among its new columns,
@@ -334,26 +367,27 @@ class BatchKV:
         keys ``window`` or more positions behind the query (a dict per layer type
         when the model mixes full and sliding layers).
         """
-        from .tree_layout import tree_allowed
-
         device = self.device
+        width = plan.width
         grids, offsets = [], []
         for f in feeds:
             grid, offset = tree_allowed(list(f.parents), f.pending)
             size = len(grid)
-            grids.append(
-                [line + [False] * (n - size) for line in grid] + [[j == i for j in range(n)] for i in range(size, n)]
-            )
-            offsets.append(offset + [offset[-1] + 1 + i for i in range(n - size)])
-        starts = torch.tensor([f.start for f in feeds], dtype=torch.long, device=device)[:, None]  # [R, 1]
-        sizes = torch.tensor([len(f.tokens) for f in feeds], dtype=torch.long, device=device)[:, None]
+            grids += [int(seen) for line in grid for seen in line + [False] * (n - size)]
+            grids += [int(j == i) for i in range(size, n) for j in range(n)]
+            offsets += offset + [offset[-1] + 1 + i for i in range(n - size)]
+        rows = len(feeds)
+        host = [ids, keep, [f.start for f in feeds], [len(f.tokens) for f in feeds], grids, offsets, *plan.host_index()]
+        ids_on, keep_on, starts, sizes, allowed, offset_ids, slots, write_columns = to_device(host, device)
+        plan.preset(slots, write_columns)
+        starts, sizes = starts[:, None], sizes[:, None]  # [R, 1]
         steps = torch.arange(n, dtype=torch.long, device=device)[None, :]  # [1, n]
         columns = torch.arange(width, dtype=torch.long, device=device)[None, :]  # [1, W]
         new_columns = starts + steps  # [R, n]: where each new token sits
         past = (columns[:, None, :] < starts[:, :, None]) & (steps < sizes)[:, :, None]  # [R, n, W]
-        allowed = torch.tensor(grids, dtype=torch.bool, device=device)  # [R, n, n]
+        allowed = allowed.view(rows, n, n) != 0  # [R, n, n]
         visible = past.scatter(2, new_columns[:, None, :].expand(-1, n, -1), allowed)  # new columns: the grid
-        positions = starts + torch.tensor(offsets, dtype=torch.long, device=device)  # [R, n]
+        positions = starts + offset_ids.view(rows, n)  # [R, n]
         dtype = _float_dtype(self.model)
 
         def additive(seen: torch.Tensor) -> torch.Tensor:
@@ -361,14 +395,15 @@ class BatchKV:
             return mask.masked_fill_(~seen, torch.finfo(dtype).min)[:, None]  # [R, 1, n, W]
 
         if self._window is None:
-            return additive(visible), positions
+            return ids_on, keep_on, additive(visible), positions
         key_positions = columns.expand(len(feeds), -1).scatter(1, new_columns, positions)  # [R, W]
         near = positions[:, :, None] - key_positions[:, None, :] < self._window  # [R, n, W]
         windowed = additive(visible & near)
         if self._layer_types is None:  # every layer slides (Mistral v0.1)
-            return windowed, positions
+            return ids_on, keep_on, windowed, positions
         full = additive(visible)
-        return {kind: windowed if kind == "sliding_attention" else full for kind in self._layer_types}, positions
+        kinds = {kind: windowed if kind == "sliding_attention" else full for kind in self._layer_types}
+        return ids_on, keep_on, kinds, positions
 
     def supports_trees(self) -> bool:
         """Whether a tree pass can run here: a 4-D additive mask and a gatherable cache.
@@ -406,9 +441,15 @@ class BatchKV:
             if k != i
         ]
         if moves:  # a tree path off the first branch
+            host = [[m[0] for m in moves], [m[1] for m in moves], [m[2] for m in moves]]
+            index: dict[torch.device, list[torch.Tensor]] = {}  # one copy per device the layers live on
             with torch.inference_mode():  # the cache tensors were made under inference mode
                 for layer in self._layers:
-                    _move_columns(layer, moves)
+                    if layer._k is None:
+                        continue
+                    if layer._k.device not in index:
+                        index[layer._k.device] = to_device(host, layer._k.device)
+                    _move_columns(layer, *index[layer._k.device])
         self.lengths = [length + len(k) for length, k in zip(self.lengths, kept)]
         self._sync()
 
@@ -418,15 +459,12 @@ class BatchKV:
             layer.rows, layer.seq = self.batch_size, self.columns
 
 
-def _move_columns(layer: SlotLayer, moves: Sequence[tuple[int, int, int]]) -> None:
-    """Move ``(slot, from column, to column)`` for each of ``moves`` (read all first, then write)."""
+def _move_columns(layer: SlotLayer, slot: torch.Tensor, source: torch.Tensor, target: torch.Tensor) -> None:
+    """Move ``(slot, from column, to column)`` for each element of the three index tensors (read all first, then
+    write)."""
     storage_k, storage_v = layer._k, layer._v
     if storage_k is None or storage_v is None:
         return
-    device = storage_k.device
-    slot = torch.tensor([m[0] for m in moves], dtype=torch.long, device=device)
-    source = torch.tensor([m[1] for m in moves], dtype=torch.long, device=device)
-    target = torch.tensor([m[2] for m in moves], dtype=torch.long, device=device)
     storage_k[slot, :, target] = storage_k[slot, :, source]  # the right side is gathered before the write
     storage_v[slot, :, target] = storage_v[slot, :, source]
 

@@ -83,6 +83,30 @@ class WritePlan:
         """Every batch row writes the same columns: a plain slice assignment."""
         return self.in_order and len(set(self.starts)) <= 1
 
+    def host_index(self) -> tuple[list[int], list[int]]:
+        """:meth:`index`'s slot and column of every new state, ``R * n`` host integers each (row after row).  Pure."""
+        slots = [s for s in self.slots for _ in range(self.n)]
+        real = self.real if self.real is not None else [self.n] * len(self.slots)
+        columns = [start + i if i < r else self.width for start, r in zip(self.starts, real) for i in range(self.n)]
+        return slots, columns
+
+    def host_packed_index(self) -> tuple[list[int], list[int]]:
+        """:meth:`packed_index`'s slot and column of every packed token, as host integers.  Pure."""
+        assert self.sizes is not None
+        slots = [s for s, size in zip(self.slots, self.sizes) for _ in range(size)]
+        columns = [start + i for start, size in zip(self.starts, self.sizes) for i in range(size)]
+        return slots, columns
+
+    def preset(self, slots: torch.Tensor, columns: torch.Tensor) -> None:
+        """Give the plan its write index already on the device (``[R * n]`` or ``[T]``, from the host integers of
+        :meth:`host_index` / :meth:`host_packed_index`, copied with the step's other integers).  Changes the plan."""
+        device = slots.device
+        if self.sizes is not None:
+            self._packed[device] = (slots, columns)
+        else:
+            rows = len(self.slots)
+            self._index[device] = (slots.view(rows, self.n), columns.view(rows, self.n), slots.view(rows, self.n)[:, 0])
+
     def index(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(slot [R, n], column [R, n], slot [R])`` on ``device`` (built once per device a forward)."""
         found = self._index.get(device)
@@ -99,11 +123,9 @@ class WritePlan:
 
     def packed_index(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """``(slot [T], column [T])`` of each packed token on ``device`` (built once per device a forward)."""
-        assert self.sizes is not None
         found = self._packed.get(device)
         if found is None:
-            slots = [s for s, size in zip(self.slots, self.sizes) for _ in range(size)]
-            columns = [start + i for start, size in zip(self.starts, self.sizes) for i in range(size)]
+            slots, columns = self.host_packed_index()
             found = self._packed[device] = (
                 torch.tensor(slots, dtype=torch.long, device=device),
                 torch.tensor(columns, dtype=torch.long, device=device),

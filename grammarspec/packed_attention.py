@@ -14,6 +14,30 @@ per-sequence attention) applied to grammarspec's slot cache.
 Grouped-query attention is computed without copying keys: the query heads that
 share a key head are stacked along the query axis, so every row reads its slot
 in place.
+
+Two ways to attend, one per kind of device (:func:`attention_path`):
+
+- :data:`ROWS` (the CPU): each row's queries against its own slot, one SDPA
+  call per row and layer (the single-token rows batched in one).  On a CPU a
+  call costs what its arithmetic costs, and SDPA under a mask loses its causal
+  fast kernel, so the smallest calls are the fastest.
+- :data:`BATCHED` (every accelerator): one SDPA call per layer for the whole
+  batch, whatever its rows, drafts, trees or prompt chunks.  The packed queries
+  are gathered into ``[rows, key heads, groups * Q, D]`` (``Q``: the widest
+  row; shorter rows padded, their padding never read), attend to the slots in
+  place ``[rows, key heads, width, D]`` under one additive mask
+  ``[rows, 1, groups * Q, width]`` built once a step from the host's own
+  integers (:class:`Batched`) and shared by every layer, and are scattered back
+  to the packed order.  A GPU's cost is kernel launches and host waits, not the
+  padded queries' arithmetic: the call count is the number of layers, and
+  nothing in the step reads a device value.  On CUDA the masked call goes to the
+  memory-efficient (or cuDNN) kernel, which takes an arbitrary additive mask;
+  the mask's rows are laid out 16-aligned so the kernel need not copy it.
+  ``flex_attention`` (a block mask over the packed tokens and the slots) would
+  skip the padded queries' work too, but is fast only under ``torch.compile``,
+  which recompiles as the step's shapes change from step to step; it stays out
+  unless the padded queries show in the device's step times (a long joining
+  prompt chunk makes ``Q`` its length for every row of that step).
 """
 
 from __future__ import annotations
@@ -28,7 +52,12 @@ import torch
 from torch.nn import functional
 
 __all__ = [
+    "BATCHED",
     "NAME",
+    "ROWS",
+    "Batched",
+    "attention_path",
+    "batched_arrays",
     "PackedLayout",
     "attention_implementation",
     "packed_attention",
@@ -41,6 +70,92 @@ __all__ = [
 NAME = "grammarspec_packed"
 
 _layout: ContextVar[PackedLayout | None] = ContextVar("grammarspec_packed_layout", default=None)
+
+#: One attention call per row and layer (single-token rows batched): the CPU's path.
+ROWS = "rows"
+#: One attention call per layer for the whole batch under one mask built once a step: every accelerator's path.
+BATCHED = "batched"
+
+
+def attention_path(device: torch.device | str) -> str:
+    """How a packed forward on ``device`` attends: :data:`ROWS` on the CPU, :data:`BATCHED` elsewhere.  Pure."""
+    return ROWS if torch.device(device).type == "cpu" else BATCHED
+
+
+@dataclass
+class Batched:
+    """A packed forward's one attention call per layer (:data:`BATCHED`), built once a step for every layer.
+
+    ``gather [rows * queries]``: the packed token at each (row, query) place
+    (padding: token 0, never read back); ``scatter [T]``: each packed token's
+    place; ``mask [rows, 1, groups * queries, width]``: additive, each row's
+    query heads stacked per key head as the queries are.
+    """
+
+    rows: int
+    queries: int
+    width: int
+    gather: torch.Tensor
+    scatter: torch.Tensor
+    mask: torch.Tensor
+
+
+def batched_arrays(
+    starts: Sequence[int], sizes: Sequence[int], pendings: Sequence[int], parents: Sequence[Sequence[int]]
+) -> tuple[list[list[int]], int, int]:
+    """The host integers of :func:`batched`: ``(arrays, queries, nodes)``.  Pure.
+
+    ``arrays``: the rows' starts, sizes and pending counts, ``gather``,
+    ``scatter`` and the tree grid (``[rows, nodes, nodes]`` flattened: node
+    ``k`` of row ``r`` is an ancestor of node ``i`` or ``i`` itself; empty when
+    no row branches, every row then causal).
+    """
+    queries = max(sizes)
+    gather, scatter, offset = [0] * (len(sizes) * queries), [], 0
+    for r, size in enumerate(sizes):
+        for j in range(size):
+            gather[r * queries + j] = offset + j
+            scatter.append(r * queries + j)
+        offset += size
+    branching = any(any(parent != i - 1 for i, parent in enumerate(p)) for p in parents)
+    nodes = max((len(p) for p in parents), default=0) if branching else 0
+    grid = [0] * (len(sizes) * nodes * nodes)
+    for r, p in enumerate(parents if nodes else ()):
+        base = r * nodes * nodes
+        for i, parent in enumerate(p):
+            if parent >= 0:
+                grid[base + i * nodes : base + i * nodes + i] = grid[base + parent * nodes : base + parent * nodes + i]
+            grid[base + i * nodes + i] = 1
+    return [list(starts), list(sizes), list(pendings), gather, scatter, grid], queries, nodes
+
+
+def batched(
+    tensors: Sequence[torch.Tensor], queries: int, nodes: int, width: int, groups: int, dtype: torch.dtype
+) -> Batched:
+    """:class:`Batched` from :func:`batched_arrays`' arrays on the device (``tensors``), in a fixed number of
+    kernels whatever the rows: query ``j`` of row ``r`` sees its slot's columns before ``starts[r]`` and its new
+    columns up to itself (a tree node: its pending tokens, its ancestors and itself).  Reads nothing back."""
+    starts, sizes, pendings, gather, scatter, grid = tensors
+    rows = len(starts)
+    device = starts.device
+    j = torch.arange(queries, device=device)[None, :, None]  # [1, Q, 1]
+    new = torch.arange(width, device=device)[None, None, :] - starts[:, None, None]  # [R, 1, W]: offset in the row
+    seen = (new < 0) | ((new <= j) & (new < sizes[:, None, None]))  # [R, Q, W]; a padded query sees the row whole
+    if nodes:
+        node_q = j - pendings[:, None, None]  # [R, Q, 1]
+        node_k = new - pendings[:, None, None]  # [R, 1, W]
+        count = (sizes - pendings)[:, None, None]
+        inside = (node_q >= 0) & (node_q < count) & (node_k >= 0) & (node_k < count)  # [R, Q, W]
+        place = (
+            torch.arange(rows, device=device)[:, None, None] * nodes * nodes
+            + node_q.clamp(0, nodes - 1) * nodes
+            + node_k.clamp(0, nodes - 1)
+        )
+        seen = torch.where(inside, grid[place] != 0, seen)
+    aligned = -(-width // 16) * 16  # the kernels want the mask's rows 16-aligned, or copy it
+    mask = torch.zeros((rows, 1, groups, queries, aligned), dtype=dtype, device=device)[..., :width]
+    mask.masked_fill_(~seen[:, None, None], torch.finfo(dtype).min)
+    return Batched(rows, queries, width, gather, scatter, mask.view(rows, 1, groups * queries, width))
 
 
 @dataclass
@@ -61,6 +176,7 @@ class PackedLayout:
     sizes: list[int]
     masks: list[torch.Tensor | None]
     groups: int
+    batched: Batched | None = None  # set: the whole batch in one call per layer (BATCHED)
     _singles: dict[torch.device, _Singles | None] = field(default_factory=dict)
     offsets: list[int] = field(init=False)  # where each row's tokens begin in the packed sequence
 
@@ -149,6 +265,8 @@ def packed_attention(
     heads, dim = query.shape[1], query.shape[3]
     kv_heads = key.shape[1]
     groups = heads // kv_heads
+    if layout.batched is not None:
+        return _attend_batched(layout.batched, query, key, value, kv_heads, groups, scaling), None
     result = query.new_empty((query.shape[2], heads, value.shape[3]))  # [T, H, D]
     singles = layout.singles(query.device)
     if singles is not None:  # [slots, kv_heads, groups, D]: each slot's one query, its heads stacked per key head
@@ -177,6 +295,32 @@ def packed_attention(
         )
         result[offset : offset + size] = out.reshape(heads, size, -1).transpose(0, 1)
     return result[None], None
+
+
+def _attend_batched(
+    plan: Batched,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    kv_heads: int,
+    groups: int,
+    scaling: float | None,
+) -> torch.Tensor:
+    """The whole batch in one SDPA call: ``query [1, H, T, D]`` -> ``[1, T, H, Dv]``."""
+    rows, queries, dim = plan.rows, plan.queries, query.shape[3]
+    stacked = (
+        query[0]
+        .index_select(1, plan.gather)  # [H, R * Q, D]
+        .view(kv_heads, groups, rows, queries, dim)
+        .permute(2, 0, 1, 3, 4)
+        .reshape(rows, kv_heads, groups * queries, dim)
+    )
+    out = functional.scaled_dot_product_attention(
+        stacked, key[:rows, :, : plan.width], value[:rows, :, : plan.width], attn_mask=plan.mask, scale=scaling
+    )  # [R, kv_heads, groups * Q, Dv]
+    heads = kv_heads * groups
+    out = out.view(rows, kv_heads, groups, queries, -1).permute(0, 3, 1, 2, 4).reshape(rows * queries, heads, -1)
+    return out.index_select(0, plan.scatter)[None]
 
 
 def supports_packing(model: torch.nn.Module) -> bool:

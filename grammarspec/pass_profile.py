@@ -1,12 +1,19 @@
 """What one target pass costs by the rows it verifies, measured in a few timed passes on this machine.
 
-The rule.  Prefill a ``DynamicCache`` with ``context`` tokens; for each row
-count ``n`` run one untimed pass of ``n`` new tokens over it, then ``repeats``
-timed ones (the device synchronized before each; the cache cropped back after
-each pass), and keep the median ``t[n]``.  A timed pass is what a step spends
-on its rows: the forward, then the verification's device work on the ``n``
-rows of logits (float32, a bitmask applied, each row's best token, one host
-read, which waits for the device).  The unit is ``t[1]``.  With
+The rule.  Prefill a ``DynamicCache`` with ``context`` tokens; run one
+untimed pass of each row count ``n``, then ``repeats`` timed rounds: each
+round times one pass of every ``n`` in turn (ascending, then descending on
+the next round, so a burst of load lands on every width alike and not on a
+run of one width's repeats) and a few plain steps of the loop.  Each pass
+runs ``n`` new tokens over the cache (the device synchronized before it, the
+cache cropped back after it).  A timed pass is what a step spends on its
+rows: the forward, then the verification's device work on the ``n`` rows of
+logits (float32, a bitmask applied, each row's best token, one host read,
+which waits for the device).  ``t[n]`` is the lowest of its rounds: another
+process only ever slows a pass, so the fastest round is the one least
+disturbed.  A pass is never cheaper than a smaller one, so ``t`` is then made
+rising (the least-squares monotone fit of ``t[n] / t[1]``,
+:func:`proposers.cost.monotone_table`).  The unit is ``t[1]``.  With
 ``y[n] = t[n] / t[1]`` for ``n > 1``, fit ``y = base + per_row * max(n, min_rows)``
 by least squares (``per_row >= 0``, ``base > 0``) for each measured ``min_rows``
 and keep the one with the lowest squared error (the smallest on near-ties).
@@ -21,9 +28,11 @@ pass of a full batch (16 rows of 16 tokens).
 
 The unit is a plain step of the decoding loop, not the bare pass: a step
 also spends host time whatever its rows (the loop's bookkeeping, the
-sampler, the cache's bookkeeping), ``h`` seconds, timed as a few plain
-steps of :func:`grammarspec.decoding.decode` less ``t[1]``; every point is
-``y[n] = (t[n] + h) / (t[1] + h)``, and the extra terms below are in that
+sampler, the cache's bookkeeping), ``h`` seconds: each round times
+:data:`STEP_TOKENS` plain steps of :func:`grammarspec.decoding.decode` (the
+median step of the run), and ``h`` is the lowest round's plain step less
+``t[1]`` (never below 0); every point is ``y[n] = (t[n] + h) / (t[1] + h)``,
+and the extra terms below are in that
 unit too.  Without ``h`` a small model on a CPU, whose bare 1-row pass is
 short, would have its wide passes priced several times too high against the
 steps they replace.
@@ -59,10 +68,19 @@ All are rounded like the line (2 significant digits; 0 stays 0).
 
 :func:`stored_profile` keeps each fitted curve on disk (``pass_cost.json`` in
 the cache directory, :func:`grammarspec.loading.cache_dir`), keyed by the model,
-the device (with its name), the dtype, the thread count and the torch version:
-a machine profiles a model once, and later processes size drafts exactly as the
-first did.  Delete the file to profile again; an entry of an older
-:data:`PROFILE_FORMAT` (its terms measured another way) is profiled again.
+the device (with its name), the dtype, the thread count and the torch version,
+with what it was fitted from (the plain step's and each pass's seconds) and
+how it was measured (when, in how many rounds, the load average before and
+after): a machine profiles a model once, and later processes size drafts as
+the first did, until the passes the loop times disagree with the curve
+(:mod:`grammarspec.profile_check`: the entry is then measured again).
+``grammarspec profile --show`` prints the stored curves, ``--reset`` deletes
+them; an entry of an older :data:`PROFILE_FORMAT` (its terms measured another
+way) is profiled again.
+
+Every timing reads ``clock`` (``time.perf_counter`` unless given): tests
+give a fake clock that their fake models advance, so no test depends on the
+machine's speed or load.
 """
 
 from __future__ import annotations
@@ -73,27 +91,79 @@ import os
 import statistics
 import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from proposers.cost import PassCost
+from proposers.cost import PassCost, monotone_table
 
 from .grouped_attention import grouped_model
 from .kv_cache import cache_argument, crop_cache, input_device, new_cache
 from .sampling import row_max
 
 __all__ = [
+    "Clock",
+    "Measured",
     "PROFILE_FORMAT",
     "fit_pass_cost",
+    "forget_profile",
+    "measure_profile",
+    "profile_or_prior",
     "profile_pass_cost",
+    "reset_profiles",
+    "stored_entries",
+    "stored_measurement",
     "stored_profile",
     "profile_file",
     "profile_extra_terms",
     "step_overhead_seconds",
 ]
+
+#: Seconds from an arbitrary start, never falling (``time.perf_counter``; tests give a fake one).
+Clock = Callable[[], float]
+
+DEFAULT_CONTEXT = 128
+#: How the stored terms are measured; an entry of another format is profiled again.
+PROFILE_FORMAT = 5
+DEFAULT_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+#: Timed rounds of a profile (each times every width once and a run of plain steps).
+DEFAULT_REPEATS = 5
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A profile and what it was fitted from.
+
+    ``step_seconds``: a plain step of the loop (the unit, ``t[1] + h``);
+    ``overhead_seconds``: ``h``; ``pass_seconds``: rows -> ``t[n]``, rising.
+    ``step_seconds`` is ``None`` for the prior that stands in where the model
+    could not be profiled (nothing to check it against).  How it was measured:
+    ``measured_at`` (UTC, ISO 8601), ``rounds``, ``load_average`` (the 1-minute
+    load average before and after, where the system reports one),
+    ``measure_seconds`` (how long it took) and ``why`` (a later measurement's
+    reason).  Pure data.
+    """
+
+    cost: PassCost
+    step_seconds: float | None = None
+    overhead_seconds: float = 0.0
+    pass_seconds: dict[int, float] = field(default_factory=dict)
+    measured_at: str = ""
+    rounds: int = 0
+    load_average: tuple[float, float] | None = None
+    measure_seconds: float = 0.0
+    why: str = ""
+
+    def predicted_pass_seconds(self, rows: int) -> float | None:
+        """What the profile says the forward and verification of a pass of ``rows`` rows take (``t[rows]``, read
+        from the curve), or ``None`` without a measured unit.  Pure."""
+        if self.step_seconds is None:
+            return None
+        return self.step_seconds * self.cost.cost(rows) - self.overhead_seconds
 
 
 def profile_file() -> Path:
@@ -104,21 +174,78 @@ def profile_file() -> Path:
     return cache_dir() / "pass_cost.json"
 
 
-def stored_profile(model: Any, key: str) -> PassCost:
-    """The profile stored under ``key`` on this machine, else :func:`profile_pass_cost` stored there.
+def stored_profile(model: Any, key: str, *, clock: Clock | None = None) -> PassCost:
+    """The curve of :func:`stored_measurement`."""
+    return stored_measurement(model, key, clock=clock).cost
+
+
+def stored_measurement(model: Any, key: str, *, clock: Clock | None = None, why: str = "") -> Measured:
+    """The profile stored under ``key`` on this machine, else :func:`measure_profile` stored there.
 
     ``key`` names the model, device, dtype, thread count and torch version
-    (:func:`grammarspec.policy.batch_cost_model` builds it).  A file that
-    cannot be read or written is ignored (the profile is then this process's
-    only).  Changes the file on first use of a key.
+    (:func:`grammarspec.policy.batch_cost_model` builds it).  ``why``: measure
+    again whatever is stored, for that reason (kept in the entry).  A file
+    that cannot be read or written is ignored (the profile is then this
+    process's only).  Where the model cannot be profiled, the prior
+    :class:`PassCost` with a warning, and nothing stored (the next process
+    tries again).  Changes the file when it measures.
     """
     path = profile_file()
-    entry: Any = _read_profiles(path).get(key)
-    cost: PassCost | None = None
+    if not why:
+        found = _from_entry(_read_profiles(path).get(key))
+        if found is not None:
+            return found
+    measured = profile_or_prior(model, clock=clock, why=why)
+    if measured.step_seconds is None:  # the model refused: nothing stored (the next process tries again)
+        return measured
+    stored = _read_profiles(path)  # read again: another process may have stored a key since
+    stored[key] = _to_entry(measured)
+    _write_profiles(path, stored)
+    return measured
+
+
+def profile_or_prior(model: Any, *, clock: Clock | None = None, why: str = "") -> Measured:
+    """:func:`measure_profile` with the defaults, or, where the model refuses, the prior :class:`PassCost` (no
+    ``step_seconds``) with a warning saying why."""
+    try:
+        return measure_profile(model, clock=clock, why=why)
+    except Exception as error:  # the model refused: draft as before rather than fail the request
+        return Measured(_fallback(model, error))
+
+
+def stored_entries() -> dict[str, dict[str, Any]]:
+    """Every stored profile, by key, as kept in :func:`profile_file` (``{}`` when there is none).  Pure."""
+    return {key: entry for key, entry in _read_profiles(profile_file()).items() if isinstance(entry, dict)}
+
+
+def forget_profile(key: str) -> bool:
+    """Delete the profile stored under ``key`` (the next use measures it again); whether there was one.  Changes
+    the file."""
+    path = profile_file()
+    stored = _read_profiles(path)
+    if stored.pop(key, None) is None:
+        return False
+    _write_profiles(path, stored)
+    return True
+
+
+def reset_profiles() -> int:
+    """Delete every stored profile (the file); how many there were.  Changes the file."""
+    path = profile_file()
+    count = len(stored_entries())
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+    return count
+
+
+def _from_entry(entry: Any) -> Measured | None:
+    """The :class:`Measured` of a stored entry, or ``None`` when it is missing, of another format or not whole."""
     try:
         if entry["format"] != PROFILE_FORMAT:
             raise ValueError("measured another way")
-        return PassCost(
+        cost = PassCost(
             float(entry["base"]),
             float(entry["per_row"]),
             int(entry["min_rows"]),
@@ -127,17 +254,26 @@ def stored_profile(model: Any, key: str) -> PassCost:
             per_draft_row=float(entry["per_draft_row"]),
             table={int(rows): float(cost) for rows, cost in entry["table"].items()},
         )
-    except (ValueError, KeyError, TypeError, AttributeError):  # none stored, or not a whole curve: profile again
-        pass
-    try:
-        medians = _median_seconds(model, DEFAULT_CONTEXT, list(DEFAULT_ROWS), DEFAULT_REPEATS)
-        overhead = _overhead(model, DEFAULT_CONTEXT, medians[1], DEFAULT_REPEATS)
-        line = fit_pass_cost(medians, overhead)
-        cost = _with_terms(line, *profile_extra_terms(model, medians[1] + overhead))
-    except Exception as error:  # the model refused: the prior, and nothing stored (the next process tries again)
-        return _fallback(model, error)
-    stored = _read_profiles(path)  # read again: another process may have stored a key since
-    stored[key] = {
+        load = entry.get("load_average")
+        return Measured(
+            cost,
+            float(entry["step_ms"]) / 1000,
+            float(entry["overhead_ms"]) / 1000,
+            {int(rows): float(ms) / 1000 for rows, ms in entry["pass_ms"].items()},
+            str(entry.get("measured_at", "")),
+            int(entry.get("rounds", 0)),
+            (float(load[0]), float(load[1])) if load else None,
+            float(entry.get("measure_seconds", 0.0)),
+            str(entry.get("why", "")),
+        )
+    except (ValueError, KeyError, TypeError, AttributeError, IndexError):  # none stored, or not a whole curve
+        return None
+
+
+def _to_entry(measured: Measured) -> dict[str, Any]:
+    cost = measured.cost
+    assert measured.step_seconds is not None, "only a measured profile is stored"
+    return {
         "format": PROFILE_FORMAT,
         "base": cost.base,
         "per_row": cost.per_row,
@@ -146,22 +282,28 @@ def stored_profile(model: Any, key: str) -> PassCost:
         "per_token": cost.per_token,
         "per_draft_row": cost.per_draft_row,
         "table": {str(rows): value for rows, value in _table(cost).items()},
+        "step_ms": round(1000 * measured.step_seconds, 4),
+        "overhead_ms": round(1000 * measured.overhead_seconds, 4),
+        "pass_ms": {str(rows): round(1000 * s, 4) for rows, s in measured.pass_seconds.items()},
+        "measured_at": measured.measured_at,
+        "rounds": measured.rounds,
+        "load_average": list(measured.load_average) if measured.load_average else None,
+        "cpus": os.cpu_count(),
+        "measure_seconds": round(measured.measure_seconds, 2),
+        "why": measured.why,
     }
+
+
+def _write_profiles(path: Path, stored: dict[str, Any]) -> None:
+    """Replace the file with ``stored`` at once (a reader sees the old file or the new one); ignored if it cannot
+    be written."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
         temporary.write_text(json.dumps(stored, indent=1, sort_keys=True))
-        os.replace(temporary, path)  # atomic: a reader sees the old file or the new one
+        os.replace(temporary, path)
     except OSError:
         pass
-    return cost
-
-
-DEFAULT_CONTEXT = 128
-#: How the stored terms are measured; an entry of another format is profiled again.
-PROFILE_FORMAT = 4
-DEFAULT_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
-DEFAULT_REPEATS = 3
 
 
 def _table(cost: PassCost) -> dict[int, float]:
@@ -185,15 +327,25 @@ def _with_terms(line: PassCost, switch: float, per_token: float, per_draft_row: 
 STEP_TOKENS = 12
 
 
-def step_overhead_seconds(model: Any, context: int, pass_seconds: float, repeats: int = DEFAULT_REPEATS) -> float:
+def step_overhead_seconds(
+    model: Any, context: int, pass_seconds: float, repeats: int = DEFAULT_REPEATS, *, clock: Clock | None = None
+) -> float:
     """``h``: the seconds a plain step of the decoding loop spends beyond its 1-row pass of ``pass_seconds``.
 
-    Times :data:`STEP_TOKENS` plain, unconstrained steps of
-    :func:`grammarspec.decoding.decode` after a ``context``-token prompt (the
-    prompt pass not counted), the median per step over ``repeats`` runs after
-    an untimed one, less ``pass_seconds``; never below 0.  Does not change the
-    model.
+    The lowest of ``repeats`` runs' median plain step (:func:`_loop_step_seconds`;
+    an untimed run first), less ``pass_seconds``; never below 0.  Does not
+    change the model.
     """
+    clock = clock or time.perf_counter
+    _loop_step_seconds(model, context, clock)  # warms up, not counted
+    step = min(_loop_step_seconds(model, context, clock) for _ in range(max(repeats, 1)))
+    return max(0.0, step - pass_seconds)
+
+
+def _loop_step_seconds(model: Any, context: int, clock: Clock) -> float:
+    """The median seconds between the ends of :data:`STEP_TOKENS` plain, unconstrained steps of
+    :func:`grammarspec.decoding.decode` after a ``context``-token prompt (its pass not counted).  Does not change
+    the model."""
     from .decoding import DecodeConfig, decode
 
     config = getattr(model, "config", None)
@@ -202,26 +354,13 @@ def step_overhead_seconds(model: Any, context: int, pass_seconds: float, repeats
     if isinstance(limit, int):
         context = max(1, min(context, limit - STEP_TOKENS - 2))
     prompt = [(7 * i + 3) % vocab for i in range(context)]
-    settings = DecodeConfig(max_new_tokens=STEP_TOKENS + 1)
-    per_step = []
+    ends: list[float] = []
     with torch.inference_mode():
-        for i in range(repeats + 1):  # the first run warms up and is not counted
-            _, stats = decode(model, prompt, settings)
-            steps = stats.target_forwards - 1
-            if i and steps > 0:
-                per_step.append((stats.total_seconds - stats.first_step_seconds) / steps)
-    if not per_step:
+        decode(model, prompt, DecodeConfig(max_new_tokens=STEP_TOKENS + 1), on_step=lambda state: ends.append(clock()))
+    steps = [later - earlier for earlier, later in zip(ends, ends[1:])]  # the first end is the prompt pass's
+    if not steps:
         raise RuntimeError("the loop took no plain step to time")
-    return max(0.0, statistics.median(per_step) - pass_seconds)
-
-
-def _overhead(model: Any, context: int, pass_seconds: float, repeats: int) -> float:
-    """:func:`step_overhead_seconds`, or 0 with a warning saying why where the loop cannot run the model."""
-    try:
-        return step_overhead_seconds(model, context, pass_seconds, repeats)
-    except Exception as error:
-        _warn(model, "the decoding loop's step overhead", error)
-        return 0.0
+    return statistics.median(steps)
 
 
 def _read_profiles(path: Path) -> dict[str, Any]:
@@ -234,27 +373,68 @@ def _read_profiles(path: Path) -> dict[str, Any]:
 
 
 def profile_pass_cost(
-    model: Any, *, context: int = DEFAULT_CONTEXT, rows: Sequence[int] = DEFAULT_ROWS, repeats: int = DEFAULT_REPEATS
+    model: Any,
+    *,
+    context: int = DEFAULT_CONTEXT,
+    rows: Sequence[int] = DEFAULT_ROWS,
+    repeats: int = DEFAULT_REPEATS,
+    clock: Clock | None = None,
 ) -> PassCost:
     """Time ``model``'s passes over ``rows`` new tokens on a ``context``-token cache; the fitted :class:`PassCost`.
 
-    See the module docstring for the rule (the line, ``switch`` and ``per_token``).  ``rows`` must include 1 and a
-    larger count.  Does not change the model (a cache of its own, under
-    ``torch.inference_mode()``).  When the model's forward (or its cache)
+    :func:`measure_profile`'s curve; when the model's forward (or its cache)
     refuses, warns why and returns the prior ``PassCost()``.
     """
+    _check_settings(rows, repeats, context)
+    try:
+        return measure_profile(model, context=context, rows=rows, repeats=repeats, clock=clock).cost
+    except Exception as error:  # the model refused: draft as before rather than fail the request
+        return _fallback(model, error)
+
+
+def _check_settings(rows: Sequence[int], repeats: int, context: int) -> None:
     if 1 not in rows or max(rows) < 2 or repeats < 1 or context < 1:
         raise ValueError(
             f"profile_pass_cost needs 1 and a larger count in rows, repeats >= 1 and context >= 1; got {rows}, {repeats}, {context}"
         )
+
+
+def measure_profile(
+    model: Any,
+    *,
+    context: int = DEFAULT_CONTEXT,
+    rows: Sequence[int] = DEFAULT_ROWS,
+    repeats: int = DEFAULT_REPEATS,
+    clock: Clock | None = None,
+    why: str = "",
+) -> Measured:
+    """Time ``model``'s passes (the module's rule) and fit them: the :class:`Measured` profile.
+
+    ``rows`` must include 1 and a larger count.  Does not change the model (a
+    cache of its own, under ``torch.inference_mode()``).  Raises what the
+    model's forward raises; a term that cannot be timed is priced at 0 with a
+    warning instead.
+    """
+    _check_settings(rows, repeats, context)
+    clock = clock or time.perf_counter
+    load_before, began = _load_average(), time.monotonic()
+    measured_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    passes, step = _timed_rounds(model, context, sorted(set(rows)), repeats, clock)
+    overhead = max(0.0, step - passes[1]) if step is not None else 0.0
+    line = fit_pass_cost(passes, overhead)
+    unit = passes[1] + overhead
+    cost = _with_terms(line, *profile_extra_terms(model, unit, context=context, repeats=repeats, clock=clock))
+    load_after = _load_average()
+    load = (load_before, load_after) if load_before is not None and load_after is not None else None
+    return Measured(cost, unit, overhead, passes, measured_at, repeats, load, time.monotonic() - began, why)
+
+
+def _load_average() -> float | None:
+    """The system's 1-minute load average, or ``None`` where it reports none."""
     try:
-        medians = _median_seconds(model, context, sorted(set(rows)), repeats)
-        overhead = _overhead(model, context, medians[1], repeats)
-        line = fit_pass_cost(medians, overhead)
-    except Exception as error:  # the model refused: draft as before rather than fail the request
-        return _fallback(model, error)
-    unit = medians[1] + overhead
-    return _with_terms(line, *profile_extra_terms(model, unit, context=context, repeats=repeats))
+        return round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):
+        return None
 
 
 def _fallback(model: Any, error: Exception) -> PassCost:
@@ -269,8 +449,12 @@ def _fallback(model: Any, error: Exception) -> PassCost:
     return PassCost()
 
 
-def _median_seconds(model: Any, context: int, rows: list[int], repeats: int) -> dict[int, float]:
-    """``rows -> median seconds`` of a pass of that many new tokens over a ``context``-token cache."""
+def _timed_rounds(
+    model: Any, context: int, rows: list[int], repeats: int, clock: Clock
+) -> tuple[dict[int, float], float | None]:
+    """``rows -> t[n]`` (the lowest of ``repeats`` rounds, made rising) of a pass of that many new tokens over a
+    ``context``-token cache, and the lowest round's plain step of the loop (``None``, with a warning, where the
+    loop cannot run the model).  Each round times every width once, in turn, then the loop's steps."""
     config = getattr(model, "config", None)
     vocab = int(getattr(config, "vocab_size", 2))
     limit = getattr(config, "max_position_embeddings", None)
@@ -286,28 +470,51 @@ def _median_seconds(model: Any, context: int, rows: list[int], repeats: int) -> 
 
     cache = new_cache(model)
     argument = cache_argument(model)
-    medians: dict[int, float] = {}
-    with torch.inference_mode(), grouped_model(model):  # the attention the loop's forwards run
-        model(input_ids=ids(0, context), **{argument: cache}, use_cache=True, logits_to_keep=1)
-        for n in rows:
-            new, positions = ids(context, n), torch.arange(context, context + n, device=device).unsqueeze(0)
-            seconds = []
-            for _ in range(repeats + 1):  # the first pass warms up and is not timed
-                if synchronize is not None:
-                    synchronize()
-                start = time.perf_counter()
-                out = model(
-                    input_ids=new,
-                    **{argument: cache},
-                    position_ids=positions,
-                    use_cache=True,
-                    logits_to_keep=n,
-                )
-                _verify_rows(out.logits[0])
-                seconds.append(time.perf_counter() - start)
-                crop_cache(cache, context, "target model")
-            medians[n] = statistics.median(seconds[1:])
-    return medians
+
+    def timed(n: int) -> float:
+        new, positions = ids(context, n), torch.arange(context, context + n, device=device).unsqueeze(0)
+        if synchronize is not None:
+            synchronize()
+        start = clock()
+        out = model(input_ids=new, **{argument: cache}, position_ids=positions, use_cache=True, logits_to_keep=n)
+        _verify_rows(out.logits[0])
+        seconds = clock() - start
+        crop_cache(cache, context, "target model")
+        return seconds
+
+    seconds: dict[int, list[float]] = {n: [] for n in rows}
+    steps: list[float] = []
+    loop_runs = True
+    with torch.inference_mode():
+        with grouped_model(model):  # the attention the loop's forwards run
+            model(input_ids=ids(0, context), **{argument: cache}, use_cache=True, logits_to_keep=1)
+            for n in rows:  # warm-up, not timed
+                timed(n)
+        for round_ in range(repeats):
+            with grouped_model(model):
+                for n in rows if round_ % 2 == 0 else rows[::-1]:
+                    seconds[n].append(timed(n))
+            if loop_runs:
+                try:
+                    if round_ == 0:
+                        _loop_step_seconds(model, context, clock)  # warms the loop up, not counted
+                    steps.append(_loop_step_seconds(model, context, clock))
+                except Exception as error:
+                    _warn(model, "the decoding loop's step overhead", error)
+                    loop_runs = False
+    return _rising({n: min(s) for n, s in seconds.items()}), min(steps) if steps else None
+
+
+def _rising(seconds: Mapping[int, float]) -> dict[int, float]:
+    """``rows -> seconds`` made rising: the least-squares monotone fit of each point's ratio to the 1-row one
+    (:func:`proposers.cost.monotone_table`; no pass is cheaper than a smaller one).  Pure.
+
+    >>> _rising({1: 0.01, 2: 0.009, 4: 0.02, 8: 0.018, 16: 0.03})
+    {1: 0.01, 2: 0.01, 4: 0.019, 8: 0.019, 16: 0.03}
+    """
+    unit = seconds[1]
+    table = monotone_table({n: s / unit for n, s in seconds.items() if n > 1})
+    return {n: round(unit * ratio, 9) for n, ratio in table}
 
 
 SWITCH_BATCH = 4
@@ -317,7 +524,12 @@ EXTRA_REPEATS = 5
 
 
 def profile_extra_terms(
-    model: Any, unit: float, *, context: int = DEFAULT_CONTEXT, repeats: int = DEFAULT_REPEATS
+    model: Any,
+    unit: float,
+    *,
+    context: int = DEFAULT_CONTEXT,
+    repeats: int = DEFAULT_REPEATS,
+    clock: Clock | None = None,
 ) -> tuple[float, float, float]:
     """``(switch, per_token, per_draft_row)`` of ``model`` in plain steps of ``unit`` seconds (the module's rule).
 
@@ -326,20 +538,22 @@ def profile_extra_terms(
     a smaller difference, twice as many): a difference of two timings is
     noisier than either.  Does not change the model.
     """
-    repeats = max(repeats, EXTRA_REPEATS)
+    repeats, clock = max(repeats, EXTRA_REPEATS), clock or time.perf_counter
     try:
-        switch = max(0.0, _ragged_seconds(model, context, repeats, SWITCH_BATCH, "plain", "one")) / unit
+        switch = max(0.0, _ragged_seconds(model, context, repeats, SWITCH_BATCH, "plain", "one", clock=clock)) / unit
     except Exception as error:  # e.g. a model that takes no attention mask: it has no masked path to switch to
         _warn(model, "the masked path", error)
         switch = 0.0
     try:
         vocab = int(getattr(getattr(model, "config", None), "vocab_size", 0)) or 32
-        per_token = _host_seconds_per_token(vocab, repeats) / unit
+        per_token = _host_seconds_per_token(vocab, repeats, clock) / unit
     except Exception as error:
         _warn(model, "the host work per draft token", error)
         per_token = 0.0
     try:
-        spread = _ragged_seconds(model, context, 2 * repeats, SPREAD_BATCH, "chain", "spread", packed_only=True)
+        spread = _ragged_seconds(
+            model, context, 2 * repeats, SPREAD_BATCH, "chain", "spread", packed_only=True, clock=clock
+        )
         per_draft_row = max(0.0, spread) / (SPREAD_BATCH - 1) / unit
     except Exception as error:
         _warn(model, "drafts spread over rows", error)
@@ -373,7 +587,15 @@ def ragged_shapes(batch: int) -> dict[str, Shape]:
 
 
 def _ragged_seconds(
-    model: Any, context: int, repeats: int, batch: int, before: str, after: str, *, packed_only: bool = False
+    model: Any,
+    context: int,
+    repeats: int,
+    batch: int,
+    before: str,
+    after: str,
+    *,
+    packed_only: bool = False,
+    clock: Clock = time.perf_counter,
 ) -> float:
     """Median over paired repeats of (step ``after`` - step ``before``) of :func:`ragged_shapes`, seconds.
 
@@ -407,9 +629,9 @@ def _ragged_seconds(
         def timed(shape: Shape) -> float:
             if synchronize is not None:
                 synchronize()
-            start = time.perf_counter()
+            start = clock()
             _verify_rows(ragged.forward(*shape))
-            seconds = time.perf_counter() - start
+            seconds = clock() - start
             ragged.keep([[]] * batch)
             return seconds
 
@@ -422,7 +644,7 @@ def _ragged_seconds(
     return statistics.median(differences)
 
 
-def _host_seconds_per_token(vocab: int, repeats: int) -> float:
+def _host_seconds_per_token(vocab: int, repeats: int, clock: Clock = time.perf_counter) -> float:
     """Median seconds of the stand-in host work of one draft token: drafting it, the grammar walk's mask fill and
     accept, and its scored row's mask applied as the loop applies it (the rollback shared out)."""
     import xgrammar
@@ -454,7 +676,7 @@ def _host_seconds_per_token(vocab: int, repeats: int) -> float:
     scores = torch.zeros((len(drafted), vocab), dtype=torch.float32, device="cpu")
     seconds = []
     for _ in range(repeats + 1):  # the first round warms up and is not counted
-        start = time.perf_counter()
+        start = clock()
         draft = lookup.propose(context, None, HOST_TOKENS)
         walked = 0
         for token in draft.tokens:
@@ -466,7 +688,7 @@ def _host_seconds_per_token(vocab: int, repeats: int) -> float:
         apply_masks(scores, masks)  # one call for the step's rows, as the loop makes it
         if walked < len(drafted):
             raise RuntimeError(f"the stand-in walk took {walked} of {len(drafted)} tokens")
-        seconds.append((time.perf_counter() - start) / walked)
+        seconds.append((clock() - start) / walked)
     return statistics.median(seconds[1:])
 
 

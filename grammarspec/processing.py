@@ -47,6 +47,8 @@ import torch
 from transformers import GenerationConfig
 from transformers.generation import logits_process as lp
 
+from .host_values import to_device
+
 __all__ = ["PREFIX_FREE", "LogitsPipeline", "build_pipeline", "check_stateless", "prefix_tensors"]
 
 #: Processor classes that read only the scores (never ``input_ids``): run on all rows at once.
@@ -195,7 +197,8 @@ class LogitsPipeline:
 
 
 def prefix_tensors(prefixes: Sequence[Sequence[int]], device: torch.device | str) -> list[torch.Tensor]:
-    """Each prefix as a ``[1, L_i]`` int64 view of one right-padded ``[N, max L]`` tensor: one copy to ``device``.
+    """Each prefix as a ``[1, L_i]`` int64 view of one right-padded ``[N, max L]`` tensor: one copy to ``device``
+    (:func:`grammarspec.host_values.to_device`: it does not wait for the device).
 
     A processor reading ``ids[i]`` sees exactly row ``i``'s tokens (the
     padding lies outside its view).  Pure.
@@ -204,14 +207,22 @@ def prefix_tensors(prefixes: Sequence[Sequence[int]], device: torch.device | str
     [[[5, 6, 7]], [[5]]]
     """
     width = max((len(p) for p in prefixes), default=0)
-    padded = torch.tensor([list(p) + [0] * (width - len(p)) for p in prefixes], dtype=torch.long, device=device)
+    (flat,) = to_device([[t for p in prefixes for t in [*p, *[0] * (width - len(p))]]], device)
+    padded = flat.view(len(prefixes), width)
     return [padded[i : i + 1, : len(p)] for i, p in enumerate(prefixes)]
 
 
 def _sampling_config(params: Any, min_new_tokens: int) -> GenerationConfig:
+    """The ``GenerationConfig`` of ``params``: greedy leaves the sampling-only fields unset.
+
+    A greedy config that sets ``top_k``/``top_p``/``temperature`` makes transformers warn that they are
+    ignored, about settings the user never gave (greedy draft models use this path by default).
+    """
+    if params.greedy:
+        return GenerationConfig(do_sample=False, min_new_tokens=min_new_tokens or None)
     return GenerationConfig(
-        do_sample=not params.greedy,
-        temperature=params.temperature if not params.greedy else 1.0,
+        do_sample=True,
+        temperature=params.temperature,
         top_k=params.top_k,
         top_p=params.top_p,
         min_new_tokens=min_new_tokens or None,

@@ -29,9 +29,10 @@ from dataclasses import dataclass
 
 import torch
 
+from .host_values import to_device
 from .sampling import NoLegalTokenError, row_max
 
-__all__ = ["Segment", "target_choices", "verify_chain", "rejection_sample", "greedy_verify"]
+__all__ = ["Segment", "target_choices", "choices_and_dead_ends", "verify_chain", "rejection_sample", "greedy_verify"]
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,20 @@ def target_choices(
     sampled: Sequence[Segment] = (),
     generator: torch.Generator | None = None,
 ) -> list[int]:
+    """:func:`choices_and_dead_ends`, raising :class:`~grammarspec.sampling.NoLegalTokenError` where a row allows
+    no token (single-draft callers and tests, where that row is the whole call)."""
+    choices, dead = choices_and_dead_ends(scores, greedy, sampled, generator)
+    if any(dead):
+        raise NoLegalTokenError(f"rows {[i for i, e in enumerate(dead) if e]} allow no token")
+    return choices
+
+
+def choices_and_dead_ends(
+    scores: torch.Tensor,
+    greedy: bool | Sequence[bool],
+    sampled: Sequence[Segment] = (),
+    generator: torch.Generator | None = None,
+) -> tuple[list[int], list[bool]]:
     """The target's choice at every scored row ``[N]``: the one host transfer of a step.
 
     ``scores``: processed ``[N, V]``.  ``greedy``: for every row, or one flag
@@ -64,8 +79,13 @@ def target_choices(
     rejection accepts it (``u * q(d) < p(d)``) and else a draw from
     ``normalize(max(0, p - q))``.  Either way the choice at a row is
     distributed as ``p``; :func:`grammarspec.tree_layout.descend` follows the
-    choices down each row's tree.  A row that allows no token raises
-    :class:`~grammarspec.sampling.NoLegalTokenError` (checked inside the same transfer).
+    choices down each row's tree.  Also returns, read in the same transfer,
+    whether each row allows no token at all (a dead end: its choice means
+    nothing).  Such a row is drawn for as if it allowed every token, so the
+    generator advances exactly as for any other row -- on a CPU each row's
+    draw takes one uniform and ``V`` exponentials whatever its values, on an
+    accelerator each call advances the generator by a fixed offset -- and the
+    other rows' draws do not depend on whether some row reached a dead end.
 
     Example: p = [.5, .5] and a draft 1 drawn from q = [0, 1]: accepted with
     probability p(1)/q(1) = .5, otherwise the residual [.5, 0] gives 0.
@@ -90,8 +110,8 @@ def target_choices(
             for seg in sampled:
                 rows += range(seg.start, seg.start + len(seg.draft))
                 drafted += seg.draft
-            index = torch.tensor(rows, dtype=torch.long, device=device)
-            tokens[index] = torch.tensor(drafted, dtype=torch.long, device=device)
+            index, drafted_tokens = to_device([rows, drafted], device)  # one copy, the host's own integers
+            tokens[index] = drafted_tokens
             q = torch.zeros_like(probs)  # [N, V]: the draft distributions, 0 elsewhere
             q[index] = torch.cat([seg.draft_probs for seg in sampled if seg.draft_probs is not None]).to(
                 device=device, dtype=probs.dtype
@@ -106,12 +126,11 @@ def target_choices(
             dist = torch.where(total > 0, residual / total.clamp_min(1e-30), probs)
         choice = torch.where(accepted, tokens, _multinomial(dist, generator))
         if mixed:  # the greedy rows take their argmax (a draw was made for them too: draws are independent)
-            flags = torch.tensor(list(greedy), dtype=torch.bool, device=device)  # type: ignore[arg-type]
+            (flags,) = to_device([[int(g) for g in greedy]], device)  # type: ignore[union-attr]
+            flags = flags != 0
             choice = torch.where(flags, row_max(scores)[1].to(device), choice)
     host = torch.stack([choice, empty.long()]).tolist()  # the one host transfer
-    if any(host[1]):
-        raise NoLegalTokenError(f"rows {[i for i, e in enumerate(host[1]) if e]} allow no token")
-    return host[0]
+    return host[0], [bool(e) for e in host[1]]
 
 
 def _multinomial(dist: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:

@@ -6,6 +6,7 @@ Plain holders, no logic: :mod:`grammarspec.decoding` runs the loop over them.
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -21,6 +22,8 @@ from .stats import GenerationStats
 
 if TYPE_CHECKING:
     from .adaptive import AdaptiveController
+    from .isolation import RowFailure
+    from .profile_check import ProfileCheck
     from .step_cost import StepCostLearner
     from .step_trace import StepTrace
 
@@ -92,7 +95,8 @@ class Row:
     settings: RowSettings
     stats: GenerationStats = field(default_factory=GenerationStats)
     cached: int = 0  # leading tokens whose keys/values are in the target cache
-    finish_reason: str | None = None
+    finish_reason: str | None = None  # "error": its own work raised (``failure``; grammarspec/isolation.py)
+    failure: RowFailure | None = None
     scores: list[torch.Tensor] = field(default_factory=list)  # processed scores of committed tokens (record_scores)
     logits: list[torch.Tensor] = field(default_factory=list)  # raw logits of committed tokens (record_scores)
     state_mask: torch.Tensor | None = (
@@ -168,3 +172,5 @@ class StepResources:
     trees: bool = False  # whether tree passes can run (BatchKV.supports_trees)
     trace: StepTrace | None = None  # records each step's rows, drafts, forward and phase times (off: None)
     cost_learner: StepCostLearner | None = None  # learns the policy's step cost from the steps run (off: None)
+    clock: Callable[[], float] = time.perf_counter  # what the steps are timed by (Phases), seconds
+    profile_check: ProfileCheck | None = None  # checks the profile against a lone row's passes (off: None)

@@ -30,7 +30,8 @@ _BITS = torch.arange(32, dtype=torch.int32, device="cpu")
 
 
 class NoLegalTokenError(RuntimeError):
-    """A processed row allows no token at all (should never reach the user)."""
+    """A row's grammar allows no token where the row needs one (a dead end): the decoding loop ends that row
+    alone with ``finish_reason="error"`` (:mod:`grammarspec.isolation`)."""
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,9 @@ __all__ = ["GenerationStats", "FINISH_REASONS"]
 
 #: stop: the grammar completed (or EOS in unconstrained mode); stop_string: a stop
 #: string matched; length: max_new_tokens reached (a grammar-constrained output is
-#: then incomplete and never claimed valid).
-FINISH_REASONS = ("stop", "eos", "stop_string", "length")
+#: then incomplete and never claimed valid); error: the row's own work raised
+#: (grammarspec/isolation.py: its output is what it committed before, never valid).
+FINISH_REASONS = ("stop", "eos", "stop_string", "length", "error")
 
 
 @dataclass

@@ -9,27 +9,29 @@ samples until the step that reads the rest of its prompt.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 from grammars.base import allocate_bitmask, fill_masks
 from proposers.base import Draft, GrammarView
-from proposers.tree import DraftTree
+from proposers.tree import EMPTY_TREE, DraftTree
 
 from .bookkeeping import account, finish, record_scores
 from .commit import commit, tell
+from .isolation import contained, fail
 from .kv import BatchKV
 from .masking import apply_masks, forced_token, prune_and_fill_masks
 from .policy import Cost, batch_cost_model, drafts_could_pay, finishing_worth, plan_drafts
 from .processing import LogitsPipeline, prefix_tensors
-from .rejection import Segment, target_choices
+from .rejection import Segment, choices_and_dead_ends
 from .rows import Row, Step, StepResources
+from .sampling import NoLegalTokenError
 from .step_cost import priced_rows
 from .tree_layout import descend
 
-__all__ = ["run_step", "prompt_plan", "checked_prompt_chunk", "Phases", "leave"]
+__all__ = ["run_step", "prompt_plan", "checked_prompt_chunk", "Phases", "leave", "end_row"]
 
 #: A step that reads prompt chunks costs at most this many times the step without them (on the pass cost model):
 #: the decoding rows' per-token latency while a prompt is read, as a share of their latency without it.  The
@@ -62,7 +64,7 @@ def run_step(
     (:func:`policy.finishing_worth`).
     """
     config, eos = shared.config, shared.eos
-    phases = Phases()
+    phases = Phases(shared.clock)
     # (0) Plan: rows joining a busy batch read a chunk of their prompt; the others take a full step.
     plan = prompt_plan(model, active, shared, prompt_chunk)
     prompted = any(row.prompt_length - row.cached > 1 for row in active)  # some row feeds prompt tokens this step
@@ -72,7 +74,7 @@ def run_step(
     if not config.record_scores:
         _fill_state_masks(stepping, shared)
         for row in stepping:
-            _commit_forced(row, shared)
+            contained(row, "forced tokens", None, _commit_forced, row, shared)
     active = leave(active, kv, shared.started)
     stepping = [row for row in active if id(row) not in reading]  # in slot order, as the forward scores them
     if not stepping:  # only rows reading prompts are left: the next step plans again
@@ -84,7 +86,7 @@ def run_step(
     # plain ones, or the policy cut what the rows offered; the step is then not priced either), on a probe (the
     # learner's plain step), or where not even drafts that all survive could pay at this batch (the policy would cut
     # every token of them); a row resting after drafts cut to nothing asks for none (grammarspec/adaptive.py).
-    asks = [_ask(row) if row.proposer is not None else 0 for row in stepping]  # 0 too for a resting row
+    asks = [contained(row, "drafting", 0, _ask, row) if row.proposer is not None else 0 for row in stepping]
     kind = rows_kind(stepping) if shared.cost_learner is not None else ""  # the learner's record for these rows
     asking = any(asks)
     # A step that also reads prompts is judged as the batch its forward carries (every active row): such steps
@@ -100,21 +102,26 @@ def run_step(
             cost, asks, [len(row.pending) for row in stepping], packed=kv.packed, worth=max(worth or [1.0])
         )
     )
-    steps = [_propose(row, k, shared.trees, chains) for row, k in zip(stepping, asks)]
+    steps = [
+        contained(row, "drafting", Step(), _propose, row, k, shared.trees, chains) for row, k in zip(stepping, asks)
+    ]
     phases.lap("propose")
     # (policy) One allocation over the batch cuts each chain to what pays at this batch (grammarspec/policy.py).
     _allocate(stepping, steps, cost, packed=kv.packed, worth=worth)
 
-    # 2. Walk: one mask per scored row; each tree loses its grammar-illegal nodes.
+    # 2. Walk: one mask per scored row; each tree loses its grammar-illegal nodes.  A row that failed (here or
+    # in its draft) rides the forward with no tree and its result is dropped: the other rows' layout stands.
     masks = _masks(shared, sum(1 + len(step.tree) for step in steps))
     start = 0
     for row, step in zip(stepping, steps):
         t0 = time.perf_counter()
-        step.tree, step.ends = prune_and_fill_masks(
-            row.matcher, masks, start, step.tree, eos, row.state_mask if row.state_mask_ready else None
-        )
-        row.state_mask_ready = False
         step.start = start
+        if row.failure is None:
+            contained(row, "grammar walk", None, _walk, row, step, masks, eos)
+        if row.failure is not None:
+            step.tree, step.ends = EMPTY_TREE, []
+            masks[start] = -1  # any token: its choice is never committed
+        row.state_mask_ready = False
         step.grammar_seconds += time.perf_counter() - t0
         start += 1 + len(step.tree)
     phases.lap("walk")
@@ -145,8 +152,10 @@ def run_step(
     apply_masks(scores, masks[:start])
     _process(stepping, steps, scores[:start])
     sampled = [_segment(step) for step in steps if step.draft.probs is not None and len(step.tree)]
-    choices = target_choices(scores, _greedy_rows(stepping, steps), sampled, shared.generator)
+    choices, dead = choices_and_dead_ends(scores, _greedy_rows(stepping, steps), sampled, shared.generator)
     results = [descend(step.tree, step.ends, choices[step.start : step.start + 1 + len(step.tree)]) for step in steps]
+    stuck = [_dead_end(step, result, dead) for step, result in zip(steps, results)]
+    results = [(path, None) if dead_end else (path, token) for (path, token), dead_end in zip(results, stuck)]
     verify_seconds = time.perf_counter() - t0
     phases.lap("verify")
 
@@ -157,6 +166,9 @@ def run_step(
     outcome = iter(results)
     all_results = [next(outcome) if read is None else ([], None) for read in fed]
     committed = commit(active, everyone, all_results, kv, shared, fed)
+    for row, dead_end in zip(stepping, stuck):  # it keeps the path it accepted; no token may follow it
+        if dead_end and row.finish_reason is None:
+            fail(row, "its grammar", _no_token(row, shared))
     if config.record_scores:
         mine = [c for c, read in zip(committed, fed) if read is None]
         record_scores(stepping, steps, results, mine, logits, scores)
@@ -166,7 +178,8 @@ def run_step(
     # 6. Adapt: statistics and the controllers learn what the step cost and brought (and the step cost learner,
     # where the loop has one, what it took).
     for row, step, (path, next_token) in zip(stepping, steps, results):
-        account(row, step, path, next_token, verify_seconds, commit_seconds, shared.started)
+        if row.failure is None:
+            account(row, step, path, next_token, verify_seconds, commit_seconds, shared.started)
         phases.add_to(row.stats.phases)
     for row in active:
         if id(row) in reading:
@@ -185,6 +198,9 @@ def run_step(
             kind=kind,
             refused=cost is not None and any(len(s.offered) for s in steps) and not any(len(s.tree) for s in steps),
         )
+    if shared.profile_check is not None and len(active) == 1 and not prompted and not steps[0].is_tree:
+        # a lone row's pass, as the profile times one: its check (grammarspec/profile_check.py) reads its seconds
+        shared.profile_check.observe(len(chunks[0]), phases.seconds["forward"] + phases.seconds["verify"])
     if shared.on_step is not None:
         shared.on_step(active, kv)
     return active
@@ -277,29 +293,44 @@ def _fold_width(active: Sequence[Row], chunks: Sequence[Sequence[int]], fed: Seq
 
 
 def leave(active: list[Row], kv: BatchKV, started: float) -> list[Row]:
-    """Finished rows leave the batch (their slots are freed); returns the rest in their new slot order."""
+    """Finished rows (failed ones too) leave the batch (their slots are freed); returns the rest in their new slot
+    order.  The rows that stay keep their slots' columns and positions."""
     now = time.perf_counter()
     keep = []
     for slot, row in enumerate(active):
         if row.finish_reason is None:
             keep.append(slot)
         else:
-            tell(row)
-            finish(row, now - started)
+            end_row(row, now - started)
     if keep and len(keep) < len(active):  # the last rows keep their cache (a caller's prompt cache stays whole)
         return [active[slot] for slot in kv.select(keep)]
     return [active[slot] for slot in keep]
 
 
-class Phases:
-    """Seconds per phase of one step (a lap timer: each lap ends the named phase).  Bookkeeping only."""
+def end_row(row: Row, seconds: float) -> None:
+    """The row ended: its proposer hears its last committed tokens (a conversation keeps it for the next turn)
+    and its statistics are closed.  Changes the row and its proposer."""
+    contained(row, "proposer update", None, tell, row)
+    finish(row, seconds)
 
-    def __init__(self) -> None:
+
+def _walk(row: Row, step: Step, masks: torch.Tensor, eos: frozenset[int]) -> None:
+    """The row's tree loses its grammar-illegal nodes; its mask rows are filled from ``step.start`` on (the state's
+    mask from the forced check where it is still current).  Changes ``step`` and ``masks``."""
+    root = row.state_mask if row.state_mask_ready else None
+    step.tree, step.ends = prune_and_fill_masks(row.matcher, masks, step.start, step.tree, eos, root)
+
+
+class Phases:
+    """Seconds per phase of one step by ``clock`` (a lap timer: each lap ends the named phase).  Bookkeeping only."""
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
         self.seconds: dict[str, float] = {}
-        self._last = time.perf_counter()
+        self._clock = clock
+        self._last = clock()
 
     def lap(self, name: str) -> None:
-        now = time.perf_counter()
+        now = self._clock()
         self.seconds[name] = self.seconds.get(name, 0.0) + now - self._last
         self._last = now
 
@@ -323,13 +354,21 @@ def _process(active: Sequence[Row], steps: Sequence[Step], scores: torch.Tensor)
     step's rows; otherwise each row's pipeline runs on its own rows, with their
     prefixes: for every pipeline that reads them, views of one tensor built once
     a step (:func:`processing.prefix_tensors`), so one copy to the device serves them all.
+    Processing is each row's own: where it raises, that row fails alone (its rows keep
+    their masked scores, and its choice is never committed) -- a shared call that raises
+    is run again row by row.  A ``generate`` call's ``logits_processor=`` serves all its
+    rows, so one that raises on every row fails every row, and the call.
     """
     first = active[0].processing
     if isinstance(first, LogitsPipeline) and first.batch_key is not None:
         if all(isinstance(r.processing, LogitsPipeline) and r.processing.batch_key == first.batch_key for r in active):
-            if not first.is_identity:  # greedy with no processor: the masked float32 logits are the scores
+            if first.is_identity:  # greedy with no processor: the masked float32 logits are the scores
+                return
+            try:
                 scores[:] = first(scores, [[]] * scores.shape[0])
-            return
+                return
+            except Exception:  # each row's processing on its own rows below: the one that raises fails alone
+                pass
     todo = [
         (row, step)
         for row, step in zip(active, steps)
@@ -342,7 +381,12 @@ def _process(active: Sequence[Row], steps: Sequence[Step], scores: torch.Tensor)
     for (row, step), rows, reads in zip(todo, prefixes, readers):
         block = slice(step.start, step.start + 1 + len(step.tree))
         given: list[Any] = [next(views) for _ in rows] if reads else rows
-        scores[block] = row.processing(scores[block], given)
+        contained(row, "logits processing", None, _apply, row.processing, scores, block, given)
+
+
+def _apply(processing: Any, scores: torch.Tensor, block: slice, given: list[Any]) -> None:
+    """``processing`` on the rows ``block`` of ``scores`` (changed in place only when it returns)."""
+    scores[block] = processing(scores[block], given)
 
 
 def _prefixes(row: Row, step: Step) -> list[list[int]]:
@@ -354,6 +398,29 @@ def _prefixes(row: Row, step: Step) -> list[list[int]]:
     if isinstance(row.processing, LogitsPipeline) and not row.processing.reads_prefixes:
         return [[]] * (1 + len(tree))
     return [list(row.tokens)] + [list(row.tokens) + [tree.tokens[j] for j in tree.path(i)] for i in range(len(tree))]
+
+
+def _dead_end(step: Step, result: tuple[list[int], int | None], dead: Sequence[bool]) -> bool:
+    """Whether the row's next token comes from a scored row that allows no token (its grammar's dead end).
+
+    Only the row the next token is read from can be one: a node whose state allows no token has no kept
+    children, so no draft token is compared with a dead row's choice.
+    """
+    path, token = result
+    return token is not None and dead[step.start + (1 + path[-1] if path else 0)]
+
+
+def _no_token(row: Row, shared: StepResources) -> NoLegalTokenError:
+    """The error of a row whose grammar allows no token where the row needs one."""
+    text = ""
+    if shared.tokenizer is not None and row.generated:
+        text = f" ({shared.tokenizer.decode(row.generated[-40:])!r})"
+    return NoLegalTokenError(
+        f"the grammar allows no token after {len(row.generated)} generated tokens{text}, and the output is not "
+        "complete: the grammar backend reached a state it cannot finish (a bug in the backend, or a schema "
+        "construct it cannot complete).  Try another grammar_backend ('xgrammar', 'llguidance' or 'outlines'), "
+        "or simplify the schema."
+    )
 
 
 def _segment(step: Step) -> Segment:
@@ -376,10 +443,14 @@ def _fill_state_masks(active: Sequence[Row], shared: StepResources) -> None:
         return
     t0 = time.perf_counter()
     roots = torch.empty((len(pairs), shared.masks.shape[1]), dtype=torch.int32, device="cpu")  # host, as backends fill
-    fill_masks([matcher for _, matcher in pairs], roots, range(len(pairs)))
+    try:
+        fill_masks([matcher for _, matcher in pairs], roots, range(len(pairs)))
+    except Exception:  # some row's matcher raised: each fills its own, and the one that raises fails alone
+        for i, (row, matcher) in enumerate(pairs):
+            contained(row, "grammar mask", None, matcher.fill_mask, roots, i)
     share = (time.perf_counter() - t0) / len(pairs)
     for i, (row, _) in enumerate(pairs):
-        row.state_mask, row.state_mask_ready = roots[i : i + 1], True
+        row.state_mask, row.state_mask_ready = roots[i : i + 1], row.failure is None
         row.stats.grammar_seconds += share
 
 

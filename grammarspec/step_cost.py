@@ -73,6 +73,7 @@ seeded sample draws, then depend on measured times, which is why
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -154,7 +155,9 @@ class StepCostLearner:
     Until ``warmup`` steps are measured :meth:`cost` is the profile's.  The fit is solved when read, and
     :meth:`cost` solves it again only once ``refit_every`` steps came in since (a constrained least-squares
     solve is a few small matrix solves; a busy loop's every step observes, and the fit fades over about
-    ``1 / (1 - decay)`` steps, so a fit a few steps old prices the same).  ``observe`` changes state;
+    ``1 / (1 - decay)`` steps, so a fit a few steps old prices the same).  ``clock``: what the loop
+    times the steps it teaches by (:func:`grammarspec.decoding.decode_batch` reads it; the learner itself reads
+    no clock, it is handed seconds).  ``observe`` changes state;
     ``cost`` and ``terms`` change only that cache of the fit.
 
     >>> learner = StepCostLearner(PassCost(switch=0.1), warmup=2)
@@ -179,6 +182,7 @@ class StepCostLearner:
         min_outcomes: float = 8.0,
         refusals: float = 8.0,
         refit_every: int = 8,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         if prior_weight <= 0 or not 0 < decay <= 1 or warmup < 1 or probe_every < 1:
             raise ValueError("StepCostLearner needs prior_weight > 0, 0 < decay <= 1, warmup >= 1 and probe_every >= 1")
@@ -192,6 +196,8 @@ class StepCostLearner:
         self.probe_every, self.explore_every, self.min_outcomes = probe_every, explore_every, min_outcomes
         self.explore_most, self.refusals = explore_most, refusals
         self.refit_every = refit_every
+        #: what the loop times the steps it teaches by (seconds; tests give a fake clock)
+        self.clock = clock
         self.holds = 0  # steps held plain: drafted steps showed no gain, or the policy cut what rows offered
         #: (batch size, kind of rows) -> [steps, sum of rates, sum of squared rates] of plain steps, then of drafted
         #: ones (a step's rate: the tokens it committed a second; each sum faded by ``decay`` as its kind comes in),

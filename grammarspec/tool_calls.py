@@ -52,12 +52,18 @@ from typing import Any
 from grammars import GrammarError, tools_schema
 
 __all__ = [
+    "NO_TOOL_NOTE",
     "ToolCallError",
+    "add_note",
     "call_json",
     "chat_messages",
     "describe_tools",
     "earlier_documents",
+    "history_text",
+    "parse_cut_reply",
     "parse_tool_reply",
+    "prompt_text",
+    "template_renders_tools",
     "tool_constraint",
     "tool_format_for",
 ]
@@ -263,20 +269,101 @@ def parse_tool_reply(
     return message
 
 
-def _parse_tagged(
+def parse_cut_reply(
+    text: str, tools: Sequence[Mapping[str, Any]] | None, tool_format: str, ids: Sequence[str]
+) -> dict[str, Any]:
+    """The OpenAI assistant message for ``text`` cut short (``max_tokens``, a stop string).  Pure.
+
+    As OpenAI returns a cut call: a call whose name is complete stays a call,
+    its ``arguments`` the JSON written so far (not parseable;
+    :func:`grammarspec.partial_calls.cut_arguments`).  A call cut inside its
+    name (or before it) gives neither a call nor its text: ``content`` is
+    ``None``.  Text before any call, and a reply that is plain text, stay
+    ``content``.  ``ids`` as for :func:`parse_tool_reply`.
+    """
+    from .partial_calls import call_begun, call_prefixes, cut_arguments
+
+    calls: list[tuple[str, str]] = []
+    content: str | None = text
+    if tools and tool_format == "json":
+        calls = [(name, cut_arguments(raw)) for name, raw in call_prefixes(text)]
+        if calls or call_begun(text):
+            content = None
+    elif tools:
+        content, calls = _parse_tagged_cut(text, tools, tool_format)
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if calls:
+        if len(ids) < len(calls):
+            raise ToolCallError(f"{len(calls)} calls but only {len(ids)} ids")
+        message["tool_calls"] = [
+            {"id": ids[i], "type": "function", "function": {"name": name, "arguments": arguments}}
+            for i, (name, arguments) in enumerate(calls)
+        ]
+    return message
+
+
+def _parse_tagged_cut(
     text: str, tools: Sequence[Mapping[str, Any]], tool_format: str
-) -> tuple[str | None, list[tuple[str, Any]]]:
-    """Calls written in a model format: found by the begin/end strings of its structural tag."""
+) -> tuple[str | None, list[tuple[str, str]]]:
+    """A model-format reply cut short: its complete calls, the cut one (begin tag complete) and the text.
+
+    A begin tag names its tool, so a call whose begin tag is complete has its
+    name; text that ends inside a begin tag is a call cut inside its name and
+    is dropped.
+    """
+    from .partial_calls import cut_arguments
+
+    tags = _call_tags(tools, tool_format)
+    decoder = json.JSONDecoder()
+    calls: list[tuple[str, str]] = []
+    pieces: list[str] = []
+    pos = 0
+    while True:
+        found = [(text.find(begin, pos), begin) for begin in tags if text.find(begin, pos) >= 0]
+        if not found:
+            rest = text[pos:]
+            cut = min((i for i in range(len(rest)) if any(b.startswith(rest[i:]) for b in tags)), default=None)
+            pieces.append(rest if cut is None else rest[:cut])
+            break
+        start, begin = min(found)
+        pieces.append(text[pos:start])
+        name, end = tags[begin]
+        body = start + len(begin)
+        try:
+            arguments, stop = decoder.raw_decode(text, body)
+        except json.JSONDecodeError:  # the cut call: the last thing in the text
+            calls.append((name, cut_arguments(text[body:])))
+            break
+        calls.append((name, json.dumps(arguments, ensure_ascii=False)))
+        if end.startswith(text[stop:]):  # cut inside the call's end tag
+            break
+        pos = stop + len(end) if text.startswith(end, stop) else stop
+    joined = "".join(pieces)
+    if not calls:
+        return joined if joined or not text else None, calls
+    return joined.strip() or None, calls
+
+
+def _call_tags(tools: Sequence[Mapping[str, Any]], tool_format: str) -> dict[str, tuple[str, str]]:
+    """``begin -> (tool name, end)`` of a model format's call tags (its structural tag's)."""
     from xgrammar.builtin_structural_tag import get_model_structural_tag
 
     tag = get_model_structural_tag(
         tool_format, tools=[dict(t) for t in tools], tool_choice="auto", reasoning="disabled"
     )
-    tags = {}  # begin -> (name, end)
+    tags = {}
     for item in _tag_formats(tag.format):
         name = _tool_named(item.begin, tools)
         if name is not None and isinstance(item.begin, str):
             tags[item.begin] = (name, item.end if isinstance(item.end, str) else item.end[0])
+    return tags
+
+
+def _parse_tagged(
+    text: str, tools: Sequence[Mapping[str, Any]], tool_format: str
+) -> tuple[str | None, list[tuple[str, Any]]]:
+    """Calls written in a model format: found by the begin/end strings of its structural tag."""
+    tags = _call_tags(tools, tool_format)
     decoder = json.JSONDecoder()
     calls: list[tuple[str, Any]] = []
     pieces: list[str] = []
@@ -341,6 +428,36 @@ def call_json(tool_calls: Sequence[Mapping[str, Any]]) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
+def history_text(tool_calls: Sequence[Mapping[str, Any]]) -> str:
+    """:func:`call_json`, or for calls cut short (arguments that do not parse) the text as far as it went.  Pure.
+
+    How an assistant message's ``tool_calls`` read in the next turn's prompt
+    (``"json"`` format): a cut call is written as the grammar wrote it, up to
+    where it stopped.
+
+    >>> history_text([{"function": {"name": "f", "arguments": '{"x": "Os'}}])
+    '{"name":"f","arguments":{"x":"Os'
+    """
+    from .partial_calls import compact_prefix
+
+    try:
+        return call_json(tool_calls)
+    except ToolCallError:
+        pass
+    pieces = []
+    for call in tool_calls:
+        function = call.get("function") or {}
+        arguments = function.get("arguments", "")
+        head = '{"name":' + json.dumps(function.get("name"), ensure_ascii=False) + ',"arguments":'
+        try:
+            parsed = json.loads(arguments) if isinstance(arguments, str) else arguments
+        except json.JSONDecodeError:  # the cut call: the last one written
+            pieces.append(head + compact_prefix(arguments))
+            break
+        pieces.append(head + json.dumps(parsed, separators=(",", ":"), ensure_ascii=False) + "}")
+    return ("[" if len(tool_calls) > 1 else "") + ",".join(pieces)
+
+
 def earlier_documents(messages: Sequence[Any]) -> tuple[str, ...]:
     """The JSON documents of the assistant messages in ``messages``, oldest first.  Pure.
 
@@ -370,6 +487,63 @@ def earlier_documents(messages: Sequence[Any]) -> tuple[str, ...]:
                 continue
             out.append(content.strip())
     return tuple(out)
+
+
+#: What the last user message says in a ``tool_choice="none"`` turn of a conversation with tools.
+NO_TOOL_NOTE = "Answer in plain text now; do not call a tool."
+
+
+def add_note(rendered: list[dict[str, Any]], note: str) -> None:
+    """Append ``note`` to the last user message of ``rendered`` (a rendered copy; a system message if none)."""
+    for message in reversed(rendered):
+        if message.get("role") == "user" and isinstance(message.get("content"), str):
+            message["content"] += "\n\n" + note
+            return
+    rendered.append({"role": "system", "content": note})
+
+
+def prompt_text(
+    tokenizer: Any,
+    messages: Sequence[Mapping[str, Any]],
+    tools: Sequence[Mapping[str, Any]] | None,
+    tool_format: str,
+    tool_choice: Any = "auto",
+    *,
+    describe: bool = False,
+) -> str:
+    """The chat template's text of ``messages`` with the assistant turn opened.  Pure.
+
+    What :class:`grammarspec.Conversation` and the server both read.  The
+    tools are offered as the format wants them: described in the system
+    message (``"json"``, or ``describe``: a model format whose template drops
+    ``tools=``), else given to the template as ``tools=``.  Under
+    ``tool_choice="none"`` no tool is offered, so nothing in the prompt asks
+    for a call (a template's tool section is its call format): the
+    conversation renders as without tools (earlier calls and results stay
+    in it) and the last user message gets :data:`NO_TOOL_NOTE`.
+    """
+    from .templates import fit_messages
+
+    offered = [dict(t) for t in tools] if tools and tool_choice != "none" else None
+    rendered = chat_messages(messages, offered, tool_format)
+    if tools and not offered:
+        add_note(rendered, NO_TOOL_NOTE)
+    if offered and describe and tool_format != "json":  # the template drops tools=: describe them ourselves
+        description = describe_tools(offered)  # one text for "auto" and "required": the turns share the cache
+        if rendered and rendered[0]["role"] == "system":
+            rendered[0]["content"] += "\n\n" + description
+        else:
+            rendered.insert(0, {"role": "system", "content": description})
+    extra = {"tools": offered} if offered and tool_format != "json" else {}
+    rendered = fit_messages(tokenizer, rendered)  # what the template drops goes into a user turn
+    return str(tokenizer.apply_chat_template(rendered, tokenize=False, add_generation_prompt=True, **extra))
+
+
+def template_renders_tools(tokenizer: Any, tools: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether the chat template writes ``tools=`` into the prompt (SmolLM2's does not)."""
+    probe = [{"role": "user", "content": "hi"}]
+    render = tokenizer.apply_chat_template
+    return bool(render(probe, tokenize=False, tools=[dict(t) for t in tools]) != render(probe, tokenize=False))
 
 
 def describe_tools(tools: Sequence[Mapping[str, Any]], text_allowed: bool = True) -> str:
@@ -404,7 +578,7 @@ def chat_messages(
             content = json.dumps(content, ensure_ascii=False)
         if tool_format == "json" and m["role"] == "assistant" and m.get("tool_calls"):
             prefix = (content or "").strip()
-            content = (prefix + "\n" if prefix else "") + call_json(m.pop("tool_calls"))
+            content = (prefix + "\n" if prefix else "") + history_text(m.pop("tool_calls"))
         if tool_format == "json":
             m.pop("tool_call_id", None)
         elif m.get("tool_calls"):  # chat templates write the arguments themselves (``| tojson``): give a dict
@@ -423,7 +597,10 @@ def chat_messages(
 def _with_parsed_arguments(call: Mapping[str, Any]) -> dict[str, Any]:
     function = dict(call.get("function") or {})
     if isinstance(function.get("arguments"), str):
-        function["arguments"] = json.loads(call_json([call]))["arguments"]
+        try:
+            function["arguments"] = json.loads(call_json([call]))["arguments"]
+        except ToolCallError:  # a call cut short: its text as it went
+            pass
     return {**call, "function": function}
 
 

@@ -26,7 +26,6 @@ if TYPE_CHECKING:
 
     from .cost import PassCost
     from .text import SplitPreferences
-    from .tree import DraftTree
 
 __all__ = [
     "Draft",
@@ -34,6 +33,8 @@ __all__ = [
     "GrammarView",
     "Proposer",
     "EMPTY_DRAFT",
+    "DraftTree",
+    "EMPTY_TREE",
     "TreeDrafter",
     "ProposerGroup",
     "ModelDrafter",
@@ -192,12 +193,153 @@ class Proposer(Protocol):
         """
 
 
+@dataclass(frozen=True)
+class DraftTree:
+    """A frozen token tree in depth-first order; see :mod:`proposers.tree`.
+
+    ``tokens[i]`` is node ``i``'s token, ``parents[i]`` its parent node
+    (``-1``: a child of the committed context, i.e. a first draft token).
+    ``sources[i]`` names the proposer behind node ``i`` (statistics).
+    """
+
+    tokens: tuple[int, ...] = ()
+    parents: tuple[int, ...] = ()
+    sources: tuple[str, ...] = ()
+    kind: str = ""
+
+    def __post_init__(self) -> None:
+        if len(self.parents) != len(self.tokens):
+            raise ValueError(f"DraftTree has {len(self.tokens)} tokens but {len(self.parents)} parents")
+        if self.sources and len(self.sources) != len(self.tokens):
+            raise ValueError("DraftTree.sources must name one proposer per node")
+        seen: set[tuple[int, int]] = set()
+        for i, (parent, token) in enumerate(zip(self.parents, self.tokens)):
+            if not -1 <= parent < i:
+                raise ValueError(f"node {i} has parent {parent}: a parent must come before its child (or be -1)")
+            if (parent, token) in seen:
+                raise ValueError(f"node {i} repeats token {token} under parent {parent}: siblings must differ")
+            seen.add((parent, token))
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def is_chain(self) -> bool:
+        """Whether the tree has one branch (``parents == (-1, 0, 1, ...)``)."""
+        return all(p == i - 1 for i, p in enumerate(self.parents))
+
+    def depths(self) -> list[int]:
+        """Depth of each node (0: a first draft token)."""
+        out: list[int] = []
+        for p in self.parents:
+            out.append(0 if p < 0 else out[p] + 1)
+        return out
+
+    def path(self, node: int) -> list[int]:
+        """Node indices from the root's child down to ``node`` (``[]`` for ``-1``)."""
+        out = []
+        while node >= 0:
+            out.append(node)
+            node = self.parents[node]
+        return out[::-1]
+
+    def children(self, node: int) -> dict[int, int]:
+        """Token -> child node index, for ``node`` (``-1``: the context)."""
+        return {t: i for i, (p, t) in enumerate(zip(self.parents, self.tokens)) if p == node}
+
+    def width(self) -> int:
+        """Number of leaves (branches)."""
+        parents = set(self.parents)
+        return sum(1 for i in range(len(self)) if i not in parents)
+
+    def truncate(self, size: int) -> DraftTree:
+        """The first ``size`` nodes (a tree again: parents come first)."""
+        if size >= len(self):
+            return self
+        return DraftTree(self.tokens[:size], self.parents[:size], self.sources[:size], self.kind)
+
+    def keep(self, kept: Sequence[bool]) -> DraftTree:
+        """The nodes with ``kept[i]`` whose ancestors are all kept, re-indexed."""
+        index: dict[int, int] = {-1: -1}
+        tokens: list[int] = []
+        parents: list[int] = []
+        sources: list[str] = []
+        for i, (p, t) in enumerate(zip(self.parents, self.tokens)):
+            if kept[i] and p in index:
+                index[i] = len(tokens)
+                tokens.append(t)
+                parents.append(index[p])
+                if self.sources:
+                    sources.append(self.sources[i])
+        return DraftTree(tuple(tokens), tuple(parents), tuple(sources), self.kind)
+
+    def as_draft(self) -> Draft:
+        """The tree as a chain :class:`Draft`; raises ``ValueError`` if it branches."""
+        if not self.is_chain:
+            raise ValueError("this DraftTree branches; verify it with grammarspec.tree_layout")
+        return Draft(tokens=self.tokens, sources=self.sources, kind=self.kind)
+
+    @staticmethod
+    def from_draft(draft: Draft) -> DraftTree:
+        """A chain tree from a deterministic :class:`Draft` (``probs`` must be ``None``)."""
+        if draft.probs is not None:
+            raise ValueError("a sampled draft (probs given) cannot become a DraftTree; verify it as a chain")
+        n = len(draft)
+        return DraftTree(draft.tokens, tuple(range(-1, n - 1)), draft.sources, draft.kind)
+
+    @staticmethod
+    def from_paths(
+        paths: Sequence[Sequence[int]], sources: Sequence[str] = (), size: int | None = None, kind: str = ""
+    ) -> DraftTree:
+        """A trie of ``paths`` (common prefixes shared), the first path first; at most ``size`` nodes.
+
+        ``sources[j]`` names path ``j``'s proposer.  Depth-first order: each
+        path's new nodes follow the nodes it shares, so the primary (first)
+        path is whole before any alternative, and cutting to ``size`` drops
+        alternatives first.
+
+        >>> t = DraftTree.from_paths([[5, 6, 7], [5, 8]])
+        >>> t.tokens, t.parents
+        ((5, 6, 7, 8), (-1, 0, 1, 0))
+        """
+        # Build the trie, then lay it out depth-first with the first path's children first.
+        children: dict[int, list[tuple[int, int]]] = {-1: []}  # node -> [(token, node)]
+        tokens: list[int] = []
+        owner: list[str] = []
+        for j, path in enumerate(paths):
+            node = -1
+            for token in path:
+                found = next((c for t, c in children[node] if t == int(token)), None)
+                if found is None:
+                    found = len(tokens)
+                    tokens.append(int(token))
+                    owner.append(sources[j] if j < len(sources) else "")
+                    children[node].append((int(token), found))
+                    children[found] = []
+                node = found
+        out_tokens: list[int] = []
+        out_parents: list[int] = []
+        out_sources: list[str] = []
+        stack: list[tuple[int, int]] = [(c, -1) for _, c in reversed(children[-1])]
+        while stack and (size is None or len(out_tokens) < size):
+            node, parent = stack.pop()
+            me = len(out_tokens)
+            out_tokens.append(tokens[node])
+            out_parents.append(parent)
+            out_sources.append(owner[node])
+            stack.extend((c, me) for _, c in reversed(children[node]))
+        return DraftTree(tuple(out_tokens), tuple(out_parents), tuple(out_sources) if sources else (), kind)
+
+
+EMPTY_TREE = DraftTree()
+
+
 # -- optional capabilities: typed extensions of the protocol (the loop tests them with isinstance) --------
 
 
 @runtime_checkable
 class TreeDrafter(Proposer, Protocol):
-    """A proposer that may draft a token tree (:class:`proposers.tree.DraftTree`) instead of a chain."""
+    """A proposer that may draft a token tree (:class:`DraftTree`) instead of a chain."""
 
     def propose_tree(self, context: Sequence[int], grammar: GrammarView | None, k: int) -> Draft | DraftTree:
         """A tree at most ``k`` deep, or a chain :class:`Draft` (sampled drafts always stay chains).

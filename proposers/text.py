@@ -19,10 +19,11 @@ from __future__ import annotations
 import bisect
 import threading
 import weakref
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from grammars.lru import LRU
 
 __all__ = ["TokenText", "token_text", "continuation_tokens", "token_sources", "SplitPreferences", "SplitMemory"]
 
@@ -50,9 +51,9 @@ class TokenText:
         # The raw ``tokenizers.Tokenizer`` is ~2x faster than the HF wrapper.
         self._backend = getattr(tokenizer, "_tokenizer", None)
         self._lock = threading.Lock()
-        self._cache: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        self._cache: LRU[str, tuple[int, ...]] = LRU(_ENCODE_CACHE_SIZE)
         # (context tail, text) -> continuation_tokens' answer: a pure function of them and the tokenizer.
-        self._continuations: OrderedDict[tuple[tuple[int, ...], str], tuple[int, ...]] = OrderedDict()
+        self._continuations: LRU[tuple[tuple[int, ...], str], tuple[int, ...]] = LRU(_CONTINUATION_CACHE_SIZE)
         self._bytes: list[bytes] | None = None
         self._sorted: tuple[list[bytes], list[int]] | None = None
         self._extensions: dict[int, tuple[int, ...]] = {}  # token -> extensions(token)
@@ -99,16 +100,13 @@ class TokenText:
         with self._lock:
             ids = self._cache.get(text)
             if ids is not None:
-                self._cache.move_to_end(text)
                 return ids
         if self._backend is not None:
             ids = tuple(self._backend.encode(text, add_special_tokens=False).ids)
         else:
             ids = tuple(self._ref().encode(text, add_special_tokens=False))
         with self._lock:
-            self._cache[text] = ids
-            if len(self._cache) > _ENCODE_CACHE_SIZE:
-                self._cache.popitem(last=False)
+            self._cache.put(text, ids)
         return ids
 
     def continuation(self, tail: tuple[int, ...], text: str) -> list[int]:
@@ -124,13 +122,10 @@ class TokenText:
         with self._lock:
             found = self._continuations.get(key)
             if found is not None:
-                self._continuations.move_to_end(key)
                 return list(found)
         found = self._continuation(tail, text)
         with self._lock:
-            self._continuations[key] = found
-            if len(self._continuations) > _CONTINUATION_CACHE_SIZE:
-                self._continuations.popitem(last=False)
+            self._continuations.put(key, found)
         return list(found)
 
     @property

@@ -86,8 +86,11 @@ def server_process(
 
 
 @contextlib.contextmanager
-def serve_process(*args: str, memory_cap: int = MEMORY_CAP, start_timeout: float = 300.0) -> Iterator[tuple[str, int]]:
-    """``grammarspec serve`` with ``args``; yields ``(base_url, pid)`` once ``/health`` answers; stops it after."""
+def serve_process(
+    *args: str, memory_cap: int = MEMORY_CAP, start_timeout: float = 300.0, env: dict[str, str] | None = None
+) -> Iterator[tuple[str, int]]:
+    """``grammarspec serve`` with ``args`` (``env``: its environment; default: this one's); yields ``(base_url, pid)``
+    once ``/health`` answers; stops it after."""
     port = free_port()
     command = [
         str(Path(sys.executable).parent / "grammarspec"),
@@ -99,7 +102,7 @@ def serve_process(*args: str, memory_cap: int = MEMORY_CAP, start_timeout: float
         "warning",
         *args,
     ]
-    with server_process(command, port, memory_cap=memory_cap, start_timeout=start_timeout) as started:
+    with server_process(command, port, memory_cap=memory_cap, start_timeout=start_timeout, env=env) as started:
         yield started
 
 

@@ -7,6 +7,7 @@ random model: no real model needed.
 
 from __future__ import annotations
 
+import json
 import re
 import warnings
 
@@ -19,7 +20,7 @@ import grammarspec
 from grammars import BACKENDS, GrammarError, compile_grammar, grammar_spec
 from grammars.suggest import decodes
 
-#: ``a -> b -> a`` with no base case: xgrammar refuses it ("Circular $ref chain").
+#: ``a -> b -> a`` with no base case: it describes no value.
 REF_CYCLE = {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}
 
 
@@ -83,24 +84,41 @@ def test_an_optional_empty_enum_suggests_backends_that_compile_and_generate_it(t
         assert stats.grammar_backend == backend and stats.new_tokens > 0  # it generated on the suggested backend
 
 
-def test_a_ref_cycle_suggests_no_backend_whose_grammar_cannot_decode(tok):
-    """xgrammar refuses a -> b -> a; a backend that compiles it but accepts no first token is not suggested."""
-    message = refusal(REF_CYCLE, tok)
-    named = suggested(message)
+def test_a_ref_cycle_is_refused_before_any_backend_naming_the_chain(tok):
+    """a -> b -> a describes no value: refused the same way whatever the backend, so nothing is suggested."""
     for backend in BACKENDS:
-        if backend == "xgrammar":
-            continue
-        compiled = compiled_or_none(REF_CYCLE, tok, backend)
-        works = compiled is not None and decodes(compiled)
-        assert (backend in named) == works, (backend, message)
-        if compiled is not None and not works:  # llguidance today: it compiles, and only EOS is "legal" (and refused)
-            assert f"{backend} compiles it, but its grammar accepts no first token" in message, message
-    assert not named and "No other backend compiles it either into a grammar that can decode" in message, message
+        message = refusal(REF_CYCLE, tok, backend)
+        assert "circular $ref chain" in message and "#/$defs/a -> #/$defs/b -> #/$defs/a" in message, message
+        assert suggested(message) == [], message
+
+
+def raw_llguidance(schema: dict, tok):
+    """llguidance's own grammar for ``schema``, without the schema check and the adapter's first-mask check."""
+    import llguidance
+
+    from grammars.llguidance_backend import LLGuidanceCompiled, grammar_text, prepare
+    from grammars.spec import GrammarSpec
+
+    prepared = prepare(tok, len(tok), (tok.eos_token_id,))
+    text = grammar_text(GrammarSpec("json_schema", json.dumps(schema)))
+    return LLGuidanceCompiled(llguidance.LLMatcher(prepared.tokenizer, text, log_level=0), prepared, ())
 
 
 def test_decodes_tells_a_grammar_that_accepts_a_first_token(tok):
     assert decodes(compile_grammar(grammar_spec(schema={"type": "integer"}), tok, backend="llguidance"))
-    cycle = compile_grammar(grammar_spec(schema=REF_CYCLE), tok, backend="llguidance")  # compiles, accepts nothing
-    matcher = cycle.matcher()
-    assert not any(matcher.fork().accept(token) for token in matcher.allowed_tokens().tolist())
+    cycle = raw_llguidance(REF_CYCLE, tok)  # llguidance compiles it and stops with an error at the first mask
+    with pytest.raises(GrammarError, match="llguidance stopped with an error"):  # not a mask of EOS alone
+        cycle.matcher().allowed_tokens()
     assert not decodes(cycle)
+
+
+def test_llguidance_refuses_a_grammar_that_allows_no_first_token(tok):
+    """The adapter's own check, for a spec that did not come through grammar_spec's schema check."""
+    from grammars.llguidance_backend import compile_spec, prepare
+    from grammars.spec import GrammarSpec
+
+    prepared = prepare(tok, len(tok), (tok.eos_token_id,))
+    with pytest.raises(
+        GrammarError, match="llguidance compiles the JSON schema, but its grammar allows no first token"
+    ):
+        compile_spec(prepared, GrammarSpec("json_schema", json.dumps(REF_CYCLE)), len(tok), (tok.eos_token_id,))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from grammarspec import cli
+from grammarspec import cli, cli_common
 from grammarspec.bench.agent import agent_markdown, run_agent_bench
 from grammarspec.bench.agent_tasks import CONVERSATIONS, TOOLS, ModelTurn, run_tool
 
@@ -21,7 +21,7 @@ def test_the_conversations_have_four_model_turns_and_real_tools():
 
 
 def test_unknown_conversations_are_refused_before_the_model_loads(capsys, monkeypatch):
-    monkeypatch.setattr(cli, "_load", lambda *a, **k: pytest.fail("the model was loaded"))
+    monkeypatch.setattr(cli_common, "load", lambda *a, **k: pytest.fail("the model was loaded"))
     assert cli.main(["bench-agent", "--conversations", "weather,nope"]) == 2
     assert "unknown nope" in capsys.readouterr().err
 

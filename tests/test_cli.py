@@ -7,7 +7,7 @@ import json
 import jsonschema
 import pytest
 
-from grammarspec import cli
+from grammarspec import cli, cli_common
 
 PERSON = {
     "type": "object",
@@ -38,7 +38,7 @@ def no_model(monkeypatch):
     def refuse(name, what="--model", **placement):
         raise AssertionError("the model was loaded although the arguments were wrong")
 
-    monkeypatch.setattr(cli, "_load", refuse)
+    monkeypatch.setattr(cli_common, "load", refuse)
 
 
 def _exit(argv, capsys):
@@ -126,7 +126,7 @@ def test_bench_argument_errors(tmp_path, capsys, no_model):
 @pytest.fixture
 def smol_cli(smol, monkeypatch):
     """The CLI, loading the session's model instead of a fresh copy."""
-    monkeypatch.setattr(cli, "_load", lambda name, what="--model", **placement: smol)
+    monkeypatch.setattr(cli_common, "load", lambda name, what="--model", **placement: smol)
     return smol
 
 
@@ -226,7 +226,7 @@ def toy_cli(monkeypatch):
 
     tok = toy_tokenizer()
     monkeypatch.setattr(
-        cli, "_load", lambda name, what="--model", **placement: (tiny_llama(toy_vocab_size(), seed=0), tok)
+        cli_common, "load", lambda name, what="--model", **placement: (tiny_llama(toy_vocab_size(), seed=0), tok)
     )
 
 

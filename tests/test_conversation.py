@@ -189,3 +189,30 @@ def test_a_draft_model_keeps_its_cache_across_turns(smol):
     # target reads again too (a "none" turn's note to its last user message is not kept, so that turn is re-read).
     assert third.reused_tokens > 0.6 * third.prompt_tokens
     assert 0 < sum(fed) < third.prompt_tokens - third.reused_tokens + 2 * len(third.tokens)
+
+
+def test_a_call_cut_by_max_new_tokens_stays_a_call_and_the_next_turn_reads_it(smol):
+    """OpenAI's rule at every cut: a complete name keeps the call (arguments so far, finish "length"); a call cut
+    inside its name is neither a call nor text."""
+    model, tok = smol
+    conv = grammarspec.Conversation(model, tok, tools=TOOLS, assistant=None)
+    conv.add_user("What is the weather in Oslo?")
+    full = conv.reply(tool_choice="required", max_new_tokens=64, append=False)
+    assert full.finish_reason == "tool_calls"
+    ((final,),) = [full.tool_calls]
+    text = tok.decode(full.tokens, skip_special_tokens=True)
+    for n in range(1, len(full.tokens)):
+        cut = conv.reply(tool_choice="required", max_new_tokens=n, append=False)
+        assert cut.tokens == full.tokens[:n] and cut.finish_reason == "length" and cut.content is None, (n, cut)
+        named = '"name":"get_weather"' in tok.decode(cut.tokens, skip_special_tokens=True)
+        assert len(cut.tool_calls) == named, (n, cut.message)
+        if named:
+            arguments = cut.tool_calls[0]["function"]["arguments"]
+            assert cut.tool_calls[0]["function"]["name"] == "get_weather"
+            assert final["function"]["arguments"].startswith(arguments) and text.startswith('{"name":"get_weather"')
+    cut = conv.reply(tool_choice="required", max_new_tokens=len(full.tokens) - 3)
+    assert cut.tool_calls and cut.finish_reason == "length"
+    conv.add_tool_result(cut.tool_calls[0]["id"], "the call was cut short")
+    conv.add_user("Try again.")
+    assert tok.decode(full.tokens[: len(full.tokens) - 3]).strip() in tok.decode(conv.prompt_ids())  # as written
+    assert conv.reply(tool_choice="required", max_new_tokens=64).finish_reason == "tool_calls"

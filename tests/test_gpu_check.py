@@ -76,6 +76,8 @@ def toy_run(monkeypatch, tmp_path):
                 "0",
                 "--sweep-levels",
                 "",
+                "--profile-levels",
+                "",
                 *extra,
             ]
         )
@@ -154,3 +156,62 @@ def test_the_sweep_serves_a_saved_random_model_on_the_device_and_keeps_its_profi
     model, loaded = load_model(options["--model"], dtype="bfloat16")
     assert next(model.parameters()).dtype == torch.bfloat16 and len(loaded) == len(tok)
     assert (tmp_path / "out" / "pass_cost.json").exists()  # the server's measured profile, beside the report
+
+
+def test_the_step_profile_times_plain_and_drafted_steps_inside_the_step(monkeypatch, smol):
+    """On the CPU (perf_counter's clock): at each level, plain and drafted runs whose every step has its phases
+    timed, the drafted ones drafting and ragged; on the random-weight model and on the trained SmolLM2."""
+    model, tok = smol
+    monkeypatch.setattr(gpu_check, "build_model", lambda device, dtype, **kw: tiny_llama(len(tok), seed=4).to(dtype))
+    monkeypatch.setattr(gpu_check, "trained_model", lambda device: (model, tok))
+    profile = gpu_check.profiles(tok, "cpu", (1, 2), 2, 6, "small")
+    assert sorted(profile) == ["random small", "trained smollm2-135m"]
+    for levels in profile.values():
+        assert [level["C"] for level in levels] == [1, 2]
+        for level in levels:
+            assert level["pairs"] == 2 and len(level["drafted_in_plain_steps"]) == 2
+            assert all(r is not None and r > 0 for r in level["drafted_in_plain_steps"])
+            plain, drafted = level["plain"], level["drafted"]
+            assert plain["steps"] > 0 and drafted["steps"] > 0
+            for arm in (plain, drafted):
+                assert arm["step_ms"] > 0 and arm["device_ms"]["forward"] > 0 and arm["host_ms"]["forward"] > 0
+                assert set(arm["device_ms"]) >= {"forward", "walk", "verify", "commit", "propose"}
+                assert arm["host_syncs_per_step"] is None  # counted on CUDA only
+            assert plain["drafted_per_step"] == 0 and drafted["drafted_per_step"] > 0
+            if level["C"] > 1:
+                assert drafted["ragged_steps"] > 0  # rows of different lengths: the packed forward
+    table = "\n".join(gpu_check.profile_lines(profile))
+    assert table.count("| trained smollm2-135m |") == 4 and table.count("| random small |") == 4
+
+
+def test_the_step_clock_reads_cuda_events_and_sync_counts(monkeypatch):
+    """On CUDA the clock reads each lap's event pair and counts the step's synchronisation warnings (faked here:
+    the arithmetic, not the device, is what a CPU can check)."""
+    import warnings
+
+    class Event:
+        def __init__(self, at):
+            self.at = at
+
+        def elapsed_time(self, other):
+            return other.at - self.at
+
+    class Phases:
+        seconds = {"walk": 0.001, "forward": 0.002}
+        events = [("", Event(0.0)), ("walk", Event(1.5)), ("forward", Event(4.0))]
+
+    class Row:
+        class stats:
+            proposed = {"x": 3}
+
+    class KV:
+        last_pass = (2, 4, True)
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    clock = gpu_check.StepClock("cuda")
+    clock._current = Phases()
+    clock._caught = [warnings.WarningMessage("called a synchronizing CUDA operation", UserWarning, "x", 1)]
+    clock.on_step([Row(), Row()], KV())
+    (step,) = clock.steps
+    assert step["device_ms"] == {"walk": 1.5, "forward": 2.5} and step["host_ms"] == {"walk": 1.0, "forward": 2.0}
+    assert step["host_syncs"] == 1 and step["rows"] == 2 and step["ragged"] and clock._caught == []

@@ -468,3 +468,38 @@ def test_token_type_ids_from_the_tokenizer_are_accepted(tok):
     assert torch.equal(grammarspec.generate(model, **enc, max_new_tokens=6), hf)
     with pytest.raises(ValueError, match="token_type_ids"):
         grammarspec.generate(model, **dict(enc, token_type_ids=torch.ones_like(enc["input_ids"])), max_new_tokens=6)
+
+
+def test_default_settings_with_a_draft_model_log_no_transformers_warning(model, tok):
+    """A greedy draft model builds its processing from default ``SamplingParams``: no ``top_k`` the user never set."""
+    import logging
+
+    from transformers.utils import logging as hf_logging
+
+    class Records(logging.Handler):
+        def __init__(self) -> None:
+            super().__init__(logging.WARNING)
+            self.messages: list[str] = []
+
+        def emit(self, record: logging.LogRecord) -> None:
+            self.messages.append(record.getMessage())
+
+    hf_logging.warning_once.cache_clear()  # a warning an earlier test logged would otherwise not come again
+    records = Records()
+    root = hf_logging.get_logger("transformers")
+    root.addHandler(records)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            grammarspec.generate(
+                model,
+                tok("hello", return_tensors="pt").input_ids,
+                tokenizer=tok,
+                schema=SCHEMA,
+                assistant=tiny_llama(V, seed=1),
+                max_new_tokens=8,
+            )
+    finally:
+        root.removeHandler(records)
+    flagged = [m for m in records.messages + [str(w.message) for w in caught] if "top_k" in m or "top_p" in m]
+    assert not flagged, flagged

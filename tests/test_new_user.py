@@ -16,7 +16,6 @@ from toy_models import tiny_llama
 from transformers import DynamicCache, GenerationConfig
 
 import grammarspec
-from grammarspec.kv_cache import common_prefix_length
 
 
 @pytest.fixture(scope="module")
@@ -245,18 +244,19 @@ def test_reply_with_a_schema_in_a_tool_conversation_names_the_real_conflict(chat
     assert out.content == "null"
 
 
-def test_tool_choice_none_tells_the_model_not_to_call_and_keeps_the_cached_prefix(chat):
+def test_tool_choice_none_offers_no_call_format_and_tells_the_model_not_to_call(chat):
     from grammarspec.conversation import NO_TOOL_NOTE
 
     model, tok = chat
-    conv = grammarspec.Conversation(model, tok, tools=TOOLS, assistant=None)
+    conv = grammarspec.Conversation(model, tok, tools=TOOLS, system="Be brief.", assistant=None)
     conv.add_user("Hi")
-    auto, none = conv.prompt_ids(), conv.prompt_ids(tool_choice="none")
-    assert NO_TOOL_NOTE in tok.decode(none) and NO_TOOL_NOTE not in tok.decode(auto)
-    before_last_user = conv.prompt_ids(messages=conv.messages[:-1])
-    assert common_prefix_length(auto, none) >= len(before_last_user) - 8  # only the last turn differs
+    none_ids = conv.prompt_ids(tool_choice="none")
+    auto, none = tok.decode(conv.prompt_ids()), tok.decode(none_ids)
+    assert NO_TOOL_NOTE in none and NO_TOOL_NOTE not in auto
+    assert "reply with one JSON object" in auto and "get_weather" in auto
+    assert "JSON object" not in none and "get_weather" not in none and "Be brief." in none
     reply = conv.reply(tool_choice="none", max_new_tokens=2)
-    assert reply.prompt_tokens == len(none) and "tool_calls" not in reply.message
+    assert reply.prompt_tokens == len(none_ids) and "tool_calls" not in reply.message
     assert NO_TOOL_NOTE not in str(conv.messages)  # the note is not kept
 
 

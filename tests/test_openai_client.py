@@ -198,6 +198,59 @@ def test_streamed_tool_calls_accumulate_to_the_non_streamed_call(client):
         assert argument_deltas > len(_calls(whole.choices[0].message))  # arguments arrive as they are generated
 
 
+def _streamed(client, **kwargs):
+    """What a client that concatenates the deltas gets: ``(content or None, [(name, arguments)], finish_reason)``."""
+    content, calls, finish = [], {}, None
+    for chunk in client.chat.completions.create(model=MODEL, stream=True, **kwargs):
+        for choice in chunk.choices:
+            content.append(choice.delta.content or "")
+            for delta in choice.delta.tool_calls or []:
+                name, arguments = calls.get(delta.index, (None, ""))
+                calls[delta.index] = (
+                    name or (delta.function.name if delta.function else None),
+                    arguments + ((delta.function.arguments or "") if delta.function else ""),
+                )
+            finish = choice.finish_reason or finish
+    return "".join(content) or None, [calls[i] for i in sorted(calls)], finish
+
+
+def test_a_call_cut_by_max_tokens_stays_a_call_streamed_and_whole(client):
+    """OpenAI's rule for every cut: a call whose name is complete is a call with the arguments so far and
+    ``finish_reason="length"``; a call cut inside its name is neither a call nor text.  Streamed == whole.
+    (Parallel calls cut at every character: tests/test_openai_client_units.py.)"""
+    ask = dict(
+        messages=[{"role": "user", "content": "Weather in Oslo?"}],
+        tools=TOOLS,
+        tool_choice="required",
+        temperature=0,
+    )
+    full = client.chat.completions.create(model=MODEL, max_tokens=128, **ask)
+    assert full.choices[0].finish_reason == "tool_calls"
+    final_calls = _calls(full.choices[0].message)
+    seen: list[tuple[str, str]] = []
+    named = False
+    for n in range(1, full.usage.completion_tokens + 1):
+        whole = client.chat.completions.create(model=MODEL, max_tokens=n, **ask).choices[0]
+        calls = _calls(whole.message)
+        assert _streamed(client, max_tokens=n, **ask) == (whole.message.content, calls, whole.finish_reason), n
+        if whole.finish_reason == "tool_calls":  # the whole call fitted
+            assert calls == final_calls and whole.message.content is None
+            break
+        assert whole.finish_reason == "length" and whole.message.content is None, (n, whole)  # never call text
+        assert not calls or n > 1, calls  # the first token does not finish the name
+        named = named or bool(calls)
+        assert bool(calls) == named, n  # once a name is complete, the call stays
+        assert len(calls) >= len(seen) and calls[: len(seen) - 1] == seen[:-1], (n, calls, seen)
+        for i, (name, arguments) in enumerate(calls):
+            assert name == final_calls[i][0] and final_calls[i][1].startswith(arguments), (n, calls)
+            if seen[i:]:
+                assert arguments.startswith(seen[i][1]), (n, calls, seen)  # the arguments only grow
+        seen = calls
+    else:
+        raise AssertionError("the call never finished within its own token count")
+    assert named
+
+
 def test_n_stop_token_limits_seed_and_metadata(client):
     many = _ask(client, "Name an animal.", temperature=1.0, n=3, max_tokens=6, seed=7)
     assert [c.index for c in many.choices] == [0, 1, 2]
@@ -238,7 +291,7 @@ def test_errors_are_typed_with_our_message_and_param(client):
     assert e.value.param == "response_format" and "no finite value" in e.value.message
     with pytest.raises(openai.BadRequestError) as e:
         _ask(client, "hi", metadata={"k": 5})
-    assert e.value.param == "metadata"
+    assert e.value.param == "metadata.k"
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="gpt-9", messages=[{"role": "user", "content": "hi"}])
 
@@ -272,7 +325,7 @@ def test_refs_inside_a_tools_parameters_name_that_tools_parameters(client):
     }
     with pytest.raises(openai.BadRequestError) as e:  # tool_choice "auto": the text-or-call grammar says why too
         _ask(client, "hi", tools=[{"type": "function", "function": {"name": "loop", "parameters": empty_cycle}}])
-    assert e.value.param == "tools" and "Circular $ref chain" in e.value.message, e.value.message
+    assert e.value.param == "tools" and "circular $ref chain" in e.value.message, e.value.message
 
 
 def test_a_client_timeout_mid_stream_leaves_the_server_serving(client, server):
@@ -302,7 +355,11 @@ def test_the_readme_conversation_snippet_runs_as_written(smol, monkeypatch, caps
     exec(compile(code, "README.md", "exec"), namespace)
     assert namespace["call"]["function"]["name"] == "get_weather"
     json.loads(namespace["call"]["function"]["arguments"])
-    assert capsys.readouterr().out.strip()
+    last = namespace["conv"].replies[-1]  # the snippet prints its last turn: the answer and what the cache saved
+    assert isinstance(last.content, str) and last.content.strip() and not last.tool_calls, last.message
+    assert not last.content.lstrip().startswith("{"), last.content  # an answer, not a call written as text
+    assert last.reused_tokens > 0 and last.prefilled_tokens > 0
+    assert capsys.readouterr().out.strip() == f"{last.content} {last.reused_tokens} {last.prefilled_tokens}"
 
 
 def test_the_readme_quick_start_snippet_runs_as_written(smol, monkeypatch, capsys):

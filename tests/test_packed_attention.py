@@ -6,21 +6,31 @@ import random
 
 import pytest
 import torch
+from torch.nn import functional
 from toy_models import tiny_llama
 
 from grammarspec.kv import BatchKV
-from grammarspec.packed_attention import row_mask, supports_packing
+from grammarspec.packed_attention import (
+    BATCHED,
+    ROWS,
+    attention_path,
+    batched,
+    batched_arrays,
+    row_mask,
+    supports_packing,
+)
 from grammarspec.tree_layout import tree_allowed
 
 V = 64
 
 
-def _filled(model, lengths, packed):
+def _filled(model, lengths, packed, path=ROWS):
     """A batch whose rows hold random prompts of ``lengths`` (the same tokens whatever the path)."""
     rng = random.Random(5)
     kv = BatchKV(model, 0, slots=len(lengths))
     kv.add_rows(len(lengths))
     kv.packed = packed
+    kv.attention_path = path
     prompts = [[rng.randrange(2, V) for _ in range(n)] for n in lengths]
     kv.forward(prompts, [()] * len(prompts), scored=[False] * len(prompts))
     kv.keep([list(range(n)) for n in lengths])
@@ -39,14 +49,15 @@ def _step(kv, chunks, parents, scored, kept):
     return logits, shapes[0]
 
 
-def test_a_ragged_step_runs_packed_and_equals_the_masked_path():
+@pytest.mark.parametrize("path", [ROWS, BATCHED])
+def test_a_ragged_step_runs_packed_and_equals_the_masked_path(path):
     """Rows of different lengths feeding one token, a chain, a branching tree and an unscored prompt chunk:
     one packed sequence of exactly their tokens (the masked path pads and folds them), the same logits, and
-    the same cache afterwards (the next step's logits agree too)."""
+    the same cache afterwards (the next step's logits agree too), on either attention path."""
     model = tiny_llama(V, seed=4)
     assert supports_packing(model)
     lengths = [5, 9, 2, 14]
-    packed, masked = _filled(model, lengths, True), _filled(model, lengths, False)
+    packed, masked = _filled(model, lengths, True, path), _filled(model, lengths, False)
     chunks = [[7], [3, 11, 12, 13], [9, 20, 21, 22], [30, 31, 32, 33, 34, 35, 36]]
     parents = [(), (-1, 0, 1), (-1, -1, 1), ()]
     scored = [True, True, True, False]
@@ -111,3 +122,96 @@ def test_models_packing_cannot_serve_keep_the_masked_path(attention, window):
     assert not supports_packing(LlamaForCausalLM(config))
     config.sliding_window, config._attn_implementation = None, "sdpa"
     assert supports_packing(LlamaForCausalLM(config))  # the same model otherwise packs
+
+
+def test_each_device_has_one_attention_path():
+    """The CPU attends row by row; every accelerator in one call per layer.  No setting chooses it."""
+    assert attention_path("cpu") == attention_path(torch.device("cpu")) == ROWS
+    assert attention_path("cuda") == attention_path("cuda:1") == attention_path("mps") == BATCHED
+    assert BatchKV(tiny_llama(V, seed=4), 1).attention_path == ROWS
+
+
+def _ragged(rows, seed, *, tree=False, prompt=False):
+    """A step of ``rows`` rows of different lengths drafting chains of 1-4 tokens (a branching tree and an unscored
+    prompt chunk among them when asked): ``(lengths, chunks, parents, scored, kept)``."""
+    rng = random.Random(seed)
+    lengths = [rng.randrange(1, 12) for _ in range(rows)]
+    chunks, parents, scored, kept = [], [], [], []
+    for r in range(rows):
+        if prompt and r == rows - 1:
+            chunks.append([rng.randrange(2, V) for _ in range(9)])
+            parents.append(())
+            scored.append(False)
+            kept.append(list(range(9)))
+            continue
+        nodes = (-1, 0, -1, 2, 1) if tree and r == 0 else tuple(range(-1, rng.randrange(1, 5) - 1))
+        chunks.append([rng.randrange(2, V) for _ in range(1 + len(nodes))])
+        parents.append(nodes)
+        scored.append(True)
+        kept.append([0, 1] if nodes else [0])
+    return lengths, chunks, parents, scored, kept
+
+
+@pytest.mark.parametrize("rows", [1, 4, 16])
+@pytest.mark.parametrize("extra", ["chains", "tree and prompt"])
+def test_the_one_call_path_equals_the_row_path(rows, extra):
+    """Drafting rows of different lengths, a branching tree and a joining prompt chunk: the same logits row for
+    row on both paths, and the same cache (the next step's logits agree too)."""
+    model = tiny_llama(V, seed=7)
+    lengths, chunks, parents, scored, kept = _ragged(rows, rows, tree=extra != "chains", prompt=extra != "chains")
+    by_rows, one_call = _filled(model, lengths, True, ROWS), _filled(model, lengths, True, BATCHED)
+    want, _ = _step(by_rows, chunks, parents, scored, kept)
+    got, _ = _step(one_call, chunks, parents, scored, kept)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    nxt = [[5 + r, 6] for r in range(rows)]
+    want, _ = _step(by_rows, nxt, [()] * rows, [True] * rows, [[0, 1]] * rows)
+    got, _ = _step(one_call, nxt, [()] * rows, [True] * rows, [[0, 1]] * rows)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def _attention_calls(path, rows, extra):
+    """SDPA calls in one drafted step of ``rows`` rows on ``path`` (the model's layers: 2)."""
+    model = tiny_llama(V, seed=7)
+    lengths, chunks, parents, scored, kept = _ragged(rows, rows, tree=extra, prompt=extra)
+    kv = _filled(model, lengths, True, path)
+    calls = []
+    original = functional.scaled_dot_product_attention
+
+    def counted(*args, **kwargs):
+        calls.append(args[0].shape)
+        return original(*args, **kwargs)
+
+    functional.scaled_dot_product_attention = counted
+    try:
+        _step(kv, chunks, parents, scored, kept)
+    finally:
+        functional.scaled_dot_product_attention = original
+    return len(calls)
+
+
+@pytest.mark.parametrize("extra", [False, True])
+def test_the_one_call_path_launches_one_attention_per_layer_whatever_the_rows(extra):
+    """1, 4 and 16 drafting rows (with a tree and a joining prompt chunk, or without): one attention call per
+    layer on the accelerator path; the CPU's row path makes more as rows grow (the count sees them)."""
+    layers = tiny_llama(V, seed=7).config.num_hidden_layers
+    assert [_attention_calls(BATCHED, rows, extra) for rows in (1, 4, 16)] == [layers] * 3
+    row_path = [_attention_calls(ROWS, rows, extra) for rows in (1, 4, 16)]
+    assert row_path[0] == layers and row_path[2] > row_path[1] > layers
+
+
+def test_the_one_call_mask_is_each_row_s_tree_layout():
+    """Query ``j`` of row ``r`` sees the row's cached columns and what the tree layout allows among its new ones;
+    nothing of the columns past its new tokens; the query heads sharing a key head see alike."""
+    starts, parents, pendings = [3, 0, 5], [(-1, 0, -1, 2), (), (-1, 0)], [2, 4, 1]
+    sizes = [p + len(n) for p, n in zip(pendings, parents)]
+    width = max(s + n for s, n in zip(starts, sizes)) + 2  # two stale columns past every row
+    arrays, queries, nodes = batched_arrays(starts, sizes, pendings, parents)
+    plan = batched([torch.tensor(a, dtype=torch.long) for a in arrays], queries, nodes, width, 2, torch.float32)
+    seen = plan.mask[:, 0] == 0  # [R, 2 * Q, W]
+    assert seen.shape == (3, 2 * queries, width)
+    for r, (start, size) in enumerate(zip(starts, sizes)):
+        allowed, _ = tree_allowed(list(parents[r]), pendings[r])
+        want = torch.zeros((size, width), dtype=torch.bool)
+        want[:, :start] = True
+        want[:, start : start + size] = torch.tensor(allowed)
+        assert torch.equal(seen[r, :size], want) and torch.equal(seen[r, queries : queries + size], want)

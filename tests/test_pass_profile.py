@@ -1,18 +1,19 @@
-"""The pass cost profile: a few timed passes at first use, cached per model, device, dtype and threads.
+"""The pass cost profile: a few timed rounds of passes at first use, cached per model, device, dtype and threads.
 
-Fake targets sleep a few milliseconds per pass, so these tests assert shapes
-(flat or steep, longer or shorter drafts) with generous margins, never times.
+Fake targets advance a fake clock by what a pass costs on a simulated machine
+(tests/clocks.py) and the profiler reads that clock, so every curve here is
+exact and no test depends on the machine's speed or load.
 """
 
 from __future__ import annotations
 
 import doctest
 import json
-import time
 from types import SimpleNamespace
 
 import pytest
 import torch
+from clocks import FakeClock
 from helpers import single_thread
 from toy_models import ToyCausalLM, tiny_llama
 from transformers import LlamaConfig
@@ -27,7 +28,8 @@ ESTIMATES = [[0.6] * 16] * 16  # 16 rows, each offering 16 tokens of 0.6
 
 
 class SleepyTarget(torch.nn.Module):
-    """Speaks the HF forward protocol; a pass of ``n`` new tokens sleeps ``fixed + per_token * n`` seconds."""
+    """Speaks the HF forward protocol; a pass of ``n`` new tokens advances ``clock`` by ``fixed + per_token * n``
+    seconds."""
 
     def __init__(self, name: str, fixed: float, per_token: float, fail: bool = False) -> None:
         super().__init__()
@@ -42,6 +44,7 @@ class SleepyTarget(torch.nn.Module):
         )
         self.config.name_or_path = name
         self.fixed, self.per_token, self.fail, self.calls = fixed, per_token, fail, 0
+        self.clock = FakeClock()
         self.weight = torch.nn.Parameter(torch.zeros(1))  # a device and a dtype, as a real model has
 
     def forward(self, input_ids, past_key_values=None, use_cache=True, logits_to_keep=0, position_ids=None):
@@ -49,7 +52,7 @@ class SleepyTarget(torch.nn.Module):
         if self.fail:
             raise RuntimeError("this target refuses extra rows")
         n = input_ids.shape[1]
-        time.sleep(self.fixed + self.per_token * n)
+        self.clock.advance(self.fixed + self.per_token * n)
         states = torch.zeros(1, 1, n, 1)
         past_key_values.update(states, states, 0)
         return SimpleNamespace(logits=torch.zeros(1, logits_to_keep or n, 32))
@@ -76,16 +79,17 @@ def test_docstring_examples_hold():
 
 
 def test_a_flat_target_profiles_flat_and_drafts_longer_than_the_cpu_prior():
-    gpu_like = profile_pass_cost(SleepyTarget("flat", fixed=0.005, per_token=0.0), context=16, repeats=5)
-    assert gpu_like.cost(32) < 1.5 and gpu_like.cost(64) < 1.6
+    flat = SleepyTarget("flat", fixed=0.005, per_token=0.0)
+    gpu_like = profile_pass_cost(flat, context=16, repeats=5, clock=flat.clock)
+    assert gpu_like.cost(32) == gpu_like.cost(64) == 1.0  # every pass took 5 ms
     assert drafted(gpu_like) > drafted(PassCost()) == 32  # the prior takes 2 tokens a row here
 
 
 def test_a_target_paying_per_row_profiles_steep_and_drafts_shorter():
-    steep = profile_pass_cost(
-        SleepyTarget("steep", fixed=0.002, per_token=0.002), context=16, rows=(1, 2, 4, 8, 16, 32), repeats=5
-    )
-    assert steep.per_row > 0.1 and steep.cost(64) > 8.0  # 0.5 a row and 32.5 at 64 rows, unloaded
+    target = SleepyTarget("steep", fixed=0.002, per_token=0.002)
+    steep = profile_pass_cost(target, context=16, rows=(1, 2, 4, 8, 16, 32), repeats=5, clock=target.clock)
+    assert steep.per_row == 0.5 and steep.cost(16) == 8.5  # (1 + n) / 2 plain steps
+    assert steep.cost(64) == 32.0  # beyond the table (16.5 at 32 rows, kept to two digits: 16), 0.5 a row
     assert drafted(steep) < drafted(PassCost())
 
 
@@ -118,14 +122,14 @@ def test_profiling_leaves_the_model_as_it_was():
     ids = torch.tensor([[5, 9, 11, 3]])
     before = model(ids).logits
     state = {k: v.clone() for k, v in model.state_dict().items()}
-    profile_pass_cost(model, context=24, rows=(1, 2, 8), repeats=1)
+    profile_pass_cost(model, context=24, rows=(1, 2, 8), repeats=1, clock=FakeClock(tick=0.001))
     assert torch.equal(model(ids).logits, before) and not model.training
     assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
 
 
 def test_batch_cost_model_profiles_once_per_model(profile_mode):
     fake = SleepyTarget("cached", fixed=0.002, per_token=0.0)
-    profiled = batch_cost_model(fake)
+    profiled = batch_cost_model(fake, clock=fake.clock)
     calls = fake.calls
     assert calls > 0 and batch_cost_model(fake) is profiled and fake.calls == calls  # cached: no re-timing
 
@@ -152,14 +156,14 @@ def test_a_target_that_refuses_falls_back_to_the_prior_with_a_warning(profile_mo
 
 def test_the_toy_models_profile_to_a_valid_curve():
     for model in (ToyCausalLM(40, seed=1), tiny_llama(40, seed=1)):
-        cost = profile_pass_cost(model, context=24, rows=(1, 4, 16), repeats=1)
+        cost = profile_pass_cost(model, context=24, rows=(1, 4, 16), repeats=1, clock=FakeClock(tick=0.001))
         assert cost.base > 0 and cost.per_row >= 0.001 and cost.min_rows in (1, 4, 16)
         assert cost.cost(1) == 1.0 and cost.cost(64) >= cost.cost(2) >= 1.0
 
 
 def test_a_profile_is_kept_on_disk_for_the_next_process(profile_mode, monkeypatch):
     fake = SleepyTarget("kept", fixed=0.003, per_token=0.0)
-    first = batch_cost_model(fake)
+    first = batch_cost_model(fake, clock=fake.clock)
     stored = json.loads(profile_file().read_text())
     (label,) = stored
     assert label.startswith("kept|cpu|torch.float32|threads=") and stored[label]["min_rows"] == first.min_rows
@@ -175,13 +179,16 @@ def test_a_failed_profile_is_not_stored_and_a_broken_file_is_ignored(profile_mod
         stored_profile(SleepyTarget("refuses", fixed=0.0, per_token=0.0, fail=True), "refuses-key")
     assert not profile_file().exists()  # the next process tries again
     profile_file().write_text("{not json")
-    cost = stored_profile(SleepyTarget("after", fixed=0.002, per_token=0.0), "after-key")
+    after = SleepyTarget("after", fixed=0.002, per_token=0.0)
+    cost = stored_profile(after, "after-key", clock=after.clock)
     assert json.loads(profile_file().read_text())["after-key"]["min_rows"] == cost.min_rows
 
 
 def test_an_unnamed_model_is_profiled_for_itself_and_never_stored(profile_mode):
     first, second = SleepyTarget("", fixed=0.002, per_token=0.0), SleepyTarget("", fixed=0.002, per_token=0.0)
-    assert batch_cost_model(first) is not batch_cost_model(second)  # two models built in code: two profiles
+    assert batch_cost_model(first, clock=first.clock) is not batch_cost_model(
+        second, clock=second.clock
+    )  # two models built in code: two profiles
     assert not profile_file().exists()  # a class name is no identity to keep on disk
 
 
@@ -190,7 +197,7 @@ def test_a_profile_prices_the_masked_path_and_the_host_work_of_a_draft_token():
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # both terms are timed on a real model: no fallback
-        cost = profile_pass_cost(tiny_llama(64, seed=0), context=24, rows=(1, 2, 8), repeats=1)
+        cost = profile_pass_cost(tiny_llama(64, seed=0), context=24, rows=(1, 2, 8), repeats=1, clock=FakeClock(0.001))
     assert cost.switch >= 0.0 and cost.per_token > 0.0 and cost.per_draft_row >= 0.0
     assert cost.drafted(8, 4, batch=4) == pytest.approx(cost.cost(8) + 4 * cost.per_token + cost.switch)
 
@@ -210,26 +217,28 @@ def test_spreading_drafts_over_rows_is_timed_against_the_same_tokens_in_one_chai
     timed = []
     forward = BatchKV.forward
     monkeypatch.setattr(BatchKV, "forward", lambda self, *a, **k: timed.append(a[0]) or forward(self, *a, **k))
-    pass_profile._ragged_seconds(model, 24, 2, 4, "chain", "spread", packed_only=True)
+    pass_profile._ragged_seconds(model, 24, 2, 4, "chain", "spread", packed_only=True, clock=FakeClock(0.001))
     steps = timed[2:]  # after the prompt and the step that makes the rows ragged: chain, spread, in turn
     assert steps == [pass_profile.ragged_shapes(4)[name][0] for name in ("chain", "spread")] * 3
     import grammarspec.kv
 
     monkeypatch.setattr(grammarspec.kv, "supports_packing", lambda model: False)  # padded: the curve prices width
-    assert pass_profile._ragged_seconds(model, 24, 2, 4, "chain", "spread", packed_only=True) == 0.0
+    assert pass_profile._ragged_seconds(model, 24, 2, 4, "chain", "spread", packed_only=True, clock=FakeClock()) == 0.0
 
 
 def test_a_stored_entry_that_is_not_a_whole_curve_is_profiled_again_and_kept_whole(profile_mode):
     profile_file().parent.mkdir(parents=True, exist_ok=True)
     line_only = {"base": 1.5, "per_row": 0.05, "min_rows": 8, "switch": 0.0, "per_token": 0.01}  # no table
     profile_file().write_text(json.dumps({"old-key": line_only}))
-    cost = stored_profile(tiny_llama(64, seed=0), "old-key")
+    cost = stored_profile(tiny_llama(64, seed=0), "old-key", clock=FakeClock(tick=0.001))
     assert cost.table is not None and cost.per_token > 0.0
     entry = json.loads(profile_file().read_text())["old-key"]
     assert entry["per_token"] == cost.per_token and entry["switch"] == cost.switch
     assert entry["per_draft_row"] == cost.per_draft_row
     assert {int(n) for n in entry["table"]} == {n for n, _ in cost.table if n > 1}
-    again = stored_profile(tiny_llama(64, seed=0), "old-key")  # read back whole: the same curve
+    again = stored_profile(
+        tiny_llama(64, seed=0), "old-key", clock=FakeClock(tick=0.001)
+    )  # read back whole: the same curve
     assert again.table == cost.table and again.cost(5) == cost.cost(5)
 
 
@@ -241,10 +250,12 @@ def test_a_whole_entry_measured_another_way_is_profiled_again(profile_mode):
     old = {"base": 1.5, "per_row": 0.05, "min_rows": 8, "switch": 9.0, "per_token": 0.01, "table": {"2": 1.1}}
     old["format"] = PROFILE_FORMAT - 1
     profile_file().write_text(json.dumps({"old-key": old}))
-    cost = stored_profile(tiny_llama(64, seed=0), "old-key")
+    cost = stored_profile(tiny_llama(64, seed=0), "old-key", clock=FakeClock(tick=0.001))
     entry = json.loads(profile_file().read_text())["old-key"]
     assert entry["format"] == PROFILE_FORMAT and entry["switch"] == cost.switch != 9.0
-    assert stored_profile(tiny_llama(64, seed=0), "old-key").switch == cost.switch  # the current format is kept
+    assert (
+        stored_profile(tiny_llama(64, seed=0), "old-key", clock=FakeClock(0.001)).switch == cost.switch
+    )  # the current format is kept
 
 
 def test_the_loop_s_step_overhead_is_part_of_the_unit(monkeypatch):
@@ -252,10 +263,13 @@ def test_the_loop_s_step_overhead_is_part_of_the_unit(monkeypatch):
     import grammarspec.pass_profile as profiling
 
     fake = SleepyTarget("overhead", fixed=0.002, per_token=0.002)  # 4 ms at 1 row, 34 ms at 16
-    monkeypatch.setattr(profiling, "step_overhead_seconds", lambda *args: 0.0)
-    bare = profile_pass_cost(fake, context=16, rows=(1, 8, 16), repeats=3)
-    monkeypatch.setattr(profiling, "step_overhead_seconds", lambda *args: 0.01)
-    with_overhead = profile_pass_cost(fake, context=16, rows=(1, 8, 16), repeats=3)
-    assert bare.cost(16) > 5.0 and with_overhead.cost(16) < 4.0  # about 8.5 and (0.034 + 0.01) / 0.014 = 3.1
+    monkeypatch.setattr(profiling, "_loop_step_seconds", lambda *args: 0.004)  # the loop's step: the pass alone
+    bare = profile_pass_cost(fake, context=16, rows=(1, 8, 16), repeats=3, clock=fake.clock)
+    monkeypatch.setattr(profiling, "_loop_step_seconds", lambda *args: 0.014)  # 10 ms of host work besides
+    with_overhead = profile_pass_cost(fake, context=16, rows=(1, 8, 16), repeats=3, clock=fake.clock)
+    assert bare.cost(16) == 8.5 and with_overhead.cost(16) == pytest.approx(3.1)  # (0.034 + 0.01) / (0.004 + 0.01)
     monkeypatch.undo()
-    assert profiling.step_overhead_seconds(tiny_llama(64, seed=0), 24, 0.0, repeats=1) > 0.0  # the real loop runs
+    clock = FakeClock(tick=0.001)  # a step between two reads of the clock: the real loop runs and is timed by it
+    assert profiling.step_overhead_seconds(tiny_llama(64, seed=0), 24, 0.0, repeats=1, clock=clock) == pytest.approx(
+        0.001
+    )

@@ -300,7 +300,7 @@ def test_max_tokens_stop_and_n(client):
                 "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
                 "tool_choice": {"type": "function", "function": {"name": "g"}},
             },
-            "tools",
+            "tool_choice.function.name",
         ),
         ({"messages": "hi"}, "messages"),
     ],

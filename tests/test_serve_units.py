@@ -76,6 +76,40 @@ def test_what_cannot_be_honoured_is_refused_by_name(extra, param, status):
     assert set(body) == {"message", "type", "param", "code"} and body["message"]
 
 
+@pytest.mark.parametrize(
+    "extra, param, says",
+    [
+        (
+            {"messages": [{"role": "user", "content": "x", "tool_calls": []}]},
+            "messages[0].tool_calls",
+            "messages[0] may hold role, content, name",
+        ),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}, "mode": "x"}}},
+            "response_format.json_schema.mode",
+            "response_format.json_schema may hold name, description, schema, strict",
+        ),
+        ({"grammarspec": {"draft": 3}}, "grammarspec.draft", "grammarspec may hold assistant"),
+        ({"tool_choice": "required"}, "tool_choice", "needs tools"),
+        ({"grammarspec": {"grammar_backend": "regex"}}, "grammarspec.grammar_backend", "'xgrammar'"),
+        ({"messages": [{"role": "assistant"}]}, "messages[0]", "needs content or tool_calls"),
+        ({"temperature": float("inf")}, "temperature", "out of range"),
+    ],
+)
+def test_an_unknown_or_malformed_nested_field_is_named_with_what_its_place_holds(extra, param, says):
+    with pytest.raises(RequestError) as e:
+        parse_request({"model": "m", "messages": MESSAGES, **extra}, "m")
+    assert e.value.param == param and says in e.value.message, e.value.message
+
+
+def test_a_request_may_choose_its_grammar_backend():
+    body = {"model": "m", "messages": MESSAGES}
+    assert parse_request(body, "m").grammar_backend is None  # the server's --grammar-backend
+    assert parse_request({**body, "grammarspec": {"grammar_backend": "llguidance"}}, "m").grammar_backend == (
+        "llguidance"
+    )
+
+
 def _kv_of(model, tokens):
     kv = BatchKV(model, 1)
     kv.forward([tokens], [[]])  # the prompt pass: no draft tree
@@ -136,6 +170,33 @@ def test_the_server_renders_tool_choice_none_as_conversation_does(smol_tokenizer
     auto = smol_tokenizer.decode(prompt_ids(smol_tokenizer, messages, tools, "json", "auto"))
     assert NO_TOOL_NOTE in none and NO_TOOL_NOTE not in auto
     assert NO_TOOL_NOTE not in smol_tokenizer.decode(prompt_ids(smol_tokenizer, messages, None, "json", "none"))
+    assert "reply with one JSON object" in auto and "JSON object" not in none and '"name":"f"' not in none
+
+
+def test_tool_choice_none_renders_no_call_format_in_a_model_format(smol_tokenizer):
+    """A template with its own tool section (Qwen's <tools>, "return a json object ... within <tool_call>") is the
+    call format: under "none" the template gets no tools, and earlier calls stay in the history."""
+    import copy
+
+    from test_tokenizer_families import QWEN_TOOLS_TEMPLATE
+
+    from grammarspec.conversation import NO_TOOL_NOTE
+    from grammarspec.serve.engine import prompt_ids
+
+    tok = copy.copy(smol_tokenizer)
+    tok.chat_template = QWEN_TOOLS_TEMPLATE
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {}}}}]
+    call = {"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}
+    messages = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "42"},
+    ]
+    auto = tok.decode(prompt_ids(tok, messages, tools, "qwen_3", "auto"))
+    none = tok.decode(prompt_ids(tok, messages, tools, "qwen_3", "none"))
+    assert "<tools>" in auto and "For each function call" in auto
+    assert "<tools>" not in none and "For each function call" not in none and "json object" not in none.lower()
+    assert '<tool_call>\n{"name": "lookup"' in none and "42" in none and NO_TOOL_NOTE in none
 
 
 def test_outputs_are_compared_call_by_call():
@@ -196,7 +257,8 @@ def test_foreign_servers_get_grammarspecs_rendering_and_text_calls_are_read():
         {"role": "tool", "tool_call_id": "c1", "content": '{"result": 2}'},
     ]
     sent = foreign_messages(messages, TOOLS, "none")
-    assert "calculator" in sent[0]["content"] and sent[0]["content"].startswith("s")  # tools described
+    assert sent[0]["content"] == "s"  # "none": no tool described, so no call format asked for
+    assert "calculator" in foreign_messages(messages, TOOLS, "auto")[0]["content"]
     assert sent[2] == {"role": "assistant", "content": '{"name":"calculator","arguments":{"expression":"1+1"}}'}
     assert sent[3]["tool_call_id"] == "c1" and NO_TOOL_NOTE in sent[1]["content"]
     assert NO_TOOL_NOTE not in foreign_messages(messages, TOOLS, "auto")[1]["content"]

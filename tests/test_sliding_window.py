@@ -153,9 +153,9 @@ def test_a_batch_whose_rows_leave_and_join_equals_hf(model, tok, reference, monk
     windowed = []  # per masked pass: whether rows of different lengths attended through the window together
     original = kv_module.BatchKV._masks
 
-    def spy(self, feeds, n, width):
+    def spy(self, feeds, *args):
         windowed.append(self._window is not None and len({f.start for f in feeds}) > 1)
-        return original(self, feeds, n, width)
+        return original(self, feeds, *args)
 
     monkeypatch.setattr(kv_module.BatchKV, "_masks", spy)
     assert ours(model, tok, PROMPTS, SCHEMAS, 40, assistant="auto") == reference

@@ -5,6 +5,9 @@ which it drafts nothing that does not pay (drafted steps far dearer than the
 profile says) and still drafts long where drafted steps are cheap (a flat
 curve), fall back to the profile once its evidence of drafted steps has
 faded, and change nothing but draft lengths in the loop.
+
+The loop's steps are timed by a fake clock (tests/clocks.py: ``StepCostLearner(clock=...)``), so what the learner
+hears, and so what it decides, never depends on the machine's speed or load.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import random
 
 import numpy as np
 import pytest
+from clocks import FakeClock
 from helpers import batch_row, load_tool
 from proposer_fakes import ScriptFollower
 from toy import toy_vocab_size
@@ -27,6 +31,14 @@ from proposers.base import Request
 from proposers.cost import PassCost, flat_until
 
 UNIT = 0.02  # seconds of a plain 1-row step in the simulated machines
+#: Clock reads per step of the loop (the lap timer's start and its six phases): a clock that ticks ``t`` a read
+#: times every step at ``LAPS * t`` seconds.
+LAPS = 6
+
+
+def step_clock(seconds: float) -> FakeClock:
+    """A clock by which every step of the loop takes ``seconds``."""
+    return FakeClock(tick=seconds / LAPS)
 
 
 def test_docstring_examples_hold():
@@ -188,12 +200,13 @@ def test_the_loop_with_a_learner_changes_no_output_and_learns_only_from_steps_th
         batch_row(p, g.matcher(), ScriptFollower(out, 3), 4, config) for p, g, out in zip(prompts, grammars, alone)
     ]
     seen = []
-    learner = StepCostLearner(PassCost(), warmup=1)
+    learner = StepCostLearner(PassCost(), warmup=1, clock=step_clock(0.01))
     rows = decode_batch(model, requests, config, cost_learner=learner, on_step=lambda rows, kv: seen.append(1))
     assert [row.generated for row in rows] == alone
     assert learner.steps == len(seen) >= 1 and learner.terms()["learned"]
+    assert learner.clock.reads >= (LAPS + 1) * learner.steps  # the loop timed its steps by the learner's clock
     calls = []
-    plain = StepCostLearner(lambda: calls.append(1) or PassCost())
+    plain = StepCostLearner(lambda: calls.append(1) or PassCost(), clock=step_clock(0.01))
     requests = [batch_row(p, g.matcher(), None, 0, config) for p, g in zip(prompts, grammars)]
     rows = decode_batch(model, requests, config, cost_learner=plain)
     assert [row.generated for row in rows] == alone
@@ -362,7 +375,7 @@ def test_in_the_loop_a_hold_on_free_rows_keeps_them_plain_and_leaves_constrained
     model = ToyCausalLM(toy_vocab_size(), seed=3)
     config = DecodeConfig(max_new_tokens=30, eos_token_ids=(0,))
     prompts = [[2, 3], [2, 5, 9, 4, 7], [6]]
-    learner = StepCostLearner(PassCost(), warmup=1, explore_every=1000, explore_most=1000)
+    learner = StepCostLearner(PassCost(), warmup=1, explore_every=1000, explore_most=1000, clock=step_clock(0.01))
     for batch in (1, 2, 3):  # free rows: drafted steps cost what plain ones do and commit no more
         for _ in range(20):
             learner.observe(rows=batch, batch=batch, tokens=0, drafting=0, seconds=0.01, committed=batch, kind="free")
@@ -388,6 +401,7 @@ def test_in_the_loop_a_hold_on_free_rows_keeps_them_plain_and_leaves_constrained
     assert [row.generated for row in constrained] == alone
     assert sum(sum(row.stats.accepted.values()) for row in constrained) > 0  # their own kind: no hold
     assert learner.holds > 0
+    assert learner.outcomes()[(3, "free")]["plain"] == pytest.approx(300.0)  # the loop's steps: 10 ms by the clock
 
 
 def test_where_the_policy_cuts_every_offered_draft_the_learner_holds_without_a_drafted_record():
@@ -463,8 +477,11 @@ def test_in_the_loop_rows_whose_offered_drafts_the_policy_always_cuts_stop_being
     never = next(t for t in range(1, toy_vocab_size()) if not any(t in out for out in alone))
     calls = {}
     for name, learner in (
-        ("holds", StepCostLearner(PassCost(1.2, 0.1, 1), warmup=10**6)),  # priced by the profile: no timing
-        ("never holds", StepCostLearner(PassCost(1.2, 0.1, 1), warmup=10**6, min_outcomes=1e9)),
+        (
+            "holds",
+            StepCostLearner(PassCost(1.2, 0.1, 1), warmup=10**6, clock=step_clock(0.01)),
+        ),  # priced by the profile
+        ("never holds", StepCostLearner(PassCost(1.2, 0.1, 1), warmup=10**6, min_outcomes=1e9, clock=step_clock(0.01))),
     ):
         proposers = [CountingFollower([never] * 128) for _ in prompts]
         requests = []
@@ -495,7 +512,7 @@ def test_on_a_flat_curve_the_learner_that_holds_on_refusals_lets_drafts_that_sur
     config = DecodeConfig(max_new_tokens=60, eos_token_ids=(0,))
     prompts = [[2, 3], [2, 5, 9, 4, 7], [6]]
     alone = [decode(model, p, config)[0] for p in prompts]
-    learner = StepCostLearner(flat_until(64), warmup=10**6)  # priced by the flat profile: no timing
+    learner = StepCostLearner(flat_until(64), warmup=10**6, clock=step_clock(0.01))  # priced by the flat profile
     requests = [adaptive_row(p, None, ScriptFollower(out), config) for p, out in zip(prompts, alone)]
     rows = decode_batch(model, requests, config, cost_learner=learner)
     assert [row.generated for row in rows] == alone

@@ -18,11 +18,15 @@ import pytest
 import torch
 from helpers import PROMPT, SCHEMA, TARGET, BranchyTreeProposer, assert_matches, exact_distribution
 from toy import toy_tokenizer, toy_vocab_size
+from toy_models import tiny_llama
 
 from grammars import compile_grammar, grammar_spec
+from grammarspec import kv as kv_module
+from grammarspec import packed_attention
 from grammarspec.adaptive import AdaptiveController
 from grammarspec.decoding import DecodeConfig, RowRequest, decode, decode_batch, sampling_processing
 from grammarspec.kv_cache import cache_length
+from grammarspec.packed_attention import BATCHED, ROWS
 from grammarspec.sampling import SamplingParams
 
 V = toy_vocab_size()
@@ -159,7 +163,7 @@ def test_user_processors_see_each_node_s_own_prefix(compiled):
 PROMPTS = [PROMPT, [2] + list(PROMPT), list(PROMPT)[:-1] + [5, 3], [4, 4] + list(PROMPT)]
 
 
-def batch_of_trees(compiled, config, prompts, seeds, generator=None, on_step=None):
+def batch_of_trees(compiled, config, prompts, seeds, generator=None, on_step=None, model=TARGET):
     requests = []
     for prompt, seed in zip(prompts, seeds):
         controller = AdaptiveController(k_min=3, k_max=3, adaptive=False)
@@ -167,7 +171,7 @@ def batch_of_trees(compiled, config, prompts, seeds, generator=None, on_step=Non
         requests.append(
             RowRequest(prompt, compiled.matcher(max_rollback=8), BranchyTreeProposer(seed), controller, processing)
         )
-    return decode_batch(TARGET, requests, config, generator=generator, on_step=on_step)
+    return decode_batch(model, requests, config, generator=generator, on_step=on_step)
 
 
 def check_batch_cache(rows, kv):
@@ -208,4 +212,39 @@ def test_sampled_trees_at_batch_4_follow_the_constrained_target(compiled):
             counts[tuple(row.generated)] += 1
             branched += sum(not t.is_chain for t in row.proposer.trees)
     assert branched > batches * 4
+    assert_matches(counts, exact, samples=batches * 4)
+
+
+class NextLogits:
+    """A Hugging Face model as :func:`helpers.exact_distribution` reads one: the logits after a context."""
+
+    def __init__(self, model) -> None:
+        self.model = model
+
+    def next_logits(self, context):
+        with torch.inference_mode():
+            return self.model(torch.tensor([context])).logits[0, -1].float()
+
+
+@pytest.mark.parametrize("path", [ROWS, BATCHED])
+def test_sampled_trees_on_a_real_llama_follow_the_constrained_target_on_either_attention_path(
+    compiled, path, monkeypatch
+):
+    """Batches of 4 rows verifying trees on a real (random) Llama, whose ragged steps run packed: the CPU's row
+    path and the accelerator's one-call path (forced here) both sample the constrained target's distribution."""
+    model = tiny_llama(V, seed=2)
+    params = SamplingParams(True, 1.0, top_p=0.9)
+    exact = exact_distribution(NextLogits(model), compiled, params)
+    config = DecodeConfig(max_new_tokens=20, sampling=params, eos_token_ids=(0,))
+    generator = torch.Generator().manual_seed(9)
+    calls = []
+    original = packed_attention._attend_batched
+    monkeypatch.setattr(kv_module, "attention_path", lambda device: path)
+    monkeypatch.setattr(packed_attention, "_attend_batched", lambda *a, **k: calls.append(1) or original(*a, **k))
+    counts: Counter = Counter()
+    batches = 400
+    for b in range(batches):
+        rows = batch_of_trees(compiled, config, [PROMPT] * 4, [4 * b + i for i in range(4)], generator, model=model)
+        counts.update(tuple(row.generated) for row in rows)
+    assert (len(calls) > batches) == (path == BATCHED)
     assert_matches(counts, exact, samples=batches * 4)

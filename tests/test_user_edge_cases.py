@@ -107,6 +107,23 @@ def test_complete_with_tool_choice_none_leaves_the_tools_out_of_the_prompt(chat,
     assert "get_weather" in auto and "get_weather" not in none and "tool" not in none.lower()
 
 
+# --- a schema too large to describe in the prompt ------------------------------------------------------
+
+
+def test_a_schema_whose_description_fills_the_context_names_describe_false(chat):
+    model, tok = chat
+    context = model.config.max_position_embeddings
+    schema = {"type": "object", "properties": {"code": {"enum": [f"value-{i:05d}" for i in range(20000)]}}}
+    with pytest.raises(ValueError) as e:
+        grammarspec.complete(model, tok, "Pick a code.", schema=schema, assistant=None, max_new_tokens=4)
+    message = str(e.value)
+    assert "schema's (or tools') description" in message and "describe=False" in message, message
+    assert f"context is {context}" in message
+    bare = grammarspec.build_prompt(tok, "Pick a code.", schema=schema, describe=False)
+    assert len(bare) < 40  # without the description the prompt is the question alone
+    assert "describe=False" in grammarspec.complete.__doc__ and "describe" in grammarspec.build_prompt.__doc__
+
+
 # --- schema=True / schema=False end to end ------------------------------------------------------------
 
 

@@ -5,6 +5,11 @@ Two steps, because the GPU machine reaches only package registries (no model hub
     python tools/gpu_check.py --prepare          # here: SmolLM2's config + tokenizer and the wheels -> .gpu/
     python3 tools/gpu_check.py                    # there (carry .gpu): installs the wheels, runs, writes $OUT
 
+The one short run on an H100/H200 (about 6-8 minutes; the device tool's ``timeout_s`` 570 leaves room to read
+the report)::
+
+    python3 tools/gpu_check.py --max-new-tokens 32 --samples 400 --throughput-tokens 128 --sweep-timeout 150
+
 Models have random weights (LM head scaled so greedy choices are not near-ties), built on the device.
 Checks (each a row of the table; any failure makes the exit status 1):
 
@@ -22,7 +27,20 @@ Checks (each a row of the table; any failure makes the exit status 1):
   synchronisations per target pass (``torch.cuda.set_sync_debug_mode``);
 - the load sweep (its own report in ``sweep/``, fails only if it cannot run): ``grammarspec bench-serve
   --sweep`` with arms none and auto at ``--sweep-levels`` on that model saved with SmolLM2's tokenizer,
-  and the pass-cost profile the server measured on the device.
+  ``--sweep-pairs`` interleaved none/auto pairs per level, and the pass-cost profile the server measured on
+  the device;
+- the step profile (not pass/fail; :func:`step_profile`): inside plain and drafted steps at C = 1 / 4 / 16
+  (``--profile-levels``), several interleaved plain/drafted runs per level, CUDA-event times of each phase
+  (forward, walk -- the grammar masks --, verify -- masks applied, processing, rejection --, commit, propose),
+  the host's time per phase, host synchronisations per step and the drafted step's cost in plain steps; on the
+  random-weight model and on the trained SmolLM2-135M where its package is installed (its 98 MB GGUF does not
+  fit what travels, so on the GPU machine the trained rows appear only where it was installed).  On a CPU the
+  times are perf_counter's.
+
+CUDA graphs for the plain decode step are not built: whether they pay is decided by the step profile's launch
+figure, the plain step's host forward time (the time to queue its kernels) against its device forward time.
+Where they are about equal the GPU waits on kernel launches and a graph of the plain step would pay; where the
+device time is well above the host's, the step is bound by the GPU's work and a graph would not.
 
 Writes ``gpu_check.json`` and ``gpu_check.md`` to ``--out`` (default ``$OUT``).  ``--device cpu`` runs
 the same checks here (the tests do, with a tiny model); ``--break parity|exactness`` breaks grammarspec's
@@ -116,6 +134,15 @@ PROMPTS = [
     "Describe the Rust language with tags.",
 ]
 ENUM_SCHEMA = {"enum": ["a", "b", "ab", "ba", "aab"]}
+#: The step profile's schemas: answers longer than its steps, so every row of a level decodes to the end.
+PROFILE_SCHEMAS = [
+    {
+        "type": "object",
+        "properties": {"summary": {"type": "string", "minLength": 400}, "days": {"type": "integer"}},
+        "required": ["summary", "days"],
+    },
+    {"type": "array", "items": {"type": "string", "minLength": 40}, "minItems": 12},
+]
 #: chi-square p-value below which grammarspec's samples are judged to come from another distribution.
 ALPHA = 1e-3
 
@@ -517,6 +544,210 @@ def throughput(tok: Any, device: str, new_tokens: int, sizes: tuple[int, ...], s
     return rows
 
 
+# --- inside a step ---------------------------------------------------------------------------------------------
+
+
+class GrammarWalk:
+    """A drafter that needs no model: a chain of ``k`` legal tokens, each the lowest legal non-stop id, offered as a
+    tree of one branch (verified whole: the policy cuts none of it, so every drafted step drafts; whether its
+    tokens are accepted does not matter to the step profile)."""
+
+    name = "grammar_walk"
+
+    def start(self, request: Any) -> None:
+        pass
+
+    def propose_tree(self, context: Any, grammar: Any, k: int) -> Any:
+        from proposers.tree import DraftTree
+
+        if grammar is None or k < 1:
+            return DraftTree()
+        matcher, tokens = grammar.fork(), []
+        for _ in range(k):
+            allowed = [t for t in matcher.allowed_tokens().tolist() if t not in grammar.stop_token_ids]
+            if not allowed or not matcher.accept(allowed[0]):
+                break
+            tokens.append(allowed[0])
+        return DraftTree.from_paths([tokens], sources=[self.name]) if tokens else DraftTree()
+
+    def commit_tree(self, tree: Any, committed: Any) -> None:
+        pass
+
+    def propose(self, context: Any, grammar: Any, k: int) -> Any:  # pragma: no cover - the loop asks for trees
+        raise AssertionError("the loop asks GrammarWalk for trees")
+
+    def commit(self, draft: Any, num_accepted: int, committed: Any) -> None:  # pragma: no cover
+        pass
+
+
+class StepClock:
+    """Times each phase of every step (:class:`grammarspec.step.Phases`' laps: forced, propose, walk, forward,
+    verify -- the masks, processing and rejection --, commit) on the device's own clock: CUDA events recorded at
+    each lap, read after the step; on a CPU the laps' perf_counter times.  Also the host's time per lap (on a GPU
+    the time to queue the work: a forward whose host time is about its device time is bound by kernel launches,
+    the figure that decides whether the plain decode step should become a CUDA graph) and, on CUDA, the host
+    synchronisations of each step (``torch.cuda.set_sync_debug_mode``)."""
+
+    def __init__(self, device: str) -> None:
+        self.cuda = device == "cuda"
+        self.steps: list[dict] = []
+        self._current: Any = None
+        self._caught: list = []
+        self._proposed: dict[int, int] = {}
+
+    def install(self) -> Any:
+        """A context that swaps the step's lap timer for one that also records device events."""
+        import contextlib
+        import warnings
+
+        import torch
+
+        from grammarspec import step as step_module
+
+        clock = self
+        base = step_module.Phases
+
+        class EventPhases(base):  # type: ignore[misc,valid-type]
+            def __init__(self) -> None:
+                super().__init__()
+                self.events: list[tuple[str, Any]] = []
+                if clock.cuda:
+                    self.events.append(("", torch.cuda.Event(enable_timing=True)))
+                    self.events[0][1].record()
+                clock._current = self
+
+            def lap(self, name: str) -> None:
+                super().lap(name)
+                if clock.cuda:
+                    event = torch.cuda.Event(enable_timing=True)
+                    event.record()
+                    self.events.append((name, event))
+
+        @contextlib.contextmanager
+        def swapped() -> Any:
+            step_module.Phases = EventPhases  # type: ignore[misc]
+            try:
+                if clock.cuda:
+                    with warnings.catch_warnings(record=True) as caught:
+                        warnings.simplefilter("always")
+                        torch.cuda.set_sync_debug_mode("warn")
+                        clock._caught = caught
+                        try:
+                            yield
+                        finally:
+                            torch.cuda.set_sync_debug_mode(0)
+                else:
+                    yield
+            finally:
+                step_module.Phases = base  # type: ignore[misc]
+
+        return swapped()
+
+    def on_step(self, rows: Any, kv: Any) -> None:
+        """The end of a step: its phases' device and host times, its synchronisations, its shape."""
+        import torch
+
+        phases = self._current
+        if phases is None:
+            return
+        syncs = None
+        if self.cuda:
+            syncs = sum("synchroniz" in str(w.message) for w in self._caught)
+            self._caught.clear()
+            torch.cuda.synchronize()  # after counting: this wait is the clock's, not the step's
+            device = {}
+            for (_, before), (name, after) in zip(phases.events, phases.events[1:]):
+                device[name] = device.get(name, 0.0) + before.elapsed_time(after)
+        else:
+            device = {name: 1000 * seconds for name, seconds in phases.seconds.items()}
+        batch, width, masked = kv.last_pass
+        proposed = sum(sum(row.stats.proposed.values()) for row in rows)
+        self.steps.append(
+            {
+                "drafted": proposed - self._proposed.get(id(kv), proposed),
+                "device_ms": device,
+                "host_ms": {name: 1000 * seconds for name, seconds in phases.seconds.items()},
+                "host_syncs": syncs,
+                "rows": len(rows),
+                "width": width,
+                "ragged": masked,
+            }
+        )
+        self._proposed[id(kv)] = proposed
+        self._current = None
+
+
+def step_profile(
+    model: Any, tok: Any, device: str, levels: tuple[int, ...], pairs: int, new_tokens: int, k: int = 3
+) -> list[dict]:
+    """Plain and drafted steps at each concurrency ``C`` of ``levels``, ``pairs`` interleaved plain/drafted runs
+    each: ``C`` JSON requests decoded together (answers longer than ``new_tokens``, so the batch stays whole;
+    steps with fewer rows are left out), every row of the drafted
+    arm drafting ``k`` grammar-legal tokens a step (:class:`GrammarWalk`, the policy on a flat cost so none is
+    cut).  Per arm and level: the median step's phases on the device's clock, its host times, host
+    synchronisations per step, and the drafted step's cost in plain steps."""
+    import statistics
+
+    import torch
+
+    from grammars import compile_grammar, grammar_spec
+    from grammarspec.adaptive import AdaptiveController
+    from grammarspec.decoding import DecodeConfig, RowRequest, decode_batch, logits_width, sampling_processing
+
+    compiled = [
+        compile_grammar(
+            grammar_spec(schema=schema), tok, vocab_size=logits_width(model), stop_token_ids=(tok.eos_token_id,)
+        )
+        for schema in PROFILE_SCHEMAS
+    ]
+    prompts = [tok(p, add_special_tokens=False)["input_ids"] for p in PROMPTS]
+    config = DecodeConfig(max_new_tokens=new_tokens, eos_token_ids=(tok.eos_token_id,))
+
+    def run(batch: int, drafted: bool) -> list[dict]:
+        requests = []
+        for i in range(batch):
+            proposer = GrammarWalk() if drafted else None
+            controller = AdaptiveController(k_min=k, k_max=k, adaptive=False) if drafted else None
+            prompt = prompts[i % len(prompts)]
+            matcher = compiled[i % len(compiled)].matcher(max_rollback=k + 2)
+            processing = sampling_processing(config, (), len(prompt))
+            requests.append(RowRequest(prompt, matcher, proposer, controller, processing))
+        clock = StepClock(device)
+        with clock.install(), torch.inference_mode():
+            decode_batch(model, requests, config, on_step=clock.on_step, step_cost=lambda tokens: 1.0)
+        return [s for s in clock.steps[1:] if s["rows"] == batch]  # the first step reads the prompts
+
+    def summary(steps: list[dict]) -> dict:
+        names = sorted({name for s in steps for name in s["device_ms"]})
+        total = [sum(s["device_ms"].values()) for s in steps]
+        syncs = [s["host_syncs"] for s in steps if s["host_syncs"] is not None]
+        return {
+            "steps": len(steps),
+            "step_ms": statistics.median(total) if total else None,
+            "device_ms": {n: statistics.median(s["device_ms"].get(n, 0.0) for s in steps) for n in names},
+            "host_ms": {n: statistics.median(s["host_ms"].get(n, 0.0) for s in steps) for n in names},
+            "host_syncs_per_step": statistics.mean(syncs) if syncs else None,
+            "ragged_steps": sum(s["ragged"] for s in steps),
+            "drafted_per_step": statistics.mean(s["drafted"] for s in steps) if steps else 0.0,
+        }
+
+    run(min(levels), True)  # warm-up: kernels, the grammars' caches
+    out = []
+    for batch in levels:
+        arms: dict[str, list[dict]] = {"plain": [], "drafted": []}
+        ratios = []
+        for _ in range(pairs):
+            for arm in ("plain", "drafted"):
+                arms[arm].append(summary(run(batch, arm == "drafted")))
+            plain, drafted = arms["plain"][-1]["step_ms"], arms["drafted"][-1]["step_ms"]
+            ratios.append(drafted / plain if plain and drafted else None)
+        row = {"C": batch, "pairs": pairs, "drafted_in_plain_steps": ratios}
+        for arm, runs in arms.items():
+            row[arm] = runs[len(runs) // 2] if runs else None  # the middle run (one per pair)
+        out.append(row)
+    return out
+
+
 # --- the load sweep --------------------------------------------------------------------------------------------
 
 
@@ -678,13 +909,68 @@ def bitmask_kernel(device: str) -> dict:
     )
 
 
-def write_report(out: Path, device_name: str, checks: list[dict], speed: list[dict]) -> str:
+def trained_model(device: str) -> tuple[Any, Any] | None:
+    """The embedded SmolLM2-135M-Instruct (trained weights, no download) on ``device``, or ``None`` where its
+    package is not installed (its GGUF is larger than what travels to the GPU machine unless installed there)."""
+    from grammarspec.loading import ModelNotFoundError, load_model
+
+    try:
+        return load_model("smollm2-135m", dtype="bfloat16" if device == "cuda" else "float32", device=device)
+    except (ModelNotFoundError, ImportError) as e:
+        print(f"the trained workload is left out: {e}", flush=True)
+        return None
+
+
+def profiles(
+    tok: Any, device: str, levels: tuple[int, ...], pairs: int, new_tokens: int, size: str
+) -> dict[str, list[dict]]:
+    """:func:`step_profile` on the random-weight model of ``size`` (bf16 on CUDA) and on the trained SmolLM2."""
+    import torch
+
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    out = {
+        f"random {size}": step_profile(build_model(device, dtype, size=size), tok, device, levels, pairs, new_tokens)
+    }
+    trained = trained_model(device)
+    if trained is not None:
+        out["trained smollm2-135m"] = step_profile(trained[0], trained[1], device, levels, pairs, new_tokens)
+    return out
+
+
+def profile_lines(profile: dict[str, list[dict]]) -> list[str]:
+    """The step profile as a markdown table: per model, level and arm, the median step and its phases."""
+    lines = [
+        "",
+        "| step profile (device clock, median step, ms) | C | arm | step | forward | walk | verify | commit | "
+        "propose | host forward | host syncs / step | drafted / step | drafted step in plain steps |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for model, levels in profile.items():
+        for level in levels:
+            for arm in ("plain", "drafted"):
+                row = level[arm]
+                if not row or row["step_ms"] is None:
+                    continue
+                phase = row["device_ms"]
+                ratios = [f"{r:.2f}" for r in level["drafted_in_plain_steps"] if r is not None]
+                lines.append(
+                    f"| {model} | {level['C']} | {arm} | {row['step_ms']:.2f} | {phase.get('forward', 0):.2f} | "
+                    f"{phase.get('walk', 0):.2f} | {phase.get('verify', 0):.2f} | {phase.get('commit', 0):.2f} | "
+                    f"{phase.get('propose', 0):.2f} | {row['host_ms'].get('forward', 0):.2f} | "
+                    f"{row['host_syncs_per_step']} | {row['drafted_per_step']:.1f} | "
+                    f"{', '.join(ratios) if arm == 'drafted' else ''} |"
+                )
+    return lines
+
+
+def write_report(
+    out: Path, device_name: str, checks: list[dict], speed: list[dict], profile: dict[str, list[dict]] | None = None
+) -> str:
     """``gpu_check.json`` and ``gpu_check.md`` in ``out``; returns the markdown."""
     out.mkdir(parents=True, exist_ok=True)
     ok = all(c["ok"] for c in checks)
-    (out / "gpu_check.json").write_text(
-        json.dumps({"device": device_name, "ok": ok, "checks": checks, "throughput": speed}, indent=2, default=str)
-    )
+    report = {"device": device_name, "ok": ok, "checks": checks, "throughput": speed, "step_profile": profile or {}}
+    (out / "gpu_check.json").write_text(json.dumps(report, indent=2, default=str))
     lines = [f"| check ({device_name}, random weights) | result | |", "|---|---|---|"]
     lines += [f"| {c['check']} | {'PASS' if c['ok'] else 'FAIL'} | {c['detail']} |" for c in checks]
     if speed:
@@ -699,6 +985,8 @@ def write_report(out: Path, device_name: str, checks: list[dict], speed: list[di
             f"{s['host_syncs']} / {s['target_passes']} |"
             for s in speed
         ]
+    if profile:
+        lines += profile_lines(profile)
     text = "\n".join(lines) + "\n"
     (out / "gpu_check.md").write_text(text)
     return text
@@ -721,8 +1009,13 @@ def main(argv: list[str] | None = None) -> int:
         help="the load sweep's concurrencies (bench-serve --sweep on the --throughput-model, bf16; '' skips it)",
     )
     parser.add_argument("--sweep-workloads", default="json,prose", metavar="A,B", help="the sweep's workloads")
-    parser.add_argument("--sweep-pairs", type=int, default=1, metavar="P", help="the sweep's auto/none pairs")
-    parser.add_argument("--sweep-timeout", type=float, default=420.0, metavar="S", help="stop the sweep after S s")
+    parser.add_argument("--sweep-pairs", type=int, default=3, metavar="P", help="the sweep's auto/none pairs")
+    parser.add_argument("--sweep-timeout", type=float, default=240.0, metavar="S", help="stop the sweep after S s")
+    parser.add_argument(
+        "--profile-levels", default="1,4,16", metavar="C,C", help="the step profile's concurrencies ('' skips it)"
+    )
+    parser.add_argument("--profile-pairs", type=int, default=3, metavar="P", help="plain/drafted runs per level")
+    parser.add_argument("--profile-tokens", type=int, default=32, metavar="N", help="new tokens per profiled row")
     parser.add_argument(
         "--break",
         dest="broken",
@@ -755,13 +1048,17 @@ def main(argv: list[str] | None = None) -> int:
             workloads=args.sweep_workloads,
             pairs=args.sweep_pairs,
         )
+    profile = None
+    if args.profile_levels.strip():
+        levels = tuple(int(c) for c in args.profile_levels.split(","))
+        profile = profiles(tok, args.device, levels, args.profile_pairs, args.profile_tokens, args.throughput_model)
     checks = [] if args.no_checks else run_checks(make_model, tok, args.device, args.max_new_tokens, args.samples)
     speed = []
     if args.throughput_tokens > 0:
         speed = throughput(tok, args.device, args.throughput_tokens, (1, 4, 16), args.throughput_model)
     name = torch.cuda.get_device_name() if args.device == "cuda" else args.device
-    if checks or speed:
-        print(write_report(Path(args.out), name, checks, speed))
+    if checks or speed or profile:
+        print(write_report(Path(args.out), name, checks, speed, profile))
     failed = [c["check"] for c in checks if not c["ok"]]
     if sweep is not None and sweep["returncode"] != 0:
         failed.append(f"load sweep (exit {sweep['returncode']})")

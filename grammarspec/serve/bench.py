@@ -83,22 +83,22 @@ def foreign_messages(messages: list[dict[str, Any]], tools: list[dict[str, Any]]
     """``messages`` as grammarspec's JSON tool format renders them, for a server whose template drops tools.  Pure.
 
     The same rendering as :func:`grammarspec.serve.engine.prompt_ids` before the
-    template: the tools described in the system message, each earlier call as its
-    JSON text, and :data:`~grammarspec.conversation.NO_TOOL_NOTE` on the last user
+    template: the tools described in the system message (not under ``tool_choice="none"``), each earlier call as its
+    JSON text, and :data:`~grammarspec.tool_calls.NO_TOOL_NOTE` on the last user
     message of a ``tool_choice="none"`` turn.  ``tool_call_id`` stays (OpenAI
     servers want it; the template does not print it).
     """
-    from ..conversation import NO_TOOL_NOTE, _add_note
-    from ..tool_calls import chat_messages
+    from ..tool_calls import NO_TOOL_NOTE, add_note, chat_messages
 
-    rendered = chat_messages([_unparsed_calls_as_text(m) for m in messages], tools, "json")
+    offered = tools if tool_choice != "none" else None  # "none": no call format in the prompt
+    rendered = chat_messages([_unparsed_calls_as_text(m) for m in messages], offered, "json")
     ids = [m.get("tool_call_id") for m in messages]
     offset = len(rendered) - len(messages)  # a system message added in front
     for i, call_id in enumerate(ids):
         if call_id is not None:
             rendered[i + offset]["tool_call_id"] = call_id
     if tools and tool_choice == "none":
-        _add_note(rendered, NO_TOOL_NOTE)
+        add_note(rendered, NO_TOOL_NOTE)
     return rendered
 
 

@@ -36,7 +36,11 @@ Each request's settings are its rows' own (:class:`~grammarspec.rows.RowSettings
 greedy or sampled, temperature and top_p in the row's processing, ``max_tokens``
 and ``stop`` where the loop ends the row (no draft reaches past ``max_tokens``).
 The client's text ends before the stop string (:func:`~grammarspec.stopping.before_stop`).
-A request that disconnects cancels its rows.
+A request that disconnects cancels its rows.  A request whose own work fails
+(its grammar matcher, its drafter, reporting its answer) gets a 500 -- an error
+event when streamed -- and its other choices stop; the rows decoding beside it
+go on untouched (:mod:`grammarspec.isolation`).  Only a failure of what the rows
+share (the model's forward, the batch cache) fails every request in the loop.
 """
 
 from __future__ import annotations
@@ -62,7 +66,6 @@ from proposers.suffix_index import SuffixIndex, scope_of
 from proposers.text import SplitMemory
 
 from ..api import grammar_stats
-from ..conversation import NO_TOOL_NOTE, _add_note
 from ..decoding import DecodeConfig, Row, RowRequest, decode_batch, logits_width
 from ..inputs import eos_ids
 from ..kv import BatchKV
@@ -74,14 +77,14 @@ from ..step import checked_prompt_chunk
 from ..step_cost import STEP_COSTS, StepCostLearner
 from ..step_trace import StepTrace
 from ..stopping import before_stop
-from ..templates import fit_messages
 from ..tool_calls import (
     ToolCallError,
-    chat_messages,
     check_tools,
-    describe_tools,
     earlier_documents,
+    parse_cut_reply,
     parse_tool_reply,
+    prompt_text,
+    template_renders_tools,
     tool_constraint,
     tool_format_for,
 )
@@ -105,25 +108,12 @@ def prompt_ids(
 ) -> list[int]:
     """The token ids of ``messages`` as the chat template renders them (assistant turn opened).  Pure.
 
-    The same rendering as :meth:`grammarspec.Conversation.prompt_ids`, so a
-    conversation sent to the server reads exactly the prompt it would read in
-    process: with ``tools`` and ``tool_choice="none"`` the tools stay described
-    and the last user message gets :data:`~grammarspec.conversation.NO_TOOL_NOTE`
-    (answer in plain text); tools in a non-JSON format whose template drops
-    ``tools=`` are described in the system message.
+    The same rendering as :meth:`grammarspec.Conversation.prompt_ids`
+    (:func:`~grammarspec.tool_calls.prompt_text`), so a conversation sent to
+    the server reads exactly the prompt it would read in process.
     """
-    rendered = chat_messages(messages, tools, tool_format)
-    if tools and tool_choice == "none":
-        _add_note(rendered, NO_TOOL_NOTE)
-    if tools and tool_format != "json" and not _template_renders_tools(tokenizer, tools):
-        description = describe_tools(tools)
-        if rendered and rendered[0]["role"] == "system":
-            rendered[0]["content"] += "\n\n" + description
-        else:
-            rendered.insert(0, {"role": "system", "content": description})
-    extra = {"tools": tools} if tools and tool_format != "json" else {}
-    rendered = fit_messages(tokenizer, rendered)  # what the template drops goes into a user turn
-    text = tokenizer.apply_chat_template(rendered, tokenize=False, add_generation_prompt=True, **extra)
+    describe = bool(tools) and tool_format != "json" and not template_renders_tools(tokenizer, tools or [])
+    text = prompt_text(tokenizer, messages, tools, tool_format, tool_choice, describe=describe)
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
@@ -147,13 +137,6 @@ def draft_scope(spec: Any, constraint: dict[str, Any]) -> str:
 
 #: Default bytes of the server's index of earlier outputs (``grammarspec serve --draft-memory-mb``).
 DRAFT_MEMORY_BYTES = 256 << 20
-
-
-def _template_renders_tools(tokenizer: Any, tools: list[dict[str, Any]]) -> bool:
-    """Whether the chat template writes ``tools=`` into the prompt (as ``Conversation`` probes it)."""
-    probe = [{"role": "user", "content": "hi"}]
-    render = tokenizer.apply_chat_template
-    return bool(render(probe, tokenize=False, tools=tools) != render(probe, tokenize=False))
 
 
 @dataclass(frozen=True)
@@ -201,6 +184,7 @@ class Job:
     choices: list[Choice] = field(default_factory=list)
     reused_tokens: int = 0
     cancelled: bool = False
+    failed: bool = False  # one of its rows failed in its own work: the client got the error
     done: int = 0
     id: str = field(default_factory=lambda: "chatcmpl-" + uuid.uuid4().hex[:24])
     created: int = field(default_factory=lambda: int(time.time()))
@@ -282,9 +266,10 @@ class Engine:
 
     # --- preparing a request (the HTTP side; errors are 400s) -------------------------------------
 
-    def _compile(self, spec: Any) -> Any:
+    def _compile(self, spec: Any, backend: str | None = None) -> Any:
+        backend = backend or self.grammar_backend  # a request's own choice, else the server's
         key = json.dumps(
-            [spec.kind, spec.schema, getattr(spec, "grammar", None), getattr(spec, "regex", None), repr(spec)],
+            [backend, spec.kind, spec.schema, getattr(spec, "grammar", None), getattr(spec, "regex", None), repr(spec)],
             sort_keys=True,
             default=str,
         )
@@ -297,7 +282,7 @@ class Engine:
             self.tokenizer,
             vocab_size=self.vocab,
             stop_token_ids=self.eos,
-            backend=self.grammar_backend,
+            backend=backend,
             compile_timeout=self.compile_timeout,
         )
         with self._grammar_lock:
@@ -343,7 +328,7 @@ class Engine:
             spec = grammar_spec(
                 schema=request.schema, json_object=request.json_object, **{k: v for k, v in constraint.items()}
             )
-            compiled = self._compile(spec) if spec is not None else None
+            compiled = self._compile(spec, request.grammar_backend) if spec is not None else None
         except (GrammarError, ValueError, TypeError) as e:
             param = "tools" if constraint else "response_format"
             raise RequestError(f"the constraint does not compile: {e}", param=param, code="invalid_schema") from None
@@ -426,7 +411,7 @@ class Engine:
                     prompt_chunk=self.prompt_chunk,
                     cost_learner=self.cost_learner,
                 )
-            except Exception as e:  # the loop failed: every row in it fails, the engine goes on
+            except Exception as e:  # what the rows share failed (the forward, the cache): every row in it fails
                 traceback.print_exc()
                 failed = {id(c.job): c.job for c in list(self._rows.values()) + self._pending}
                 self._pending = []
@@ -486,8 +471,36 @@ class Engine:
         self._keep(self._rows[row.index], row, kv, slot)
 
     def finished(self, row: Row, kv: BatchKV | None, slot: int) -> None:
-        choice = self._rows[row.index]
+        choice = self._rows.pop(
+            row.index
+        )  # the loop asks no more about it; a busy loop never returns, so forget it now
         choice.row = row
+        if row.failure is not None:
+            self._fail(choice.job, f"{row.failure}", row.failure.error)
+            return
+        try:
+            self._report_choice(choice, row, kv, slot)
+        except Exception as e:  # reporting this row failed (its text, its validation): its request fails alone
+            self._fail(choice.job, f"reporting its answer raised {type(e).__name__}: {e}", e)
+
+    def _fail(self, job: Job, what: str, error: Exception) -> None:
+        """The job failed in its own work: its client gets the error (once), its other choices stop."""
+        if job.failed:
+            return
+        job.failed = job.cancelled = True
+        self.counters["failed"] += 1
+        traceback.print_exception(error)
+        job.emit(
+            (
+                "error",
+                f"this request failed inside the server ({what}); other requests were not affected. It is a server "
+                "bug, not a fault of the request: please report it with the request (other settings, such as "
+                '"assistant": "none" or another schema, may avoid it)',
+            )
+        )
+
+    def _report_choice(self, choice: Choice, row: Row, kv: BatchKV | None, slot: int) -> None:
+        """Keep the ended row's KV and drafting records, and send its answer."""
         if row.finish_reason == "cancelled":
             self.counters["cancelled"] += 1
         controller = choice.row_request.controller
@@ -501,7 +514,6 @@ class Engine:
             records = copy.deepcopy(choice.row_request.controller.calibration)
             self.prefix.annotate(row.tokens, records, min_length=max(len(choice.prompt) - 1, 1))
         self._finish_choice(choice)
-        del self._rows[row.index]  # the loop asks no more about it; a busy loop never returns, so forget it now
 
     def _keep(self, choice: Choice, row: Row, kv: BatchKV, slot: int) -> None:
         """Store the row's cached prompt + answer in the prefix cache."""
@@ -559,12 +571,15 @@ class Engine:
             grammar_stats(stats, choice.compiled, choice.spec, choice.text)
         message: dict[str, Any] = {"role": "assistant", "content": choice.text}
         offered = job.constraint.get("offered")
-        if reason == "stop" and not choice.stopped and offered:
+        complete = reason == "stop" and not choice.stopped
+        if complete and offered:
             try:
                 message = parse_tool_reply(choice.text, offered, job.tool_format, choice.calls.call_ids(64))
             except ToolCallError:
                 message = {"role": "assistant", "content": choice.text}
-        finish = "tool_calls" if message.get("tool_calls") else reason
+        elif offered and reason != "cancelled":  # cut short: a call whose name is complete stays a call
+            message = parse_cut_reply(choice.text, offered, job.tool_format, choice.calls.call_ids(64))
+        finish = "tool_calls" if message.get("tool_calls") and complete else reason
         self.counters["completion_tokens"] += len(choice.tokens)
         self.counters["target_forwards"] += stats.target_forwards
         self.counters["prompt_passes"] += stats.prompt_passes

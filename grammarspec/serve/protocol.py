@@ -1,10 +1,27 @@
-"""OpenAI Chat Completions shapes: a request body checked field by field, errors, answers.  Pure.
+"""OpenAI Chat Completions shapes: a request body checked against pydantic models of it, errors.  Pure.
 
-:func:`parse_request` turns a request body (a JSON object) into a
+:func:`parse_request` turns a request body (a decoded JSON value) into a
 :class:`ChatRequest` or raises :class:`RequestError` -- an HTTP status plus
-OpenAI's error object.  Every field is either honoured or refused: an unknown
-field, a wrong type, or a setting the server cannot honour (``logprobs``,
-``frequency_penalty``, ``logit_bias``, ...) is a 400 that names it.
+OpenAI's error object.  The body is read by :class:`ChatBody`, pydantic
+models that follow OpenAI's request: messages by role (``tool`` messages need
+``tool_call_id``; an assistant's ``tool_calls`` each need ``id``, ``type`` and
+``function`` with a string ``name`` and a JSON-text ``arguments``),
+``tool_choice`` as ``"none"`` / ``"auto"`` / ``"required"`` / ``{"type":
+"function", "function": {"name": ...}}``, ``response_format`` as ``text`` /
+``json_object`` / ``json_schema``.  Types are strict (no string read as a
+number, no number as a string).  A malformed field is a 400 whose ``param`` is
+its path (``messages[2].tool_calls[0].function``) and whose message names it
+and the problem.
+
+Every field is either honoured or refused: an unknown field, a wrong type, or
+a setting the server cannot honour (``logprobs``, ``frequency_penalty``,
+``logit_bias``, ...) is a 400 that names it.  A number JSON cannot hold
+(``1e400`` reads as infinity) is a 400 naming where it is.
+
+grammarspec's own settings ride in ``"grammarspec"``: ``assistant`` (a
+speculation preset), ``max_draft_tokens`` and ``grammar_backend`` (the backend
+that compiles this request's constraint; the server's ``--grammar-backend``
+when left out).
 
 Worked example::
 
@@ -15,36 +32,34 @@ Worked example::
 
 from __future__ import annotations
 
+import json
+import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any, Literal
 
-__all__ = ["ChatRequest", "RequestError", "error_body", "parse_request", "ASSISTANT_PRESETS"]
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    StringConstraints,
+    Tag,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from grammars.registry import BACKEND_CHOICES
+from proposers.presets import PRESETS
+
+__all__ = ["ChatBody", "ChatRequest", "RequestError", "error_body", "parse_request", "ASSISTANT_PRESETS"]
 
 #: The speculation presets a request may name (``"grammarspec": {"assistant": ...}``).
-ASSISTANT_PRESETS = ("auto", "none", "prompt_lookup", "schema_ngram", "jump_forward")
-
-#: Fields honoured as they are.
-_FIELDS = {
-    "model",
-    "messages",
-    "response_format",
-    "tools",
-    "tool_choice",
-    "parallel_tool_calls",
-    "stream",
-    "stream_options",
-    "temperature",
-    "top_p",
-    "max_tokens",
-    "max_completion_tokens",
-    "stop",
-    "seed",
-    "n",
-    "user",
-    "metadata",
-    "grammarspec",
-}
+ASSISTANT_PRESETS = tuple(p for p in PRESETS if p != "draft_model")
 
 #: Fields accepted only at their "off" value, and why any other value is refused.
 _OFF_ONLY: dict[str, tuple[tuple[Any, ...], str]] = {
@@ -86,6 +101,349 @@ def error_body(
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
+# --- the request's models -----------------------------------------------------------------------------------
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+
+
+def _text(value: Any) -> str:
+    """A message's ``content``: a string, or an array of text parts joined (only text can be honoured)."""
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, list):
+        raise PydanticCustomError("invalid_type", "must be a string or an array of text parts")
+    texts = []
+    for j, part in enumerate(value):
+        if not isinstance(part, Mapping) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+            kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
+            raise PydanticCustomError(
+                "invalid_value",
+                f"content[{j}] is {kind!r}: only text parts ({{'type': 'text', 'text': ...}}) are supported",
+            )
+        texts.append(part["text"])
+    return "".join(texts)
+
+
+Text = Annotated[str, BeforeValidator(_text)]
+
+
+class SystemMessage(_Model):
+    role: Literal["system", "developer"]
+    content: Text
+    name: str | None = None
+
+
+class UserMessage(_Model):
+    role: Literal["user"]
+    content: Text
+    name: str | None = None
+
+
+class FunctionCall(_Model):
+    name: str
+    arguments: str
+
+    @field_validator("arguments")
+    @classmethod
+    def _json_text(cls, value: str) -> str:
+        try:
+            json.loads(value)
+        except json.JSONDecodeError as e:
+            raise PydanticCustomError(
+                "invalid_value", "must be JSON text (the arguments as a JSON string): {error}", {"error": str(e)}
+            ) from None
+        return value
+
+
+class ToolCall(_Model):
+    id: str
+    type: Literal["function"]
+    function: FunctionCall
+
+
+class AssistantMessage(_Model):
+    role: Literal["assistant"]
+    content: Text | None = None
+    refusal: str | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+
+    @model_validator(mode="after")
+    def _says_something(self) -> AssistantMessage:
+        if self.content is None and not self.tool_calls:
+            raise PydanticCustomError("missing", "an assistant message needs content or tool_calls")
+        return self
+
+
+class ToolMessage(_Model):
+    role: Literal["tool"]
+    content: Text
+    tool_call_id: str
+
+
+_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
+
+
+def _role(value: Any) -> str | None:
+    role = value.get("role") if isinstance(value, Mapping) else getattr(value, "role", None)
+    return _ROLES.get(role) if isinstance(role, str) else None
+
+
+Message = Annotated[
+    Annotated[SystemMessage, Tag("system")]
+    | Annotated[UserMessage, Tag("user")]
+    | Annotated[AssistantMessage, Tag("assistant")]
+    | Annotated[ToolMessage, Tag("tool")],
+    Discriminator(
+        _role,
+        custom_error_type="invalid_role",
+        custom_error_message="each message is an object whose role is system, developer, user, assistant or tool",
+    ),
+]
+
+
+class FunctionDefinition(_Model):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(_Model):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class FunctionName(_Model):
+    name: str
+
+
+class NamedToolChoice(_Model):
+    type: Literal["function"]
+    function: FunctionName
+
+
+ToolChoice = Annotated[
+    Annotated[Literal["none", "auto", "required"], Tag("mode")] | Annotated[NamedToolChoice, Tag("named")],
+    Discriminator(
+        lambda v: "mode" if isinstance(v, str) else "named" if isinstance(v, Mapping | NamedToolChoice) else None,
+        custom_error_type="invalid_type",
+        custom_error_message="must be 'none', 'auto', 'required' or {'type': 'function', 'function': {'name': ...}}",
+    ),
+]
+
+
+def _schema(value: Any) -> Any:
+    if not isinstance(value, dict | bool):
+        raise PydanticCustomError("invalid_type", "must be a JSON Schema: an object (or a boolean)")
+    return value
+
+
+class JsonSchemaFormat(_Model):
+    name: str
+    description: str | None = None
+    schema_: Annotated[Any, BeforeValidator(_schema)] = Field(alias="schema")
+    strict: bool | None = None
+
+
+class TextFormat(_Model):
+    type: Literal["text"]
+
+
+class JsonObjectFormat(_Model):
+    type: Literal["json_object"]
+
+
+class JsonSchemaResponseFormat(_Model):
+    type: Literal["json_schema"]
+    json_schema: JsonSchemaFormat
+
+
+def _format_type(value: Any) -> str | None:
+    kind = value.get("type") if isinstance(value, Mapping) else getattr(value, "type", None)
+    return kind if kind in ("text", "json_object", "json_schema") else None
+
+
+ResponseFormat = Annotated[
+    Annotated[TextFormat, Tag("text")]
+    | Annotated[JsonObjectFormat, Tag("json_object")]
+    | Annotated[JsonSchemaResponseFormat, Tag("json_schema")],
+    Discriminator(
+        _format_type,
+        custom_error_type="invalid_format",
+        custom_error_message="response_format is an object whose type is text, json_object or json_schema",
+    ),
+]
+
+
+class StreamOptions(_Model):
+    include_usage: bool | None = None
+
+
+def _stop(value: Any) -> Any:
+    stops = [value] if isinstance(value, str) else value
+    if value is not None and (
+        not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops) or not 1 <= len(stops) <= 4
+    ):
+        raise PydanticCustomError("invalid_value", "must be a non-empty string or an array of up to 4 of them")
+    return value
+
+
+def _draft(value: Any) -> Any:
+    if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 64):
+        return value
+    raise PydanticCustomError("invalid_value", "must be 'auto' or an integer between 1 and 64")
+
+
+class Extension(_Model):
+    """grammarspec's own settings (``"grammarspec": {...}``)."""
+
+    assistant: Literal[ASSISTANT_PRESETS] = "auto"  # type: ignore[valid-type]
+    max_draft_tokens: Annotated[Any, BeforeValidator(_draft)] = "auto"
+    grammar_backend: Literal[BACKEND_CHOICES] | None = None  # type: ignore[valid-type]
+
+
+MetadataKey = Annotated[str, StringConstraints(max_length=64)]
+MetadataValue = Annotated[str, StringConstraints(max_length=512)]
+
+
+class ChatBody(_Model):
+    """OpenAI's Chat Completions request, as far as this server reads it."""
+
+    model: str
+    messages: list[Message] = Field(min_length=1)
+    response_format: ResponseFormat | None = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, ge=0.0, le=1.0)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    stop: Annotated[Any, BeforeValidator(_stop)] = None
+    seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1)
+    n: int | None = Field(None, ge=1, le=MAX_N)
+    user: str | None = None
+    metadata: dict[MetadataKey, MetadataValue] | None = Field(None, max_length=16)
+    grammarspec: Extension | None = None
+    # accepted only at their "off" value (_OFF_ONLY)
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    logit_bias: dict[str, float] | None = None
+    store: bool | None = None
+
+
+#: Fields a request may hold.
+_FIELDS = tuple(ChatBody.model_fields)
+
+
+# --- errors ------------------------------------------------------------------------------------------------
+
+#: The union tags pydantic writes into an error's location (not fields: left out of the path).
+_TAGS = {"system", "user", "assistant", "tool", "mode", "named", "text", "json_object", "json_schema"}
+_CODES = {"missing": "missing_required_parameter", "extra_forbidden": "unknown_parameter"}
+
+
+def _path(loc: tuple[Any, ...]) -> str:
+    """``("messages", 2, "tool", "tool_call_id")`` -> ``messages[2].tool_call_id`` (union tags left out)."""
+    out, tagged = "", None
+    for item in loc:
+        if isinstance(item, int):
+            out += f"[{item}]"
+        elif item in _TAGS and _is_tag(out) and tagged != out:
+            tagged = out
+        else:
+            out += ("." if out else "") + str(item)
+    return out
+
+
+def _is_tag(path: str) -> bool:
+    """Whether what follows ``path`` in a location is a union's tag (``response_format.json_schema`` is both)."""
+    return path in ("tool_choice", "response_format") or bool(re.fullmatch(r"messages\[\d+\]", path))
+
+
+#: The model at each place of the body, by the names (fields and union tags) of its location, list indices left out.
+_PLACES: dict[tuple[str, ...], type[BaseModel]] = {
+    ("messages", "system"): SystemMessage,
+    ("messages", "user"): UserMessage,
+    ("messages", "assistant"): AssistantMessage,
+    ("messages", "tool"): ToolMessage,
+    ("messages", "assistant", "tool_calls"): ToolCall,
+    ("messages", "assistant", "tool_calls", "function"): FunctionCall,
+    ("tools",): Tool,
+    ("tools", "function"): FunctionDefinition,
+    ("tool_choice", "named"): NamedToolChoice,
+    ("tool_choice", "named", "function"): FunctionName,
+    ("response_format", "text"): TextFormat,
+    ("response_format", "json_object"): JsonObjectFormat,
+    ("response_format", "json_schema"): JsonSchemaResponseFormat,
+    ("response_format", "json_schema", "json_schema"): JsonSchemaFormat,
+    ("stream_options",): StreamOptions,
+    ("grammarspec",): Extension,
+}
+
+
+def _unknown(loc: tuple[Any, ...], path: str) -> str:
+    """What an unknown field's message says: the fields its place may hold."""
+    if len(loc) == 1:
+        return f"unknown field '{path}'; grammarspec serve accepts {', '.join(_FIELDS)}"
+    place = _PLACES.get(tuple(item for item in loc[:-1] if not isinstance(item, int)))
+    if place is None:
+        return f"unknown field '{path}'"
+    fields = [f.alias or name for name, f in place.model_fields.items()]
+    return f"unknown field '{path}'; {path.rsplit('.', 1)[0]} may hold {', '.join(fields)}"
+
+
+def _refusal(e: ValidationError) -> RequestError:
+    errors = e.errors(include_url=False)
+    first = errors[0]
+    loc = tuple(first["loc"])
+    path = _path(loc)
+    kind = first["type"]
+    if kind == "invalid_role":
+        path += ".role"
+    elif kind == "invalid_format":
+        path += ".type"
+    said = first["msg"][:1].lower() + first["msg"][1:]
+    if kind == "extra_forbidden":
+        message = _unknown(loc, path)
+    elif kind == "missing":
+        message = f"{path}: field required" if said == "field required" else f"{path}: {said}"
+    else:
+        got = f" (got {type(first['input']).__name__})" if kind.endswith("_type") else ""
+        message = f"{path}: {said}{got}" if path else said
+    if len(errors) > 1:
+        message += f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})"
+    code = _CODES.get(kind, "invalid_type" if kind.endswith("_type") or kind == "invalid_type" else "invalid_value")
+    return RequestError(message, param=path or None, code=code)
+
+
+def _non_finite(value: Any, path: str = "") -> str | None:
+    """The path of the first number JSON cannot hold (infinity or NaN, as ``1e400`` or ``NaN`` read), or ``None``."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return path or "the body"
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            found = _non_finite(item, f"{path}.{key}" if path else str(key))
+            if found:
+                return found
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            found = _non_finite(item, f"{path}[{i}]")
+            if found:
+                return found
+    return None
+
+
+# --- the checked request ---------------------------------------------------------------------------------
+
+
 @dataclass
 class ChatRequest:
     """A checked Chat Completions request (plain values)."""
@@ -106,6 +464,7 @@ class ChatRequest:
     n: int = 1
     assistant: str = "auto"
     max_draft_tokens: int | None = None
+    grammar_backend: str | None = None  # None: the server's
     metadata: dict[str, str] = field(default_factory=dict)  # the client's tags; they change no output
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -114,212 +473,76 @@ class ChatRequest:
         return self.temperature == 0.0
 
 
-def _number(body: Mapping[str, Any], name: str, low: float, high: float, default: float) -> float:
-    value = body.get(name)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise RequestError(f"'{name}' must be a number, got {type(value).__name__}", param=name, code="invalid_type")
-    if not low <= value <= high:
-        raise RequestError(f"'{name}' must be between {low} and {high}, got {value}", param=name, code="invalid_value")
-    return float(value)
-
-
-def _integer(body: Mapping[str, Any], name: str, low: int, high: int | None = None) -> int | None:
-    value = body.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise RequestError(f"'{name}' must be an integer, got {type(value).__name__}", param=name, code="invalid_type")
-    if value < low or (high is not None and value > high):
-        bound = f">= {low}" if high is None else f"between {low} and {high}"
-        raise RequestError(f"'{name}' must be {bound}, got {value}", param=name, code="invalid_value")
-    return value
-
-
-def _boolean(body: Mapping[str, Any], name: str, default: bool) -> bool:
-    value = body.get(name)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise RequestError(f"'{name}' must be a boolean, got {type(value).__name__}", param=name, code="invalid_type")
-    return value
-
-
-def _messages(value: Any) -> list[dict[str, Any]]:
-    if not isinstance(value, list) or not value:
-        raise RequestError("'messages' must be a non-empty array of messages", param="messages", code="invalid_type")
-    out = []
-    for i, message in enumerate(value):
-        param = f"messages[{i}]"
-        if not isinstance(message, Mapping):
-            raise RequestError(f"{param} must be an object", param=param, code="invalid_type")
-        role = message.get("role")
-        if role not in ("system", "developer", "user", "assistant", "tool"):
-            raise RequestError(
-                f"{param}.role must be system, developer, user, assistant or tool, got {role!r}",
-                param=f"{param}.role",
-                code="invalid_value",
-            )
-        unknown = set(message) - {"role", "content", "name", "tool_calls", "tool_call_id", "refusal"}
-        if unknown:
-            raise RequestError(
-                f"{param} has unknown field(s) {', '.join(sorted(unknown))}", param=param, code="unknown_parameter"
-            )
-        m = dict(message)
-        m["role"] = "system" if role == "developer" else role
-        content = m.get("content")
-        if isinstance(content, list):  # content parts: only text can be honoured
-            texts = []
-            for j, part in enumerate(content):
-                if not isinstance(part, Mapping) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                    raise RequestError(
-                        f"{param}.content[{j}]: only text parts are supported",
-                        param=f"{param}.content",
-                        code="invalid_value",
-                    )
-                texts.append(part["text"])
-            m["content"] = "".join(texts)
-        elif content is not None and not isinstance(content, str):
-            raise RequestError(
-                f"{param}.content must be a string or an array of text parts",
-                param=f"{param}.content",
-                code="invalid_type",
-            )
-        if m.get("content") is None and not (role == "assistant" and m.get("tool_calls")):
-            raise RequestError(f"{param}.content is missing", param=f"{param}.content", code="invalid_value")
-        m.pop("refusal", None)
-        m.pop("name", None)
-        out.append(m)
+def _message(m: BaseModel) -> dict[str, Any]:
+    """A message as the chat template reads it: developer is system; name and refusal are not rendered."""
+    out: dict[str, Any] = {"role": _ROLES[m.role], "content": m.content}  # type: ignore[attr-defined]
+    if isinstance(m, AssistantMessage) and m.tool_calls:
+        out["tool_calls"] = [c.model_dump() for c in m.tool_calls]
+    if isinstance(m, ToolMessage):
+        out["tool_call_id"] = m.tool_call_id
     return out
-
-
-def _response_format(value: Any, request: ChatRequest) -> None:
-    if value is None:
-        return
-    if not isinstance(value, Mapping):
-        raise RequestError("'response_format' must be an object", param="response_format", code="invalid_type")
-    kind = value.get("type")
-    if kind == "text":
-        return
-    if kind == "json_object":
-        request.json_object = True
-        return
-    if kind == "json_schema":
-        spec = value.get("json_schema")
-        if not isinstance(spec, Mapping) or "schema" not in spec:
-            raise RequestError(
-                "response_format json_schema needs {'json_schema': {'name': ..., 'schema': {...}}}",
-                param="response_format.json_schema",
-                code="invalid_value",
-            )
-        schema = spec["schema"]
-        if not isinstance(schema, (Mapping, bool)):
-            raise RequestError(
-                "response_format.json_schema.schema must be a JSON Schema object",
-                param="response_format.json_schema.schema",
-                code="invalid_type",
-            )
-        request.schema = dict(schema) if isinstance(schema, Mapping) else schema
-        return
-    raise RequestError(
-        f"response_format.type must be text, json_object or json_schema, got {kind!r}",
-        param="response_format.type",
-        code="invalid_value",
-    )
-
-
-def _tools(body: Mapping[str, Any], request: ChatRequest) -> None:
-    tools = body.get("tools")
-    if tools is not None:
-        if not isinstance(tools, list) or not all(isinstance(t, Mapping) for t in tools):
-            raise RequestError("'tools' must be an array of tool objects", param="tools", code="invalid_type")
-        for i, tool in enumerate(tools):
-            if tool.get("type", "function") != "function" or not isinstance(tool.get("function"), Mapping):
-                raise RequestError(
-                    f"tools[{i}] must be {{'type': 'function', 'function': {{...}}}}",
-                    param=f"tools[{i}]",
-                    code="invalid_value",
-                )
-            if not isinstance(tool["function"].get("name"), str):
-                raise RequestError(
-                    f"tools[{i}].function.name must be a string",
-                    param=f"tools[{i}].function.name",
-                    code="invalid_value",
-                )
-        request.tools = [dict(t) for t in tools] or None
-    choice = body.get("tool_choice")
-    if choice is not None:
-        if not (choice in ("auto", "none", "required") or isinstance(choice, Mapping)):
-            raise RequestError(
-                "'tool_choice' must be 'auto', 'none', 'required' or {'type': 'function', ...}",
-                param="tool_choice",
-                code="invalid_value",
-            )
-        request.tool_choice = choice
-    request.parallel_tool_calls = _boolean(body, "parallel_tool_calls", False)
-
-
-def _metadata(value: Any) -> dict[str, str]:
-    """OpenAI's ``metadata``: up to 16 string pairs (keys up to 64 characters, values up to 512)."""
-    if value is None:
-        return {}
-    if (
-        not isinstance(value, Mapping)
-        or len(value) > 16
-        or not all(
-            isinstance(k, str) and isinstance(v, str) and len(k) <= 64 and len(v) <= 512 for k, v in value.items()
-        )
-    ):
-        raise RequestError(
-            "'metadata' must be an object of up to 16 string values (keys up to 64 characters, values up to 512)",
-            param="metadata",
-            code="invalid_value",
-        )
-    return dict(value)
-
-
-def _stop(value: Any) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    stops = [value] if isinstance(value, str) else value
-    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops) or len(stops) > 4:
-        raise RequestError(
-            "'stop' must be a non-empty string or an array of up to 4 of them", param="stop", code="invalid_value"
-        )
-    return tuple(stops)
 
 
 def parse_request(body: Any, model_name: str) -> ChatRequest:
     """Check a Chat Completions body; raises :class:`RequestError` for anything that cannot be honoured."""
     if not isinstance(body, Mapping):
         raise RequestError("the request body must be a JSON object")
-    for name, value in body.items():
-        if name in _OFF_ONLY:
-            off, why = _OFF_ONLY[name]
-            if value not in off and not (name == "logit_bias" and value == {}):
-                raise RequestError(
-                    f"'{name}'={value!r} cannot be honoured: {why}", param=name, code="unsupported_parameter"
-                )
-        elif name not in _FIELDS:
-            raise RequestError(
-                f"unknown field '{name}'; grammarspec serve accepts {', '.join(sorted(_FIELDS))}",
-                param=name,
-                code="unknown_parameter",
-            )
     model = body.get("model")
-    if not isinstance(model, str):
-        raise RequestError("'model' must be a string", param="model", code="invalid_type")
-    if model != model_name:
+    if isinstance(model, str) and model != model_name:
         raise RequestError(
             f"the model {model!r} does not exist; this server serves {model_name!r}",
             param="model",
             code="model_not_found",
             status=404,
         )
-    request = ChatRequest(messages=_messages(body.get("messages")))
-    _response_format(body.get("response_format"), request)
-    _tools(body, request)
+    where = _non_finite(body)
+    if where:
+        raise RequestError(
+            f"{where}: the number is out of range (infinity or NaN, as a number beyond a 64-bit float such as 1e400 "
+            "reads); JSON has no such value: write a finite number",
+            param=where,
+            code="invalid_value",
+        )
+    try:
+        checked = ChatBody.model_validate(dict(body))
+    except ValidationError as e:
+        raise _refusal(e) from None
+    for name, (off, why) in _OFF_ONLY.items():
+        value = getattr(checked, name)
+        if value not in off and not (name == "logit_bias" and value == {}):
+            raise RequestError(
+                f"'{name}'={value!r} cannot be honoured: {why}", param=name, code="unsupported_parameter"
+            )
+    request = ChatRequest(messages=[_message(m) for m in checked.messages])
+    fmt = checked.response_format
+    if isinstance(fmt, JsonObjectFormat):
+        request.json_object = True
+    elif isinstance(fmt, JsonSchemaResponseFormat):
+        schema = fmt.json_schema.schema_
+        request.schema = dict(schema) if isinstance(schema, dict) else schema
+    if checked.tools:
+        request.tools = [t.model_dump(exclude_unset=True) for t in checked.tools]
+    choice = checked.tool_choice
+    if isinstance(choice, NamedToolChoice):
+        names = [t.function.name for t in checked.tools or []]
+        if choice.function.name not in names:
+            raise RequestError(
+                f"tool_choice.function.name: {choice.function.name!r} is not one of the tools "
+                f"({', '.join(map(repr, names)) or 'none given'}); name one of them, or pass 'auto', 'required' "
+                "or 'none'",
+                param="tool_choice.function.name",
+                code="invalid_value",
+            )
+        request.tool_choice = choice.model_dump()
+    elif choice is not None:
+        if choice == "required" and not checked.tools:
+            raise RequestError(
+                "tool_choice='required' needs tools: pass tools=[...], or tool_choice 'auto' or 'none'",
+                param="tool_choice",
+                code="invalid_value",
+            )
+        request.tool_choice = choice
+    request.parallel_tool_calls = bool(checked.parallel_tool_calls)
     if request.tools and (request.schema is not None or request.json_object) and request.tool_choice != "none":
         raise RequestError(
             "response_format with tools cannot both constrain one answer; pass tool_choice='none' "
@@ -327,46 +550,26 @@ def parse_request(body: Any, model_name: str) -> ChatRequest:
             param="response_format",
             code="unsupported_parameter",
         )
-    request.stream = _boolean(body, "stream", False)
-    options = body.get("stream_options")
-    if options is not None:
-        if not isinstance(options, Mapping) or set(options) - {"include_usage"}:
-            raise RequestError(
-                "'stream_options' may only hold include_usage", param="stream_options", code="invalid_value"
-            )
+    request.stream = bool(checked.stream)
+    if checked.stream_options is not None:
         if not request.stream:
             raise RequestError("'stream_options' needs stream=true", param="stream_options", code="invalid_value")
-        request.include_usage = _boolean(options, "include_usage", False)
-    request.temperature = _number(body, "temperature", 0.0, 2.0, 1.0)
-    request.top_p = _number(body, "top_p", 0.0, 1.0, 1.0)
-    if body.get("max_tokens") is not None and body.get("max_completion_tokens") is not None:
+        request.include_usage = bool(checked.stream_options.include_usage)
+    request.temperature = 1.0 if checked.temperature is None else float(checked.temperature)
+    request.top_p = 1.0 if checked.top_p is None else float(checked.top_p)
+    if checked.max_tokens is not None and checked.max_completion_tokens is not None:
         raise RequestError(
             "give max_tokens or max_completion_tokens, not both", param="max_tokens", code="invalid_value"
         )
-    request.max_tokens = _integer(body, "max_tokens", 1) or _integer(body, "max_completion_tokens", 1)
-    request.stop = _stop(body.get("stop"))
-    request.seed = _integer(body, "seed", -(2**63), 2**63 - 1)
-    request.n = _integer(body, "n", 1, MAX_N) or 1
-    user = body.get("user")
-    if user is not None and not isinstance(user, str):
-        raise RequestError("'user' must be a string", param="user", code="invalid_type")
-    request.metadata = _metadata(body.get("metadata"))
-    ours = body.get("grammarspec")
+    request.max_tokens = checked.max_tokens or checked.max_completion_tokens
+    stop = checked.stop
+    request.stop = () if stop is None else (stop,) if isinstance(stop, str) else tuple(stop)
+    request.seed = checked.seed
+    request.n = checked.n or 1
+    request.metadata = dict(checked.metadata or {})
+    ours = checked.grammarspec
     if ours is not None:
-        if not isinstance(ours, Mapping) or set(ours) - {"assistant", "max_draft_tokens"}:
-            raise RequestError(
-                "'grammarspec' may hold 'assistant' (a preset) and 'max_draft_tokens'",
-                param="grammarspec",
-                code="invalid_value",
-            )
-        assistant = ours.get("assistant", "auto")
-        if assistant not in ASSISTANT_PRESETS:
-            raise RequestError(
-                f"grammarspec.assistant must be one of {', '.join(ASSISTANT_PRESETS)}, got {assistant!r}",
-                param="grammarspec.assistant",
-                code="invalid_value",
-            )
-        request.assistant = assistant
-        draft = ours.get("max_draft_tokens", "auto")
-        request.max_draft_tokens = None if draft == "auto" else _integer(ours, "max_draft_tokens", 1, 64)
+        request.assistant = ours.assistant
+        request.max_draft_tokens = None if ours.max_draft_tokens == "auto" else ours.max_draft_tokens
+        request.grammar_backend = ours.grammar_backend
     return request

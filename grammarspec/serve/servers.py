@@ -219,11 +219,11 @@ def start_transformers_serve(model: torch.nn.Module, model_dir: str, workdir: st
 
 def start_vllm_serve(model_dir: str, served_name: str) -> Subprocess | str:
     """vLLM's OpenAI server in ``.venv-vllm``, or why it cannot run (no such environment)."""
-    from ..bench.vllm_arms import _environment, vllm_python
+    from ..bench.vllm_env import environment, vllm_python
 
     try:
         python = vllm_python()
     except ValueError as e:
         return str(e)
-    env = {**_environment(python), "HF_HUB_OFFLINE": "1"}
+    env = {**environment(python), "HF_HUB_OFFLINE": "1"}
     return Subprocess(lambda port: vllm_serve_command(python, model_dir, port, served_name), env, "vllm serve", 900)

@@ -320,7 +320,7 @@ def run_sweep(
 
 def _start_vllm(model_name: str, max_batch_size: int, *, speculative: bool) -> Any:
     """``vllm serve`` (the bench's settings, n-gram drafts or none), or why it cannot run."""
-    from ..bench.vllm_arms import _environment, vllm_python
+    from ..bench.vllm_env import environment, vllm_python
     from ..vllm import model_path
     from .servers import Subprocess, vllm_serve_command
 
@@ -328,7 +328,7 @@ def _start_vllm(model_name: str, max_batch_size: int, *, speculative: bool) -> A
         python = vllm_python()
     except ValueError as e:
         return str(e)
-    env = {**_environment(python), "HF_HUB_OFFLINE": "1"}
+    env = {**environment(python), "HF_HUB_OFFLINE": "1"}
 
     def command(port: int) -> list[str]:
         return vllm_serve_command(
