@@ -20,9 +20,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .base import EMPTY_DRAFT, Draft, GrammarView, Request
+from .base import EMPTY_DRAFT, Draft, DraftTree, GrammarView, Request
 from .suffix_index import Output, SuffixIndex, scope_of
-from .tree import DraftTree
 
 __all__ = ["SuffixProposer"]
 
