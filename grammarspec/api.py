@@ -25,6 +25,7 @@ from grammars import compile_grammar
 from grammars.registry import DEFAULT as DEFAULT_BACKEND
 from proposers.base import members
 from proposers.presets import resolve_assistant
+from proposers.suffix_index import resolve_index
 
 from .assistant import draft_maker
 from .constraint import Constraint
@@ -54,9 +55,13 @@ from .vocabulary import check_vocabulary
 
 __all__ = ["DEFAULT_MAX_DRAFT", "GenerationOutput", "enable", "check_options", "generate", "run_generate"]
 
+#: Bytes of the index of earlier outputs that the rows of one batched call share (``draft_index=None``).
+GENERATE_DRAFT_BYTES = 16 << 20
+
 #: grammarspec's own keywords: after ``enable``, a call with any of them (whatever its value) is ours.
 _OUR_KWARGS = Constraint.keywords() + (
     "assistant",
+    "draft_index",
     "grammar_backend",
     "max_draft_tokens",
     "adaptive",
@@ -114,6 +119,7 @@ def generate(
     return_dict_in_generate: bool | None = None,
     past_key_values: Any = None,
     update_cache: bool = False,
+    draft_index: Any = None,
     **generation_kwargs: Any,
 ) -> torch.LongTensor | GenerationOutput:
     """Constrained (optionally speculative) generation, ``model.generate``-style.
@@ -134,6 +140,9 @@ def generate(
     of ``input_ids`` (batch 1; the transformers "re-use a prompt cache" recipe):
     only the rest is prefilled.  It is copied unless ``update_cache=True`` (then it
     is extended in place and ends holding a prefix of prompt + output).  ``num_return_sequences=n`` (sampling) repeats each prompt n times.
+    ``draft_index``: with ``assistant="auto"``, rows draft from what earlier outputs of their schema wrote
+    (:class:`proposers.SuffixIndex`): ``None`` (the default) shares a fresh index among this call's rows (batches
+    only), an index passed in is shared with every call given it, ``False`` turns it off.  Outputs are unchanged.
     ``tool_choice`` (with ``tools=``): ``"required"`` (the default: one call),
     ``"auto"`` (text or a call), ``"none"`` (the tools are not used) or
     ``{"type": "function", "function": {"name": ...}}``; read the calls with
@@ -184,6 +193,7 @@ def generate(
         return_dict_in_generate=return_dict_in_generate,
         past_key_values=past_key_values,
         update_cache=update_cache,
+        draft_index=draft_index,
         **generation_kwargs,
     )
 
@@ -223,6 +233,7 @@ def _generate(
     update_cache: bool = False,
     calibration: Calibration | None = None,
     documents: Sequence[str] = (),
+    draft_index: Any = None,
     **generation_kwargs: Any,
 ) -> torch.LongTensor | GenerationOutput:
     # calibration / documents (Conversation's carry): the row starts from these survival records, updated in
@@ -296,6 +307,8 @@ def _generate(
         raise ValueError("past_key_values (a prompt cache) supports batch size 1 only: pass one prompt row per call")
     if calibration is not None and len(rows) > 1:  # rows decoding at once never share one
         raise ValueError("a carried calibration serves one row: pass one prompt row per call")
+    # Rows of one call draft from each other's outputs (a fresh index unless one is passed in to share).
+    suffix_index = resolve_index(draft_index, GENERATE_DRAFT_BYTES if len(rows) > 1 else 0, "generate()")
     prompt_cache = past_key_values if update_cache or past_key_values is None else copy.deepcopy(past_key_values)
     stop_strings = _stop_strings(config)
     decode_config = DecodeConfig(
@@ -324,6 +337,7 @@ def _generate(
             adaptive=adaptive,
             calibration=calibration,
             documents=documents,
+            suffix_index=suffix_index,
         )
         for prompt, spec, grammar_ in zip(rows, specs, compiled)
     ]
@@ -387,6 +401,7 @@ _GENERATE_OPTIONS = frozenset(
         "return_dict_in_generate",
         "past_key_values",
         "update_cache",
+        "draft_index",
     }
 )
 

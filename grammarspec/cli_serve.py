@@ -84,6 +84,14 @@ def add_serve_commands(commands: Any) -> None:
         help="memory budget of the prefix KV cache, LRU-evicted (default: 1024; 0 turns it off)",
     )
     serve.add_argument(
+        "--draft-memory-mb",
+        type=cli_common.non_negative_float,
+        default=256.0,
+        metavar="MB",
+        help="memory of the index of earlier outputs that requests with the same schema or tools draft from, "
+        "oldest evicted first (default: 256; 0 turns it off)",
+    )
+    serve.add_argument(
         "--prompt-chunk",
         type=cli_common.positive_int,
         default=None,
@@ -257,6 +265,28 @@ def add_serve_commands(commands: Any) -> None:
     )
     sweep.add_argument("--tasks", metavar="FILE", help="task file of the json workload (default: data/tasks)")
     sweep.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    drafts = bench.add_argument_group(
+        "drafts from earlier outputs (--drafts)",
+        "repeated structured traffic through the server's engine with the index of earlier outputs on and off "
+        "(--draft-memory-mb 0): tokens per target pass, target passes, accepted draft tokens per source, tokens/s, "
+        "outputs compared; writes drafts.md and drafts.json",
+    )
+    drafts.add_argument(
+        "--drafts",
+        choices=("repeat", "agent"),
+        help="repeat: every task-file schema sent --draft-repeat times with other documents, round-robin, "
+        "--concurrency clients; agent: the agent conversations, --concurrency at once, with KV reuse",
+    )
+    drafts.add_argument(
+        "--draft-repeat", type=cli_common.positive_int, default=3, metavar="N", help="requests per schema (default: 3)"
+    )
+    drafts.add_argument(
+        "--draft-memory-mb",
+        type=cli_common.non_negative_float,
+        default=256.0,
+        metavar="MB",
+        help="the index's memory in the on arm, as serve --draft-memory-mb (default: 256)",
+    )
     bench.set_defaults(run=_cmd_bench_serve)
 
 
@@ -287,6 +317,7 @@ def _cmd_serve(args: argparse.Namespace, command: str) -> int:
             tool_format=args.tool_format,
             prompt_chunk=args.prompt_chunk,
             step_cost=args.step_cost,
+            draft_memory_bytes=int(args.draft_memory_mb * 2**20),
             compile_timeout=args.compile_timeout,
         )
     except ToolCallError as e:
@@ -313,6 +344,8 @@ def _cmd_bench_serve(args: argparse.Namespace, command: str) -> int:
 
     if args.sweep:
         return _cmd_bench_serve_sweep(args, command)
+    if args.drafts:
+        return _cmd_bench_serve_drafts(args, command)
     arms = cli_common.check_known("--arms", cli_common.split_names(args.arms or ",".join(SERVE_ARMS)), SERVE_ARMS)
     chosen = cli_common.chosen_conversations(args.conversations, CONVERSATIONS)
     out = cli_common.out_folder(args.out)
@@ -329,6 +362,29 @@ def _cmd_bench_serve(args: argparse.Namespace, command: str) -> int:
         progress=lambda line: print(line, file=sys.stderr),
     )
     cli_common.write_report(out, "serve", serve_markdown(result, command), result)
+    return 0
+
+
+def _cmd_bench_serve_drafts(args: argparse.Namespace, command: str) -> int:
+    from .bench.agent_tasks import CONVERSATIONS
+    from .serve.drafts_bench import drafts_markdown, run_drafts_bench
+
+    chosen = cli_common.chosen_conversations(args.conversations, CONVERSATIONS)
+    out = cli_common.out_folder(args.out)
+    model, tokenizer = cli_common.load_for_timing(args.model, device=args.device, dtype=args.dtype)
+    result = run_drafts_bench(
+        model,
+        tokenizer,
+        args.drafts,
+        concurrency=args.concurrency,
+        repeat=args.draft_repeat,
+        max_tokens=args.max_new_tokens or 96,
+        draft_memory_mb=args.draft_memory_mb,
+        tasks_path=args.tasks,
+        conversations=chosen,
+        progress=lambda line: print(line, file=sys.stderr),
+    )
+    cli_common.write_report(out, "drafts", drafts_markdown(result, command), result)
     return 0
 
 

@@ -56,6 +56,7 @@ from typing import Any
 import torch
 
 from proposers.presets import resolve_assistant
+from proposers.suffix_index import resolve_index
 
 from .api import DEFAULT_MAX_DRAFT, check_options, run_generate
 from .assistant import draft_maker
@@ -79,7 +80,17 @@ from .tool_calls import (
 #: The constraint keywords ``reply`` takes besides ``tool_choice`` / ``parallel_tool_calls``.
 _CONSTRAINT_KWARGS = ("schema", "grammar", "regex", "json_object", "any_whitespace")
 
-__all__ = ["NO_TOOL_NOTE", "ContextLimitError", "Conversation", "Reply", "common_prefix_length"]
+__all__ = [
+    "CONVERSATION_DRAFT_BYTES",
+    "NO_TOOL_NOTE",
+    "ContextLimitError",
+    "Conversation",
+    "Reply",
+    "common_prefix_length",
+]
+
+#: Bytes of a conversation's own index of earlier outputs (``draft_index=None``).
+CONVERSATION_DRAFT_BYTES = 16 << 20
 
 
 class ContextLimitError(ValueError):
@@ -113,6 +124,11 @@ class Conversation:
     ``"json"``), ``"json"`` or an xgrammar model format (see
     :mod:`grammarspec.tool_calls`).  ``assistant``/``max_draft_tokens``/
     ``grammar_backend``: as for :func:`grammarspec.generate`.
+    ``draft_index``: with ``assistant="auto"``, each turn also drafts from what
+    earlier turns wrote under the same tools or schema (:class:`proposers.SuffixIndex`):
+    ``None`` gives the conversation its own (:data:`CONVERSATION_DRAFT_BYTES`), an
+    index passed in is shared (by an agent's many conversations, say), ``False``
+    turns it off.  Outputs are unchanged.
     ``generation_kwargs``: defaults for every turn (``do_sample``, ...).
 
     Not thread-safe; one conversation per thread.
@@ -130,6 +146,7 @@ class Conversation:
         tool_format: str = "auto",
         max_draft_tokens: int = DEFAULT_MAX_DRAFT,
         grammar_backend: str = "xgrammar",
+        draft_index: Any = None,
         **generation_kwargs: Any,
     ) -> None:
         if not getattr(tokenizer, "chat_template", None):
@@ -145,7 +162,11 @@ class Conversation:
         self.messages: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
         self.replies: list[Reply] = []
         self._assistant = assistant
-        self._proposer = resolve_assistant(assistant, make_draft=draft_maker())  # one per conversation
+        #: earlier outputs this conversation drafts from (None: off); it keeps the one proposer it feeds
+        self.draft_index = resolve_index(draft_index, CONVERSATION_DRAFT_BYTES, "Conversation()")
+        self._proposer = resolve_assistant(  # one per conversation
+            assistant, make_draft=draft_maker(), suffix_index=self.draft_index
+        )
         self._options = dict(max_draft_tokens=max_draft_tokens, grammar_backend=grammar_backend, **generation_kwargs)
         # a bad default fails here, not at reply()
         check_options(

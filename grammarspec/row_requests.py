@@ -18,6 +18,7 @@ from transformers import GenerationConfig
 
 from proposers.base import Request, members
 from proposers.presets import resolve_assistant
+from proposers.suffix_index import SuffixIndex
 
 from .adaptive import AdaptiveController, k_min
 from .assistant import draft_maker
@@ -54,6 +55,7 @@ def row_request(
     adaptive: bool = True,
     calibration: Calibration | None = None,
     documents: Sequence[str] = (),
+    suffix_index: SuffixIndex | None = None,
 ) -> RowRequest:
     """The row of one prompt.  ``config`` is resolved (:func:`grammarspec.settings.resolve_config`).
 
@@ -62,7 +64,8 @@ def row_request(
     ``assistant_model``: as :func:`grammarspec.generate` takes them (the row gets
     fresh proposer objects; a draft model drafts with this row's processing);
     ``calibration``: survival records to start from (updated in place);
-    ``documents``: earlier JSON documents of the conversation, for the drafter.
+    ``documents``: earlier JSON documents of the conversation, for the drafter;
+    ``suffix_index``: earlier outputs shared with other rows (``"auto"`` drafts from it and adds to it).
     Starts the proposer on the prompt; changes nothing else.
     """
     greedy = not config.do_sample
@@ -77,7 +80,7 @@ def row_request(
         device=logits_device(model),
     )
     make_draft = draft_maker(sampling=sampling, processing=pipeline, generator=generator, vocab_size=vocab)
-    proposer = resolve_assistant(assistant, assistant_model, make_draft=make_draft)
+    proposer = resolve_assistant(assistant, assistant_model, make_draft=make_draft, suffix_index=suffix_index)
     for member in members(proposer) if proposer is not None else []:
         if isinstance(member, DraftModelProposer):  # one passed in: it drafts with this row's processing
             member.bind(sampling=sampling, processing=pipeline, generator=generator, vocab_size=vocab)

@@ -10,6 +10,7 @@ exact rejection sampling, so no proposer changes the output distribution.
 * :class:`JumpForwardProposer` -- the grammar's forced text, in canonical tokens;
 * :class:`SchemaNgramProposer` -- JSON from this document's history, the prompt and the schema;
 * :class:`PromptLookupProposer` -- longest-suffix n-gram lookup over prompt + output;
+* :class:`SuffixProposer` -- what earlier outputs of the same kind wrote next (a shared :class:`SuffixIndex`);
 * :class:`CompositeProposer` -- forced span first, then the best continuation;
 * :func:`resolve_assistant` -- ``assistant=`` values and presets -> a proposer.
 """
@@ -20,6 +21,8 @@ from .jump_forward import JumpForwardProposer
 from .presets import PRESETS, resolve_assistant
 from .prompt_lookup import PromptLookupProposer, find_ngram_continuation
 from .schema_ngram import SchemaNgramProposer
+from .suffix import SuffixProposer
+from .suffix_index import SuffixIndex
 from .text import continuation_tokens
 
 __all__ = [
@@ -32,6 +35,8 @@ __all__ = [
     "SchemaNgramProposer",
     "PromptLookupProposer",
     "CompositeProposer",
+    "SuffixProposer",
+    "SuffixIndex",
     "PRESETS",
     "resolve_assistant",
     "find_ngram_continuation",

@@ -4,7 +4,9 @@
 
 * ``None`` or ``"none"``: no speculation (unless a draft model is given);
 * a preset name: ``"auto"`` (jump-forward + schema n-gram + prompt lookup,
-  plus the draft model when one is given; one
+  plus drafts from earlier outputs when a shared
+  :class:`~proposers.suffix_index.SuffixIndex` is given, plus the draft model
+  when one is given; one
   :class:`~proposers.text.SplitPreferences` shared by all, taught by the
   composite), ``"prompt_lookup"``,
   ``"schema_ngram"``, ``"jump_forward"``, ``"draft_model"``;
@@ -26,6 +28,8 @@ from .compose import CompositeProposer
 from .jump_forward import JumpForwardProposer
 from .prompt_lookup import PromptLookupProposer
 from .schema_ngram import SchemaNgramProposer
+from .suffix import SuffixProposer
+from .suffix_index import SuffixIndex
 from .text import SplitPreferences
 
 __all__ = ["PRESETS", "resolve_assistant"]
@@ -45,7 +49,11 @@ MakeDraft = Callable[[Any], Proposer]
 
 
 def resolve_assistant(
-    assistant: Any, draft_model: Any = None, *, make_draft: MakeDraft | None = None
+    assistant: Any,
+    draft_model: Any = None,
+    *,
+    make_draft: MakeDraft | None = None,
+    suffix_index: SuffixIndex | None = None,
 ) -> Proposer | None:
     """The proposer for ``assistant`` (``None``: decode without speculation).
 
@@ -53,16 +61,20 @@ def resolve_assistant(
     ``"draft_model"`` (and on its own when ``assistant`` is ``None``);
     ``make_draft`` turns a model into a proposer (models run in the runtime
     package, :func:`grammarspec.assistant.resolve_assistant` passes it).
+    ``suffix_index``: an index of earlier outputs shared with other requests;
+    ``"auto"`` then drafts from it too (:class:`~proposers.suffix.SuffixProposer`).
     Raises ``ValueError`` for an unknown preset name and ``TypeError`` for
     anything that is not an accepted kind, saying what is accepted.
     """
     if assistant is None:
         return _draft_model(draft_model, make_draft) if draft_model is not None else None
     if isinstance(assistant, str):
-        return _preset(assistant, draft_model, make_draft)
+        return _preset(assistant, draft_model, make_draft, suffix_index)
     if isinstance(assistant, (list, tuple)):
         members = [
-            p for item in assistant for p in _members(resolve_assistant(item, draft_model, make_draft=make_draft))
+            p
+            for item in assistant
+            for p in _members(resolve_assistant(item, draft_model, make_draft=make_draft, suffix_index=suffix_index))
         ]
         if not members:
             return None
@@ -79,7 +91,9 @@ def resolve_assistant(
     )
 
 
-def _preset(name: str, draft_model: Any, make_draft: MakeDraft | None) -> Proposer | None:
+def _preset(
+    name: str, draft_model: Any, make_draft: MakeDraft | None, suffix_index: SuffixIndex | None
+) -> Proposer | None:
     key = name.strip().lower()
     if key == "none":
         return None
@@ -99,6 +113,8 @@ def _preset(name: str, draft_model: Any, make_draft: MakeDraft | None) -> Propos
             SchemaNgramProposer(splits=splits),
             PromptLookupProposer(),
         ]
+        if suffix_index is not None and suffix_index.max_bytes > 0:
+            members.append(SuffixProposer(suffix_index))
         if draft_model is not None:
             members.append(_draft_model(draft_model, make_draft))
         return CompositeProposer(members, name="auto", splits=splits)

@@ -33,8 +33,9 @@ Builders (pure; nothing here runs a model or changes a grammar):
   (:class:`proposers.text.SplitPreferences` remembers what the target wrote
   instead of a canonical token, and the canonical token itself);
 * :class:`TreeProposer` -- wraps a chain proposer (``auto``) and adds the
-  alternatives: the other splits of its draft, and the schema n-gram's other
-  top candidates for the next value.
+  alternatives: the other splits of its draft, the schema n-gram's other
+  top candidates for the next value, and where earlier outputs branched
+  (:meth:`proposers.suffix.SuffixProposer.alternatives`).
 
 Deterministic drafts only (no draft distributions): verification draws the
 target's own token at each node and descends if it is a child, which is
@@ -63,6 +64,7 @@ from .text import SplitPreferences, continuation_tokens
 
 if TYPE_CHECKING:
     from .schema_ngram import SchemaNgramProposer
+    from .suffix import SuffixProposer
 
 __all__ = ["EMPTY_TREE", "DraftTree", "TreeProposer", "split_paths"]
 
@@ -364,6 +366,9 @@ class TreeProposer:
         splits = split_owner(self.inner)
         if draft and splits is not None:
             out += [(p, "split") for p in split_paths(splits, context, draft.tokens, width=self.width)[1:]]
+        suffix = _suffix(self.inner)  # earlier outputs: where they went another way than the index's walk
+        if suffix is not None:
+            out += [(path, "suffix") for path in suffix.alternatives(context, grammar, k, self.width)]
         if grammar is None:
             return out
         # Jump-forward: a forced span whose ambiguous last token was held back (it may merge with
@@ -390,6 +395,12 @@ class TreeProposer:
             for path in ngram.alternatives(list(context) + prefix, view, k - lead, self.width):
                 out.append((prefix + path, "candidate"))
         return out
+
+
+def _suffix(proposer: Proposer) -> SuffixProposer | None:
+    from .suffix import SuffixProposer
+
+    return next((m for m in members(proposer) if isinstance(m, SuffixProposer)), None)
 
 
 def _schema_ngram(proposer: Proposer) -> SchemaNgramProposer | None:

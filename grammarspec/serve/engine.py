@@ -22,6 +22,11 @@ of the last finished row of its kind of traffic (:func:`traffic_kind`: tool
 calls, a schema, free text), so drafting starts from this server's evidence,
 not from a prior, and its drafts of text start split the way that row saw
 the target split text (:meth:`~proposers.text.SplitPreferences.recall`).
+Every row of ``assistant="auto"`` also drafts from what earlier requests of
+its kind wrote (one :class:`~proposers.suffix_index.SuffixIndex` for the
+server, ``draft_memory_bytes`` at most, oldest outputs evicted first; scoped
+by the traffic kind and a hash of the schema or tool set, :func:`draft_scope`),
+and writes its own tokens there as it commits them.
 The policy prices each step by what this server's steps have taken
 (:class:`~grammarspec.step_cost.StepCostLearner`, kept across loops;
 ``step_cost="profile"``: the fixed profile).  Drafting policy only:
@@ -55,7 +60,9 @@ from typing import Any
 import torch
 
 from grammars import GrammarError, compile_grammar, grammar_spec
-from proposers.base import split_owner
+from proposers.base import members, split_owner
+from proposers.suffix import SuffixProposer
+from proposers.suffix_index import SuffixIndex, scope_of
 from proposers.text import SplitMemory
 
 from ..api import grammar_stats
@@ -86,7 +93,7 @@ from .protocol import ChatRequest, RequestError
 from .text_stream import TextStream
 from .tool_stream import ToolCallStream
 
-__all__ = ["Choice", "Engine", "Job", "prompt_ids", "traffic_kind", "COMPILE_TIMEOUT"]
+__all__ = ["Choice", "Engine", "Job", "prompt_ids", "traffic_kind", "draft_scope", "COMPILE_TIMEOUT"]
 
 #: Seconds one request's grammar may take to compile (every backend it tries): past it the request is a 400.
 COMPILE_TIMEOUT = 60.0
@@ -120,6 +127,16 @@ def traffic_kind(spec: Any, constraint: dict[str, Any]) -> str:
     if constraint:
         return "tools"
     return "schema" if spec is not None else "text"
+
+
+def draft_scope(spec: Any, constraint: dict[str, Any]) -> str:
+    """Where a request's drafts from earlier outputs come from and go: its :func:`traffic_kind` and a canonical
+    hash of its schema (a tool set is one), so only requests with the same schema or tools share drafts.  Pure."""
+    return f"{traffic_kind(spec, constraint)}/{scope_of(spec.schema if spec is not None else None)}"
+
+
+#: Default bytes of the server's index of earlier outputs (``grammarspec serve --draft-memory-mb``).
+DRAFT_MEMORY_BYTES = 256 << 20
 
 
 @dataclass(frozen=True)
@@ -193,6 +210,7 @@ class Engine:
         trace_steps: bool = False,
         prompt_chunk: int | None = None,
         step_cost: str = "learned",
+        draft_memory_bytes: int = DRAFT_MEMORY_BYTES,
     ) -> None:
         if step_cost not in STEP_COSTS:
             raise ValueError(f"step_cost {step_cost!r} is not one of {', '.join(STEP_COSTS)}: pass one of them")
@@ -211,6 +229,8 @@ class Engine:
         self.vocab = logits_width(model)
         self.eos = eos_ids(hf.generation_config, tokenizer)
         self.prefix = PrefixCache(model, prefix_cache_bytes)
+        #: earlier outputs every request of a kind drafts from (None: off, ``draft_memory_bytes=0``)
+        self.drafts = SuffixIndex(draft_memory_bytes) if draft_memory_bytes > 0 else None
         self._grammars: OrderedDict[str, Any] = OrderedDict()
         self._grammar_cache_size = grammar_cache_size
         self._grammar_lock = threading.Lock()
@@ -337,7 +357,11 @@ class Engine:
                 generator=self.generator,
                 max_draft_tokens=request.max_draft_tokens or DEFAULT_MAX_DRAFT,
                 documents=documents,
+                suffix_index=self.drafts,
             )
+            for member in members(row.proposer) if row.proposer is not None else []:
+                if isinstance(member, SuffixProposer):  # kind and schema (or tool set): only its like share drafts
+                    member.scope = draft_scope(spec, constraint)
             kind = traffic_kind(spec, constraint)
             job.choices.append(
                 Choice(job, index, ids, row, compiled, spec, kind=kind, decoded=TextStream(self.tokenizer))

@@ -21,7 +21,10 @@ are keyed by batch index and told apart by their first tokens, and drafts
 come from the JSON document and the prompt alone.
 
 Per request: a fresh ``"auto"`` composite (jump-forward + schema n-gram +
-prompt lookup), an own grammar matcher advanced over every committed token
+prompt lookup + drafts from earlier requests' outputs: one
+:class:`~proposers.suffix_index.SuffixIndex` shared by every request this
+drafter serves, scoped by schema, of ``GRAMMARSPEC_DRAFT_MEMORY_MB``
+megabytes, :data:`DRAFT_MEMORY_MB` unset, 0 to turn it off), an own grammar matcher advanced over every committed token
 (dropped if it ever disagrees with what vLLM committed), and the last draft.
 Each step first tells the drafters how much of their last draft vLLM
 accepted (the new tokens compared with that draft), then drafts again.
@@ -47,6 +50,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import time
 import weakref
@@ -60,6 +64,7 @@ from grammars.base import Matcher
 from proposers.base import EMPTY_DRAFT, Draft, GrammarView, Proposer, Request
 from proposers.cost import PassCost
 from proposers.presets import resolve_assistant
+from proposers.suffix_index import SuffixIndex
 
 from ..policy import Calibration, allocate
 
@@ -143,6 +148,25 @@ def request_info(state: Any, any_whitespace: bool) -> RequestInfo:
     return RequestInfo(**info)
 
 
+#: Megabytes of the index of earlier outputs when ``GRAMMARSPEC_DRAFT_MEMORY_MB`` is unset.
+DRAFT_MEMORY_MB = 128
+
+
+def draft_index_from_env() -> SuffixIndex | None:
+    """The shared index of earlier outputs ``GRAMMARSPEC_DRAFT_MEMORY_MB`` asks for (``None`` for 0).
+
+    Raises ``ValueError`` naming the variable when it is not a number of megabytes >= 0.
+    """
+    raw = os.environ.get("GRAMMARSPEC_DRAFT_MEMORY_MB", str(DRAFT_MEMORY_MB))
+    try:
+        megabytes = float(raw)
+    except ValueError:
+        megabytes = -1.0
+    if not megabytes >= 0:
+        raise ValueError(f"GRAMMARSPEC_DRAFT_MEMORY_MB={raw!r}: give megabytes >= 0 (0 turns the index off)")
+    return SuffixIndex(int(megabytes * (1 << 20))) if megabytes > 0 else None
+
+
 class GrammarspecProposer:
     """vLLM ``custom_class`` drafter running grammarspec's ``"auto"`` proposers per request.
 
@@ -169,8 +193,10 @@ class GrammarspecProposer:
         runner = runner if runner is not None else find_model_runner()
         self._runner = weakref.ref(runner) if runner is not None else None
         self.states: dict[Any, _State] = {}
+        #: Earlier requests' outputs, shared by every request's drafters (None: off).
+        self.draft_index = draft_index_from_env()
         #: Builds one request's drafters (a fresh object per request; tests swap it).
-        self.make_proposer: Any = lambda: resolve_assistant("auto")
+        self.make_proposer: Any = lambda: resolve_assistant("auto", suffix_index=self.draft_index)
         self.drafts = 0  # drafts returned (non-empty), for logs and tests
         self.grammar_drops = 0  # requests whose grammar disagreed with vLLM's output
         self.errors = 0  # drafting failures (logged; that row got no draft)
