@@ -139,26 +139,44 @@ def _fails(client, stream=False, schema=FAULT):
     return caught.value.message
 
 
-def test_a_failing_request_fails_alone_and_the_server_serves_on(server, client):
+class _Gate:
+    """Holds the jobs the engine is handed until ``n`` have come, then hands them over together, so that they
+    start in one decode loop whatever the machine's speed (the first starts it; the rest join at its next step)."""
+
+    def __init__(self, engine, n):
+        self.engine, self.n, self.held, self.lock = engine, n, [], threading.Lock()
+        self.submit = engine.submit
+
+    def __call__(self, job):
+        with self.lock:
+            self.held.append(job)
+            ready = self.held if len(self.held) == self.n else []
+        for held in ready:
+            self.submit(held)
+
+
+def _streamed(client, content, **kwargs):
+    text, finish = "", None
+    for chunk in _ask(client, content, stream=True, **kwargs):
+        text += chunk.choices[0].delta.content or ""
+        finish = chunk.choices[0].finish_reason or finish
+    return text, finish
+
+
+def test_a_failing_request_fails_alone_and_the_server_serves_on(server, client, monkeypatch):
     engine = server[1]
     count = _ask(client, COUNT, max_tokens=80).choices[0]
     plan = _ask(client, "Plan 3 days in Lisbon. Reply in JSON.", SCHEMA).choices[0]
     loops, failed = engine.counters["loops"], engine.counters["failed"]
 
-    # The counting request decodes; the faulty and a good schema request join its loop.
-    stream = _ask(client, COUNT, max_tokens=80, stream=True)
-    text, finish = "", None
-    for chunk in stream:
-        text += chunk.choices[0].delta.content or ""
-        if text:
-            break
-    with ThreadPoolExecutor(2) as pool:
+    # A streamed counting request, the faulty one and a good schema request decode in one loop.
+    monkeypatch.setattr(engine, "submit", _Gate(engine, 3))
+    with ThreadPoolExecutor(3) as pool:
+        counting = pool.submit(_streamed, client, COUNT, max_tokens=80)
         fault = pool.submit(_fails, client)
         good = pool.submit(_ask, client, "Plan 3 days in Lisbon. Reply in JSON.", SCHEMA)
-        message, beside = fault.result(), good.result().choices[0]
-    for chunk in stream:
-        text += chunk.choices[0].delta.content or ""
-        finish = chunk.choices[0].finish_reason or finish
+        (text, finish), message, beside = counting.result(), fault.result(), good.result().choices[0]
+    monkeypatch.undo()
     assert engine.counters["loops"] == loops + 1  # the three shared one decode loop
     assert "this request failed inside the server" in message and "raised Boom: planted fault" in message, message
     assert "other requests were not affected" in message

@@ -126,7 +126,7 @@ def test_a_leaky_path_commit_is_detected(compiled, monkeypatch):
 
     params = SamplingParams(True, 1.0)
     exact = exact_distribution(TARGET, compiled, params)
-    monkeypatch.setattr(kv, "_move_columns", lambda layer, moves: None)
+    monkeypatch.setattr(kv, "_move_columns", lambda layer, slot, source, target: None)
     with pytest.raises(AssertionError):
         counts, _, _ = tree_counts(compiled, params, seed=11, samples=2500)
         assert_matches(counts, exact, samples=2500)

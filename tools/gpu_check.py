@@ -608,8 +608,8 @@ class StepClock:
         base = step_module.Phases
 
         class EventPhases(base):  # type: ignore[misc,valid-type]
-            def __init__(self) -> None:
-                super().__init__()
+            def __init__(self, *args: Any, **kwargs: Any) -> None:  # the step's clock passes through
+                super().__init__(*args, **kwargs)
                 self.events: list[tuple[str, Any]] = []
                 if clock.cuda:
                     self.events.append(("", torch.cuda.Event(enable_timing=True)))

@@ -151,9 +151,19 @@ def play(
         for call in message.get("tool_calls") or []:
             function = call["function"]
             record.calls.append((function["name"], function["arguments"]))
-            conv.add_tool_result(call["id"], run_tool(function["name"], json.loads(function["arguments"])))
+            conv.add_tool_result(call["id"], _tool_result(function["name"], function["arguments"]))
         records.append(record)
     return time.perf_counter() - started, records
+
+
+def _tool_result(name: str, arguments: str) -> Any:
+    """What the tool answers: its result, or an error where a call cut by the token limit left its arguments
+    unfinished (an agent cannot run such a call; it says so, as the tool's answer)."""
+    try:
+        parsed = json.loads(arguments)
+    except json.JSONDecodeError:
+        return {"error": "the call was cut off by the token limit; its arguments are incomplete"}
+    return run_tool(name, parsed)
 
 
 def _message(tokenizer: Any, conv: Conversation, tokens: list[int], eos: int, constraint: dict[str, Any]) -> dict:
