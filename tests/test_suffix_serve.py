@@ -118,12 +118,12 @@ def test_scopes_are_the_traffic_kind_and_the_schema():
 
 
 def test_draft_memory_mb_reaches_the_engine_and_zero_turns_the_index_off(monkeypatch):
-    import grammarspec.cli as cli
+    import grammarspec.cli_common as cli_common
     import grammarspec.serve as serve_package
     from grammarspec.cli import main
 
     built: list[dict] = []
-    monkeypatch.setattr(cli, "_load", lambda *a, **k: (None, None))
+    monkeypatch.setattr(cli_common, "load", lambda *a, **k: (None, None))
     monkeypatch.setattr(serve_package, "Engine", lambda model, tokenizer, **kw: built.append(kw) or object())
     monkeypatch.setattr(serve_package, "serve", lambda *a, **k: None)
     assert main(["serve", "--draft-memory-mb", "0"]) == 0

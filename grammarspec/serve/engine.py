@@ -26,7 +26,8 @@ Every row of ``assistant="auto"`` also drafts from what earlier requests of
 its kind wrote (one :class:`~proposers.suffix_index.SuffixIndex` for the
 server, ``draft_memory_bytes`` at most, oldest outputs evicted first; scoped
 by the traffic kind and a hash of the schema or tool set, :func:`draft_scope`),
-and writes its own tokens there as it commits them.
+and writes its own tokens there as it commits them (a request with a ``seed`` does neither, so the seed
+reproduces its answer).
 The policy prices each step by what this server's steps have taken
 (:class:`~grammarspec.step_cost.StepCostLearner`, kept across loops;
 ``step_cost="profile"``: the fixed profile).  Drafting policy only:
@@ -357,7 +358,9 @@ class Engine:
                 generator=self.generator,
                 max_draft_tokens=request.max_draft_tokens or DEFAULT_MAX_DRAFT,
                 documents=documents,
-                suffix_index=self.drafts,
+                # a seeded request drafts without earlier outputs: which drafts a row gets moves where its random
+                # draws fall, so its seed reproduces its answer only if its drafts do not depend on other traffic
+                suffix_index=self.drafts if request.seed is None else None,
             )
             for member in members(row.proposer) if row.proposer is not None else []:
                 if isinstance(member, SuffixProposer):  # kind and schema (or tool set): only its like share drafts
