@@ -24,7 +24,7 @@ Per request: a fresh ``"auto"`` composite (jump-forward + schema n-gram +
 prompt lookup + drafts from earlier requests' outputs: one
 :class:`~proposers.suffix_index.SuffixIndex` shared by every request this
 drafter serves, scoped by schema, of ``GRAMMARSPEC_DRAFT_MEMORY_MB``
-megabytes, :data:`DRAFT_MEMORY_MB` unset, 0 to turn it off), an own grammar matcher advanced over every committed token
+megabytes, :data:`DRAFT_MEMORY_MB` (off) when unset), an own grammar matcher advanced over every committed token
 (dropped if it ever disagrees with what vLLM committed), and the last draft.
 Each step first tells the drafters how much of their last draft vLLM
 accepted (the new tokens compared with that draft), then drafts again.
@@ -148,8 +148,10 @@ def request_info(state: Any, any_whitespace: bool) -> RequestInfo:
     return RequestInfo(**info)
 
 
-#: Megabytes of the index of earlier outputs when ``GRAMMARSPEC_DRAFT_MEMORY_MB`` is unset.
-DRAFT_MEMORY_MB = 128
+#: Megabytes of the index of earlier outputs when ``GRAMMARSPEC_DRAFT_MEMORY_MB`` is unset: off inside vLLM
+#: until a request's own grammar matcher is shown to stay in step with drafts from it (a matcher was seen
+#: dropped beside it); set the variable to turn it on.
+DRAFT_MEMORY_MB = 0
 
 
 def draft_index_from_env() -> SuffixIndex | None:
