@@ -6,16 +6,15 @@ constrained greedy decoding.  Speculation only changes how fast it comes.
 """
 
 from grammars import GrammarError
-
-from .api import GenerationOutput, enable, generate
-from .completion import Completion, build_prompt, complete
-from .conversation import ContextLimitError, Conversation, Reply
-from .isolation import GenerationError
-from .kv_cache import CacheError
-from .loading import ModelNotFoundError, load_model, load_tokenizer
-from .sampling import SamplingParams
-from .stats import GenerationStats
-from .tool_calls import ToolCallError
+from grammarspec.api import GenerationOutput, enable, generate
+from grammarspec.completion import Completion, build_prompt, complete
+from grammarspec.conversation import ContextLimitError, Conversation, Reply
+from grammarspec.engine.isolation import GenerationError
+from grammarspec.engine.sampling import SamplingParams
+from grammarspec.kv.cache import CacheError
+from grammarspec.model.loading import ModelNotFoundError, load_model, load_tokenizer
+from grammarspec.stats import GenerationStats
+from grammarspec.tool_calls import ToolCallError
 
 __all__ = [
     "generate",

@@ -23,14 +23,15 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from grammars import compile_grammar
 from grammars.registry import DEFAULT as DEFAULT_BACKEND
-from proposers.base import members
-from proposers.presets import resolve_assistant
-from proposers.suffix_index import resolve_index
-
-from .assistant import draft_maker
-from .constraint import Constraint
-from .decoding import DecodeConfig, decode_batch, logits_width
-from .inputs import (
+from grammarspec.constraint import Constraint
+from grammarspec.drafting.assistant import draft_maker
+from grammarspec.engine.decoding import DecodeConfig, decode_batch, logits_width
+from grammarspec.engine.isolation import GenerationError
+from grammarspec.engine.processing import check_stateless
+from grammarspec.engine.row_requests import DEFAULT_MAX_DRAFT, row_request
+from grammarspec.engine.row_requests import k_min as _k_min  # noqa: F401  (tools/replay_bench.py reads it here)
+from grammarspec.engine.sampling import SamplingParams
+from grammarspec.inputs import (
     REFUSED_ARGUMENTS,
     check_arguments,
     check_assistant,
@@ -43,15 +44,13 @@ from .inputs import (
     refuse_arguments,
     warn_unmasked_padding,
 )
-from .isolation import GenerationError
-from .policy import Calibration
-from .processing import check_stateless
-from .row_requests import DEFAULT_MAX_DRAFT, row_request
-from .row_requests import k_min as _k_min  # noqa: F401  (tools/replay_bench.py reads it here)
-from .sampling import SamplingParams
-from .settings import ACCEPTED_MODEL_INPUTS, max_new_tokens, resolve_config
-from .stats import GenerationStats
-from .vocabulary import check_vocabulary
+from grammarspec.policy.allocation import Calibration
+from grammarspec.settings import ACCEPTED_MODEL_INPUTS, max_new_tokens, resolve_config
+from grammarspec.stats import GenerationStats
+from grammarspec.vocabulary import check_vocabulary
+from proposers.base import members
+from proposers.presets import resolve_assistant
+from proposers.suffix_index import resolve_index
 
 __all__ = ["DEFAULT_MAX_DRAFT", "GenerationOutput", "enable", "check_options", "generate", "run_generate"]
 

@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from .stats import GenerationStats
-from .templates import fit_messages
+from grammarspec.stats import GenerationStats
+from grammarspec.templates import fit_messages
 
 __all__ = ["Completion", "complete", "build_prompt", "describe_schema"]
 
@@ -176,9 +176,9 @@ def complete(
     A prompt that does not fit raises ``ValueError`` naming how many of its
     tokens the description takes.
     """
-    from .api import run_generate
-    from .constraint import Constraint
-    from .tool_calls import parse_tool_reply
+    from grammarspec.api import run_generate
+    from grammarspec.constraint import Constraint
+    from grammarspec.tool_calls import parse_tool_reply
 
     _check_prompt(prompt)
     asked = Constraint(

@@ -85,7 +85,7 @@ class Constraint:
         Raises :class:`~grammars.GrammarError` when ``tools`` and another
         constraint would both shape the output.
         """
-        from .tool_calls import ToolCallError, tool_constraint
+        from grammarspec.tool_calls import ToolCallError, tool_constraint
 
         if self.tools is None:
             if self.tool_choice not in (None, "none", "auto"):

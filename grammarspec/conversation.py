@@ -24,7 +24,7 @@ new generation with its own prompt and grammar.  What the drafters learn
 from earlier turns reaches them through the context, which holds every
 earlier turn (prompt lookup reads all of it), and through two carries:
 
-* :attr:`Conversation.calibration`, one :class:`~grammarspec.policy.Calibration`
+* :attr:`Conversation.calibration`, one :class:`~grammarspec.policy.allocation.Calibration`
   for the whole conversation (the survival records that size each row's
   drafts): turn 2 starts from what turn 1 learned;
 * the earlier assistant messages' JSON (tool calls, JSON answers:
@@ -55,17 +55,14 @@ from typing import Any
 
 import torch
 
-from proposers.presets import resolve_assistant
-from proposers.suffix_index import resolve_index
-
-from .api import DEFAULT_MAX_DRAFT, check_options, run_generate
-from .assistant import draft_maker
-from .completion import AssistantMessage
-from .constraint import Constraint
-from .kv_cache import cache_length, common_prefix_length, crop_cache, new_cache
-from .policy import Calibration
-from .stats import GenerationStats
-from .tool_calls import (
+from grammarspec.api import DEFAULT_MAX_DRAFT, check_options, run_generate
+from grammarspec.completion import AssistantMessage
+from grammarspec.constraint import Constraint
+from grammarspec.drafting.assistant import draft_maker
+from grammarspec.kv.cache import cache_length, common_prefix_length, crop_cache, new_cache
+from grammarspec.policy.allocation import Calibration
+from grammarspec.stats import GenerationStats
+from grammarspec.tool_calls import (
     NO_TOOL_NOTE,
     ToolCallError,
     check_tools,
@@ -76,6 +73,8 @@ from .tool_calls import (
     template_renders_tools,
     tool_format_for,
 )
+from proposers.presets import resolve_assistant
+from proposers.suffix_index import resolve_index
 
 #: The constraint keywords ``reply`` takes besides ``tool_choice`` / ``parallel_tool_calls``.
 _CONSTRAINT_KWARGS = ("schema", "grammar", "regex", "json_object", "any_whitespace")

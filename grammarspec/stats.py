@@ -10,7 +10,7 @@ __all__ = ["GenerationStats", "FINISH_REASONS"]
 #: stop: the grammar completed (or EOS in unconstrained mode); stop_string: a stop
 #: string matched; length: max_new_tokens reached (a grammar-constrained output is
 #: then incomplete and never claimed valid); error: the row's own work raised
-#: (grammarspec/isolation.py: its output is what it committed before, never valid).
+#: (grammarspec/engine/isolation.py: its output is what it committed before, never valid).
 FINISH_REASONS = ("stop", "eos", "stop_string", "length", "error")
 
 
@@ -26,7 +26,7 @@ class GenerationStats:
     #: target passes that scored this row (the one that read its prompt and sampled, then one per step)
     target_forwards: int = 0
     #: target passes that only read a chunk of this row's prompt, beside other rows' steps (it joined a busy
-    #: batch: :func:`grammarspec.step.prompt_plan`); not in ``target_forwards``
+    #: batch: :func:`grammarspec.engine.step.prompt_plan`); not in ``target_forwards``
     prompt_passes: int = 0
     forced_tokens: int = 0
     proposed: dict[str, int] = field(default_factory=dict)
@@ -42,7 +42,7 @@ class GenerationStats:
     first_step_tokens: int = 0
     finish_reason: str = "length"
     #: seconds of the batch steps this row took part in, per phase of the step
-    #: (forced, propose, walk, forward, verify, commit: grammarspec.step.run_step)
+    #: (forced, propose, walk, forward, verify, commit: grammarspec.engine.step.run_step)
     phases: dict[str, float] = field(default_factory=dict)
     #: per target forward: (proposal length, accepted draft tokens)
     steps: list[tuple[int, int]] = field(default_factory=list)

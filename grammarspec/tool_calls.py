@@ -281,7 +281,7 @@ def parse_cut_reply(
     ``None``.  Text before any call, and a reply that is plain text, stay
     ``content``.  ``ids`` as for :func:`parse_tool_reply`.
     """
-    from .partial_calls import call_begun, call_prefixes, cut_arguments
+    from grammarspec.partial_calls import call_begun, call_prefixes, cut_arguments
 
     calls: list[tuple[str, str]] = []
     content: str | None = text
@@ -311,7 +311,7 @@ def _parse_tagged_cut(
     name; text that ends inside a begin tag is a call cut inside its name and
     is dropped.
     """
-    from .partial_calls import cut_arguments
+    from grammarspec.partial_calls import cut_arguments
 
     tags = _call_tags(tools, tool_format)
     decoder = json.JSONDecoder()
@@ -438,7 +438,7 @@ def history_text(tool_calls: Sequence[Mapping[str, Any]]) -> str:
     >>> history_text([{"function": {"name": "f", "arguments": '{"x": "Os'}}])
     '{"name":"f","arguments":{"x":"Os'
     """
-    from .partial_calls import compact_prefix
+    from grammarspec.partial_calls import compact_prefix
 
     try:
         return call_json(tool_calls)
@@ -522,7 +522,7 @@ def prompt_text(
     conversation renders as without tools (earlier calls and results stay
     in it) and the last user message gets :data:`NO_TOOL_NOTE`.
     """
-    from .templates import fit_messages
+    from grammarspec.templates import fit_messages
 
     offered = [dict(t) for t in tools] if tools and tool_choice != "none" else None
     rendered = chat_messages(messages, offered, tool_format)

@@ -1,7 +1,7 @@
 """Drafters for speculative decoding.
 
 Pure drafters over token ids and a read-only grammar view (no models, no KV
-caches: the draft-model drafter lives in :mod:`grammarspec.draft_model`).
+caches: the draft-model drafter lives in :mod:`grammarspec.drafting.draft_model`).
 Every proposer speaks the small protocol of :mod:`proposers.base`
 (``name``, ``start``, ``propose``, ``commit``) and returns a frozen
 :class:`Draft`.  Proposals are validated by the grammar and verified by

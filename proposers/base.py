@@ -64,7 +64,7 @@ class Draft:
     record per proposer and kind (:class:`proposers.track.Track`).
     ``confidence``: the proposer's own estimate, per token, that the target
     accepts it given that the tokens before it were accepted (``None``: no
-    estimate).  Only the drafting policy reads it (:mod:`grammarspec.policy`
+    estimate).  Only the drafting policy reads it (:mod:`grammarspec.policy.allocation`
     calibrates it online); it never changes what is accepted.
     """
 
@@ -108,7 +108,7 @@ class Request:
     Plain values only.  ``schema`` is the JSON Schema when the grammar came
     from one (tools are turned into a schema too), else ``None``.  (How a
     draft model samples is the runtime's business: it builds that drafter
-    with the row's processing, see :mod:`grammarspec.draft_model`.)
+    with the row's processing, see :mod:`grammarspec.drafting.draft_model`.)
     ``documents``: JSON texts the conversation's earlier turns produced (tool
     calls, JSON answers; oldest first), for drafters that copy from them.
     """
@@ -276,7 +276,7 @@ class DraftTree:
     def as_draft(self) -> Draft:
         """The tree as a chain :class:`Draft`; raises ``ValueError`` if it branches."""
         if not self.is_chain:
-            raise ValueError("this DraftTree branches; verify it with grammarspec.tree_layout")
+            raise ValueError("this DraftTree branches; verify it with grammarspec.engine.tree_layout")
         return Draft(tokens=self.tokens, sources=self.sources, kind=self.kind)
 
     @staticmethod
@@ -395,7 +395,7 @@ class CostModelled(Protocol):
 
     The Hugging Face loop hands it the target's cost model before the
     request's first step (:meth:`use_cost_model`: the curve profiled once per
-    model, device, dtype and thread count, :func:`grammarspec.policy.batch_cost_model`),
+    model, device, dtype and thread count, :func:`grammarspec.policy.allocation.batch_cost_model`),
     and never teaches it measured times, so its choices do not follow the
     wall clock.  A model given at construction is kept.
     """

@@ -73,7 +73,7 @@ def concat_drafts(first: Draft, second: Draft) -> Draft:
         assert like is not None
         probs = torch.cat([_rows(first, like), _rows(second, like)])  # [len(first) + len(second), V]
     sources = (first.sources or ("",) * len(first)) + (second.sources or ("",) * len(second))
-    confidence = None  # a part without estimates gets -1 per token: no estimate (grammarspec.policy)
+    confidence = None  # a part without estimates gets -1 per token: no estimate (grammarspec.policy.allocation)
     if first.confidence is not None or second.confidence is not None:
         confidence = (first.confidence or (-1.0,) * len(first)) + (second.confidence or (-1.0,) * len(second))
     return Draft(

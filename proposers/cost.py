@@ -16,14 +16,14 @@ A pass that verifies drafts pays two more terms, both in plain steps
 * ``per_token``, per draft token: the host work the token adds beyond its row
   of the forward (drafting it, the grammar walk's mask fill, accept and rollback);
 * ``per_draft_row``, per row that drafts beyond the first, in a packed pass
-  (:mod:`grammarspec.packed_attention`): single-token rows attend in one call
+  (:mod:`grammarspec.kv.packed_attention`): single-token rows attend in one call
   per layer, but each row verifying a draft attends in a call of its own, so
   the same draft tokens cost more spread over many rows than in one chain.
 
 The prior (``PassCost()``) is a CPU-shaped line with no ``switch``, ``per_token``
 or ``per_draft_row``, for draft lengths that never depend on the machine; the HF loop
 profiles every term once per model, device, dtype and thread count
-(:mod:`grammarspec.pass_profile`), and BENCHMARKS.md records what was measured.
+(:mod:`grammarspec.drafting.pass_profile`), and BENCHMARKS.md records what was measured.
 On a GPU a pass stays near one plain step up to tens of rows
 (:func:`flat_until` models such a curve) and the host terms are what a draft
 token costs.
@@ -45,7 +45,7 @@ whose two prior points (at ``min_rows`` and 16 rows) never fade, so the line
 stays defined when every pass has the same width.  Older measurements fade
 by ``decay`` per update.  Pure Python, no clocks: the caller times the passes.
 
-Who uses it: the drafting policy (:mod:`grammarspec.policy`) sizes every
+Who uses it: the drafting policy (:mod:`grammarspec.policy.allocation`) sizes every
 step's drafts over the whole batch, with the curve profiled once per model
 (never updated); the vLLM proposer feeds its own measured passes;
 :class:`proposers.compose.CompositeProposer` verifies a cheap draft alone only

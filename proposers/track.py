@@ -2,7 +2,7 @@
 
 :class:`Calibration` records what draft tokens survived verification, by
 source, and turns a proposer's estimates into survival probabilities.  The
-drafting policy (:mod:`grammarspec.policy`) keeps one per request and sizes
+drafting policy (:mod:`grammarspec.policy.allocation`) keeps one per request and sizes
 every step's drafts from it; :class:`proposers.compose.CompositeProposer`
 keeps one per follower and kind of draft to choose among its followers'
 drafts and to hold back a draft not worth a pass of its own.
@@ -53,7 +53,7 @@ class Calibration:
     where it does not, until its own record says otherwise.  A row that
     drafts nothing still gathers evidence: its controller judges the first
     token it was offered against the target's own choice
-    (:meth:`grammarspec.adaptive.AdaptiveController.record`).  Evidence from
+    (:meth:`grammarspec.policy.adaptive.AdaptiveController.record`).  Evidence from
     other requests of the same kind of traffic starts a request through
     :meth:`seeded_from`; :meth:`absorb` gathers it.
 

@@ -4,13 +4,13 @@
 :class:`~proposers.base.Draft`, so the protocol names it without importing the
 builders; the three sources of branches and the :class:`TreeProposer` that
 combines them are one job -- building a tree -- and are tested together; the
-loop's side is :mod:`grammarspec.tree_layout`.)
+loop's side is :mod:`grammarspec.engine.tree_layout`.)
 
 A chain draft bets on one continuation.  Where the guess forks -- the target
 splits the same text two ways (``'":"'`` or ``'":'`` + ``'"'``), several schema
 candidates are plausible (which earlier item repeats, which enum value comes)
 -- a :class:`DraftTree` carries every branch, and one target pass under a tree
-attention mask (:mod:`grammarspec.tree_layout`) scores them all.
+attention mask (:mod:`grammarspec.engine.tree_layout`) scores them all.
 
 The value type::
 

@@ -37,7 +37,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture(scope="session")
 def smol():
     """``(model, tokenizer)`` of the embedded SmolLM2-135M-Instruct, loaded once."""
-    from grammarspec.loading import load_model
+    from grammarspec.model.loading import load_model
 
     torch.manual_seed(0)
     return load_model("smollm2-135m")
@@ -45,7 +45,7 @@ def smol():
 
 @pytest.fixture(scope="session")
 def smol_tokenizer():
-    from grammarspec.loading import load_tokenizer
+    from grammarspec.model.loading import load_tokenizer
 
     return load_tokenizer("smollm2-135m")
 

@@ -20,10 +20,10 @@ from toy import toy_vocab_size
 from toy_models import ToyCausalLM
 
 from grammars.base import allocate_bitmask
-from grammarspec.adaptive import AdaptiveController
-from grammarspec.decoding import RowRequest, sampling_processing
-from grammarspec.processing import LogitsPipeline
-from grammarspec.sampling import apply_bitmask
+from grammarspec.engine.decoding import RowRequest, sampling_processing
+from grammarspec.engine.processing import LogitsPipeline
+from grammarspec.engine.sampling import apply_bitmask
+from grammarspec.policy.adaptive import AdaptiveController
 from proposers.base import Draft, GrammarView, Request
 from proposers.tree import DraftTree
 

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from grammars import compile_grammar, grammar_spec
-from grammarspec.adaptive import AdaptiveController
-from grammarspec.decoding import DecodeConfig, decode
+from grammarspec.engine.decoding import DecodeConfig, decode
+from grammarspec.policy.adaptive import AdaptiveController
 from proposers.base import Draft, GrammarView, Proposer, Request
 from tools.oracle import OracleLM
 

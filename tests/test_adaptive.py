@@ -6,13 +6,13 @@ import doctest
 
 import pytest
 
-import grammarspec.adaptive
-from grammarspec.adaptive import AdaptiveController
+import grammarspec.policy.adaptive
+from grammarspec.policy.adaptive import AdaptiveController
 from proposers.base import Draft
 
 
 def test_docstring_examples_hold():
-    assert doctest.testmod(grammarspec.adaptive).failed == 0
+    assert doctest.testmod(grammarspec.policy.adaptive).failed == 0
 
 
 def test_cheap_drafters_are_asked_for_the_cap_whatever_was_admitted():
@@ -117,7 +117,7 @@ def test_in_the_loop_a_source_cut_to_nothing_is_judged_and_comes_back():
     from toy import toy_vocab_size
     from toy_models import ToyCausalLM
 
-    from grammarspec.decoding import DecodeConfig, decode
+    from grammarspec.engine.decoding import DecodeConfig, decode
 
     model = ToyCausalLM(toy_vocab_size(), seed=3)
     config = DecodeConfig(max_new_tokens=40, eos_token_ids=())
@@ -186,7 +186,7 @@ def test_a_resting_row_wakes_where_its_grammar_forces_text():
     """Forced text (jump-forward) is near-certain drafting: a rest after cut drafts must not skip it."""
     from types import SimpleNamespace
 
-    from grammarspec.step import _ask
+    from grammarspec.engine.step import _ask
 
     class Forcing:
         def __init__(self, text):

@@ -1,7 +1,7 @@
 """The accelerator's one-call attention path decodes as the CPU's row path does: the same greedy tokens on the
 embedded SmolLM2 model (trained) and a random Llama, with drafting rows, branching trees and a prompt that joins
 and is read in chunks beside them.  Both paths run here on the CPU (a test forces the path; users never choose
-it: :func:`grammarspec.packed_attention.attention_path` does, by device)."""
+it: :func:`grammarspec.kv.packed_attention.attention_path` does, by device)."""
 
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ from toy import toy_tokenizer, toy_vocab_size
 from toy_models import tiny_llama
 
 from grammars import compile_grammar, grammar_spec
-from grammarspec import kv as kv_module
-from grammarspec import packed_attention
-from grammarspec.adaptive import AdaptiveController
-from grammarspec.decoding import DecodeConfig, RowRequest, decode_batch, sampling_processing
-from grammarspec.packed_attention import BATCHED, ROWS
-from grammarspec.rows import RowSettings
+from grammarspec.engine.decoding import DecodeConfig, RowRequest, decode_batch, sampling_processing
+from grammarspec.engine.rows import RowSettings
+from grammarspec.kv import batch as kv_module
+from grammarspec.kv import packed_attention
+from grammarspec.kv.packed_attention import BATCHED, ROWS
+from grammarspec.policy.adaptive import AdaptiveController
 
 one_thread = pytest.fixture(autouse=True)(single_thread)  # one torch thread per test: helpers.single_thread says why
 

@@ -17,7 +17,7 @@ from toy_models import ToyCausalLM, tiny_llama
 import grammarspec
 from grammars import GrammarError, compile_grammar, grammar_spec
 from grammarspec import ModelNotFoundError
-from grammarspec.draft_model import DraftModelProposer
+from grammarspec.drafting.draft_model import DraftModelProposer
 
 SCHEMA = {
     "type": "object",
@@ -308,7 +308,7 @@ def test_a_draft_model_with_another_tokenizer_is_refused_however_it_is_passed(mo
 
 
 def test_a_missing_model_package_prints_the_install_command(monkeypatch, tmp_path):
-    import grammarspec.loading as loading
+    import grammarspec.model.loading as loading
 
     monkeypatch.setenv("GRAMMARSPEC_CACHE", str(tmp_path))  # no dequantized copy to fall back on
     real_find_spec = loading.importlib.util.find_spec

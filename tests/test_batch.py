@@ -17,10 +17,10 @@ from proposer_fakes import ScriptFollower as Noisy  # the next tokens of a scrip
 from toy import toy_tokenizer, toy_vocab_size
 from toy_models import ToyCausalLM, tiny_llama
 
-from grammarspec.adaptive import AdaptiveController
-from grammarspec.decoding import DecodeConfig, RowRequest, decode, decode_batch, sampling_processing
-from grammarspec.draft_model import DraftModelProposer
-from grammarspec.sampling import SamplingParams
+from grammarspec.drafting.draft_model import DraftModelProposer
+from grammarspec.engine.decoding import DecodeConfig, RowRequest, decode, decode_batch, sampling_processing
+from grammarspec.engine.sampling import SamplingParams
+from grammarspec.policy.adaptive import AdaptiveController
 from proposers.base import Request
 
 V = toy_vocab_size()
@@ -142,7 +142,7 @@ class Costed(Noisy):
 
 
 def test_the_loop_hands_over_the_profiled_cost_model_and_never_teaches_wall_time(grammars, monkeypatch):
-    from grammarspec.policy import batch_cost_model
+    from grammarspec.policy.allocation import batch_cost_model
     from proposers.compose import CompositeProposer
     from proposers.cost import PassCost
 
@@ -194,7 +194,7 @@ def test_max_batch_size_must_be_positive(grammars):
 
 def test_alike_prefix_free_pipelines_run_once_per_step_over_every_row(grammars, monkeypatch):
     """Rows whose processing reads no prefix and is alike (sampling warpers) are processed in one call a step."""
-    from grammarspec.processing import LogitsPipeline
+    from grammarspec.engine.processing import LogitsPipeline
 
     model = ToyCausalLM(V, seed=3)
     params = SamplingParams(True, 0.8, top_k=6, top_p=0.9)
@@ -229,7 +229,7 @@ def test_prefix_readers_get_views_of_one_tensor_per_step_and_decode_as_alone(gra
     """repetition_penalty reads each row's prefix: one host-to-device copy a step serves every row's."""
     from transformers.generation import logits_process as lp
 
-    from grammarspec.processing import LogitsPipeline
+    from grammarspec.engine.processing import LogitsPipeline
 
     model = ToyCausalLM(V, seed=3)
     config = DecodeConfig(max_new_tokens=16, eos_token_ids=(0,))
@@ -278,7 +278,7 @@ def test_a_static_batch_drafts_where_its_end_is_decided():
     call; the rows that end sooner are worth only their own row of the pass.  The same rows where a freed slot
     would serve a waiting request value every token at one: the long row's unproven drafts wait until it is
     alone.  Every output is the same."""
-    from grammarspec.rows import RowSettings
+    from grammarspec.engine.rows import RowSettings
     from proposers.cost import PassCost
 
     model = tiny_llama(V, seed=3)  # a packed pass: each draft token adds one row, as the curve prices it

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from grammarspec import cli, cli_common
 from grammarspec.bench.agent import agent_markdown, run_agent_bench
 from grammarspec.bench.agent_tasks import CONVERSATIONS, TOOLS, ModelTurn, run_tool
+from grammarspec.cli import common as cli_common
+from grammarspec.cli import main as cli
 
 
 def test_the_conversations_have_four_model_turns_and_real_tools():
@@ -49,7 +50,7 @@ def test_every_arm_makes_the_same_calls(smol):
 @pytest.mark.slow
 def test_bench_serve_answers_equal_hf_resending_call_by_call(smol):
     """grammarspec serve and HF re-sending read the same prompts (tool_choice="none" included): identical calls."""
-    from grammarspec.serve.bench import run_serve_bench, serve_markdown
+    from grammarspec.bench.serve import run_serve_bench, serve_markdown
 
     model, tok = smol
     script = ["How much is the desk lamp?", ModelTurn("required", 32), ModelTurn("none", 12)]

@@ -1,6 +1,6 @@
 """What the drafters learn in a conversation carries into its next turn (issue #25), and changes no output.
 
-``Conversation`` keeps one :class:`~grammarspec.policy.Calibration` for the
+``Conversation`` keeps one :class:`~grammarspec.policy.allocation.Calibration` for the
 whole conversation; the server keeps a copy beside each prefix-cache entry and
 hands a copy to a request that hits it.  The earlier turns' JSON documents
 reach the schema n-gram drafter as ``Request.documents``.  Toy tokenizer with a
@@ -18,9 +18,9 @@ from toy import toy_tokenizer, toy_vocab_size
 from toy_models import ToyCausalLM, tiny_llama
 
 import grammarspec
-from grammarspec import row_requests
-from grammarspec.adaptive import AdaptiveController
-from grammarspec.policy import Calibration
+from grammarspec.engine import row_requests
+from grammarspec.policy.adaptive import AdaptiveController
+from grammarspec.policy.allocation import Calibration
 from grammarspec.serve import Engine
 from grammarspec.serve.protocol import ChatRequest
 from grammarspec.tool_calls import earlier_documents

@@ -7,7 +7,8 @@ import json
 import jsonschema
 import pytest
 
-from grammarspec import cli, cli_common
+from grammarspec.cli import common as cli_common
+from grammarspec.cli import main as cli
 
 PERSON = {
     "type": "object",
@@ -263,7 +264,7 @@ def test_serve_passes_its_prompt_chunk_to_the_engine(capsys, toy_cli, monkeypatc
 def test_a_device_this_machine_lacks_is_refused_before_loading(command, capsys, monkeypatch):
     import torch
 
-    from grammarspec import loading
+    from grammarspec.model import loading
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(loading, "_resolve", lambda name: pytest.fail("the model was looked up"))
@@ -293,7 +294,7 @@ def test_transformers_serve_runs_on_the_models_device_and_dtype(monkeypatch, tmp
     import torch
     from toy_models import tiny_llama
 
-    from grammarspec.serve import servers
+    from grammarspec.bench import servers
 
     commands = []
     monkeypatch.setattr(servers, "Subprocess", lambda cmd, env, what, timeout: commands.append(cmd(8123)))

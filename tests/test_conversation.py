@@ -9,7 +9,7 @@ import torch
 
 import grammarspec
 from grammarspec.conversation import common_prefix_length
-from grammarspec.kv_cache import cache_length
+from grammarspec.kv.cache import cache_length
 from grammarspec.tool_calls import tool_constraint
 
 pytestmark = pytest.mark.slow

@@ -13,11 +13,11 @@ from toy_models import ToyCausalLM
 
 from grammars import compile_grammar, grammar_spec
 from grammars.base import allocate_bitmask
-from grammarspec.adaptive import AdaptiveController
-from grammarspec.decoding import DecodeConfig, decode
-from grammarspec.draft_model import DraftModelProposer
-from grammarspec.kv_cache import CacheError
-from grammarspec.sampling import SamplingParams
+from grammarspec.drafting.draft_model import DraftModelProposer
+from grammarspec.engine.decoding import DecodeConfig, decode
+from grammarspec.engine.sampling import SamplingParams
+from grammarspec.kv.cache import CacheError
+from grammarspec.policy.adaptive import AdaptiveController
 from proposers.base import Request
 
 SCHEMA = {
@@ -259,7 +259,7 @@ class NoCropCache:
 
 
 def test_uncroppable_cache_is_refused(compiled, monkeypatch):
-    import grammarspec.kv as kv
+    import grammarspec.kv.batch as kv
 
     real = kv.new_cache
     monkeypatch.setattr(kv, "new_cache", lambda model: NoCropCache(real(model)))

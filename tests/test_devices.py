@@ -17,11 +17,11 @@ import torch
 from toy_models import ToyCausalLM, tiny_llama
 from transformers import GenerationConfig
 
-from grammarspec import decoding
-from grammarspec.decoding import DecodeConfig, RowRequest, decode_batch, sampling_processing
-from grammarspec.kv_cache import logits_device
-from grammarspec.processing import LogitsPipeline, build_pipeline
-from grammarspec.sampling import SamplingParams
+from grammarspec.engine import decoding
+from grammarspec.engine.decoding import DecodeConfig, RowRequest, decode_batch, sampling_processing
+from grammarspec.engine.processing import LogitsPipeline, build_pipeline
+from grammarspec.engine.sampling import SamplingParams
+from grammarspec.kv.cache import logits_device
 from proposers.base import Draft
 from proposers.compose import concat_drafts
 
@@ -102,7 +102,7 @@ def test_one_hot_rows_of_a_mixed_draft_follow_the_draft_probabilities():
 CONSTRUCTORS = {"tensor", "zeros", "ones", "full", "arange", "empty", "rand", "randn", "randint", "eye", "linspace"}
 RUNTIME = ["grammarspec", "proposers", "grammars"]
 #: outside the decoding path: the benchmark harness, the CLI and vLLM's own process (which owns its devices).
-OUTSIDE = {"grammarspec/bench", "grammarspec/vllm", "grammarspec/cli.py"}
+OUTSIDE = {"grammarspec/bench", "grammarspec/vllm", "grammarspec/cli/main.py"}
 
 
 def _runtime_files() -> list[Path]:
@@ -152,7 +152,7 @@ def test_every_runtime_tensor_constructor_names_its_device(path):
 
 
 def test_transformers_older_than_the_floor_is_refused_with_the_fix():
-    from grammarspec.kv_cache import TRANSFORMERS_FLOOR, check_transformers
+    from grammarspec.kv.cache import TRANSFORMERS_FLOOR, check_transformers
 
     check_transformers("5.21.0")
     check_transformers("5.24.0.dev0")
@@ -173,7 +173,7 @@ def test_the_floor_is_checked_where_the_batched_pass_is_built_not_at_import():
     script = (
         "import transformers; transformers.__version__ = '5.19.1'\n"
         "import grammarspec, grammarspec.vllm\n"
-        "from grammarspec.kv import BatchKV\n"
+        "from grammarspec.kv.batch import BatchKV\n"
         "from toy_models import ToyCausalLM\n"
         "try:\n"
         "    BatchKV(ToyCausalLM(8), 1)\n"

@@ -126,7 +126,7 @@ def family(name: str) -> tuple[Any, TiltedLlama]:
     """``(tokenizer, model)`` of a family (a missing shipped vocabulary fails, it is never skipped)."""
     path = FAMILIES[name]
     if path is None:
-        from grammarspec.loading import load_tokenizer
+        from grammarspec.model.loading import load_tokenizer
 
         tokenizer = load_tokenizer("smollm2-135m")
     else:

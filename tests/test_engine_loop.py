@@ -7,8 +7,8 @@ import collections
 import pytest
 from helpers import load_tool
 
+from grammarspec.bench.sweep import workload
 from grammarspec.serve.engine import Engine
-from grammarspec.serve.sweep import workload
 
 
 def test_a_run_splits_its_time_between_forwards_the_rest_of_the_steps_and_the_loop(smol):
@@ -40,7 +40,7 @@ def test_the_host_functions_it_times_exist_and_count_their_seconds(monkeypatch):
         monkeypatch.setattr(owner, name, getattr(owner, name))
     seconds = collections.Counter()
     tool.wrap_functions(seconds)
-    from grammarspec.step_cost import StepCostLearner
+    from grammarspec.policy.step_cost import StepCostLearner
     from proposers.cost import PassCost
 
     StepCostLearner(PassCost()).observe(rows=1, batch=1, tokens=0, drafting=0, seconds=0.01)

@@ -22,10 +22,10 @@ from helpers import OTHER, PROMPT, SCHEMA, TARGET, ImprobableProposer, assert_ma
 from toy import toy_tokenizer
 
 from grammars import compile_grammar, grammar_spec
-from grammarspec.adaptive import AdaptiveController
-from grammarspec.decoding import DecodeConfig, decode
-from grammarspec.draft_model import DraftModelProposer
-from grammarspec.sampling import SamplingParams
+from grammarspec.drafting.draft_model import DraftModelProposer
+from grammarspec.engine.decoding import DecodeConfig, decode
+from grammarspec.engine.sampling import SamplingParams
+from grammarspec.policy.adaptive import AdaptiveController
 from proposers.base import Request
 
 SAMPLES = 20_000
@@ -109,7 +109,7 @@ def test_speculative_samples_follow_the_constrained_target(setup, case):
 
 def test_leaky_cache_is_detected(setup, monkeypatch):
     """Sanity of the method: skip the KV rollback and the test must fail."""
-    import grammarspec.kv as kv
+    import grammarspec.kv.batch as kv
 
     _, compiled = setup
     params = SamplingParams(True, 1.0)

@@ -17,11 +17,11 @@ from helpers import OTHER, PROMPT, SCHEMA, TARGET, ImprobableProposer, assert_ma
 from toy import toy_tokenizer
 
 from grammars import compile_grammar, grammar_spec
-from grammarspec.adaptive import AdaptiveController
-from grammarspec.decoding import DecodeConfig, decode
-from grammarspec.draft_model import DraftModelProposer
-from grammarspec.processing import build_pipeline
-from grammarspec.sampling import SamplingParams
+from grammarspec.drafting.draft_model import DraftModelProposer
+from grammarspec.engine.decoding import DecodeConfig, decode
+from grammarspec.engine.processing import build_pipeline
+from grammarspec.engine.sampling import SamplingParams
+from grammarspec.policy.adaptive import AdaptiveController
 from grammarspec.settings import resolve_config
 from proposers.base import Request
 
@@ -97,7 +97,7 @@ def test_speculative_samples_follow_the_processed_target(compiled, case):
 def test_wrong_prefix_for_draft_rows_is_detected(compiled, monkeypatch):
     """Sanity of the method: give every verification row the first row's prefix (as if the penalty ignored
     the draft tokens before it) and the test must fail."""
-    from grammarspec import processing
+    from grammarspec.engine import processing
 
     run = processing.LogitsPipeline._run
     monkeypatch.setattr(

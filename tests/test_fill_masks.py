@@ -11,7 +11,7 @@ from toy_models import ToyCausalLM
 
 from grammars import BACKENDS, GrammarError, allocate_bitmask, compile_grammar, fill_masks, grammar_spec
 from grammars.xgrammar_backend import XGrammarMatcher
-from grammarspec.decoding import DecodeConfig, RowRequest, decode_batch, sampling_processing
+from grammarspec.engine.decoding import DecodeConfig, RowRequest, decode_batch, sampling_processing
 
 SCHEMA = {
     "type": "object",
@@ -120,7 +120,7 @@ def test_apply_masks_equals_xgrammars_kernel_on_sparse_dense_and_mixed_rows(voca
     """The CPU split (sparse rows copied back, the rest to the kernel) gives xgrammar's result bit for bit."""
     import xgrammar
 
-    from grammarspec.masking import apply_masks
+    from grammarspec.engine.masking import apply_masks
 
     g = torch.Generator().manual_seed(vocab)
     words = (vocab + 31) // 32

@@ -148,7 +148,7 @@ def test_the_sweep_serves_a_saved_random_model_on_the_device_and_keeps_its_profi
     monkeypatch.setattr(gpu_check.subprocess, "run", fake_run)
     result = gpu_check.serve_sweep(tmp_path / "out", "cpu", "1,4", "small", 60.0)
     command = seen["command"]
-    assert result["returncode"] == 0 and command[2:5] == ["grammarspec.cli", "bench-serve", "--sweep"]
+    assert result["returncode"] == 0 and command[2:5] == ["grammarspec.cli.main", "bench-serve", "--sweep"]
     options = dict(zip(command[5::2], command[6::2]))
     assert options["--device"] == "cpu" and options["--dtype"] == "bfloat16" and options["--levels"] == "1,4"
     from grammarspec import load_model

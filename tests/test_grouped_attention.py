@@ -8,9 +8,9 @@ from contextlib import nullcontext
 import torch
 from toy_models import tiny_llama
 
-import grammarspec.kv as kv_module
-from grammarspec.grouped_attention import NAME, grouped_model
-from grammarspec.kv import BatchKV
+import grammarspec.kv.batch as kv_module
+from grammarspec.kv.batch import BatchKV
+from grammarspec.kv.grouped_attention import NAME, grouped_model
 
 V = 64
 

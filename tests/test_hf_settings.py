@@ -16,8 +16,8 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 from xgrammar.contrib.hf import LogitsProcessor as XgrammarHFProcessor
 
 import grammarspec
-from grammarspec.processing import build_pipeline
-from grammarspec.sampling import apply_bitmask
+from grammarspec.engine.processing import build_pipeline
+from grammarspec.engine.sampling import apply_bitmask
 
 V = toy_vocab_size()
 VOC = toy_vocab()

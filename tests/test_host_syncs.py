@@ -10,7 +10,7 @@ work) -- the toy model's own forward is not counted (it reads its inputs on the
 host; a real one does not: the real Llama's forward is counted below), nor numpy
 views of the host's bitmask buffers (``.numpy()`` fails on a device tensor, so
 it cannot hide a transfer).  The step's integers reach the device through
-:func:`grammarspec.host_values.to_device`, a pinned non-blocking copy, which is
+:func:`grammarspec.kv.host_values.to_device`, a pinned non-blocking copy, which is
 no synchronisation.  ``Tensor.to`` is not counted: on the CPU a copy to the
 model's device and a no-op look the same (the GPU check counts the real
 synchronisations with ``torch.cuda.set_sync_debug_mode``).  ``on_step`` closes
@@ -28,12 +28,12 @@ from toy import toy_tokenizer, toy_vocab_size
 from toy_models import ToyCausalLM, tiny_llama
 
 from grammars import compile_grammar, grammar_spec
-from grammarspec import kv as kv_module
-from grammarspec import packed_attention
-from grammarspec.adaptive import AdaptiveController
-from grammarspec.decoding import DecodeConfig, RowRequest, decode_batch, sampling_processing
-from grammarspec.packed_attention import BATCHED
-from grammarspec.sampling import SamplingParams
+from grammarspec.engine.decoding import DecodeConfig, RowRequest, decode_batch, sampling_processing
+from grammarspec.engine.sampling import SamplingParams
+from grammarspec.kv import batch as kv_module
+from grammarspec.kv import packed_attention
+from grammarspec.kv.packed_attention import BATCHED
+from grammarspec.policy.adaptive import AdaptiveController
 from proposers.base import EMPTY_DRAFT, Draft, GrammarView, Request
 
 V = toy_vocab_size()

@@ -24,16 +24,16 @@ PACKAGES = ("grammarspec", "grammars", "proposers")
 ALLOWED_CIRCLES: dict[frozenset[str], str] = {
     frozenset(
         {
-            "grammarspec.adaptive",
-            "grammarspec.bookkeeping",
-            "grammarspec.commit",
-            "grammarspec.decoding",
-            "grammarspec.isolation",
-            "grammarspec.pass_profile",
-            "grammarspec.policy",
-            "grammarspec.profile_check",
-            "grammarspec.rows",
-            "grammarspec.step",
+            "grammarspec.policy.adaptive",
+            "grammarspec.engine.bookkeeping",
+            "grammarspec.engine.commit",
+            "grammarspec.engine.decoding",
+            "grammarspec.engine.isolation",
+            "grammarspec.drafting.pass_profile",
+            "grammarspec.policy.allocation",
+            "grammarspec.drafting.profile_check",
+            "grammarspec.engine.rows",
+            "grammarspec.engine.step",
         }
     ): (
         "decoding builds the batch cost model (policy), which reads the pass profile, which times "

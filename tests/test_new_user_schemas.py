@@ -61,7 +61,7 @@ def test_a_ref_to_a_subschema_id_is_enforced():
 
 
 def test_the_cli_says_a_schema_file_holding_a_string_is_json_but_not_a_schema(tmp_path, capsys):
-    from grammarspec import cli
+    from grammarspec.cli import main as cli
 
     path = tmp_path / "s.json"
     path.write_text('"just a string"')

@@ -8,7 +8,7 @@ import threading
 import pytest
 import torch
 
-from grammarspec.openmp import release_thread_pool
+from grammarspec.model.openmp import release_thread_pool
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads in /proc (Linux)")
 

@@ -9,8 +9,9 @@ import torch
 from torch.nn import functional
 from toy_models import tiny_llama
 
-from grammarspec.kv import BatchKV
-from grammarspec.packed_attention import (
+from grammarspec.engine.tree_layout import tree_allowed
+from grammarspec.kv.batch import BatchKV
+from grammarspec.kv.packed_attention import (
     BATCHED,
     ROWS,
     attention_path,
@@ -19,7 +20,6 @@ from grammarspec.packed_attention import (
     row_mask,
     supports_packing,
 )
-from grammarspec.tree_layout import tree_allowed
 
 V = 64
 

@@ -15,7 +15,7 @@ from xgrammar.contrib.hf import LogitsProcessor
 
 import grammarspec
 from grammars import grammar_spec
-from grammarspec.sampling import unpack_bitmask
+from grammarspec.engine.sampling import unpack_bitmask
 
 pytestmark = pytest.mark.slow
 

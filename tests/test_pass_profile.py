@@ -18,10 +18,10 @@ from helpers import single_thread
 from toy_models import ToyCausalLM, tiny_llama
 from transformers import LlamaConfig
 
-import grammarspec.pass_profile
-import grammarspec.policy
-from grammarspec.pass_profile import fit_pass_cost, profile_file, profile_pass_cost, stored_profile
-from grammarspec.policy import allocate, batch_cost_model
+import grammarspec.drafting.pass_profile
+import grammarspec.policy.allocation
+from grammarspec.drafting.pass_profile import fit_pass_cost, profile_file, profile_pass_cost, stored_profile
+from grammarspec.policy.allocation import allocate, batch_cost_model
 from proposers.cost import PassCost
 
 ESTIMATES = [[0.6] * 16] * 16  # 16 rows, each offering 16 tokens of 0.6
@@ -67,7 +67,7 @@ def profile_mode(monkeypatch, tmp_path):
     profiles stored under ``tmp_path``."""
     monkeypatch.setenv("GRAMMARSPEC_PASS_COST", "profile")
     monkeypatch.setenv("GRAMMARSPEC_CACHE", str(tmp_path))
-    monkeypatch.setattr(grammarspec.policy, "_COST_MODELS", {})
+    monkeypatch.setattr(grammarspec.policy.allocation, "_COST_MODELS", {})
 
 
 def drafted(cost: PassCost) -> int:
@@ -75,7 +75,7 @@ def drafted(cost: PassCost) -> int:
 
 
 def test_docstring_examples_hold():
-    assert doctest.testmod(grammarspec.pass_profile).failed == 0
+    assert doctest.testmod(grammarspec.drafting.pass_profile).failed == 0
 
 
 def test_a_flat_target_profiles_flat_and_drafts_longer_than_the_cpu_prior():
@@ -136,7 +136,7 @@ def test_batch_cost_model_profiles_once_per_model(profile_mode):
 
 def test_prior_mode_times_nothing(monkeypatch):
     monkeypatch.setenv("GRAMMARSPEC_PASS_COST", "prior")
-    monkeypatch.setattr(grammarspec.policy, "_COST_MODELS", {})
+    monkeypatch.setattr(grammarspec.policy.allocation, "_COST_MODELS", {})
     fake = SleepyTarget("prior", fixed=0.0, per_token=0.0)
     cost = batch_cost_model(fake)
     assert fake.calls == 0 and (cost.base, cost.per_row, cost.min_rows) == (1.3, 0.03, 4)
@@ -167,7 +167,7 @@ def test_a_profile_is_kept_on_disk_for_the_next_process(profile_mode, monkeypatc
     stored = json.loads(profile_file().read_text())
     (label,) = stored
     assert label.startswith("kept|cpu|torch.float32|threads=") and stored[label]["min_rows"] == first.min_rows
-    monkeypatch.setattr(grammarspec.policy, "_COST_MODELS", {})  # a new process: nothing in memory
+    monkeypatch.setattr(grammarspec.policy.allocation, "_COST_MODELS", {})  # a new process: nothing in memory
     calls = fake.calls
     again = batch_cost_model(fake)
     assert fake.calls == calls  # read from the file, no pass timed
@@ -204,8 +204,8 @@ def test_a_profile_prices_the_masked_path_and_the_host_work_of_a_draft_token():
 
 def test_spreading_drafts_over_rows_is_timed_against_the_same_tokens_in_one_chain(monkeypatch):
     """``per_draft_row``: every row verifying one token against row 0 verifying as many, on the packed path only."""
-    from grammarspec import pass_profile
-    from grammarspec.kv import BatchKV
+    from grammarspec.drafting import pass_profile
+    from grammarspec.kv.batch import BatchKV
 
     shapes = pass_profile.ragged_shapes(8)
     drafted = {name: sum(len(chunk) - 1 for chunk in chunks) for name, (chunks, _) in shapes.items()}
@@ -220,9 +220,9 @@ def test_spreading_drafts_over_rows_is_timed_against_the_same_tokens_in_one_chai
     pass_profile._ragged_seconds(model, 24, 2, 4, "chain", "spread", packed_only=True, clock=FakeClock(0.001))
     steps = timed[2:]  # after the prompt and the step that makes the rows ragged: chain, spread, in turn
     assert steps == [pass_profile.ragged_shapes(4)[name][0] for name in ("chain", "spread")] * 3
-    import grammarspec.kv
+    import grammarspec.kv.batch
 
-    monkeypatch.setattr(grammarspec.kv, "supports_packing", lambda model: False)  # padded: the curve prices width
+    monkeypatch.setattr(grammarspec.kv.batch, "supports_packing", lambda model: False)  # padded: the curve prices width
     assert pass_profile._ragged_seconds(model, 24, 2, 4, "chain", "spread", packed_only=True, clock=FakeClock()) == 0.0
 
 
@@ -244,7 +244,7 @@ def test_a_stored_entry_that_is_not_a_whole_curve_is_profiled_again_and_kept_who
 
 def test_a_whole_entry_measured_another_way_is_profiled_again(profile_mode):
     """An entry of an older format (its switch timed on another path) is replaced by a fresh profile."""
-    from grammarspec.pass_profile import PROFILE_FORMAT
+    from grammarspec.drafting.pass_profile import PROFILE_FORMAT
 
     profile_file().parent.mkdir(parents=True, exist_ok=True)
     old = {"base": 1.5, "per_row": 0.05, "min_rows": 8, "switch": 9.0, "per_token": 0.01, "table": {"2": 1.1}}
@@ -260,7 +260,7 @@ def test_a_whole_entry_measured_another_way_is_profiled_again(profile_mode):
 
 def test_the_loop_s_step_overhead_is_part_of_the_unit(monkeypatch):
     """A plain step also spends host time whatever its rows; counted in the unit, wide passes cost fewer steps."""
-    import grammarspec.pass_profile as profiling
+    import grammarspec.drafting.pass_profile as profiling
 
     fake = SleepyTarget("overhead", fixed=0.002, per_token=0.002)  # 4 ms at 1 row, 34 ms at 16
     monkeypatch.setattr(profiling, "_loop_step_seconds", lambda *args: 0.004)  # the loop's step: the pass alone

@@ -6,8 +6,8 @@ import doctest
 
 import pytest
 
-import grammarspec.policy
-from grammarspec.policy import Calibration, allocate, plan_drafts, survival
+import grammarspec.policy.allocation
+from grammarspec.policy.allocation import Calibration, allocate, plan_drafts, survival
 from proposers.base import Draft
 from proposers.cost import PassCost, flat_until
 
@@ -18,7 +18,7 @@ def goodput(estimates, lengths, cost, base_rows):
 
 
 def test_docstring_examples_hold():
-    assert doctest.testmod(grammarspec.policy).failed == 0
+    assert doctest.testmod(grammarspec.policy.allocation).failed == 0
 
 
 def test_allocation_is_the_best_over_every_prefix_allocation():
@@ -54,7 +54,7 @@ def test_forced_tokens_are_always_taken():
 
 
 def test_plan_drafts_takes_jump_forward_text_and_fixed_rows_whole():
-    from grammarspec.adaptive import AdaptiveController
+    from grammarspec.policy.adaptive import AdaptiveController
 
     cost = PassCost().cost
     forced = Draft(tokens=(1, 2, 3), sources=("jump_forward", "jump_forward", "schema_ngram"))
@@ -90,7 +90,7 @@ def run_rows(survives, curve, steps=40):
     """Steps of the allocation over rows whose drafts survive whole (True) or never (False); each row's controller
     learns as the loop teaches it (the verified prefix, and the first offered token judged when cut).  Returns the
     draft tokens admitted per row per step."""
-    from grammarspec.adaptive import AdaptiveController
+    from grammarspec.policy.adaptive import AdaptiveController
 
     controllers = [AdaptiveController() for _ in survives]
     history = []
@@ -156,7 +156,7 @@ def test_a_packed_pass_prices_each_further_drafting_row_so_drafts_gather_where_t
 
 
 def test_a_request_starts_from_its_traffics_evidence():
-    from grammarspec.adaptive import AdaptiveController
+    from grammarspec.policy.adaptive import AdaptiveController
 
     recent = Calibration()
     for _ in range(50):
@@ -180,8 +180,8 @@ def test_the_ceiling_says_drafts_could_pay_exactly_when_certain_drafts_would_be_
     survive tries every slot.  Without ``per_draft_row`` (the one term the ceiling leaves out) they agree."""
     import random
 
-    from grammarspec.policy import drafts_could_pay
-    from grammarspec.step_cost import StepCost
+    from grammarspec.policy.allocation import drafts_could_pay
+    from grammarspec.policy.step_cost import StepCost
 
     rng = random.Random(seed)
     table = {1: 1.0}
@@ -213,7 +213,7 @@ def test_the_ceiling_says_drafts_could_pay_exactly_when_certain_drafts_would_be_
 
 
 def test_the_ceiling_refuses_dear_tokens_at_a_large_batch_and_not_on_a_flat_curve():
-    from grammarspec.policy import drafts_could_pay
+    from grammarspec.policy.allocation import drafts_could_pay
 
     dear = PassCost(1.47, 0.052, 4, per_token=0.3)  # a token's host work above a row's share of a 16-row pass
     assert not drafts_could_pay(dear, [16] * 16, [1] * 16, packed=True)
@@ -228,7 +228,7 @@ def test_admitted_tokens_that_survive_less_than_expected_lower_the_rows_estimate
     """The winner's curse: the tokens the policy chose by their estimates are audited against what survived
     (forced tokens and the judged token past the cut are not the policy's choice), and a row whose chosen tokens
     fell short drafts less; one whose tokens did better is left to its records."""
-    from grammarspec.adaptive import AdaptiveController
+    from grammarspec.policy.adaptive import AdaptiveController
 
     forced = Draft(tokens=(1, 2) + OFFERED.tokens[:6], sources=("jump_forward",) * 2 + ("prompt_lookup",) * 6)
     c = AdaptiveController()
@@ -255,7 +255,7 @@ def test_admitted_tokens_that_survive_less_than_expected_lower_the_rows_estimate
 def test_a_static_batch_values_tokens_by_the_finishing_time_they_save():
     """Rows with one record share the batch's end (each token worth one); a row far ahead saves only its own
     row of the curve; batch 1 and a curve through the origin change nothing."""
-    from grammarspec.policy import finishing_worth
+    from grammarspec.policy.allocation import finishing_worth
 
     line = PassCost(1.0, 0.1, 1)  # cost(rows) = 1 + 0.1 * rows: beta 0.1, alpha 1
     assert finishing_worth([50] * 6, [3] * 6, [20] * 6, line) == [1.0] * 6

@@ -6,7 +6,7 @@ import pytest
 import torch
 from toy_models import random_llama
 
-from grammarspec.prepacked_head import PrepackedLinear, prepack_head
+from grammarspec.model.prepacked_head import PrepackedLinear, prepack_head
 
 V = 300
 

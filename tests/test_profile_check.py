@@ -17,13 +17,13 @@ from clocks import ClockedToy, FakeClock
 from helpers import single_thread
 from proposer_fakes import ScriptFollower
 
-import grammarspec.policy
-import grammarspec.profile_check
-from grammarspec.adaptive import AdaptiveController
-from grammarspec.decoding import DecodeConfig, decode
-from grammarspec.pass_profile import Measured, measure_profile, profile_file, stored_entries
-from grammarspec.policy import batch_cost_model
-from grammarspec.profile_check import ProfileCheck
+import grammarspec.drafting.profile_check
+import grammarspec.policy.allocation
+from grammarspec.drafting.pass_profile import Measured, measure_profile, profile_file, stored_entries
+from grammarspec.drafting.profile_check import ProfileCheck
+from grammarspec.engine.decoding import DecodeConfig, decode
+from grammarspec.policy.adaptive import AdaptiveController
+from grammarspec.policy.allocation import batch_cost_model
 from proposers.base import Request
 from proposers.cost import PassCost
 
@@ -43,11 +43,11 @@ def profile_mode(monkeypatch, tmp_path):
     monkeypatch.setenv("GRAMMARSPEC_PASS_COST", "profile")
     monkeypatch.setenv("GRAMMARSPEC_CACHE", str(tmp_path))
     for name in ("_COST_MODELS", "_MEASURED", "_CHECKS", "_STALE", "_REMEASURED"):
-        monkeypatch.setattr(grammarspec.policy, name, {})
+        monkeypatch.setattr(grammarspec.policy.allocation, name, {})
 
 
 def test_docstring_examples_hold():
-    assert doctest.testmod(grammarspec.profile_check).failed == 0
+    assert doctest.testmod(grammarspec.drafting.profile_check).failed == 0
 
 
 def measured(table, unit=0.01):
@@ -151,8 +151,10 @@ def test_a_profile_measured_busy_is_caught_by_the_loop_and_measured_again_before
         before = model.forwards
         stats, said = drafting_call(model, clock, alone)
         assert said == [] and model.forwards - before == stats.target_forwards
-    assert grammarspec.policy._REMEASURED == {next(iter(grammarspec.policy._CHECKS)): 1}
-    assert grammarspec.policy._CHECKS[next(iter(grammarspec.policy._CHECKS))].steps == 32  # twice the evidence now
+    assert grammarspec.policy.allocation._REMEASURED == {next(iter(grammarspec.policy.allocation._CHECKS)): 1}
+    assert (
+        grammarspec.policy.allocation._CHECKS[next(iter(grammarspec.policy.allocation._CHECKS))].steps == 32
+    )  # twice the evidence now
 
 
 def test_a_machine_busy_after_a_quiet_profile_keeps_the_profile(profile_mode):
@@ -168,14 +170,15 @@ def test_a_machine_busy_after_a_quiet_profile_keeps_the_profile(profile_mode):
         stats, said = drafting_call(model, clock, alone)
         assert said == [] and model.forwards - before == stats.target_forwards
     assert batch_cost_model(model) is profile
-    check = grammarspec.policy._CHECKS[next(iter(grammarspec.policy._CHECKS))]
+    check = grammarspec.policy.allocation._CHECKS[next(iter(grammarspec.policy.allocation._CHECKS))]
     assert check.passes > 32 and all(m == pytest.approx(3.0, rel=0.05) for m in check.medians().values())
 
 
 def test_the_cli_shows_resets_and_measures_the_stored_profiles(profile_mode, monkeypatch, capsys):
     """``grammarspec profile --show`` prints each stored curve (rows -> plain steps) and how it was measured,
     ``--reset`` deletes them (the next use measures again), ``--measure`` measures ``--model``'s now."""
-    from grammarspec import cli, cli_common
+    from grammarspec.cli import common as cli_common
+    from grammarspec.cli import main as cli
 
     assert cli.main(["profile"]) == 0
     assert capsys.readouterr().out.startswith("no pass-cost profile stored")

@@ -11,7 +11,7 @@ from toy_models import tiny_llama
 from transformers import DynamicCache
 
 import grammarspec
-from grammarspec.kv_cache import cache_length, forward_with_cache
+from grammarspec.kv.cache import cache_length, forward_with_cache
 
 SCHEMA = {
     "type": "object",

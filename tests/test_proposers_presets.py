@@ -6,8 +6,8 @@ import pytest
 from proposer_fakes import fixed
 from toy_models import ToyCausalLM
 
-from grammarspec.assistant import draft_maker
-from grammarspec.draft_model import DraftModelProposer
+from grammarspec.drafting.assistant import draft_maker
+from grammarspec.drafting.draft_model import DraftModelProposer
 from proposers import PRESETS
 from proposers import resolve_assistant as resolve
 from proposers.base import Proposer

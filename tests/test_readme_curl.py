@@ -18,7 +18,7 @@ import pytest
 from readme_curl import curl_arguments, runners
 from serve_process import MODEL, readme_block, serve_process
 
-from grammarspec.cli import DEFAULT_MODEL
+from grammarspec.cli.main import DEFAULT_MODEL
 
 pytestmark = pytest.mark.slow
 

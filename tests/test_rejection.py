@@ -4,7 +4,7 @@ import pytest
 import torch
 from scipy_free_stats import chi_square_pvalue
 
-from grammarspec.rejection import greedy_verify, rejection_sample
+from grammarspec.engine.rejection import greedy_verify, rejection_sample
 
 
 def _first_token_distribution(p, q, draft_token, n, seed=0, k=1):
@@ -91,7 +91,7 @@ def test_greedy_verify_worked_examples():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("rows", [1, 3, 40])
 def test_row_max_equals_torch_max_with_ties_nans_and_empty_rows(rows, width, dtype):
-    from grammarspec.sampling import row_max
+    from grammarspec.engine.sampling import row_max
 
     g = torch.Generator().manual_seed(rows * 100_003 + width)
     scores = torch.randint(-3, 4, (rows, width), generator=g).to(dtype)  # many ties

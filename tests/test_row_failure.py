@@ -19,8 +19,8 @@ from toy_models import ToyCausalLM
 
 import grammarspec
 from grammarspec import GenerationError
-from grammarspec.adaptive import AdaptiveController
-from grammarspec.decoding import DecodeConfig, RowRequest, decode, decode_batch, sampling_processing
+from grammarspec.engine.decoding import DecodeConfig, RowRequest, decode, decode_batch, sampling_processing
+from grammarspec.policy.adaptive import AdaptiveController
 from proposers.base import Request
 
 V = toy_vocab_size()
@@ -225,7 +225,7 @@ def test_a_row_whose_grammar_allows_no_token_ends_alone(grammars):
 
 
 def test_a_dead_end_row_does_not_move_the_other_rows_draws():
-    from grammarspec.rejection import choices_and_dead_ends
+    from grammarspec.engine.rejection import choices_and_dead_ends
 
     scores = torch.randn(3, 50)
     dead = scores.clone()

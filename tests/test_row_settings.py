@@ -1,6 +1,6 @@
 """Per-request settings are row settings: one batch mixes greedy and sampled rows, budgets and stop strings.
 
-Rows are built by :func:`grammarspec.row_requests.row_request`, the one
+Rows are built by :func:`grammarspec.engine.row_requests.row_request`, the one
 function ``grammarspec.generate`` and the server build rows with.  A greedy
 row's output equals the row alone; a sampled row follows its exact
 constrained distribution (Pearson's chi-square, tests/helpers.py's harness);
@@ -17,11 +17,11 @@ from helpers import PROMPT, SCHEMA, TARGET, assert_matches, exact_distribution, 
 from toy import toy_tokenizer, toy_vocab_size
 
 from grammars import compile_grammar, grammar_spec
-from grammarspec.decoding import DecodeConfig, decode_batch
-from grammarspec.row_requests import row_request
-from grammarspec.sampling import SamplingParams
+from grammarspec.engine.decoding import DecodeConfig, decode_batch
+from grammarspec.engine.row_requests import row_request
+from grammarspec.engine.sampling import SamplingParams
+from grammarspec.engine.stopping import before_stop
 from grammarspec.settings import resolve_config
-from grammarspec.stopping import before_stop
 from proposers.base import Draft, GrammarView, Request
 
 V = toy_vocab_size()
@@ -148,7 +148,7 @@ def test_sampled_rows_of_a_mixed_batch_follow_their_exact_distributions():
 
 def test_a_greedy_row_beside_sampled_rows_is_detected_if_it_samples(monkeypatch):
     """Sanity of the method: treat every row as sampled and the greedy rows stop matching their output alone."""
-    import grammarspec.step as step
+    import grammarspec.engine.step as step
 
     tok = toy_tokenizer()
     config = DecodeConfig(max_new_tokens=99)

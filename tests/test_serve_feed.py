@@ -17,9 +17,9 @@ from proposer_fakes import ScriptFollower as Noisy  # the next tokens of a scrip
 from toy import toy_vocab_size
 from toy_models import ToyCausalLM, tiny_llama
 
-from grammarspec.decoding import DecodeConfig, decode, decode_batch
-from grammarspec.kv import BatchKV
-from grammarspec.kv_cache import crop_cache
+from grammarspec.engine.decoding import DecodeConfig, decode, decode_batch
+from grammarspec.kv.batch import BatchKV
+from grammarspec.kv.cache import crop_cache
 
 V = toy_vocab_size()
 PROMPTS = [[2, 3], [2, 5, 9, 4, 7], [6], [4, 4, 2], [7, 1, 3, 3]]
@@ -128,7 +128,7 @@ def test_a_request_joining_a_busy_batch_reads_its_prompt_in_chunks_and_decodes_a
     on SDPA models; folded into extra batch rows of a masked forward otherwise); every row's output is its output
     alone."""
     if kind == "llama-masked":
-        monkeypatch.setattr("grammarspec.kv.supports_packing", lambda model: False)
+        monkeypatch.setattr("grammarspec.kv.batch.supports_packing", lambda model: False)
     model = ToyCausalLM(V, seed=3) if kind == "toy" else tiny_llama(V, seed=2)
     config = DecodeConfig(max_new_tokens=24, eos_token_ids=(0,))
     prompts, gs = [PROMPTS[1], PROMPTS[3], LONG], [grammars[1], grammars[2], grammars[0]]
@@ -177,7 +177,7 @@ def test_a_steep_pass_cost_still_reads_a_joining_prompt_in_the_next_step(grammar
     """On a curve where every extra row costs a whole step (a CPU's steep one), the pass cost alone would read a
     long prompt a token or two a step; the joining request's prompt is read whole in the step it joins, beside
     the decoding row, which takes its token in that step too."""
-    from grammarspec.step import prompt_budget
+    from grammarspec.engine.step import prompt_budget
 
     model = ToyCausalLM(V, seed=3)
     config = DecodeConfig(max_new_tokens=24, eos_token_ids=(0,))
@@ -236,7 +236,7 @@ def test_prompts_that_join_together_are_read_first_come_first_served(grammars): 
 def test_the_prompt_budget_goes_to_the_row_that_came_first_whatever_its_slot():
     """A leave can move a later request into a lower slot; the budget still goes first to the request that came
     first (its ``index``), and every other reading row progresses by a token."""
-    from grammarspec.step import prompt_plan
+    from grammarspec.engine.step import prompt_plan
 
     def row(index, prompt_length, cached):
         return SimpleNamespace(

@@ -18,11 +18,11 @@ import pytest
 from toy import toy_tokenizer, toy_vocab_size
 from toy_models import tiny_llama
 
-from grammarspec.policy import Calibration
+from grammarspec.engine.step_trace import summarize
+from grammarspec.policy.allocation import Calibration
 from grammarspec.serve import Engine
 from grammarspec.serve.engine import TrafficRecord, traffic_kind
 from grammarspec.serve.protocol import ChatRequest
-from grammarspec.step_trace import summarize
 from proposers.base import split_owner
 from proposers.text import SplitMemory
 

@@ -9,8 +9,8 @@ import pytest
 from toy import toy_tokenizer, toy_vocab_size
 from toy_models import tiny_llama
 
-from grammarspec.cli import main
-from grammarspec.serve.sweep import level_summary, run_sweep, sweep_summary, workload, write_sweep
+from grammarspec.bench.sweep import level_summary, run_sweep, sweep_summary, workload, write_sweep
+from grammarspec.cli.main import main
 
 TEMPLATE = "{% for m in messages %}{{ m['role'][0] }}:{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}a:{% endif %}"
 SCHEMA = {
@@ -94,7 +94,7 @@ def test_a_request_the_server_refuses_is_counted_and_the_level_goes_on():
     import httpx
     import openai
 
-    from grammarspec.serve.load import send as _send
+    from grammarspec.bench.load import send as _send
 
     request = httpx.Request("POST", "http://127.0.0.1/v1/chat/completions")
 
@@ -127,8 +127,8 @@ def test_the_clients_run_in_a_process_of_their_own_and_say_when_it_fails():
     import subprocess
     import sys
 
-    from grammarspec.serve import load
-    from grammarspec.serve.servers import free_port
+    from grammarspec.bench import load
+    from grammarspec.bench.servers import free_port
 
     probe = "import runpy, sys; runpy.run_path(sys.argv[1]); print(sorted({'torch', 'grammarspec'} & set(sys.modules)))"
     loaded = subprocess.run([sys.executable, "-c", probe, load.__file__], capture_output=True, text=True, check=True)

@@ -7,8 +7,8 @@ import torch
 from toy import toy_vocab_size
 from toy_models import tiny_llama
 
-from grammarspec.cli import build_parser, main
-from grammarspec.kv import BatchKV
+from grammarspec.cli.main import build_parser, main
+from grammarspec.kv.batch import BatchKV
 from grammarspec.serve.prefix import PrefixCache, row_cache
 from grammarspec.serve.protocol import RequestError, parse_request
 
@@ -59,7 +59,7 @@ def test_a_full_request_is_read_field_by_field():
             400,
         ),
         ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role", 400),
-        ({"grammarspec": {"assistant": "draft_model"}}, "grammarspec.assistant", 400),
+        ({"grammarspec": {"assistant": "draft_model"}}, "grammarspec.drafting.assistant", 400),
         ({"model": "other"}, "model", 404),
         (
             {"tools": [{"type": "function", "function": {"name": "f"}}], "response_format": {"type": "json_object"}},
@@ -200,7 +200,7 @@ def test_tool_choice_none_renders_no_call_format_in_a_model_format(smol_tokenize
 
 
 def test_outputs_are_compared_call_by_call():
-    from grammarspec.serve.bench import compare_outputs
+    from grammarspec.bench.serve import compare_outputs
 
     call = {"content": None, "tool_calls": [["f", '{"a": 1}']], "tokens": 9}
     text = {"content": "ok", "tool_calls": [], "tokens": 3}
@@ -211,7 +211,7 @@ def test_outputs_are_compared_call_by_call():
 
 
 def test_the_table_reports_identical_calls_and_the_first_difference():
-    from grammarspec.serve.bench import serve_markdown
+    from grammarspec.bench.serve import serve_markdown
 
     a = {"content": "x", "tool_calls": [], "tokens": 2}
     b = {"content": "y", "tool_calls": [], "tokens": 2}
@@ -237,8 +237,8 @@ def test_the_table_reports_identical_calls_and_the_first_difference():
 
 def test_foreign_servers_get_grammarspecs_rendering_and_text_calls_are_read():
     from grammarspec.bench.agent_tasks import TOOLS
+    from grammarspec.bench.serve import _text_calls, foreign_messages
     from grammarspec.conversation import NO_TOOL_NOTE
-    from grammarspec.serve.bench import _text_calls, foreign_messages
 
     messages = [
         {"role": "system", "content": "s"},
@@ -271,7 +271,7 @@ def test_foreign_servers_get_grammarspecs_rendering_and_text_calls_are_read():
 def test_transformers_serve_gets_a_model_dir_naming_its_architecture(tmp_path):
     import json
 
-    from grammarspec.serve.servers import servable_model_dir
+    from grammarspec.bench.servers import servable_model_dir
 
     source = tmp_path / "src"
     source.mkdir()
@@ -287,8 +287,8 @@ def test_the_vllm_serve_command_speculates_with_ngrams_and_parses_tool_calls():
     import json
 
     from grammarspec.bench.agent_tasks import ModelTurn
-    from grammarspec.serve.bench import capped
-    from grammarspec.serve.servers import vllm_serve_command
+    from grammarspec.bench.serve import capped
+    from grammarspec.bench.servers import vllm_serve_command
 
     cmd = vllm_serve_command("/v/python", "/m", 1234, "smol")
     assert cmd[:3] == ["/v/python", "-m", "vllm.entrypoints.openai.api_server"]
@@ -304,7 +304,7 @@ def test_the_vllm_serve_command_speculates_with_ngrams_and_parses_tool_calls():
 
 
 def test_bench_serve_skips_vllm_without_its_environment(monkeypatch):
-    from grammarspec.serve import servers
+    from grammarspec.bench import servers
 
     monkeypatch.setenv("GRAMMARSPEC_VLLM_PYTHON", "/nonexistent/python")
     why = servers.start_vllm_serve("/m", "smol")

@@ -1,6 +1,6 @@
 """Sliding-window models (Mistral v0.1, Phi-3, Gemma 2/3...): a tiny random Mistral with an 8-token window.
 
-grammarspec's own caches hold every column in every layer (:func:`grammarspec.kv_cache.new_cache`), so a
+grammarspec's own caches hold every column in every layer (:func:`grammarspec.kv.cache.new_cache`), so a
 rejected draft is cut back exactly and a sliding layer's window is applied by the attention mask alone;
 Hugging Face's own ``DynamicCache(config=...)`` keeps only the last ``window - 1`` columns of a sliding
 layer, and cannot be cut back once the window is full.  These tests pin the behaviour: greedy output
@@ -23,8 +23,8 @@ from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 from xgrammar.contrib.hf import LogitsProcessor
 
 import grammarspec
-from grammarspec import kv as kv_module
-from grammarspec.kv_cache import CacheError, forward_with_cache, new_cache
+from grammarspec.kv import batch as kv_module
+from grammarspec.kv.cache import CacheError, forward_with_cache, new_cache
 
 WINDOW = 8
 SCHEMAS = [

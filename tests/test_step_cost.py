@@ -1,4 +1,4 @@
-"""The server's step cost, learned from the steps it runs (grammarspec/step_cost.py).
+"""The server's step cost, learned from the steps it runs (grammarspec/policy/step_cost.py).
 
 The learner must recover what steps really cost, hand the policy a cost on
 which it drafts nothing that does not pay (drafted steps far dearer than the
@@ -23,10 +23,10 @@ from proposer_fakes import ScriptFollower
 from toy import toy_vocab_size
 from toy_models import ToyCausalLM
 
-import grammarspec.step_cost
-from grammarspec.adaptive import AdaptiveController
-from grammarspec.decoding import DecodeConfig, RowRequest, decode, decode_batch, sampling_processing
-from grammarspec.step_cost import StepCost, StepCostLearner, priced_rows
+import grammarspec.policy.step_cost
+from grammarspec.engine.decoding import DecodeConfig, RowRequest, decode, decode_batch, sampling_processing
+from grammarspec.policy.adaptive import AdaptiveController
+from grammarspec.policy.step_cost import StepCost, StepCostLearner, priced_rows
 from proposers.base import Request
 from proposers.cost import PassCost, flat_until
 
@@ -42,7 +42,7 @@ def step_clock(seconds: float) -> FakeClock:
 
 
 def test_docstring_examples_hold():
-    assert doctest.testmod(grammarspec.step_cost).failed == 0
+    assert doctest.testmod(grammarspec.policy.step_cost).failed == 0
 
 
 def true_seconds(u, h, s, p, q, curve, rows, batch, tokens, drafting):
@@ -214,7 +214,7 @@ def test_the_loop_with_a_learner_changes_no_output_and_learns_only_from_steps_th
 
 
 def test_the_engine_and_the_cli_refuse_an_unknown_step_cost(capsys):
-    from grammarspec.cli import main
+    from grammarspec.cli.main import main
     from grammarspec.serve import Engine
 
     with pytest.raises(ValueError, match="learned, profile"):

@@ -8,11 +8,11 @@ from toy import toy_tokenizer, toy_vocab_size
 from toy_models import ToyCausalLM, tiny_llama
 
 from grammars import compile_grammar, grammar_spec
-from grammarspec.adaptive import AdaptiveController
-from grammarspec.decoding import DecodeConfig, RowRequest, decode_batch, sampling_processing
-from grammarspec.draft_model import DraftModelProposer
-from grammarspec.kv import BatchKV
-from grammarspec.kv_cache import cache_length
+from grammarspec.drafting.draft_model import DraftModelProposer
+from grammarspec.engine.decoding import DecodeConfig, RowRequest, decode_batch, sampling_processing
+from grammarspec.kv.batch import BatchKV
+from grammarspec.kv.cache import cache_length
+from grammarspec.policy.adaptive import AdaptiveController
 from proposers.base import EMPTY_DRAFT, CostModelled, Draft, ModelDrafter, ProposerGroup, Request, TreeDrafter, members
 from proposers.compose import CompositeProposer, is_model_proposer
 from proposers.presets import resolve_assistant

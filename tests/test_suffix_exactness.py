@@ -17,9 +17,9 @@ from helpers import PROMPT, SCHEMA, TARGET, assert_matches, exact_distribution, 
 from test_exactness import speculative_counts
 
 from grammars import compile_grammar, grammar_spec
-from grammarspec.adaptive import AdaptiveController
-from grammarspec.decoding import DecodeConfig, decode
-from grammarspec.sampling import SamplingParams
+from grammarspec.engine.decoding import DecodeConfig, decode
+from grammarspec.engine.sampling import SamplingParams
+from grammarspec.policy.adaptive import AdaptiveController
 from proposers import SuffixIndex, SuffixProposer
 from proposers.base import Request
 from proposers.tree import DraftTree

@@ -24,8 +24,8 @@ import uvicorn
 from serve_process import MODEL, free_port
 
 from grammars import grammar_spec
+from grammarspec.bench.drafts import repeat_requests, run_drafts_bench
 from grammarspec.serve import Engine, create_app
-from grammarspec.serve.drafts_bench import repeat_requests, run_drafts_bench
 from grammarspec.serve.engine import draft_scope
 from grammarspec.serve.protocol import ChatRequest
 
@@ -118,9 +118,9 @@ def test_scopes_are_the_traffic_kind_and_the_schema():
 
 
 def test_draft_memory_mb_reaches_the_engine_and_zero_turns_the_index_off(monkeypatch):
-    import grammarspec.cli_common as cli_common
+    import grammarspec.cli.common as cli_common
     import grammarspec.serve as serve_package
-    from grammarspec.cli import main
+    from grammarspec.cli.main import main
 
     built: list[dict] = []
     monkeypatch.setattr(cli_common, "load", lambda *a, **k: (None, None))

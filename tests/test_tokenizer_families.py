@@ -25,7 +25,7 @@ from grammars import compile_grammar, grammar_spec
 from grammars.base import allocate_bitmask
 from grammarspec.bench.families import ScriptedLlama, canonical_answer, load_family_tokenizer, run_family
 from grammarspec.bench.tasks import default_tasks_path, load_tasks
-from grammarspec.sampling import apply_bitmask
+from grammarspec.engine.sampling import apply_bitmask
 from grammarspec.templates import dropped_roles, fit_messages
 from grammarspec.vocabulary import VocabularyMismatch, check_vocabulary
 from proposers.text import continuation_tokens
@@ -275,7 +275,7 @@ def test_sampled_drafting_follows_the_constrained_distribution(family, one_threa
 
 def test_a_verifier_biased_towards_drafts_is_detected(family, one_thread, monkeypatch):
     """Sanity of the method: keep the first draft token half the times the target refuses it, and the test fails."""
-    import grammarspec.step as step
+    import grammarspec.engine.step as step
 
     coin = random.Random(0)
     descend = step.descend

@@ -21,13 +21,13 @@ from toy import toy_tokenizer, toy_vocab_size
 from toy_models import tiny_llama
 
 from grammars import compile_grammar, grammar_spec
-from grammarspec import kv as kv_module
-from grammarspec import packed_attention
-from grammarspec.adaptive import AdaptiveController
-from grammarspec.decoding import DecodeConfig, RowRequest, decode, decode_batch, sampling_processing
-from grammarspec.kv_cache import cache_length
-from grammarspec.packed_attention import BATCHED, ROWS
-from grammarspec.sampling import SamplingParams
+from grammarspec.engine.decoding import DecodeConfig, RowRequest, decode, decode_batch, sampling_processing
+from grammarspec.engine.sampling import SamplingParams
+from grammarspec.kv import batch as kv_module
+from grammarspec.kv import packed_attention
+from grammarspec.kv.cache import cache_length
+from grammarspec.kv.packed_attention import BATCHED, ROWS
+from grammarspec.policy.adaptive import AdaptiveController
 
 V = toy_vocab_size()
 
@@ -122,7 +122,7 @@ def test_the_cache_holds_exactly_the_committed_tokens_after_every_tree_step(comp
 
 def test_a_leaky_path_commit_is_detected(compiled, monkeypatch):
     """Sanity of the method: keep without gathering the path (other branches' nodes stay) and the test fails."""
-    from grammarspec import kv
+    from grammarspec.kv import batch as kv
 
     params = SamplingParams(True, 1.0)
     exact = exact_distribution(TARGET, compiled, params)

@@ -1,4 +1,4 @@
-"""grammarspec/tree_layout.py: tree attention equals chain attention, the cache keeps only the path,
+"""grammarspec/engine/tree_layout.py: tree attention equals chain attention, the cache keeps only the path,
 the grammar prunes node by node."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from toy_models import tiny_llama
 
 from grammars import compile_grammar, grammar_spec
 from grammars.base import allocate_bitmask
-from grammarspec.kv import BatchKV
-from grammarspec.kv_cache import cache_length, forward_with_cache, new_cache
-from grammarspec.masking import prune_and_fill_masks
-from grammarspec.tree_layout import descend, tree_attention_inputs
+from grammarspec.engine.masking import prune_and_fill_masks
+from grammarspec.engine.tree_layout import descend, tree_attention_inputs
+from grammarspec.kv.batch import BatchKV
+from grammarspec.kv.cache import cache_length, forward_with_cache, new_cache
 from proposers.tree import DraftTree
 
 # A tree with three branches of different depths, in depth-first order.

@@ -117,7 +117,7 @@ def _grammar_measure(record: dict[str, Any], backend: str, tokenizer: Any, timeo
 
 
 def _worker(conn: Any) -> None:
-    from grammarspec.loading import load_tokenizer
+    from grammarspec.model.loading import load_tokenizer
 
     tokenizer = load_tokenizer("smollm2-135m")
     conn.send("ready")

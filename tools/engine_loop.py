@@ -36,19 +36,19 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from grammars import grammar_spec  # noqa: E402
-from grammarspec.loading import load_model  # noqa: E402
+from grammarspec.bench.sweep import closed_loop, workload  # noqa: E402
+from grammarspec.model.loading import load_model  # noqa: E402
 from grammarspec.serve.engine import Engine  # noqa: E402
 from grammarspec.serve.protocol import parse_request  # noqa: E402
-from grammarspec.serve.sweep import closed_loop, workload  # noqa: E402
 
 #: (module, attribute, label) of the host functions ``--functions`` times.
 TIMED = (
-    ("grammarspec.step", "_propose", "propose (all rows)"),
-    ("grammarspec.step", "_step_cost", "step cost"),
-    ("grammarspec.step", "_allocate", "allocate"),
-    ("grammarspec.step", "commit", "commit"),
-    ("grammarspec.step", "account", "account (all rows)"),
-    ("grammarspec.step_cost", "StepCostLearner.observe", "learner observe"),
+    ("grammarspec.engine.step", "_propose", "propose (all rows)"),
+    ("grammarspec.engine.step", "_step_cost", "step cost"),
+    ("grammarspec.engine.step", "_allocate", "allocate"),
+    ("grammarspec.engine.step", "commit", "commit"),
+    ("grammarspec.engine.step", "account", "account (all rows)"),
+    ("grammarspec.policy.step_cost", "StepCostLearner.observe", "learner observe"),
     ("proposers.compose", "CompositeProposer.commit", "proposer told"),
 )
 

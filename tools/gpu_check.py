@@ -149,7 +149,7 @@ ALPHA = 1e-3
 
 def prepare() -> None:
     """Here: copy SmolLM2's config and tokenizer files and download the wheels into .gpu/."""
-    from grammarspec.loading import cache_dir
+    from grammarspec.model.loading import cache_dir
 
     source = next(cache_dir().glob("smollm2-135m-v*"), None)
     if source is None:
@@ -266,7 +266,7 @@ def compile_for_hf(tokenizer: Any, model: Any, schemas: list) -> list:
     """xgrammar grammars for the HF arm (compiled once, outside any timed region)."""
     import xgrammar as xgr
 
-    from grammarspec.decoding import logits_width
+    from grammarspec.engine.decoding import logits_width
 
     info = xgr.TokenizerInfo.from_huggingface(
         tokenizer, vocab_size=logits_width(model), stop_token_ids=[tokenizer.eos_token_id]
@@ -460,7 +460,7 @@ def trees_against_chains(model: Any, tok: Any, device: str, max_new: int) -> dic
 
 def slot_leaves(model: Any, tok: Any, device: str, max_new: int) -> dict:
     """A batch of 4 whose rows finish apart: rows leave their KV slots, and every row is still identical to HF."""
-    from grammarspec import kv
+    from grammarspec.kv import batch as kv
 
     leaves = []
     original = kv.BatchKV.select
@@ -581,7 +581,7 @@ class GrammarWalk:
 
 
 class StepClock:
-    """Times each phase of every step (:class:`grammarspec.step.Phases`' laps: forced, propose, walk, forward,
+    """Times each phase of every step (:class:`grammarspec.engine.step.Phases`' laps: forced, propose, walk, forward,
     verify -- the masks, processing and rejection --, commit) on the device's own clock: CUDA events recorded at
     each lap, read after the step; on a CPU the laps' perf_counter times.  Also the host's time per lap (on a GPU
     the time to queue the work: a forward whose host time is about its device time is bound by kernel launches,
@@ -602,7 +602,7 @@ class StepClock:
 
         import torch
 
-        from grammarspec import step as step_module
+        from grammarspec.engine import step as step_module
 
         clock = self
         base = step_module.Phases
@@ -691,8 +691,8 @@ def step_profile(
     import torch
 
     from grammars import compile_grammar, grammar_spec
-    from grammarspec.adaptive import AdaptiveController
-    from grammarspec.decoding import DecodeConfig, RowRequest, decode_batch, logits_width, sampling_processing
+    from grammarspec.engine.decoding import DecodeConfig, RowRequest, decode_batch, logits_width, sampling_processing
+    from grammarspec.policy.adaptive import AdaptiveController
 
     compiled = [
         compile_grammar(
@@ -783,7 +783,7 @@ def serve_sweep(
     command = [
         sys.executable,
         "-m",
-        "grammarspec.cli",
+        "grammarspec.cli.main",
         "bench-serve",
         "--sweep",
         "--model",
@@ -912,7 +912,7 @@ def bitmask_kernel(device: str) -> dict:
 def trained_model(device: str) -> tuple[Any, Any] | None:
     """The embedded SmolLM2-135M-Instruct (trained weights, no download) on ``device``, or ``None`` where its
     package is not installed (its GGUF is larger than what travels to the GPU machine unless installed there)."""
-    from grammarspec.loading import ModelNotFoundError, load_model
+    from grammarspec.model.loading import ModelNotFoundError, load_model
 
     try:
         return load_model("smollm2-135m", dtype="bfloat16" if device == "cuda" else "float32", device=device)

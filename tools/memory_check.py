@@ -250,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
 
         tokenizer = toy_byte_level_tokenizer()
     else:
-        from grammarspec.loading import load_tokenizer
+        from grammarspec.model.loading import load_tokenizer
 
         tokenizer = load_tokenizer(args.tokenizer)
     loaded = rss_mb()

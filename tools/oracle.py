@@ -1,7 +1,7 @@
 """An oracle target model: a causal LM whose greedy choice is a recorded output.
 
 Under greedy decoding the output does not depend on the drafter, so running the
-real decoding loop (:func:`grammarspec.decoding.decode`) against a model that
+real decoding loop (:func:`grammarspec.engine.decoding.decode`) against a model that
 always prefers the recorded output's next token shows exactly what each draft
 would have got -- target passes without the target.  The replay script and the
 test replay use it; neither carries a copy of the loop.

@@ -18,7 +18,7 @@ verify, commit: ``GenerationStats.phases``, taken from the row that stayed
 longest in each call, which took part in every step).
 Greedy outputs of the arms are compared row by row (they must be identical).
 Grammars are compiled before timing, for every arm, and each arm makes one
-untimed warm-up call (the pass cost profile of :mod:`grammarspec.pass_profile`
+untimed warm-up call (the pass cost profile of :mod:`grammarspec.drafting.pass_profile`
 is taken there).
 """
 
@@ -46,8 +46,8 @@ from grammarspec.bench.arms import (  # noqa: E402
 from grammarspec.bench.batch import _left_pad, _prompt, _run_baseline  # noqa: E402
 from grammarspec.bench.tasks import load_tasks  # noqa: E402
 from grammarspec.bench.tiny_llama import tiny_llama  # noqa: E402
-from grammarspec.decoding import logits_width  # noqa: E402
-from grammarspec.loading import load_tokenizer  # noqa: E402
+from grammarspec.engine.decoding import logits_width  # noqa: E402
+from grammarspec.model.loading import load_tokenizer  # noqa: E402
 
 ARMS = ("baseline", "none", "auto")
 PHASES = ("forced", "propose", "walk", "forward", "verify", "commit")

@@ -25,7 +25,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import grammarspec  # noqa: E402
-from grammarspec.serve.sweep import PROSE_PROMPTS  # noqa: E402
+from grammarspec.bench.sweep import PROSE_PROMPTS  # noqa: E402
 
 
 def batch_inputs(tokenizer: Any, batch_size: int) -> dict[str, Any]:

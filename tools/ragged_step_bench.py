@@ -7,9 +7,9 @@ The shape of a busy JSON server's step: ``--rows`` rows whose caches hold 700
 to 1,100 tokens (random ids on the embedded model) each feed one token, and
 one more row feeds a chunk of ``--chunks`` tokens (a prompt being read, or a
 draft being verified).  Each shape runs through
-:meth:`grammarspec.kv.BatchKV.forward` both ways, interleaved repeat by repeat:
+:meth:`grammarspec.kv.batch.BatchKV.forward` both ways, interleaved repeat by repeat:
 ``packed`` (every row's new tokens as one sequence,
-:mod:`grammarspec.packed_attention`) and ``padded`` (every row padded to the
+:mod:`grammarspec.kv.packed_attention`) and ``padded`` (every row padded to the
 widest, a long chunk folded into extra rows as the decoding loop does); a
 step of single tokens takes the padded call either way.  Prints
 the median seconds of each and the largest difference of their logits.  Run it
@@ -25,8 +25,8 @@ import time
 
 import torch
 
-from grammarspec.kv import BatchKV
-from grammarspec.loading import load_model
+from grammarspec.kv.batch import BatchKV
+from grammarspec.model.loading import load_model
 
 
 def main() -> None:

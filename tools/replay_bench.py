@@ -7,9 +7,9 @@
 
 Under greedy decoding the output does not depend on the proposer, so a recorded
 output shows exactly what each draft would have got. The replay runs the real
-loop, :func:`grammarspec.decoding.decode`, against an oracle target whose greedy
+loop, :func:`grammarspec.engine.decoding.decode`, against an oracle target whose greedy
 choice is the recorded output (:class:`tools.oracle.OracleLM`), with the same
-:class:`~grammarspec.adaptive.AdaptiveController` fed the modelled pass costs
+:class:`~grammarspec.policy.adaptive.AdaptiveController` fed the modelled pass costs
 instead of wall time. It prints the target passes per task and category,
 the draft tokens verified per step, and a *modelled* speedup: every figure
 but the passes and tokens comes from the cost model given, never from a
@@ -106,9 +106,9 @@ def replay(
     ``split_oracle``: the oracle takes a drafted token wherever it spells the
     output's text with other tokens (a bound; see the module doc).
     """
-    from grammarspec.adaptive import AdaptiveController
-    from grammarspec.adaptive import k_min as _k_min
-    from grammarspec.decoding import DecodeConfig, decode
+    from grammarspec.engine.decoding import DecodeConfig, decode
+    from grammarspec.policy.adaptive import AdaptiveController
+    from grammarspec.policy.adaptive import k_min as _k_min
     from proposers.base import Request
     from proposers.presets import resolve_assistant
     from proposers.text import token_text
@@ -171,8 +171,8 @@ def time_passes(
     """
     import time
 
-    from grammarspec.kv import BatchKV
-    from grammarspec.kv_cache import crop_cache, forward_with_cache, new_cache
+    from grammarspec.kv.batch import BatchKV
+    from grammarspec.kv.cache import crop_cache, forward_with_cache, new_cache
     from proposers.tree import DraftTree
 
     cache = new_cache(model)
@@ -254,9 +254,9 @@ def replay_tree(
     deepest path the output follows is accepted; a pass costs ``cost(1 + nodes)``.
     ``None`` when the grammar rejects the output.
     """
-    from grammarspec.adaptive import AdaptiveController
-    from grammarspec.adaptive import k_min as _k_min
-    from grammarspec.decoding import DecodeConfig, decode
+    from grammarspec.engine.decoding import DecodeConfig, decode
+    from grammarspec.policy.adaptive import AdaptiveController
+    from grammarspec.policy.adaptive import k_min as _k_min
     from proposers.base import Request
     from proposers.presets import resolve_assistant
     from proposers.tree import TreeProposer

@@ -2,11 +2,11 @@
 
 A busy server's rows (``--batch``) are offered 16-token drafts whose tokens
 survive one by one with probability ``--survival``.  Every step the policy
-(:func:`grammarspec.policy.plan_drafts`, packed, as the server plans at batch 2
+(:func:`grammarspec.policy.allocation.plan_drafts`, packed, as the server plans at batch 2
 or more) sizes the drafts on one of:
 
 * ``profile``: the profiled pass cost, fixed (``serve --step-cost profile``);
-* ``learned``: a :class:`grammarspec.step_cost.StepCostLearner` started from
+* ``learned``: a :class:`grammarspec.policy.step_cost.StepCostLearner` started from
   that profile and told every step's modelled seconds (``serve`` by default);
 
 and the step takes the seconds the machine's model gives.  ``none`` verifies no
@@ -36,9 +36,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from grammarspec.adaptive import AdaptiveController  # noqa: E402
-from grammarspec.policy import plan_drafts  # noqa: E402
-from grammarspec.step_cost import StepCostLearner  # noqa: E402
+from grammarspec.policy.adaptive import AdaptiveController  # noqa: E402
+from grammarspec.policy.allocation import plan_drafts  # noqa: E402
+from grammarspec.policy.step_cost import StepCostLearner  # noqa: E402
 from proposers.base import Draft  # noqa: E402
 from proposers.cost import PassCost  # noqa: E402
 

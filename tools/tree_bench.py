@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     from grammarspec.bench.runner import _prompt_ids
     from grammarspec.bench.tasks import default_tasks_path, load_tasks
-    from grammarspec.decoding import logits_width
+    from grammarspec.engine.decoding import logits_width
     from proposers.presets import resolve_assistant
     from proposers.tree import TreeProposer
 

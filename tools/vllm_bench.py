@@ -20,7 +20,7 @@ from grammarspec.bench.arms import PreparedTask
 from grammarspec.bench.runner import BenchConfig, _prompt_ids
 from grammarspec.bench.tasks import default_tasks_path, load_tasks, select_tasks
 from grammarspec.bench.vllm_arms import VLLM_ARMS, run_vllm_arms, vllm_markdown
-from grammarspec.loading import _resolve, load_tokenizer
+from grammarspec.model.loading import _resolve, load_tokenizer
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,6 +1,6 @@
 """What one row's forward costs by width on this machine: the curve a lone request's drafts are priced on.
 
-Times :meth:`grammarspec.kv.BatchKV.forward` of one row feeding a chain of
+Times :meth:`grammarspec.kv.batch.BatchKV.forward` of one row feeding a chain of
 ``w`` tokens (its pending token and ``w - 1`` draft tokens) after a prompt of
 ``--context`` tokens, the way the decoding loop calls it, and prints the
 median milliseconds per width beside the ratio to a 1-token forward.  On a
@@ -30,9 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from grammarspec.decoding import logits_width  # noqa: E402
-from grammarspec.kv import BatchKV  # noqa: E402
-from grammarspec.loading import load_model  # noqa: E402
+from grammarspec.engine.decoding import logits_width  # noqa: E402
+from grammarspec.kv.batch import BatchKV  # noqa: E402
+from grammarspec.model.loading import load_model  # noqa: E402
 
 
 def width_costs(model: torch.nn.Module, context: int, widths: list[int], repeats: int = 5) -> dict[int, float]:

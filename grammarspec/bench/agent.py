@@ -29,12 +29,11 @@ from typing import Any
 
 import torch
 
+from grammarspec.bench.agent_tasks import CONVERSATIONS, SYSTEM, TOOLS, ModelTurn, run_tool
 from grammarspec.conversation import Conversation, common_prefix_length
-from grammarspec.decoding import logits_width
-from grammarspec.kv_cache import cache_length, crop_cache, new_cache
+from grammarspec.engine.decoding import logits_width
+from grammarspec.kv.cache import cache_length, crop_cache, new_cache
 from grammarspec.tool_calls import parse_tool_reply, tool_constraint
-
-from .agent_tasks import CONVERSATIONS, SYSTEM, TOOLS, ModelTurn, run_tool
 
 __all__ = ["AGENT_ARMS", "ConversationRun", "TurnRecord", "agent_markdown", "run_agent_bench"]
 

@@ -27,7 +27,7 @@ import torch
 
 import grammarspec
 from grammars import compile_grammar, grammar_spec
-from grammarspec.decoding import logits_width
+from grammarspec.engine.decoding import logits_width
 from grammarspec.stats import GenerationStats
 
 __all__ = [
@@ -80,7 +80,7 @@ def check_arms(names: list[str], draft_model_given: bool) -> list[str]:
     if needs_draft and not draft_model_given:
         raise ValueError(f"arm {needs_draft[0]} needs a draft model: pass --draft-model DIR")
     if any(n in VLLM_ARMS for n in names):
-        from .vllm_env import vllm_python
+        from grammarspec.bench.vllm_env import vllm_python
 
         vllm_python()  # raises ValueError saying how to build the vLLM environment
     wanted = set(names) | {"baseline"}

@@ -3,7 +3,7 @@
 For each batch size ``B`` every arm serves the whole task list, back to back
 (the arm order alternates from size to size, so machine noise hits them alike),
 after one untimed warm-up call per arm (first calls pay one-off costs: kernels,
-vocabulary tables, the pass cost profile of :mod:`grammarspec.pass_profile`):
+vocabulary tables, the pass cost profile of :mod:`grammarspec.drafting.pass_profile`):
 
 * ``baseline`` -- what transformers users run today: the list cut, in order, into
   batches of ``B``, each run by Hugging Face ``model.generate`` on the
@@ -14,7 +14,7 @@ vocabulary tables, the pass cost profile of :mod:`grammarspec.pass_profile`):
   without speculation (at most ``B`` rows decode together, a row leaves the
   batch when it finishes and a waiting request joins);
 * ``auto`` -- the same call with ``assistant="auto"``: drafts sized by the
-  goodput policy over the whole batch (:mod:`grammarspec.policy`).
+  goodput policy over the whole batch (:mod:`grammarspec.policy.allocation`).
 
 Throughput is committed tokens (each row's tokens up to and including its
 stop token) over the arm's wall time; a request's latency is the time from
@@ -34,10 +34,9 @@ from typing import Any
 import torch
 
 import grammarspec
-from grammarspec.decoding import logits_width
-
-from .arms import BaselineGrammars, generate_rows, prepare_grammars
-from .tasks import BenchTask
+from grammarspec.bench.arms import BaselineGrammars, generate_rows, prepare_grammars
+from grammarspec.bench.tasks import BenchTask
+from grammarspec.engine.decoding import logits_width
 
 __all__ = ["BatchRun", "run_batch_bench", "batch_table"]
 

@@ -31,9 +31,9 @@ from typing import Any
 import torch
 from transformers import LlamaForCausalLM
 
-from .arms import generate_one
-from .tasks import BenchTask
-from .tiny_llama import tiny_llama_config
+from grammarspec.bench.arms import generate_one
+from grammarspec.bench.tasks import BenchTask
+from grammarspec.bench.tiny_llama import tiny_llama_config
 
 __all__ = [
     "FamilyResult",

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .runner import BenchResult
+from grammarspec.bench.runner import BenchResult
 
 __all__ = ["write_plots", "step_histogram", "acceptance_by_length"]
 

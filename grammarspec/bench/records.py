@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .scoring import calls_field_accuracy, field_accuracy, parse_and_validate
-from .tasks import BenchTask
+from grammarspec.bench.scoring import calls_field_accuracy, field_accuracy, parse_and_validate
+from grammarspec.bench.tasks import BenchTask
 
 if TYPE_CHECKING:
-    from .arms import PreparedTask
+    from grammarspec.bench.arms import PreparedTask
 
 __all__ = ["TEXT_CHARS", "make_record"]
 

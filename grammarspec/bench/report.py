@@ -25,9 +25,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from .runner import BenchResult
-from .scoring import median, pairwise_speedups
-from .vllm_arms import vllm_markdown
+from grammarspec.bench.runner import BenchResult
+from grammarspec.bench.scoring import median, pairwise_speedups
+from grammarspec.bench.vllm_arms import vllm_markdown
 
 __all__ = ["summarize", "to_markdown", "write_results", "ended_tasks", "ALL"]
 
@@ -297,7 +297,7 @@ def write_results(result: BenchResult, out_dir: str | Path, command: str = "", p
     paths["json"].write_text(json.dumps(data, indent=1, ensure_ascii=False, default=str) + "\n", encoding="utf-8")
     paths["markdown"].write_text(to_markdown(result, summary, command), encoding="utf-8")
     if plots:
-        from .plots import write_plots
+        from grammarspec.bench.plots import write_plots
 
         paths.update(write_plots(result, summary, out))
     return paths

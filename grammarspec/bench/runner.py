@@ -20,12 +20,18 @@ from typing import Any
 import torch
 
 import grammarspec
-from grammarspec.decoding import logits_width
-
-from .arms import VLLM_ARMS, BaselineGrammars, GenerationSettings, PreparedTask, prepare_grammars, run_arm
-from .records import make_record
-from .scoring import agreement
-from .tasks import BenchTask
+from grammarspec.bench.arms import (
+    VLLM_ARMS,
+    BaselineGrammars,
+    GenerationSettings,
+    PreparedTask,
+    prepare_grammars,
+    run_arm,
+)
+from grammarspec.bench.records import make_record
+from grammarspec.bench.scoring import agreement
+from grammarspec.bench.tasks import BenchTask
+from grammarspec.engine.decoding import logits_width
 
 __all__ = ["BenchConfig", "BenchResult", "run_bench", "machine_info", "WARMUP_TOKENS"]
 
@@ -179,9 +185,8 @@ def _run_vllm(
     result: BenchResult, prepared: list[tuple[BenchTask, PreparedTask]], tokenizer: Any, config: BenchConfig
 ) -> None:
     """The vLLM arms on the prepared tasks (batch-1 records, agreement with the baseline, throughput)."""
-    from grammarspec.loading import _resolve
-
-    from .vllm_arms import run_vllm_arms
+    from grammarspec.bench.vllm_arms import run_vllm_arms
+    from grammarspec.model.loading import _resolve
 
     arms = [arm for arm in config.arms if arm in VLLM_ARMS]
     records, result.throughput = run_vllm_arms(prepared, arms, config, tokenizer, str(_resolve(config.model)))

@@ -22,8 +22,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .scoring import median, parse_and_validate
-from .vllm_env import environment, vllm_python
+from grammarspec.bench.scoring import median, parse_and_validate
+from grammarspec.bench.vllm_env import environment, vllm_python
 
 __all__ = ["VLLM_ARMS", "NUM_SPECULATIVE_TOKENS", "vllm_python", "run_vllm_arms", "collect", "vllm_markdown"]
 
@@ -118,8 +118,8 @@ def collect(
 
 
 def _record(task: Any, prep: Any, arm: str, run: dict[str, Any], tokenizer: Any, config: Any) -> dict[str, Any]:
-    from .arms import RunResult
-    from .records import make_record
+    from grammarspec.bench.arms import RunResult
+    from grammarspec.bench.records import make_record
 
     finish = "stop" if run["finish_reason"] == "stop" else "length"
     result = RunResult(

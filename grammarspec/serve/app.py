@@ -29,11 +29,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from .advice import client_words
-from .engine import Choice, Engine, Job
-from .guard import DEFAULT_MAX_BODY_MB, ApiKey, middleware
-from .limits import check_prompt_chars, derived_max_prompt_chars
-from .protocol import RequestError, error_body, parse_request
+from grammarspec.serve.advice import client_words
+from grammarspec.serve.engine import Choice, Engine, Job
+from grammarspec.serve.guard import DEFAULT_MAX_BODY_MB, ApiKey, middleware
+from grammarspec.serve.limits import check_prompt_chars, derived_max_prompt_chars
+from grammarspec.serve.protocol import RequestError, error_body, parse_request
 
 __all__ = ["create_app", "serve", "AUTO"]
 

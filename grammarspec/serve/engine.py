@@ -2,17 +2,17 @@
 
 HTTP handlers :meth:`Engine.prepare` a request (render the messages with the
 chat template, compile the grammar -- cached per constraint --, build each
-row with :func:`grammarspec.row_requests.row_request`, as ``generate`` does; any problem is a
+row with :func:`grammarspec.engine.row_requests.row_request`, as ``generate`` does; any problem is a
 :class:`~grammarspec.serve.protocol.RequestError` before the loop sees it),
 then :meth:`Engine.submit` it.  The engine thread runs
-:func:`grammarspec.decoding.decode_batch` with itself as the feed: new rows join
+:func:`grammarspec.engine.decoding.decode_batch` with itself as the feed: new rows join
 as places free up, each with the KV of its longest cached prefix
 (:class:`~grammarspec.serve.prefix.PrefixCache`), and every ended row's KV goes
 back into that cache.
 
 What the drafters learned carries into a conversation's next request: each
 cache entry keeps, beside the KV, a copy of its row's survival records (the
-:class:`~grammarspec.policy.Calibration` that sizes drafts), and a row that
+:class:`~grammarspec.policy.allocation.Calibration` that sizes drafts), and a row that
 joins with a cache hit starts from a copy of the hit entry's records (never
 the stored object: rows decoding at once never share one; the records live
 and die with their entry).  The earlier assistant messages' JSON
@@ -29,18 +29,18 @@ by the traffic kind and a hash of the schema or tool set, :func:`draft_scope`),
 and writes its own tokens there as it commits them (a request with a ``seed`` does neither, so the seed
 reproduces its answer).
 The policy prices each step by what this server's steps have taken
-(:class:`~grammarspec.step_cost.StepCostLearner`, kept across loops;
+(:class:`~grammarspec.policy.step_cost.StepCostLearner`, kept across loops;
 ``step_cost="profile"``: the fixed profile).  Drafting policy only:
 outputs are unchanged.
 
-Each request's settings are its rows' own (:class:`~grammarspec.rows.RowSettings`):
+Each request's settings are its rows' own (:class:`~grammarspec.engine.rows.RowSettings`):
 greedy or sampled, temperature and top_p in the row's processing, ``max_tokens``
 and ``stop`` where the loop ends the row (no draft reaches past ``max_tokens``).
-The client's text ends before the stop string (:func:`~grammarspec.stopping.before_stop`).
+The client's text ends before the stop string (:func:`~grammarspec.engine.stopping.before_stop`).
 A request that disconnects cancels its rows.  A request whose own work fails
 (its grammar matcher, its drafter, reporting its answer) gets a 500 -- an error
 event when streamed -- and its other choices stop; the rows decoding beside it
-go on untouched (:mod:`grammarspec.isolation`).  Only a failure of what the rows
+go on untouched (:mod:`grammarspec.engine.isolation`).  Only a failure of what the rows
 share (the model's forward, the batch cache) fails every request in the loop.
 """
 
@@ -61,24 +61,23 @@ from typing import Any
 import torch
 
 from grammars import GrammarError, compile_grammar, grammar_spec
-from proposers.base import members, split_owner
-from proposers.suffix import SuffixProposer
-from proposers.suffix_index import SuffixIndex, scope_of
-from proposers.text import SplitMemory
-
-from ..api import grammar_stats
-from ..decoding import DecodeConfig, Row, RowRequest, decode_batch, logits_width
-from ..inputs import eos_ids
-from ..kv import BatchKV
-from ..openmp import release_thread_pool
-from ..policy import Calibration, batch_cost_model
-from ..row_requests import DEFAULT_MAX_DRAFT, row_request
-from ..settings import resolve_config
-from ..step import checked_prompt_chunk
-from ..step_cost import STEP_COSTS, StepCostLearner
-from ..step_trace import StepTrace
-from ..stopping import before_stop
-from ..tool_calls import (
+from grammarspec.api import grammar_stats
+from grammarspec.engine.decoding import DecodeConfig, Row, RowRequest, decode_batch, logits_width
+from grammarspec.engine.row_requests import DEFAULT_MAX_DRAFT, row_request
+from grammarspec.engine.step import checked_prompt_chunk
+from grammarspec.engine.step_trace import StepTrace
+from grammarspec.engine.stopping import before_stop
+from grammarspec.inputs import eos_ids
+from grammarspec.kv.batch import BatchKV
+from grammarspec.model.openmp import release_thread_pool
+from grammarspec.policy.allocation import Calibration, batch_cost_model
+from grammarspec.policy.step_cost import STEP_COSTS, StepCostLearner
+from grammarspec.serve.prefix import PrefixCache, row_cache
+from grammarspec.serve.protocol import ChatRequest, RequestError
+from grammarspec.serve.text_stream import TextStream
+from grammarspec.serve.tool_stream import ToolCallStream
+from grammarspec.settings import resolve_config
+from grammarspec.tool_calls import (
     ToolCallError,
     check_tools,
     earlier_documents,
@@ -89,10 +88,10 @@ from ..tool_calls import (
     tool_constraint,
     tool_format_for,
 )
-from .prefix import PrefixCache, row_cache
-from .protocol import ChatRequest, RequestError
-from .text_stream import TextStream
-from .tool_stream import ToolCallStream
+from proposers.base import members, split_owner
+from proposers.suffix import SuffixProposer
+from proposers.suffix_index import SuffixIndex, scope_of
+from proposers.text import SplitMemory
 
 __all__ = ["Choice", "Engine", "Job", "prompt_ids", "traffic_kind", "draft_scope", "COMPILE_TIMEOUT"]
 
@@ -258,7 +257,7 @@ class Engine:
         self._thread = threading.Thread(target=self._run, name="grammarspec-engine", daemon=True)
         self._stop = False
         # The model was loaded (and perhaps warmed) on this thread: its OpenMP workers would outnumber the CPUs
-        # beside the engine thread's and make every parallel region wake them from sleep (grammarspec/openmp.py).
+        # beside the engine thread's and make every parallel region wake them from sleep (grammarspec/model/openmp.py).
         release_thread_pool()
         self._thread.start()
 
@@ -427,7 +426,7 @@ class Engine:
             return
         self._pending += job.choices
 
-    # Feed protocol (grammarspec.decoding.Feed) -------------------------------------------------
+    # Feed protocol (grammarspec.engine.decoding.Feed) -------------------------------------------------
 
     def more(self, free: int) -> list[tuple[RowRequest, Any]]:
         while True:

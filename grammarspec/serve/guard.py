@@ -23,7 +23,7 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .protocol import error_body
+from grammarspec.serve.protocol import error_body
 
 __all__ = ["ApiKey", "RequireKey", "BodyLimit", "OPEN_PATHS", "DEFAULT_MAX_BODY_MB", "middleware"]
 

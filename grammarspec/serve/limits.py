@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .protocol import ChatRequest, RequestError
+from grammarspec.serve.protocol import ChatRequest, RequestError
 
 __all__ = ["derived_max_prompt_chars", "prompt_chars", "check_prompt_chars"]
 

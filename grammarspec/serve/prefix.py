@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from ..kv_cache import common_prefix_length, new_cache
+from grammarspec.kv.cache import common_prefix_length, new_cache
 
 __all__ = ["PrefixCache", "PrefixStats", "row_cache"]
 
@@ -153,7 +153,7 @@ class PrefixCache:
 
 
 def row_cache(kv: Any, slot: int, length: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """The first ``length`` cached tokens of row ``slot`` of a :class:`~grammarspec.kv.BatchKV`, as ``[1, H, L, D]``
+    """The first ``length`` cached tokens of row ``slot`` of a :class:`~grammarspec.kv.batch.BatchKV`, as ``[1, H, L, D]``
     keys and values per layer (copies, holes and padding removed).  Does not change ``kv``."""
     columns = kv.valid[slot].nonzero().flatten()[:length]
     out = []

@@ -26,7 +26,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from ..partial_calls import call_prefixes, normalized_prefix
+from grammarspec.partial_calls import call_prefixes, normalized_prefix
 
 __all__ = ["ToolCallStream", "normalized_prefix", "call_prefixes"]
 

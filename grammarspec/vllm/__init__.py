@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .proposer import GrammarspecProposer
+from grammarspec.vllm.proposer import GrammarspecProposer
 
 __all__ = ["GrammarspecProposer", "CLASS_PATH", "speculative_config", "model_path"]
 
@@ -49,8 +49,8 @@ def model_path(name_or_path: str = "smollm2-135m") -> str:
     """A local model directory vLLM can load: the safetensors copy of an embedded model, or ``name_or_path``.
 
     The embedded models are cached (dequantized once) by :func:`grammarspec.load_model`'s loader; the directory
-    has the tokenizer files.  Raises :class:`grammarspec.loading.ModelNotFoundError` like ``load_model``.
+    has the tokenizer files.  Raises :class:`grammarspec.model.loading.ModelNotFoundError` like ``load_model``.
     """
-    from grammarspec.loading import _resolve
+    from grammarspec.model.loading import _resolve
 
     return str(_resolve(name_or_path))

@@ -29,7 +29,7 @@ def speculation(arm: str, num_speculative_tokens: int = 8) -> dict[str, Any] | N
     if arm == "vllm-ngram":
         return {**NGRAM, "num_speculative_tokens": num_speculative_tokens}
     if arm == "vllm-grammarspec":
-        from . import speculative_config
+        from grammarspec.vllm import speculative_config
 
         return speculative_config(num_speculative_tokens)
     raise ValueError(f"unknown vLLM arm {arm!r}; choose from {', '.join(ARM_SPECULATION)}")

@@ -33,9 +33,9 @@ complete, ``max_tokens``), else (a stop string, an abort) at the first call
 after the request left the runner.
 
 How much of each draft goes to vLLM: the batch drafting policy of the loop
-(:func:`grammarspec.policy.allocate`), over every running request at once.
+(:func:`grammarspec.policy.allocation.allocate`), over every running request at once.
 Each request's drafts are calibrated on what vLLM accepted
-(:class:`grammarspec.policy.Calibration`); the pass cost is learned online
+(:class:`grammarspec.policy.allocation.Calibration`); the pass cost is learned online
 (:class:`proposers.cost.PassCost`) from the time between two ``propose``
 calls (one engine step, our drafting excluded) against the rows that step
 verified (one per running request plus the drafts we returned).  So a request
@@ -61,12 +61,11 @@ from typing import Any
 
 from grammars import GrammarError, compile_grammar, grammar_spec
 from grammars.base import Matcher
+from grammarspec.policy.allocation import Calibration, allocate
 from proposers.base import EMPTY_DRAFT, Draft, GrammarView, Proposer, Request
 from proposers.cost import PassCost
 from proposers.presets import resolve_assistant
 from proposers.suffix_index import SuffixIndex
-
-from ..policy import Calibration, allocate
 
 __all__ = ["GrammarspecProposer", "RequestInfo", "request_info", "find_model_runner"]
 
@@ -260,7 +259,7 @@ class GrammarspecProposer:
         return out
 
     def _allocate(self, out: list[list[int]], keys: list[Any]) -> list[list[int]]:
-        """Cut every row's draft to what pays at this batch (:func:`grammarspec.policy.allocate`).
+        """Cut every row's draft to what pays at this batch (:func:`grammarspec.policy.allocation.allocate`).
 
         Changes each state's remembered draft to the part sent.
         """

@@ -14,7 +14,7 @@ import pytest
 
 import grammarspec.vllm as gsv
 from grammarspec import build_prompt
-from grammarspec.loading import load_tokenizer
+from grammarspec.model.loading import load_tokenizer
 from grammarspec.vllm.engine import make_llm, spec_decode_counts
 
 PERSON = {

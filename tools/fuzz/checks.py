@@ -143,7 +143,7 @@ class FuzzContext:
         vocab = None
         stops: tuple[int, ...] = ()
         if model is not None:
-            from grammarspec.decoding import logits_width
+            from grammarspec.engine.decoding import logits_width
 
             vocab = logits_width(model)
             eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)

@@ -43,7 +43,7 @@ def _worker_main(conn: Any, options: RunOptions) -> None:
 
     if options.threads:
         torch.set_num_threads(options.threads)
-    from grammarspec.loading import load_model, load_tokenizer
+    from grammarspec.model.loading import load_model, load_tokenizer
 
     ctx = FuzzContext.create(load_tokenizer(options.model))
     conn.send(("ready", None))

@@ -1,0 +1,285 @@
+"""``grammarspec bench-serve --drafts WORKLOAD``: what drafting from earlier outputs brings a server, on and off.
+
+Two workloads of repeated structured traffic, each run through the server's
+engine twice -- the index of earlier outputs on (``--draft-memory-mb``'s
+default) and off (0) -- with everything else the same (greedy, the profiled
+step cost, so the draft lengths do not follow the clock):
+
+* ``repeat``: every schema of the task file sent ``repeat`` times with
+  different inputs (schema ``i``'s prompt is task ``i``'s instruction and
+  schema over another task's document: the same extraction over other
+  documents), interleaved round-robin over the schemas and sent by
+  ``concurrency`` clients at once;
+* ``agent``: the agent benchmark's conversations (:mod:`grammarspec.bench.agent_tasks`),
+  ``concurrency`` at once, each turn sent with the whole conversation so far
+  (the prefix cache reuses its KV), the tools run in Python.
+
+Per arm: requests, completion tokens, target passes, tokens per target pass,
+draft tokens proposed and accepted per source, and tokens per second (only
+meaningful on a quiet machine; the counts are load-independent).  The outputs
+of the two arms are compared request by request: they must be equal.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+__all__ = ["DRAFT_WORKLOADS", "repeat_requests", "run_drafts_bench", "drafts_markdown"]
+
+DRAFT_WORKLOADS = ("repeat", "agent")
+
+
+def repeat_requests(tasks: Sequence[Any], repeat: int, max_tokens: int) -> list[dict[str, Any]]:
+    """The ``repeat`` workload: ``repeat`` requests per schema, round-robin over the schemas.  Pure.
+
+    Schema ``i``'s ``r``-th request sends task ``(i + r)``'s user message (counted
+    within ``i``'s category) under task ``i``'s system message, the sentence that
+    describes its schema or tools (as ``bench-serve --sweep``'s ``json`` workload
+    sends them) and its schema as the constraint; ``r = 0`` is task ``i`` itself.
+    """
+    from grammarspec.completion import describe_schema
+
+    schema_tasks = [t for t in tasks if t.schema]
+    by_category: dict[str, list[Any]] = {}
+    for task in schema_tasks:
+        by_category.setdefault(task.category, []).append(task)
+    out: list[dict[str, Any]] = []
+    for r in range(repeat):
+        for task in schema_tasks:
+            peers = by_category[task.category]
+            source = peers[(peers.index(task) + r) % len(peers)]
+            messages = (
+                [{"role": "user", "content": source.prompt}]
+                if isinstance(source.prompt, str)
+                else [dict(m) for m in source.prompt if m.get("role") != "system"]
+            )
+            extra = describe_schema(task.schema if task.describe_schema else None, task.tools)
+            system = "\n\n".join(part for part in (task.system, extra) if part)
+            if system:
+                messages.insert(0, {"role": "system", "content": system})
+            out.append({"id": f"{task.id}#{r}", "messages": messages, "schema": task.schema, "max_tokens": max_tokens})
+    return out
+
+
+def _ask(engine: Any, request: Any) -> tuple[Any, dict[str, Any]]:
+    """Submit ``request`` to ``engine`` and wait for its one choice: ``(choice, message)``."""
+    events: queue.Queue = queue.Queue()
+    job = engine.prepare(request, events.put)
+    engine.submit(job)
+    while True:
+        kind, payload = events.get(timeout=3600)
+        if kind == "choice":
+            choice, message, _finish = payload
+            return choice, message
+        if kind == "error":
+            raise RuntimeError(f"the engine failed a request: {payload}")
+
+
+def _record(name: str, choice: Any) -> dict[str, Any]:
+    stats = choice.row.stats
+    return {
+        "id": name,
+        "tokens": len(choice.tokens),
+        "target_forwards": stats.target_forwards,
+        "proposed": dict(stats.proposed),
+        "accepted": dict(stats.accepted),
+        "output": choice.tokens,
+    }
+
+
+def _run_repeat(engine: Any, requests: list[dict[str, Any]], concurrency: int) -> list[dict[str, Any]]:
+    from grammarspec.serve.protocol import ChatRequest
+
+    records: list[dict[str, Any] | None] = [None] * len(requests)
+    todo: queue.Queue = queue.Queue()
+    for i in range(len(requests)):
+        todo.put(i)
+
+    def client() -> None:
+        while True:
+            try:
+                i = todo.get_nowait()
+            except queue.Empty:
+                return
+            body = requests[i]
+            choice, _ = _ask(
+                engine,
+                ChatRequest(
+                    messages=body["messages"], schema=body["schema"], temperature=0.0, max_tokens=body["max_tokens"]
+                ),
+            )
+            records[i] = _record(body["id"], choice)
+
+    threads = [threading.Thread(target=client) for _ in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return [r for r in records if r is not None]
+
+
+def _run_agent(engine: Any, conversations: dict[str, list[Any]], concurrency: int) -> list[dict[str, Any]]:
+    from grammarspec.bench.agent_tasks import SYSTEM, TOOLS, ModelTurn, run_tool
+    from grammarspec.serve.protocol import ChatRequest
+
+    names = [list(conversations)[j % len(conversations)] for j in range(max(concurrency, len(conversations)))]
+    records: list[list[dict[str, Any]]] = [[] for _ in names]
+
+    def play(j: int) -> None:
+        messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}]
+        turn = 0
+        for step in conversations[names[j]]:
+            if isinstance(step, str):
+                messages.append({"role": "user", "content": step})
+                continue
+            assert isinstance(step, ModelTurn)
+            request = ChatRequest(
+                messages=[dict(m) for m in messages],
+                tools=TOOLS,
+                tool_choice=step.tool_choice,
+                temperature=0.0,
+                max_tokens=step.max_new_tokens,
+            )
+            choice, message = _ask(engine, request)
+            records[j].append(_record(f"{names[j]}#{j}/{turn}", choice))
+            turn += 1
+            messages.append(message)
+            for call in message.get("tool_calls") or []:
+                try:
+                    result = run_tool(call["function"]["name"], json.loads(call["function"]["arguments"]))
+                except ValueError:
+                    result = {"error": "invalid arguments"}
+                messages.append({"role": "tool", "tool_call_id": call["id"], "content": json.dumps(result)})
+
+    threads = [threading.Thread(target=play, args=(j,)) for j in range(len(names))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return [r for conversation in records for r in conversation]
+
+
+def run_drafts_bench(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    workload: str,
+    *,
+    concurrency: int = 4,
+    repeat: int = 3,
+    max_tokens: int = 96,
+    draft_memory_mb: float = 256.0,
+    tasks_path: str | None = None,
+    tasks: Sequence[Any] | None = None,
+    conversations: dict[str, list[Any]] | None = None,
+    progress: Callable[[str], None] = lambda line: None,
+) -> dict[str, Any]:
+    """``workload`` through a fresh engine per arm (drafts from earlier outputs ``on`` and ``off``).
+
+    ``tasks``: the tasks of ``repeat`` (default: the task file at ``tasks_path``);
+    ``conversations``: the scripts of ``agent`` (default: all of them).
+    """
+    from grammarspec.serve.engine import Engine
+
+    if workload not in DRAFT_WORKLOADS:
+        raise ValueError(f"unknown drafts workload {workload!r}; choose from {', '.join(DRAFT_WORKLOADS)}")
+    if workload == "repeat":
+        from grammarspec.bench.tasks import load_tasks
+
+        requests = repeat_requests(tasks if tasks is not None else load_tasks(tasks_path), repeat, max_tokens)
+    else:
+        from grammarspec.bench.agent_tasks import CONVERSATIONS
+
+        chosen = conversations if conversations is not None else CONVERSATIONS
+    arms: dict[str, Any] = {}
+    for arm, megabytes in (("off", 0.0), ("on", draft_memory_mb)):
+        engine = Engine(
+            model,
+            tokenizer,
+            max_batch_size=concurrency,
+            max_tokens=max(max_tokens, 256),
+            prefix_cache_bytes=(1 << 30) if workload == "agent" else 0,
+            step_cost="profile",
+            draft_memory_bytes=int(megabytes * (1 << 20)),
+        )
+        try:
+            started = time.perf_counter()
+            if workload == "repeat":
+                records = _run_repeat(engine, requests, concurrency)
+            else:
+                records = _run_agent(engine, chosen, concurrency)
+            seconds = time.perf_counter() - started
+            index = engine.drafts.as_dict() if engine.drafts is not None else None
+        finally:
+            engine.close()
+        arms[arm] = {"seconds": seconds, "records": records, "index": index, **_totals(records, seconds)}
+        progress(f"{workload} {arm}: {arms[arm]['tokens_per_pass']:.3f} tokens/pass, {arms[arm]['passes']} passes")
+    same = _same_outputs(arms["off"]["records"], arms["on"]["records"])
+    return {"workload": workload, "concurrency": concurrency, "repeat": repeat, "arms": arms, "identical": same}
+
+
+def _totals(records: Sequence[dict[str, Any]], seconds: float) -> dict[str, Any]:
+    tokens = sum(r["tokens"] for r in records)
+    passes = sum(r["target_forwards"] for r in records)
+    proposed: dict[str, int] = {}
+    accepted: dict[str, int] = {}
+    for r in records:
+        for name, n in r["proposed"].items():
+            proposed[name] = proposed.get(name, 0) + n
+        for name, n in r["accepted"].items():
+            accepted[name] = accepted.get(name, 0) + n
+    return {
+        "requests": len(records),
+        "tokens": tokens,
+        "passes": passes,
+        "tokens_per_pass": tokens / passes if passes else 0.0,
+        "tokens_per_second": tokens / seconds if seconds > 0 else 0.0,
+        "proposed": proposed,
+        "accepted": accepted,
+    }
+
+
+def _same_outputs(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]]) -> tuple[int, int]:
+    """``(equal, compared)``: requests (by id) whose outputs are the same token for token."""
+    by_id = {r["id"]: r["output"] for r in a}
+    compared = [r for r in b if r["id"] in by_id]
+    return sum(by_id[r["id"]] == r["output"] for r in compared), len(compared)
+
+
+def drafts_markdown(result: dict[str, Any], command: str) -> str:
+    """One table: per arm, the counts, tokens per pass and tokens per second; drafts per source."""
+    lines = [
+        f"`{command}`",
+        "",
+        f"Workload `{result['workload']}`, {result['concurrency']} clients at once, greedy. "
+        "`on`: drafts from earlier outputs (the server's index); `off`: `--draft-memory-mb 0`.",
+        "",
+        "| arm | requests | tokens | target passes | tokens / pass | tokens/s | suffix accepted / proposed |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for arm, data in result["arms"].items():
+        suffix = f"{data['accepted'].get('suffix', 0)}/{data['proposed'].get('suffix', 0)}"
+        lines.append(
+            f"| {arm} | {data['requests']} | {data['tokens']} | {data['passes']} | {data['tokens_per_pass']:.3f} | "
+            f"{data['tokens_per_second']:.1f} | {suffix} |"
+        )
+    lines += ["", "Accepted / proposed draft tokens per source:", ""]
+    for arm, data in result["arms"].items():
+        per = ", ".join(f"{n} {data['accepted'].get(n, 0)}/{p}" for n, p in sorted(data["proposed"].items()))
+        lines.append(f"- {arm}: {per or 'no drafts'}")
+    equal, compared = result["identical"]
+    lines += ["", f"- outputs identical between the arms: {equal}/{compared} requests"]
+    on = result["arms"]["on"]["index"]
+    if on:
+        lines.append(
+            f"- the index at the end: {on['bytes'] / 2**20:.1f} MB of {on['max_bytes'] / 2**20:.0f}, "
+            f"{on['outputs']} outputs, {on['ngrams']} n-grams, {on['scopes']} scopes, {on['evictions']} evicted"
+        )
+    lines.append("- tokens/s follows the machine's load; the counts do not.")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,1 @@
+"""The ``grammarspec`` command line."""

@@ -1,0 +1,433 @@
+"""The ``grammarspec serve`` and ``grammarspec bench-serve`` subcommands: their options and their glue to the server.
+
+:func:`add_serve_commands` adds both to :func:`grammarspec.cli.main.build_parser`'s subcommands; the shared
+helpers (model loading, argument checks, report writing) are :mod:`grammarspec.cli.common`'s, read through
+the module so that one patched helper serves every subcommand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from grammarspec.cli import common as cli_common
+
+__all__ = ["add_serve_commands"]
+
+_non_negative_int = cli_common.number(int, 0)
+
+
+def _positive_seconds_or_mb(text: str) -> float:
+    """An argparse ``type=``: a finite number above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be a finite number above 0, got {text}")
+    return value
+
+
+def add_serve_commands(commands: Any) -> None:
+    from grammars.registry import BACKEND_CHOICES
+    from grammars.registry import DEFAULT as DEFAULT_BACKEND
+    from grammarspec.policy.step_cost import STEP_COSTS
+    from grammarspec.serve.engine import COMPILE_TIMEOUT
+    from grammarspec.serve.guard import DEFAULT_MAX_BODY_MB
+
+    serve = commands.add_parser(
+        "serve",
+        help="an OpenAI-compatible server (Chat Completions) with exact constrained speculation",
+        description="Serve POST /v1/chat/completions (response_format, tools, tool_choice, parallel_tool_calls, "
+        "stream, temperature, top_p, max_tokens, stop, seed, n), GET /v1/models and GET /health. One "
+        "continuous-batching decode loop serves every open request; recent conversations' KV is reused by prefix. "
+        "A field the server cannot honour is refused with a 400 in OpenAI's error shape. Before exposing it "
+        "(--host 0.0.0.0), give it a key (--api-key); bodies and prompts are capped (--max-body-mb, "
+        "--max-prompt-chars).",
+    )
+    serve.add_argument(
+        "model",
+        nargs="?",
+        default=cli_common.DEFAULT_MODEL,
+        metavar="MODEL",
+        help=f"embedded model name or local model directory (default: {cli_common.DEFAULT_MODEL})",
+    )
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    serve.add_argument("--port", type=cli_common.positive_int, default=8000, help="port (default: 8000)")
+    serve.add_argument(
+        "--served-model-name", metavar="NAME", help="the model id clients send and /v1/models lists (default: MODEL)"
+    )
+    serve.add_argument(
+        "--max-batch-size",
+        type=cli_common.positive_int,
+        default=8,
+        metavar="N",
+        help="rows decoded together; more requests wait and join as rows finish (default: 8)",
+    )
+    serve.add_argument(
+        "--max-tokens",
+        type=cli_common.positive_int,
+        default=1024,
+        metavar="N",
+        help="the most new tokens one request may ask for (default: 1024; the context also bounds it)",
+    )
+    serve.add_argument(
+        "--prefix-cache-mb",
+        type=cli_common.non_negative_float,
+        default=1024.0,
+        metavar="MB",
+        help="memory budget of the prefix KV cache, LRU-evicted (default: 1024; 0 turns it off)",
+    )
+    serve.add_argument(
+        "--draft-memory-mb",
+        type=cli_common.non_negative_float,
+        default=256.0,
+        metavar="MB",
+        help="memory of the index of earlier outputs that requests with the same schema or tools draft from, "
+        "oldest evicted first (default: 256; 0 turns it off)",
+    )
+    serve.add_argument(
+        "--prompt-chunk",
+        type=cli_common.positive_int,
+        default=None,
+        metavar="N",
+        help="the most prompt tokens one step reads for requests that join a busy batch, beside the decoding "
+        "rows (default: derived from the measured pass cost, so a step costs at most twice a plain one)",
+    )
+    serve.add_argument(
+        "--grammar-cache-size",
+        type=cli_common.positive_int,
+        default=128,
+        metavar="N",
+        help="compiled grammars kept, one per distinct schema / tool set (default: 128)",
+    )
+    serve.add_argument(
+        "--step-cost",
+        choices=STEP_COSTS,
+        default="learned",
+        help="what the drafting policy prices a step by: learned (default), the seconds this server's own steps "
+        "take, starting from the profiled pass cost; profile, the profile alone, for draft lengths that do not "
+        "depend on timing",
+    )
+    serve.add_argument("--grammar-backend", choices=BACKEND_CHOICES, default=DEFAULT_BACKEND)
+    serve.add_argument(
+        "--tool-format",
+        default="auto",
+        metavar="FORMAT",
+        help="how tool calls are written: auto (the chat template's, else json), json, or an "
+        "xgrammar model format (default: auto)",
+    )
+    serve.add_argument(
+        "--compile-timeout",
+        type=_positive_seconds_or_mb,
+        default=COMPILE_TIMEOUT,
+        metavar="SECONDS",
+        help=f"the longest one request's grammar may take to compile, over every backend tried; past it the "
+        f"request is a 400 (default: {COMPILE_TIMEOUT:g})",
+    )
+    serve.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    security = serve.add_argument_group(
+        "a public endpoint",
+        "what guards a server others can reach (--host 0.0.0.0): a key, and the size of what is read",
+    )
+    security.add_argument(
+        "--api-key",
+        metavar="KEY",
+        default=None,
+        help="the key every request must send as 'Authorization: Bearer KEY' (the openai client's api_key); "
+        "a missing or wrong key is a 401. GET /health stays open for liveness probes and answers only its status "
+        "without the key (default: the environment variable GRAMMARSPEC_API_KEY; neither: no key, an open server)",
+    )
+    security.add_argument(
+        "--max-body-mb",
+        type=_positive_seconds_or_mb,
+        default=DEFAULT_MAX_BODY_MB,
+        metavar="MB",
+        help=f"the largest request body read, in MiB; a larger one is a 413 before it is read or parsed "
+        f"(default: {DEFAULT_MAX_BODY_MB:g})",
+    )
+    security.add_argument(
+        "--max-prompt-chars",
+        type=_non_negative_int,
+        default=None,
+        metavar="N",
+        help="the most characters of message text a request may hold; more is a 400 before the tokenizer sees "
+        "it (default: the model's context in tokens times its longest vocabulary entry in characters, which no "
+        "prompt that fits the context passes; 0: no limit)",
+    )
+    cli_common.add_placement(serve)
+    serve.set_defaults(run=_cmd_serve)
+
+    bench = commands.add_parser(
+        "bench-serve",
+        help="time agent conversations through the openai client: grammarspec serve against other servers",
+        description="Run the agent benchmark's conversations through the openai client against grammarspec serve "
+        "(1 conversation, then --concurrency at once), transformers serve (it cannot constrain; its invalid calls are "
+        "counted), vllm serve (structured outputs + n-gram speculation, where .venv-vllm exists) and HF generate + "
+        "xgrammar re-sending, interleaved; every call is compared with HF re-sending's; write serve.md and "
+        "serve.json (every call's output) to --out.",
+    )
+    bench.add_argument("--model", default=cli_common.DEFAULT_MODEL, metavar="NAME_OR_DIR")
+    cli_common.add_placement(bench)
+    bench.add_argument(
+        "--arms",
+        metavar="A,B",
+        help="arms (default: serve,serve_concurrent,hf_resend,"
+        "transformers_serve,vllm_serve; vllm_serve is skipped with a note without .venv-vllm; "
+        "with --sweep: none,auto, and vllm,vllm_ngram may be added)",
+    )
+    bench.add_argument(
+        "--concurrency",
+        type=cli_common.positive_int,
+        default=8,
+        metavar="N",
+        help="conversations at once for serve_concurrent (default: 8)",
+    )
+    bench.add_argument(
+        "--conversations",
+        metavar="A,B",
+        help="only these conversations (comma-separated: weather, orders, shopping, mixed)",
+    )
+    bench.add_argument("--repeat", type=cli_common.positive_int, default=1, metavar="N")
+    bench.add_argument(
+        "--max-new-tokens",
+        type=cli_common.positive_int,
+        metavar="N",
+        help="cap every turn's max_tokens (default: the scripts' own; for smoke runs)",
+    )
+    bench.add_argument("--out", default="bench-out", metavar="DIR", help="output folder (default: bench-out)")
+    sweep = bench.add_argument_group(
+        "load sweep (--sweep)",
+        "grammarspec serve's throughput and latency as load rises, arms none and auto interleaved (none, auto, "
+        "none) after an untimed burst of each level's width per arm, vllm / vllm_ngram (vllm serve without / with "
+        "n-gram drafts, from .venv-vllm) as the anchor; "
+        "writes sweep.md, sweep.json, sweep_throughput.png and sweep_ttft.png",
+    )
+    sweep.add_argument("--sweep", action="store_true", help="run the load sweep instead of the conversations")
+    sweep.add_argument(
+        "--levels",
+        default="1,2,4,8,16,32",
+        metavar="C,C",
+        help="closed-loop concurrencies (default: 1,2,4,8,16,32; '' for none)",
+    )
+    sweep.add_argument(
+        "--rates",
+        default="",
+        metavar="R,R",
+        help="open-loop request rates per second, Poisson arrivals (default: none)",
+    )
+    sweep.add_argument(
+        "--workloads",
+        default="json,prose",
+        metavar="A,B",
+        help="json (the task file, response_format json_schema) and/or prose (no schema)",
+    )
+    sweep.add_argument(
+        "--requests",
+        type=cli_common.positive_int,
+        default=8,
+        metavar="N",
+        help="requests per level (at least C; default: 8)",
+    )
+    sweep.add_argument(
+        "--rounds",
+        type=cli_common.positive_int,
+        default=1,
+        metavar="R",
+        help="closed loop: each client sends about R requests, so later ones join a busy batch (a level sends "
+        "max(--requests, R x C); default: 1)",
+    )
+    sweep.add_argument(
+        "--pairs",
+        type=cli_common.positive_int,
+        default=1,
+        metavar="P",
+        help="none and auto interleaved as none, then auto, none P times: more runs to average where the "
+        "ratio is near 1; from 2, the report gives the runs' mean ratio and its standard error (default: 1)",
+    )
+    sweep.add_argument(
+        "--max-batch-size",
+        type=cli_common.positive_int,
+        default=16,
+        metavar="N",
+        help="the servers' rows decoded together (default: 16)",
+    )
+    sweep.add_argument(
+        "--step-cost",
+        choices=STEP_COSTS,
+        default="learned",
+        help="what the embedded server's drafting policy prices a step by, as serve --step-cost (default: learned)",
+    )
+    sweep.add_argument("--tasks", metavar="FILE", help="task file of the json workload (default: data/tasks)")
+    sweep.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    drafts = bench.add_argument_group(
+        "drafts from earlier outputs (--drafts)",
+        "repeated structured traffic through the server's engine with the index of earlier outputs on and off "
+        "(--draft-memory-mb 0): tokens per target pass, target passes, accepted draft tokens per source, tokens/s, "
+        "outputs compared; writes drafts.md and drafts.json",
+    )
+    drafts.add_argument(
+        "--drafts",
+        choices=("repeat", "agent"),
+        help="repeat: every task-file schema sent --draft-repeat times with other documents, round-robin, "
+        "--concurrency clients; agent: the agent conversations, --concurrency at once, with KV reuse",
+    )
+    drafts.add_argument(
+        "--draft-repeat", type=cli_common.positive_int, default=3, metavar="N", help="requests per schema (default: 3)"
+    )
+    drafts.add_argument(
+        "--draft-memory-mb",
+        type=cli_common.non_negative_float,
+        default=256.0,
+        metavar="MB",
+        help="the index's memory in the on arm, as serve --draft-memory-mb (default: 256)",
+    )
+    bench.set_defaults(run=_cmd_bench_serve)
+
+
+def _cmd_serve(args: argparse.Namespace, command: str) -> int:
+    import importlib.util
+
+    for package in ("starlette", "uvicorn"):
+        if importlib.util.find_spec(package) is None:
+            raise cli_common.CliError(f"serve needs {package}: pip install 'grammarspec[serve]'")
+    from grammarspec.serve import Engine, serve
+    from grammarspec.tool_calls import ToolCallError
+
+    api_key = args.api_key if args.api_key is not None else os.environ.get("GRAMMARSPEC_API_KEY") or None
+    if api_key is not None and not api_key.strip():
+        raise cli_common.CliError("--api-key is empty: give a key, or leave the flag out for an open server")
+
+    cli_common.quiet_transformers()
+    model, tokenizer = cli_common.load(args.model, device=args.device, dtype=args.dtype)
+    try:
+        engine = Engine(
+            model,
+            tokenizer,
+            max_batch_size=args.max_batch_size,
+            max_tokens=args.max_tokens,
+            prefix_cache_bytes=int(args.prefix_cache_mb * 2**20),
+            grammar_backend=args.grammar_backend,
+            grammar_cache_size=args.grammar_cache_size,
+            tool_format=args.tool_format,
+            prompt_chunk=args.prompt_chunk,
+            step_cost=args.step_cost,
+            draft_memory_bytes=int(args.draft_memory_mb * 2**20),
+            compile_timeout=args.compile_timeout,
+        )
+    except ToolCallError as e:
+        raise cli_common.CliError(f"--tool-format: {e}") from None
+    name = args.served_model_name or args.model
+    guarded = "an API key" if api_key else "no API key: anyone who can reach it may use it"
+    print(f"grammarspec serve: {name} on http://{args.host}:{args.port}/v1 ({guarded})", file=sys.stderr)
+    serve(
+        engine,
+        name,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        api_key=api_key,
+        max_body_bytes=int(args.max_body_mb * 2**20),
+        max_prompt_chars="auto" if args.max_prompt_chars is None else (args.max_prompt_chars or None),
+    )
+    return 0
+
+
+def _cmd_bench_serve(args: argparse.Namespace, command: str) -> int:
+    from grammarspec.bench.agent_tasks import CONVERSATIONS
+    from grammarspec.bench.serve import SERVE_ARMS, run_serve_bench, serve_markdown
+
+    if args.sweep:
+        return _cmd_bench_serve_sweep(args, command)
+    if args.drafts:
+        return _cmd_bench_serve_drafts(args, command)
+    arms = cli_common.check_known("--arms", cli_common.split_names(args.arms or ",".join(SERVE_ARMS)), SERVE_ARMS)
+    chosen = cli_common.chosen_conversations(args.conversations, CONVERSATIONS)
+    out = cli_common.out_folder(args.out)
+    model, tokenizer = cli_common.load_for_timing(args.model, device=args.device, dtype=args.dtype)
+    result = run_serve_bench(
+        model,
+        tokenizer,
+        args.model,
+        chosen,
+        arms,
+        concurrency=args.concurrency,
+        repeat=args.repeat,
+        max_new_tokens=args.max_new_tokens,
+        progress=lambda line: print(line, file=sys.stderr),
+    )
+    cli_common.write_report(out, "serve", serve_markdown(result, command), result)
+    return 0
+
+
+def _cmd_bench_serve_drafts(args: argparse.Namespace, command: str) -> int:
+    from grammarspec.bench.agent_tasks import CONVERSATIONS
+    from grammarspec.bench.drafts import drafts_markdown, run_drafts_bench
+
+    chosen = cli_common.chosen_conversations(args.conversations, CONVERSATIONS)
+    out = cli_common.out_folder(args.out)
+    model, tokenizer = cli_common.load_for_timing(args.model, device=args.device, dtype=args.dtype)
+    result = run_drafts_bench(
+        model,
+        tokenizer,
+        args.drafts,
+        concurrency=args.concurrency,
+        repeat=args.draft_repeat,
+        max_tokens=args.max_new_tokens or 96,
+        draft_memory_mb=args.draft_memory_mb,
+        tasks_path=args.tasks,
+        conversations=chosen,
+        progress=lambda line: print(line, file=sys.stderr),
+    )
+    cli_common.write_report(out, "drafts", drafts_markdown(result, command), result)
+    return 0
+
+
+def _cmd_bench_serve_sweep(args: argparse.Namespace, command: str) -> int:
+    from grammarspec.bench.sweep import SWEEP_ARMS, WORKLOADS, run_sweep, write_sweep
+
+    def listed(text: str, kind: Callable[[str], Any], flag: str) -> list[Any]:
+        try:
+            values = [kind(v.strip()) for v in text.split(",") if v.strip()]
+        except ValueError:
+            raise cli_common.CliError(f"{flag}: expected a comma-separated list of numbers, got {text!r}") from None
+        if any(v <= 0 for v in values):
+            raise cli_common.CliError(f"{flag}: every value must be > 0, got {text!r}")
+        return values
+
+    arms = cli_common.check_known(
+        "--arms", cli_common.split_names(args.arms or "none,auto"), SWEEP_ARMS, "with --sweep "
+    )
+    workloads = cli_common.split_names(args.workloads)
+    if not workloads or any(w not in WORKLOADS for w in workloads):
+        raise cli_common.CliError(f"--workloads: choose from {', '.join(WORKLOADS)}, got {args.workloads!r}")
+    levels, rates = listed(args.levels, int, "--levels"), listed(args.rates, float, "--rates")
+    if not levels and not rates:
+        raise cli_common.CliError("--levels and --rates are both empty: give at least one load level")
+    out = cli_common.out_folder(args.out)
+    model, tokenizer = cli_common.load_for_timing(args.model, device=args.device, dtype=args.dtype)
+    result = run_sweep(
+        model,
+        tokenizer,
+        args.model,
+        workloads=workloads,
+        concurrency=levels,
+        rates=rates,
+        arms=arms,
+        requests=args.requests,
+        rounds=args.rounds,
+        pairs=args.pairs,
+        max_tokens=args.max_new_tokens or 96,
+        max_batch_size=args.max_batch_size,
+        tasks_path=args.tasks,
+        step_cost=args.step_cost,
+        progress=lambda line: print(line, file=sys.stderr),
+    )
+    markdown = write_sweep(result, command, out, plots=not args.no_plots)
+    print(markdown)
+    print(f"wrote {out / 'sweep.md'}, {out / 'sweep.json'} and the plots", file=sys.stderr)
+    return 0

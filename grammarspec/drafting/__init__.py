@@ -1,0 +1,1 @@
+"""Draft sources that need the model: the draft model, assistant resolution, the pass-cost profile."""
