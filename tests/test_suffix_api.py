@@ -84,7 +84,8 @@ def test_a_conversation_drafts_from_its_earlier_turns_and_false_turns_it_off(mod
 def test_the_vllm_proposer_shares_one_index_across_requests(smol_tokenizer, monkeypatch):
     tok = smol_tokenizer
     engine = FakeEngine(GPUModelRunner())
-    assert make(tok, engine.runner).draft_index is None  # off inside vLLM unless asked for
+    monkeypatch.delenv("GRAMMARSPEC_DRAFT_MEMORY_MB", raising=False)
+    assert make(tok, engine.runner).draft_index.max_bytes == 256 << 20  # on by default, as in the server
     monkeypatch.setenv("GRAMMARSPEC_DRAFT_MEMORY_MB", "128")
     proposer = make(tok, engine.runner)
     assert isinstance(proposer.draft_index, SuffixIndex) and proposer.draft_index.max_bytes == 128 << 20

@@ -24,8 +24,9 @@ Per request: a fresh ``"auto"`` composite (jump-forward + schema n-gram +
 prompt lookup + drafts from earlier requests' outputs: one
 :class:`~proposers.suffix_index.SuffixIndex` shared by every request this
 drafter serves, scoped by schema, of ``GRAMMARSPEC_DRAFT_MEMORY_MB``
-megabytes, :data:`DRAFT_MEMORY_MB` (off) when unset), an own grammar matcher advanced over every committed token
-(dropped if it ever disagrees with what vLLM committed), and the last draft.
+megabytes, :data:`DRAFT_MEMORY_MB` when unset, 0 to turn it off), an own grammar matcher advanced over every
+committed token up to the request's stop token (dropped if it ever disagrees with what vLLM committed), and
+the last draft.
 Each step first tells the drafters how much of their last draft vLLM
 accepted (the new tokens compared with that draft), then drafts again.
 A state is dropped at the step its request ends (stop token, grammar
@@ -83,6 +84,7 @@ class RequestInfo:
     schema: dict[str, Any] | None = None  # a JSON Schema request
     spec: Any = None  # grammars.GrammarSpec, or None: no grammar view
     max_tokens: int | None = None
+    stop_ids: tuple[int, ...] = ()  # token ids that end the request besides end-of-sequence
 
 
 @dataclass
@@ -95,6 +97,7 @@ class _State:
     prompt_length: int
     synced: int  # context tokens already seen (and fed to the matcher)
     head: tuple[int, ...]  # first tokens of the context (identity when keyed by batch index)
+    stops: frozenset[int]  # token ids that end the request (end-of-sequence and its stop token ids)
     max_tokens: int | None = None
     draft: Draft = field(default=EMPTY_DRAFT)
     calibration: Calibration = field(default_factory=Calibration)
@@ -129,7 +132,12 @@ def request_info(state: Any, any_whitespace: bool) -> RequestInfo:
     params = getattr(state, "sampling_params", None)
     outputs = getattr(params, "structured_outputs", None)
     max_tokens = getattr(params, "max_tokens", None)
-    info: dict[str, Any] = {"prompt_ids": tuple(prompt) if prompt is not None else None, "max_tokens": max_tokens}
+    stop_ids = tuple(int(t) for t in getattr(params, "stop_token_ids", None) or ())
+    info: dict[str, Any] = {
+        "prompt_ids": tuple(prompt) if prompt is not None else None,
+        "max_tokens": max_tokens,
+        "stop_ids": stop_ids,
+    }
     if outputs is None:
         return RequestInfo(**info)
     flexible = any_whitespace and not getattr(outputs, "disable_any_whitespace", False)
@@ -147,10 +155,9 @@ def request_info(state: Any, any_whitespace: bool) -> RequestInfo:
     return RequestInfo(**info)
 
 
-#: Megabytes of the index of earlier outputs when ``GRAMMARSPEC_DRAFT_MEMORY_MB`` is unset: off inside vLLM
-#: until a request's own grammar matcher is shown to stay in step with drafts from it (a matcher was seen
-#: dropped beside it); set the variable to turn it on.
-DRAFT_MEMORY_MB = 0
+#: Megabytes of the index of earlier outputs when ``GRAMMARSPEC_DRAFT_MEMORY_MB`` is unset (the server's
+#: ``--draft-memory-mb`` default); ``GRAMMARSPEC_DRAFT_MEMORY_MB=0`` turns it off.
+DRAFT_MEMORY_MB = 256
 
 
 def draft_index_from_env() -> SuffixIndex | None:
@@ -284,7 +291,7 @@ class GrammarspecProposer:
     def _step(self, key: Any, context: list[int], sampled: Sequence[int], cached: Any) -> list[int]:
         """Learn from the last step of one request, then draft for it (``[]``: none).  Changes its state."""
         state = self._state(key, context, len(sampled), cached)
-        self._sync(state, context, sampled)
+        context = self._sync(state, context, sampled)
         if self._finished(state, context):  # ends with this step: vLLM will not ask again
             del self.states[key]
             return []
@@ -320,14 +327,23 @@ class GrammarspecProposer:
             prompt_length=len(prompt),
             synced=len(prompt),
             head=head,
+            stops=frozenset((self.eos, *info.stop_ids)),
             max_tokens=info.max_tokens,
         )
         self.states[key] = state
         return state
 
-    def _sync(self, state: _State, context: list[int], sampled: Sequence[int]) -> None:
-        """Tell the drafters what vLLM accepted of their last draft; advance the matcher."""
+    def _sync(self, state: _State, context: list[int], sampled: Sequence[int]) -> list[int]:
+        """Tell the drafters what vLLM accepted of their last draft; advance the matcher.  Returns the context
+        as the request has it: cut after its first stop token.
+
+        When a draft's last token is a stop token and vLLM accepts it, vLLM still appends a token of its own
+        after it (its rejection sampler's bonus token) to the runner's context, then ends the request at the
+        stop token: that last token is no output.  It reaches neither the drafters (nor the index of earlier
+        outputs) nor the matcher, which is terminated by then.
+        """
         new = context[state.synced :]
+        end = next((i + 1 for i, token in enumerate(new) if token in state.stops), len(new))
         draft = state.draft
         if draft:
             matched = 0
@@ -337,25 +353,26 @@ class GrammarspecProposer:
                 matched += 1
             # vLLM appended the accepted draft prefix and one token of its own.
             accepted = min(matched, max(len(sampled) - 1, 0)) if len(new) == len(sampled) else matched
-            state.proposer.commit(draft, accepted, new)
-            state.calibration.update(draft, accepted)
+            state.proposer.commit(draft, min(accepted, end), new[:end])
+            state.calibration.update(draft, min(accepted, end))
         elif new:
-            state.proposer.commit(EMPTY_DRAFT, 0, new)
+            state.proposer.commit(EMPTY_DRAFT, 0, new[:end])
         state.draft = EMPTY_DRAFT
         if state.matcher is not None:
-            for token in new:
+            for token in new[:end]:
                 if not state.matcher.accept(token):
                     state.matcher, state.view = None, None  # our grammar disagrees with vLLM's: draft without
                     self.grammar_drops += 1
                     break
-        state.synced = len(context)
+        state.synced += end
+        return context[: state.synced]
 
     def _finished(self, state: _State, context: list[int]) -> bool:
         """Whether the request ended with its last token (stop token, grammar complete, max_tokens).
 
         A request stopped otherwise (a stop string, an abort) is dropped when it leaves the runner.
         """
-        if context and context[-1] == self.eos:
+        if context and context[-1] in state.stops:
             return True
         if state.matcher is not None and state.matcher.is_terminated():
             return True
@@ -369,6 +386,9 @@ class GrammarspecProposer:
         if k <= 0:
             return []
         draft = state.proposer.propose(context, state.view, k).truncate(k)
+        stop = next((i for i, token in enumerate(draft.tokens) if token in state.stops), None)
+        if stop is not None:  # the request ends at a stop token: nothing after it is output
+            draft = draft.truncate(stop + 1)
         if draft.probs is not None:  # vLLM's custom class has no way to pass draft distributions
             draft = EMPTY_DRAFT
         state.draft = draft

@@ -154,13 +154,25 @@ def test_per_request_states_dropped_when_requests_end(speculative, tokenizer):
     assert drafter.states == {}
 
 
+def test_a_repeated_request_drafts_from_earlier_outputs_and_ends_at_its_stop_token(speculative, reference, tokenizer):
+    """The "call" request again: the index of earlier outputs (on unless GRAMMARSPEC_DRAFT_MEMORY_MB=0) drafts
+    its answer, stop token included; vLLM appends a token of its own after an accepted stop token (no output)."""
+    llm, _, _ = speculative
+    drafter = _drafter(llm)
+    output = _generate_one(llm, tokenizer)
+    assert list(output.token_ids) == list(reference["call"].token_ids)
+    assert drafter.grammar_drops == 0 and drafter.errors == 0 and drafter.states == {}
+
+
 def _generate_one(llm, tokenizer):
     from vllm import SamplingParams
     from vllm.sampling_params import StructuredOutputsParams
 
     prompt = {"prompt_token_ids": build_prompt(tokenizer, CALL_TEXT, schema=CALL)}
     params = SamplingParams(temperature=0, max_tokens=64, structured_outputs=StructuredOutputsParams(json=CALL))
-    assert llm.generate([prompt], params, use_tqdm=False)[0].outputs[0].finish_reason == "stop"
+    output = llm.generate([prompt], params, use_tqdm=False)[0].outputs[0]
+    assert output.finish_reason == "stop"
+    return output
 
 
 def _drafter(llm):
