@@ -65,7 +65,7 @@ def test_the_loop_reads_the_cost_it_is_handed_only_where_a_step_is_priced():
     assert plain.asked == 0 and plain.checks == 0  # nothing drafts: nothing priced or checked, so nothing profiled
     handed = CountingCost(prior_cost())
     out, stats = drafting(model, alone, handed)
-    assert out == alone and handed.checks == 1 and handed.asked >= stats.target_forwards - 1
+    assert out == alone and handed.checks == 1 and 0 < handed.asked <= stats.target_forwards  # priced steps only
     assert stats.target_forwards < len(alone)  # on the prior, certain drafts pay
 
 
@@ -74,10 +74,10 @@ def test_the_draft_lengths_follow_the_cost_handed_and_the_default_is_the_prior()
     alone, _ = decode(model, PROMPT, CONFIG)
     _, prior = drafting(model, alone, None)
     _, fixed = drafting(model, alone, FixedCost())
-    steep = PassCost(base=40.0, per_row=10.0, min_rows=1, per_token=5.0)  # a wider pass never pays
+    steep = PassCost(base=40.0, per_row=10.0, min_rows=1, per_token=5.0)  # a wider pass seldom pays
     out, dear = drafting(model, alone, FixedCost(steep))
     assert out == alone  # drafting policy only: the output never changes
-    assert prior.target_forwards == fixed.target_forwards < dear.target_forwards == len(alone)
+    assert prior.target_forwards == fixed.target_forwards < dear.target_forwards
 
 
 def test_generate_hands_the_loop_the_profiled_cost_of_its_model(monkeypatch):
