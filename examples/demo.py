@@ -19,7 +19,7 @@ import json
 import sys
 
 import grammarspec
-from grammarspec.policy.allocation import batch_cost_model
+from grammarspec.drafting.cost_model import batch_cost_model
 from proposers.cost import PassCost
 
 DOCUMENT = """From: orders@bluefinoutdoor.com
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     print("loading the embedded SmolLM2-135M-Instruct ...", flush=True)
     model, tokenizer = grammarspec.load_model("smollm2-135m")
     # The drafting policy sizes drafts by what a pass of n rows costs on this machine: profiled once per
-    # model, device, dtype and thread count, and kept on disk (grammarspec/drafting/pass_profile.py).  Done here,
+    # model, device, dtype and thread count, and kept on disk (grammarspec/drafting/profile_store.py).  Done here,
     # before the timed runs, so the first run's statistics do not include it.
     print(
         "pass cost on this machine (profiled once, then read from ~/.cache/grammarspec): "

@@ -25,6 +25,7 @@ from grammars import compile_grammar
 from grammars.registry import DEFAULT as DEFAULT_BACKEND
 from grammarspec.constraint import Constraint
 from grammarspec.drafting.assistant import draft_maker
+from grammarspec.drafting.cost_model import ProfiledCost
 from grammarspec.engine.decoding import DecodeConfig, decode_batch, logits_width
 from grammarspec.engine.isolation import GenerationError
 from grammarspec.engine.processing import check_stateless
@@ -355,6 +356,7 @@ def _generate(
         max_batch_size=max_batch_size,
         prompt_cache=prompt_cache,
         on_commit=on_commit,
+        pass_cost=ProfiledCost(model),  # profiled at first need, checked against this call's passes
     )
     outputs = [row.generated for row in finished]
     all_stats = [row.stats for row in finished]

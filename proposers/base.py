@@ -395,7 +395,7 @@ class CostModelled(Protocol):
 
     The Hugging Face loop hands it the target's cost model before the
     request's first step (:meth:`use_cost_model`: the curve profiled once per
-    model, device, dtype and thread count, :func:`grammarspec.policy.allocation.batch_cost_model`),
+    model, device, dtype and thread count, :func:`grammarspec.drafting.cost_model.batch_cost_model`),
     and never teaches it measured times, so its choices do not follow the
     wall clock.  A model given at construction is kept.
     """

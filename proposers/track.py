@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from .backoff import Backoff
 from .base import Draft
 
 __all__ = ["Calibration", "HoldBack", "survival"]
@@ -223,7 +224,8 @@ class Calibration:
 
 
 class HoldBack:
-    """When a draft below the bar is verified anyway: after ``wait`` held back; a failed probe doubles the wait.
+    """When a draft below the bar is verified anyway: after ``wait`` held back; a failed probe doubles the wait
+    (:class:`proposers.backoff.Backoff`, up to ``max_wait``), an accepted one starts it again.
 
     >>> h = HoldBack(wait=2, max_wait=8)
     >>> [h.admit() for _ in range(3)]
@@ -239,9 +241,14 @@ class HoldBack:
     def __init__(self, wait: int = 4, max_wait: int = 64) -> None:
         if not 0 <= wait <= max_wait:
             raise ValueError(f"HoldBack needs 0 <= wait <= max_wait, got wait={wait}, max_wait={max_wait}")
-        self.first_wait, self.max_wait, self.wait = wait, max_wait, wait
+        self._backoff = Backoff(wait, max_wait)
         self.skipped = 0  # drafts held back since the last one verified
         self._probing = False
+
+    @property
+    def wait(self) -> int:
+        """Drafts held back before the next probe."""
+        return self._backoff.wait
 
     def admit(self) -> bool:
         """Whether a draft below the bar goes through now as a probe (counts one held back if not)."""
@@ -254,6 +261,9 @@ class HoldBack:
     def verified(self, accepted: bool) -> None:
         """A draft of this record reached the target; ``accepted``: any of its tokens was accepted."""
         if self._probing:
-            self.wait = self.first_wait if accepted else min(2 * self.wait, self.max_wait)
+            if accepted:
+                self._backoff.succeeded()
+            else:
+                self._backoff.failed()
             self._probing = False
         self.skipped = 0

@@ -142,7 +142,7 @@ class Costed(Noisy):
 
 
 def test_the_loop_hands_over_the_profiled_cost_model_and_never_teaches_wall_time(grammars, monkeypatch):
-    from grammarspec.policy.allocation import batch_cost_model
+    from grammarspec.drafting.cost_model import ProfiledCost, batch_cost_model
     from proposers.compose import CompositeProposer
     from proposers.cost import PassCost
 
@@ -153,8 +153,10 @@ def test_the_loop_hands_over_the_profiled_cost_model_and_never_teaches_wall_time
     own = PassCost(1.1, 0.01, 2)
     handed, kept = Costed([], 0), Costed([], 0, own=own)
     requests = [batch_row(PROMPTS[i], grammars[i].matcher(), p, 4, config) for i, p in enumerate((handed, kept))]
-    decode_batch(model, requests, config)
-    decode_batch(model, [batch_row(PROMPTS[2], grammars[2].matcher(), Costed([], 0), 4, config)], config)  # alone
+    profiled = ProfiledCost(model)  # what generate hands the loop
+    decode_batch(model, requests, config, pass_cost=profiled)
+    alone = [batch_row(PROMPTS[2], grammars[2].matcher(), Costed([], 0), 4, config)]
+    decode_batch(model, alone, config, pass_cost=profiled)
     assert handed.cost_model is batch_cost_model(model) and kept.cost_model is own
     assert log == []  # no measured pass moved any cost model, at batch 1 or 2
     composite = CompositeProposer([Noisy([], 0)])
@@ -166,7 +168,11 @@ def test_the_loop_hands_over_the_profiled_cost_model_and_never_teaches_wall_time
     assert fixed.cost_model is own
     replayed = Costed([], 0)  # a replay's modelled step cost: its own prior stays
     decode_batch(
-        model, [batch_row(PROMPTS[0], grammars[0].matcher(), replayed, 4, config)], config, step_cost=lambda rows: 1.0
+        model,
+        [batch_row(PROMPTS[0], grammars[0].matcher(), replayed, 4, config)],
+        config,
+        step_cost=lambda rows: 1.0,
+        pass_cost=profiled,
     )
     assert replayed.cost_model is not batch_cost_model(model)
 

@@ -18,10 +18,13 @@ from helpers import single_thread
 from toy_models import ToyCausalLM, tiny_llama
 from transformers import LlamaConfig
 
+import grammarspec.drafting.cost_model
 import grammarspec.drafting.pass_profile
-import grammarspec.policy.allocation
-from grammarspec.drafting.pass_profile import fit_pass_cost, profile_file, profile_pass_cost, stored_profile
-from grammarspec.policy.allocation import allocate, batch_cost_model
+from grammarspec.drafting.cost_model import batch_cost_model
+from grammarspec.drafting.pass_profile import profile_or_prior
+from grammarspec.drafting.profile_fit import fit_pass_cost
+from grammarspec.drafting.profile_store import profile_file, stored_profile
+from grammarspec.policy.allocation import allocate
 from proposers.cost import PassCost
 
 ESTIMATES = [[0.6] * 16] * 16  # 16 rows, each offering 16 tokens of 0.6
@@ -67,7 +70,7 @@ def profile_mode(monkeypatch, tmp_path):
     profiles stored under ``tmp_path``."""
     monkeypatch.setenv("GRAMMARSPEC_PASS_COST", "profile")
     monkeypatch.setenv("GRAMMARSPEC_CACHE", str(tmp_path))
-    monkeypatch.setattr(grammarspec.policy.allocation, "_COST_MODELS", {})
+    monkeypatch.setattr(grammarspec.drafting.cost_model, "_COST_MODELS", {})
 
 
 def drafted(cost: PassCost) -> int:
@@ -80,14 +83,14 @@ def test_docstring_examples_hold():
 
 def test_a_flat_target_profiles_flat_and_drafts_longer_than_the_cpu_prior():
     flat = SleepyTarget("flat", fixed=0.005, per_token=0.0)
-    gpu_like = profile_pass_cost(flat, context=16, repeats=5, clock=flat.clock)
+    gpu_like = profile_or_prior(flat, context=16, repeats=5, clock=flat.clock).cost
     assert gpu_like.cost(32) == gpu_like.cost(64) == 1.0  # every pass took 5 ms
     assert drafted(gpu_like) > drafted(PassCost()) == 32  # the prior takes 2 tokens a row here
 
 
 def test_a_target_paying_per_row_profiles_steep_and_drafts_shorter():
     target = SleepyTarget("steep", fixed=0.002, per_token=0.002)
-    steep = profile_pass_cost(target, context=16, rows=(1, 2, 4, 8, 16, 32), repeats=5, clock=target.clock)
+    steep = profile_or_prior(target, context=16, rows=(1, 2, 4, 8, 16, 32), repeats=5, clock=target.clock).cost
     assert steep.per_row == 0.5 and steep.cost(16) == 8.5  # (1 + n) / 2 plain steps
     assert steep.cost(64) == 32.0  # beyond the table (16.5 at 32 rows, kept to two digits: 16), 0.5 a row
     assert drafted(steep) < drafted(PassCost())
@@ -122,7 +125,7 @@ def test_profiling_leaves_the_model_as_it_was():
     ids = torch.tensor([[5, 9, 11, 3]])
     before = model(ids).logits
     state = {k: v.clone() for k, v in model.state_dict().items()}
-    profile_pass_cost(model, context=24, rows=(1, 2, 8), repeats=1, clock=FakeClock(tick=0.001))
+    profile_or_prior(model, context=24, rows=(1, 2, 8), repeats=1, clock=FakeClock(tick=0.001))
     assert torch.equal(model(ids).logits, before) and not model.training
     assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
 
@@ -136,7 +139,7 @@ def test_batch_cost_model_profiles_once_per_model(profile_mode):
 
 def test_prior_mode_times_nothing(monkeypatch):
     monkeypatch.setenv("GRAMMARSPEC_PASS_COST", "prior")
-    monkeypatch.setattr(grammarspec.policy.allocation, "_COST_MODELS", {})
+    monkeypatch.setattr(grammarspec.drafting.cost_model, "_COST_MODELS", {})
     fake = SleepyTarget("prior", fixed=0.0, per_token=0.0)
     cost = batch_cost_model(fake)
     assert fake.calls == 0 and (cost.base, cost.per_row, cost.min_rows) == (1.3, 0.03, 4)
@@ -156,7 +159,7 @@ def test_a_target_that_refuses_falls_back_to_the_prior_with_a_warning(profile_mo
 
 def test_the_toy_models_profile_to_a_valid_curve():
     for model in (ToyCausalLM(40, seed=1), tiny_llama(40, seed=1)):
-        cost = profile_pass_cost(model, context=24, rows=(1, 4, 16), repeats=1, clock=FakeClock(tick=0.001))
+        cost = profile_or_prior(model, context=24, rows=(1, 4, 16), repeats=1, clock=FakeClock(tick=0.001)).cost
         assert cost.base > 0 and cost.per_row >= 0.001 and cost.min_rows in (1, 4, 16)
         assert cost.cost(1) == 1.0 and cost.cost(64) >= cost.cost(2) >= 1.0
 
@@ -167,7 +170,7 @@ def test_a_profile_is_kept_on_disk_for_the_next_process(profile_mode, monkeypatc
     stored = json.loads(profile_file().read_text())
     (label,) = stored
     assert label.startswith("kept|cpu|torch.float32|threads=") and stored[label]["min_rows"] == first.min_rows
-    monkeypatch.setattr(grammarspec.policy.allocation, "_COST_MODELS", {})  # a new process: nothing in memory
+    monkeypatch.setattr(grammarspec.drafting.cost_model, "_COST_MODELS", {})  # a new process: nothing in memory
     calls = fake.calls
     again = batch_cost_model(fake)
     assert fake.calls == calls  # read from the file, no pass timed
@@ -197,7 +200,9 @@ def test_a_profile_prices_the_masked_path_and_the_host_work_of_a_draft_token():
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # both terms are timed on a real model: no fallback
-        cost = profile_pass_cost(tiny_llama(64, seed=0), context=24, rows=(1, 2, 8), repeats=1, clock=FakeClock(0.001))
+        cost = profile_or_prior(
+            tiny_llama(64, seed=0), context=24, rows=(1, 2, 8), repeats=1, clock=FakeClock(0.001)
+        ).cost
     assert cost.switch >= 0.0 and cost.per_token > 0.0 and cost.per_draft_row >= 0.0
     assert cost.drafted(8, 4, batch=4) == pytest.approx(cost.cost(8) + 4 * cost.per_token + cost.switch)
 
@@ -244,7 +249,7 @@ def test_a_stored_entry_that_is_not_a_whole_curve_is_profiled_again_and_kept_who
 
 def test_a_whole_entry_measured_another_way_is_profiled_again(profile_mode):
     """An entry of an older format (its switch timed on another path) is replaced by a fresh profile."""
-    from grammarspec.drafting.pass_profile import PROFILE_FORMAT
+    from grammarspec.drafting.profile_store import PROFILE_FORMAT
 
     profile_file().parent.mkdir(parents=True, exist_ok=True)
     old = {"base": 1.5, "per_row": 0.05, "min_rows": 8, "switch": 9.0, "per_token": 0.01, "table": {"2": 1.1}}
@@ -264,9 +269,9 @@ def test_the_loop_s_step_overhead_is_part_of_the_unit(monkeypatch):
 
     fake = SleepyTarget("overhead", fixed=0.002, per_token=0.002)  # 4 ms at 1 row, 34 ms at 16
     monkeypatch.setattr(profiling, "_loop_step_seconds", lambda *args: 0.004)  # the loop's step: the pass alone
-    bare = profile_pass_cost(fake, context=16, rows=(1, 8, 16), repeats=3, clock=fake.clock)
+    bare = profile_or_prior(fake, context=16, rows=(1, 8, 16), repeats=3, clock=fake.clock).cost
     monkeypatch.setattr(profiling, "_loop_step_seconds", lambda *args: 0.014)  # 10 ms of host work besides
-    with_overhead = profile_pass_cost(fake, context=16, rows=(1, 8, 16), repeats=3, clock=fake.clock)
+    with_overhead = profile_or_prior(fake, context=16, rows=(1, 8, 16), repeats=3, clock=fake.clock).cost
     assert bare.cost(16) == 8.5 and with_overhead.cost(16) == pytest.approx(3.1)  # (0.034 + 0.01) / (0.004 + 0.01)
     monkeypatch.undo()
     clock = FakeClock(tick=0.001)  # a step between two reads of the clock: the real loop runs and is timed by it

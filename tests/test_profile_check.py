@@ -17,13 +17,14 @@ from clocks import ClockedToy, FakeClock
 from helpers import single_thread
 from proposer_fakes import ScriptFollower
 
+import grammarspec.drafting.cost_model
 import grammarspec.drafting.profile_check
-import grammarspec.policy.allocation
-from grammarspec.drafting.pass_profile import Measured, measure_profile, profile_file, stored_entries
+from grammarspec.drafting.cost_model import ProfiledCost, batch_cost_model
+from grammarspec.drafting.pass_profile import Measured, measure_profile
 from grammarspec.drafting.profile_check import ProfileCheck
+from grammarspec.drafting.profile_store import profile_file, stored_entries
 from grammarspec.engine.decoding import DecodeConfig, decode
 from grammarspec.policy.adaptive import AdaptiveController
-from grammarspec.policy.allocation import batch_cost_model
 from proposers.base import Request
 from proposers.cost import PassCost
 
@@ -43,7 +44,7 @@ def profile_mode(monkeypatch, tmp_path):
     monkeypatch.setenv("GRAMMARSPEC_PASS_COST", "profile")
     monkeypatch.setenv("GRAMMARSPEC_CACHE", str(tmp_path))
     for name in ("_COST_MODELS", "_MEASURED", "_CHECKS", "_STALE", "_REMEASURED"):
-        monkeypatch.setattr(grammarspec.policy.allocation, name, {})
+        monkeypatch.setattr(grammarspec.drafting.cost_model, name, {})
 
 
 def test_docstring_examples_hold():
@@ -108,13 +109,20 @@ def test_a_burst_of_load_while_profiling_does_not_move_the_curve():
 
 
 def drafting_call(model, clock, alone):
-    """One ``decode`` call as a user makes it: a proposer that knows the text, an adaptive controller."""
+    """One ``decode`` call as ``generate`` makes it (the profiled pass cost): a proposer that knows the text, an
+    adaptive controller."""
     proposer = ScriptFollower(alone)
     proposer.start(Request(prompt_ids=tuple(PROMPT), tokenizer=None))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         out, stats = decode(
-            model, PROMPT, CONFIG, proposer=proposer, controller=AdaptiveController(k_min=1, k_max=8), clock=clock
+            model,
+            PROMPT,
+            CONFIG,
+            proposer=proposer,
+            controller=AdaptiveController(k_min=1, k_max=8),
+            clock=clock,
+            pass_cost=ProfiledCost(model),
         )
     assert out == alone  # drafting policy only: the output never changes
     return stats, [str(w.message) for w in caught if NOTICE in str(w.message)]
@@ -151,9 +159,9 @@ def test_a_profile_measured_busy_is_caught_by_the_loop_and_measured_again_before
         before = model.forwards
         stats, said = drafting_call(model, clock, alone)
         assert said == [] and model.forwards - before == stats.target_forwards
-    assert grammarspec.policy.allocation._REMEASURED == {next(iter(grammarspec.policy.allocation._CHECKS)): 1}
+    assert grammarspec.drafting.cost_model._REMEASURED == {next(iter(grammarspec.drafting.cost_model._CHECKS)): 1}
     assert (
-        grammarspec.policy.allocation._CHECKS[next(iter(grammarspec.policy.allocation._CHECKS))].steps == 32
+        grammarspec.drafting.cost_model._CHECKS[next(iter(grammarspec.drafting.cost_model._CHECKS))].steps == 32
     )  # twice the evidence now
 
 
@@ -170,7 +178,7 @@ def test_a_machine_busy_after_a_quiet_profile_keeps_the_profile(profile_mode):
         stats, said = drafting_call(model, clock, alone)
         assert said == [] and model.forwards - before == stats.target_forwards
     assert batch_cost_model(model) is profile
-    check = grammarspec.policy.allocation._CHECKS[next(iter(grammarspec.policy.allocation._CHECKS))]
+    check = grammarspec.drafting.cost_model._CHECKS[next(iter(grammarspec.drafting.cost_model._CHECKS))]
     assert check.passes > 32 and all(m == pytest.approx(3.0, rel=0.05) for m in check.medians().values())
 
 

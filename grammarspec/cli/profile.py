@@ -45,7 +45,7 @@ def add_profile_command(commands: Any) -> None:
 
 
 def _cmd_profile(args: argparse.Namespace, command: str) -> int:
-    from grammarspec.drafting.pass_profile import profile_file, reset_profiles, stored_entries
+    from grammarspec.drafting.profile_store import profile_file, reset_profiles, stored_entries
 
     if args.reset:
         count = reset_profiles()
@@ -70,7 +70,7 @@ def _cmd_profile(args: argparse.Namespace, command: str) -> int:
 
 def _measure(args: argparse.Namespace) -> str:
     """Load ``--model`` and measure its profile now; the label it is stored under."""
-    from grammarspec.policy.allocation import measure_cost_model
+    from grammarspec.drafting.cost_model import measure_cost_model
 
     cli_common.quiet_transformers()
     model, _ = cli_common.load(args.model, device=args.device, dtype=args.dtype)
@@ -93,7 +93,7 @@ def _measure(args: argparse.Namespace) -> str:
 def format_entry(label: str, entry: dict[str, Any]) -> str:
     """A stored profile as ``--show`` prints it: the label, then how it was measured, the plain step, the curve
     (rows -> plain steps) and the drafted pass's extra terms.  Pure."""
-    from grammarspec.drafting.pass_profile import PROFILE_FORMAT
+    from grammarspec.drafting.profile_store import PROFILE_FORMAT
 
     lines = [label]
     if entry.get("format") != PROFILE_FORMAT:

@@ -11,20 +11,11 @@ rows: the forward, then the verification's device work on the ``n`` rows of
 logits (float32, a bitmask applied, each row's best token, one host read,
 which waits for the device).  ``t[n]`` is the lowest of its rounds: another
 process only ever slows a pass, so the fastest round is the one least
-disturbed.  A pass is never cheaper than a smaller one, so ``t`` is then made
-rising (the least-squares monotone fit of ``t[n] / t[1]``,
-:func:`proposers.cost.monotone_table`).  The unit is ``t[1]``.  With
-``y[n] = t[n] / t[1]`` for ``n > 1``, fit ``y = base + per_row * max(n, min_rows)``
-by least squares (``per_row >= 0``, ``base > 0``) for each measured ``min_rows``
-and keep the one with the lowest squared error (the smallest on near-ties).
-``base`` and ``per_row`` are then rounded to 2 significant digits
-(``per_row`` at least 0.001 plain steps a row) so that profiles repeated on
-one machine give the same curve as often as possible.  The points ``y[n]``
-themselves, rounded alike, are kept as the curve's table
-(:func:`proposers.cost.monotone_table`): the cost is read from them, and the
-line serves beyond the widest measured pass.  The rows measured are dense
-where drafts of a lone request fall (2 to 8) and reach the widest padded
-pass of a full batch (16 rows of 16 tokens).
+disturbed.  The curve is fitted to those points
+(:mod:`grammarspec.drafting.profile_fit`: made rising, a line and its table
+in plain steps, 2 significant digits).  The rows measured are dense where
+drafts of a lone request fall (2 to 8) and reach the widest padded pass of a
+full batch (16 rows of 16 tokens).
 
 The unit is a plain step of the decoding loop, not the bare pass: a step
 also spends host time whatever its rows (the loop's bookkeeping, the
@@ -66,17 +57,10 @@ More terms, in the same unit (:meth:`proposers.cost.PassCost.drafted`):
 
 All are rounded like the line (2 significant digits; 0 stays 0).
 
-:func:`stored_profile` keeps each fitted curve on disk (``pass_cost.json`` in
-the cache directory, :func:`grammarspec.model.loading.cache_dir`), keyed by the model,
-the device (with its name), the dtype, the thread count and the torch version,
-with what it was fitted from (the plain step's and each pass's seconds) and
-how it was measured (when, in how many rounds, the load average before and
-after): a machine profiles a model once, and later processes size drafts as
-the first did, until the passes the loop times disagree with the curve
-(:mod:`grammarspec.drafting.profile_check`: the entry is then measured again).
-``grammarspec profile --show`` prints the stored curves, ``--reset`` deletes
-them; an entry of an older :data:`PROFILE_FORMAT` (its terms measured another
-way) is profiled again.
+The profile is kept on disk per model and machine
+(:mod:`grammarspec.drafting.profile_store`), handed to the loop by
+:mod:`grammarspec.drafting.cost_model`, and checked against the passes the loop
+times (:mod:`grammarspec.drafting.profile_check`).
 
 Every timing reads ``clock`` (``time.perf_counter`` unless given): tests
 give a fake clock that their fake models advance, so no test depends on the
@@ -85,49 +69,35 @@ machine's speed or load.
 
 from __future__ import annotations
 
-import json
-import math
 import os
 import statistics
 import time
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
 import torch
 
+from grammarspec.drafting.profile_fit import fit_pass_cost, rising, two_digits, with_terms
 from grammarspec.engine.sampling import row_max
 from grammarspec.kv.cache import cache_argument, crop_cache, input_device, new_cache
 from grammarspec.kv.grouped_attention import grouped_model
-from proposers.cost import PassCost, monotone_table
+from grammarspec.policy.cost import Clock
+from proposers.cost import PassCost
 
 __all__ = [
-    "Clock",
     "Measured",
-    "PROFILE_FORMAT",
-    "fit_pass_cost",
-    "forget_profile",
     "measure_profile",
     "profile_or_prior",
-    "profile_pass_cost",
-    "reset_profiles",
-    "stored_entries",
-    "stored_measurement",
-    "stored_profile",
-    "profile_file",
     "profile_extra_terms",
+    "ragged_shapes",
     "step_overhead_seconds",
 ]
 
-#: Seconds from an arbitrary start, never falling (``time.perf_counter``; tests give a fake one).
-Clock = Callable[[], float]
 
 DEFAULT_CONTEXT = 128
-#: How the stored terms are measured; an entry of another format is profiled again.
-PROFILE_FORMAT = 5
 DEFAULT_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 #: Timed rounds of a profile (each times every width once and a run of plain steps).
 DEFAULT_REPEATS = 5
@@ -165,162 +135,19 @@ class Measured:
         return self.step_seconds * self.cost.cost(rows) - self.overhead_seconds
 
 
-def profile_file() -> Path:
-    """Where fitted profiles are kept: ``pass_cost.json`` in the cache directory (``$GRAMMARSPEC_CACHE``, else
-    ``~/.cache/grammarspec``: :func:`grammarspec.model.loading.cache_dir`, beside the dequantized embedded models)."""
-    from grammarspec.model.loading import cache_dir
-
-    return cache_dir() / "pass_cost.json"
-
-
-def stored_profile(model: Any, key: str, *, clock: Clock | None = None) -> PassCost:
-    """The curve of :func:`stored_measurement`."""
-    return stored_measurement(model, key, clock=clock).cost
-
-
-def stored_measurement(model: Any, key: str, *, clock: Clock | None = None, why: str = "") -> Measured:
-    """The profile stored under ``key`` on this machine, else :func:`measure_profile` stored there.
-
-    ``key`` names the model, device, dtype, thread count and torch version
-    (:func:`grammarspec.policy.allocation.batch_cost_model` builds it).  ``why``: measure
-    again whatever is stored, for that reason (kept in the entry).  A file
-    that cannot be read or written is ignored (the profile is then this
-    process's only).  Where the model cannot be profiled, the prior
-    :class:`PassCost` with a warning, and nothing stored (the next process
-    tries again).  Changes the file when it measures.
-    """
-    path = profile_file()
-    if not why:
-        found = _from_entry(_read_profiles(path).get(key))
-        if found is not None:
-            return found
-    measured = profile_or_prior(model, clock=clock, why=why)
-    if measured.step_seconds is None:  # the model refused: nothing stored (the next process tries again)
-        return measured
-    stored = _read_profiles(path)  # read again: another process may have stored a key since
-    stored[key] = _to_entry(measured)
-    _write_profiles(path, stored)
-    return measured
-
-
-def profile_or_prior(model: Any, *, clock: Clock | None = None, why: str = "") -> Measured:
-    """:func:`measure_profile` with the defaults, or, where the model refuses, the prior :class:`PassCost` (no
-    ``step_seconds``) with a warning saying why."""
+def profile_or_prior(model: Any, *, why: str = "", **settings: Any) -> Measured:
+    """:func:`measure_profile` (``settings``: its ``context``, ``rows``, ``repeats`` and ``clock``), or, where the
+    model refuses, the prior :class:`PassCost` (no ``step_seconds``) with a warning saying why.  Raises
+    ``ValueError`` for settings :func:`measure_profile` refuses."""
+    _check_settings(
+        settings.get("rows", DEFAULT_ROWS),
+        settings.get("repeats", DEFAULT_REPEATS),
+        settings.get("context", DEFAULT_CONTEXT),
+    )
     try:
-        return measure_profile(model, clock=clock, why=why)
+        return measure_profile(model, why=why, **settings)
     except Exception as error:  # the model refused: draft as before rather than fail the request
         return Measured(_fallback(model, error))
-
-
-def stored_entries() -> dict[str, dict[str, Any]]:
-    """Every stored profile, by key, as kept in :func:`profile_file` (``{}`` when there is none).  Pure."""
-    return {key: entry for key, entry in _read_profiles(profile_file()).items() if isinstance(entry, dict)}
-
-
-def forget_profile(key: str) -> bool:
-    """Delete the profile stored under ``key`` (the next use measures it again); whether there was one.  Changes
-    the file."""
-    path = profile_file()
-    stored = _read_profiles(path)
-    if stored.pop(key, None) is None:
-        return False
-    _write_profiles(path, stored)
-    return True
-
-
-def reset_profiles() -> int:
-    """Delete every stored profile (the file); how many there were.  Changes the file."""
-    path = profile_file()
-    count = len(stored_entries())
-    try:
-        path.unlink()
-    except FileNotFoundError:
-        pass
-    return count
-
-
-def _from_entry(entry: Any) -> Measured | None:
-    """The :class:`Measured` of a stored entry, or ``None`` when it is missing, of another format or not whole."""
-    try:
-        if entry["format"] != PROFILE_FORMAT:
-            raise ValueError("measured another way")
-        cost = PassCost(
-            float(entry["base"]),
-            float(entry["per_row"]),
-            int(entry["min_rows"]),
-            switch=float(entry["switch"]),
-            per_token=float(entry["per_token"]),
-            per_draft_row=float(entry["per_draft_row"]),
-            table={int(rows): float(cost) for rows, cost in entry["table"].items()},
-        )
-        load = entry.get("load_average")
-        return Measured(
-            cost,
-            float(entry["step_ms"]) / 1000,
-            float(entry["overhead_ms"]) / 1000,
-            {int(rows): float(ms) / 1000 for rows, ms in entry["pass_ms"].items()},
-            str(entry.get("measured_at", "")),
-            int(entry.get("rounds", 0)),
-            (float(load[0]), float(load[1])) if load else None,
-            float(entry.get("measure_seconds", 0.0)),
-            str(entry.get("why", "")),
-        )
-    except (ValueError, KeyError, TypeError, AttributeError, IndexError):  # none stored, or not a whole curve
-        return None
-
-
-def _to_entry(measured: Measured) -> dict[str, Any]:
-    cost = measured.cost
-    assert measured.step_seconds is not None, "only a measured profile is stored"
-    return {
-        "format": PROFILE_FORMAT,
-        "base": cost.base,
-        "per_row": cost.per_row,
-        "min_rows": cost.min_rows,
-        "switch": cost.switch,
-        "per_token": cost.per_token,
-        "per_draft_row": cost.per_draft_row,
-        "table": {str(rows): value for rows, value in _table(cost).items()},
-        "step_ms": round(1000 * measured.step_seconds, 4),
-        "overhead_ms": round(1000 * measured.overhead_seconds, 4),
-        "pass_ms": {str(rows): round(1000 * s, 4) for rows, s in measured.pass_seconds.items()},
-        "measured_at": measured.measured_at,
-        "rounds": measured.rounds,
-        "load_average": list(measured.load_average) if measured.load_average else None,
-        "cpus": os.cpu_count(),
-        "measure_seconds": round(measured.measure_seconds, 2),
-        "why": measured.why,
-    }
-
-
-def _write_profiles(path: Path, stored: dict[str, Any]) -> None:
-    """Replace the file with ``stored`` at once (a reader sees the old file or the new one); ignored if it cannot
-    be written."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        temporary.write_text(json.dumps(stored, indent=1, sort_keys=True))
-        os.replace(temporary, path)
-    except OSError:
-        pass
-
-
-def _table(cost: PassCost) -> dict[int, float]:
-    """``cost``'s measured points beyond one row (none for a bare line)."""
-    return {rows: value for rows, value in cost.table or [] if rows > 1}
-
-
-def _with_terms(line: PassCost, switch: float, per_token: float, per_draft_row: float) -> PassCost:
-    """The fitted ``line`` (and its table) with the drafted pass's extra terms."""
-    return PassCost(
-        line.base,
-        line.per_row,
-        line.min_rows,
-        switch=switch,
-        per_token=per_token,
-        per_draft_row=per_draft_row,
-        table=_table(line),
-    )
 
 
 STEP_TOKENS = 12
@@ -362,39 +189,11 @@ def _loop_step_seconds(model: Any, context: int, clock: Clock) -> float:
     return statistics.median(steps)
 
 
-def _read_profiles(path: Path) -> dict[str, Any]:
-    """The stored profiles, or {} when the file is missing, unreadable or not a JSON object."""
-    try:
-        stored = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return stored if isinstance(stored, dict) else {}
-
-
-def profile_pass_cost(
-    model: Any,
-    *,
-    context: int = DEFAULT_CONTEXT,
-    rows: Sequence[int] = DEFAULT_ROWS,
-    repeats: int = DEFAULT_REPEATS,
-    clock: Clock | None = None,
-) -> PassCost:
-    """Time ``model``'s passes over ``rows`` new tokens on a ``context``-token cache; the fitted :class:`PassCost`.
-
-    :func:`measure_profile`'s curve; when the model's forward (or its cache)
-    refuses, warns why and returns the prior ``PassCost()``.
-    """
-    _check_settings(rows, repeats, context)
-    try:
-        return measure_profile(model, context=context, rows=rows, repeats=repeats, clock=clock).cost
-    except Exception as error:  # the model refused: draft as before rather than fail the request
-        return _fallback(model, error)
-
-
 def _check_settings(rows: Sequence[int], repeats: int, context: int) -> None:
     if 1 not in rows or max(rows) < 2 or repeats < 1 or context < 1:
         raise ValueError(
-            f"profile_pass_cost needs 1 and a larger count in rows, repeats >= 1 and context >= 1; got {rows}, {repeats}, {context}"
+            "a profile needs 1 and a larger count in rows, repeats >= 1 and context >= 1; "
+            f"got {rows}, {repeats}, {context}"
         )
 
 
@@ -422,7 +221,7 @@ def measure_profile(
     overhead = max(0.0, step - passes[1]) if step is not None else 0.0
     line = fit_pass_cost(passes, overhead)
     unit = passes[1] + overhead
-    cost = _with_terms(line, *profile_extra_terms(model, unit, context=context, repeats=repeats, clock=clock))
+    cost = with_terms(line, *profile_extra_terms(model, unit, context=context, repeats=repeats, clock=clock))
     load_after = _load_average()
     load = (load_before, load_after) if load_before is not None and load_after is not None else None
     return Measured(cost, unit, overhead, passes, measured_at, repeats, load, time.monotonic() - began, why)
@@ -501,19 +300,7 @@ def _timed_rounds(
                 except Exception as error:
                     _warn(model, "the decoding loop's step overhead", error)
                     loop_runs = False
-    return _rising({n: min(s) for n, s in seconds.items()}), min(steps) if steps else None
-
-
-def _rising(seconds: Mapping[int, float]) -> dict[int, float]:
-    """``rows -> seconds`` made rising: the least-squares monotone fit of each point's ratio to the 1-row one
-    (:func:`proposers.cost.monotone_table`; no pass is cheaper than a smaller one).  Pure.
-
-    >>> _rising({1: 0.01, 2: 0.009, 4: 0.02, 8: 0.018, 16: 0.03})
-    {1: 0.01, 2: 0.01, 4: 0.019, 8: 0.019, 16: 0.03}
-    """
-    unit = seconds[1]
-    table = monotone_table({n: s / unit for n, s in seconds.items() if n > 1})
-    return {n: round(unit * ratio, 9) for n, ratio in table}
+    return rising({n: min(s) for n, s in seconds.items()}), min(steps) if steps else None
 
 
 SWITCH_BATCH = 4
@@ -557,7 +344,7 @@ def profile_extra_terms(
     except Exception as error:
         _warn(model, "drafts spread over rows", error)
         per_draft_row = 0.0
-    return _two_digits(switch), _two_digits(per_token), _two_digits(per_draft_row)
+    return two_digits(switch), two_digits(per_token), two_digits(per_draft_row)
 
 
 def _warn(model: Any, what: str, error: Exception) -> None:
@@ -700,56 +487,3 @@ def _verify_rows(logits: torch.Tensor) -> None:
     masks = torch.full((scores.shape[0], (vocab + 31) // 32), -1, dtype=torch.int32, device="cpu")  # host
     xgrammar.apply_token_bitmask_inplace(scores, masks.to(scores.device), vocab_size=vocab)
     row_max(scores)[1].tolist()  # the loop's argmax and one host transfer (it waits for the device)
-
-
-def fit_pass_cost(medians: Mapping[int, float], overhead: float = 0.0) -> PassCost:
-    """The :class:`PassCost` of measured ``rows -> seconds`` (1 row included), by the module's rule.  Pure.
-
-    ``overhead``: the loop's host seconds a step spends whatever its rows (``h``), added to every pass.
-
-    >>> c = fit_pass_cost({1: 0.085, 2: 0.12, 4: 0.12, 8: 0.13, 16: 0.146, 32: 0.176})
-    >>> c.base, c.per_row, c.min_rows
-    (1.3, 0.023, 4)
-    >>> c = fit_pass_cost({1: 0.01, 2: 0.01, 8: 0.01, 32: 0.01, 64: 0.012})  # flat to 32 rows: a GPU
-    >>> c.base, c.per_row, c.min_rows, c.cost(32), round(c.cost(64), 2)
-    (0.8, 0.0062, 32, 1.0, 1.2)
-    >>> c = fit_pass_cost({1: 0.06, 2: 0.063, 3: 0.06, 4: 0.1, 8: 0.13, 16: 0.2, 32: 0.22, 64: 0.23})  # a CPU
-    >>> round(c.cost(2), 2), round(c.cost(4), 2), round(c.base + c.per_row * 2, 2)  # the table; the line's 2 rows
-    (1.05, 1.7, 1.69)
-    >>> round(fit_pass_cost({1: 0.06, 16: 0.2}, overhead=0.04).cost(16), 2)  # (0.2 + 0.04) / (0.06 + 0.04)
-    2.4
-    """
-    if overhead < 0:
-        raise ValueError(f"fit_pass_cost needs overhead >= 0 seconds, got {overhead}")
-    unit = medians[1] + overhead
-    points = [(n, (seconds + overhead) / unit) for n, seconds in sorted(medians.items()) if n > 1]
-    best: tuple[float, float, float, int] | None = None  # (error, base, per_row, min_rows)
-    for min_rows in sorted(medians):
-        xs, ys = [float(max(n, min_rows)) for n, _ in points], [y for _, y in points]
-        base, per_row = _line(xs, ys)
-        error = sum((base + per_row * x - y) ** 2 for x, y in zip(xs, ys))
-        if best is None or error < best[0] - 1e-9:
-            best = (error, base, per_row, min_rows)
-    assert best is not None, "fit_pass_cost needs 1 and a larger row count"
-    _, base, per_row, min_rows = best
-    table = {n: max(1.0, _two_digits(y)) for n, y in points}
-    return PassCost(max(_two_digits(base), 0.01), max(_two_digits(per_row), 0.001), min_rows, table=table)
-
-
-def _line(xs: list[float], ys: list[float]) -> tuple[float, float]:
-    """Least-squares ``y = base + per_row * x`` with ``per_row >= 0`` and ``base > 0``."""
-    mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
-    spread = sum((x - mean_x) ** 2 for x in xs)
-    per_row = max(0.0, sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / spread) if spread else 0.0
-    base = mean_y - per_row * mean_x
-    if base <= 0.0:  # through the smallest allowed base instead
-        base = 0.01
-        per_row = max(0.0, sum(x * (y - base) for x, y in zip(xs, ys)) / sum(x * x for x in xs))
-    return base, per_row
-
-
-def _two_digits(value: float) -> float:
-    """``value`` rounded to 2 significant digits (0 stays 0)."""
-    if value <= 0.0:
-        return 0.0
-    return round(value, 1 - math.floor(math.log10(value)))

@@ -34,7 +34,7 @@ Only a lone row's steps are checked (a batch's rows are ragged, which the
 one-sequence passes of the profile do not time), and only where the loop
 prices drafts by the profile alone (``generate``, :class:`grammarspec.Conversation`;
 a server learns its step cost from its steps, :mod:`grammarspec.policy.step_cost`).
-What happens on a disagreement is the owner's (:func:`grammarspec.policy.allocation.checked_cost_model`:
+What happens on a disagreement is the owner's (:func:`grammarspec.drafting.cost_model.checked_cost_model`:
 a notice, and the profile measured again before the next call).  Pure
 Python, no clocks: the loop times the passes.
 """

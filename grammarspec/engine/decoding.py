@@ -37,10 +37,12 @@ One step for the whole batch (numbers match the comments in :func:`grammarspec.e
                    the pass cost is profiled once per model/device/dtype/thread count at
                    first use and fixed within a call, so draft lengths do not drift within
                    one; a lone row's passes are checked against it, and it is measured
-                   again before the next call where they disagree (grammarspec/drafting/profile_check.py;
-                   GRAMMARSPEC_PASS_COST=prior: draft lengths that never depend on the
-                   machine); a loop given a cost learner (the server's) prices steps by
-                   what its own steps took instead (grammarspec/policy/step_cost.py)
+                   again before the next call where they disagree (the loop's caller hands
+                   it the cost and the check: grammarspec/policy/cost.py, resolved by
+                   grammarspec/drafting/cost_model.py; GRAMMARSPEC_PASS_COST=prior: draft
+                   lengths that never depend on the machine); a loop given a cost learner
+                   (the server's) prices steps by what its own steps took instead
+                   (grammarspec/policy/step_cost.py)
 
 Where state moves.  A row's committed state -- its tokens, matcher, proposer,
 ``cached`` count, the target cache's columns and ``finish_reason`` from a stop
@@ -80,7 +82,7 @@ from grammarspec.engine.sampling import LogitsProcessorFn
 from grammarspec.engine.step import checked_prompt_chunk, end_row, leave, run_step
 from grammarspec.kv.batch import BatchKV
 from grammarspec.kv.cache import logits_device as _logits_device
-from grammarspec.policy.allocation import batch_cost_model, checked_cost_model
+from grammarspec.policy.cost import FixedCost, PassCostSource
 from grammarspec.stats import GenerationStats
 from proposers.base import CostModelled, Proposer, members
 
@@ -149,6 +151,7 @@ def decode(
     step_cost: Callable[[int], float] | None = None,
     processing: Processing | None = None,
     clock: Callable[[], float] | None = None,
+    pass_cost: PassCostSource | None = None,
 ) -> tuple[list[int], GenerationStats]:
     """Generate after ``prompt_ids`` (one request); returns ``(new_tokens, stats)``.
 
@@ -160,8 +163,8 @@ def decode(
     controller is told a target pass of ``rows`` rows costs, instead of the
     measured time (replays against an oracle target model the cost).
     ``processing``: the row's processing (a :class:`~grammarspec.engine.processing.LogitsPipeline`);
-    default: ``config``'s sampling settings plus ``processors``.  ``clock``: what the steps are timed by
-    (:func:`decode_batch`).
+    default: ``config``'s sampling settings plus ``processors``.  ``clock``: what the steps are timed by and
+    ``pass_cost``: the target's pass cost (both :func:`decode_batch`).
     Raises :class:`~grammarspec.engine.isolation.GenerationError` when the row's own work
     raised (its ``output`` holds what was committed before, and the stats).
     """
@@ -176,6 +179,7 @@ def decode(
         prompt_cache=prompt_cache,
         step_cost=step_cost,
         clock=clock,
+        pass_cost=pass_cost,
         on_commit=(lambda index, tokens: on_commit(tokens)) if on_commit is not None else None,
         on_step=(lambda rows, kv: on_step(DecodeState(rows[0].tokens, rows[0].prompt_length, kv.cache, rows[0].cached)))
         if on_step is not None
@@ -224,6 +228,7 @@ def decode_batch(
     trace: StepTrace | None = None,
     cost_learner: StepCostLearner | None = None,
     clock: Callable[[], float] | None = None,
+    pass_cost: PassCostSource | None = None,
 ) -> list[Row]:
     """Generate for every request; returns the finished rows in request order.
 
@@ -243,9 +248,13 @@ def decode_batch(
     (:class:`~grammarspec.policy.step_cost.StepCostLearner`; a server keeps one across its loops) instead of the
     fixed profile; draft lengths then depend on measured times.
     ``clock``: what the steps are timed by (seconds; default: the cost learner's, else ``time.perf_counter``).
-    Rows that draft on the profile (no ``step_cost``, learner or feed) have it ready before the first step,
-    measured again first where an earlier call's passes disagreed with it; this call's passes of a lone row
-    are checked against it (:func:`policy.checked_cost_model`).
+    ``pass_cost``: the target's pass cost (:class:`~grammarspec.policy.cost.PassCostSource`; ``generate`` and
+    the server hand in the profiled one, :class:`grammarspec.drafting.cost_model.ProfiledCost`; default: the
+    CPU prior, :class:`~grammarspec.policy.cost.FixedCost`), read where a step is priced, a prompt joins a
+    busy batch or a proposer sizes its choices by it.  Rows that draft on it (no ``step_cost``, learner or
+    feed) have it ready before the first step (:meth:`~grammarspec.policy.cost.PassCostSource.checked`: a
+    profile is measured again first where an earlier call's passes disagreed with it), and this call's
+    passes of a lone row are checked against it.
 
     A row whose own work raises -- its grammar matcher, its proposer, its stop
     check, ``on_commit`` for it (:mod:`grammarspec.engine.isolation`) -- ends alone with
@@ -254,10 +263,11 @@ def decode_batch(
     rows share (the target forward, the batch cache).
     """
     clock = clock or (cost_learner.clock if cost_learner is not None else time.perf_counter)
+    pass_cost = pass_cost if pass_cost is not None else FixedCost()
     check = None
     if step_cost is None and cost_learner is None and feed is None and any(r.proposer is not None for r in requests):
-        check = checked_cost_model(model, clock)
-    rows = [_new_row(i, request, config, model, step_cost) for i, request in enumerate(requests)]
+        check = pass_cost.checked(clock)
+    rows = [_new_row(i, request, config, model, pass_cost, step_cost) for i, request in enumerate(requests)]
     _check_own_proposers(rows)
     if feed is not None and max_batch_size is None:
         raise ValueError("a feed (continuous batching) needs max_batch_size")
@@ -276,6 +286,7 @@ def decode_batch(
         allocate_bitmask(sum(_max_rows(row) for row in rows), logits_width(model)),
         time.perf_counter(),
         step_cost,
+        pass_cost,
         on_commit,
         on_step,
         trace=trace,
@@ -294,7 +305,7 @@ def decode_batch(
     while True:
         # 1. Admit: the feed's new requests wait for a place.
         if feed is not None:
-            _admit(feed, batch, config, model, step_cost)
+            _admit(feed, batch, config, model, pass_cost, step_cost)
         if not (batch.active or batch.waiting):
             return rows
         # 2. Join: waiting requests take free slots; their prompts are read by the steps.
@@ -313,12 +324,17 @@ def decode_batch(
 
 
 def _admit(
-    feed: Feed, batch: Batch, config: DecodeConfig, model: torch.nn.Module, step_cost: Callable[[int], float] | None
+    feed: Feed,
+    batch: Batch,
+    config: DecodeConfig,
+    model: torch.nn.Module,
+    pass_cost: PassCostSource,
+    step_cost: Callable[[int], float] | None,
 ) -> None:
     """New requests from the feed take the places that are free (they wait to join).  Changes ``batch``."""
     free = batch.free - len(batch.waiting)
     for request, cache in feed.more(free) if free > 0 else ():
-        row = _new_row(batch.next_index, request, config, model, step_cost)
+        row = _new_row(batch.next_index, request, config, model, pass_cost, step_cost)
         batch.next_index += 1
         batch.speculating = batch.speculating or row.proposer is not None
         batch.prompt_caches[row.index] = cache
@@ -406,14 +422,15 @@ def _new_row(
     request: RowRequest,
     config: DecodeConfig,
     model: torch.nn.Module,
+    pass_cost: PassCostSource,
     step_cost: Callable[[int], float] | None,
 ) -> Row:
     """The row of ``request``.  A proposer that sizes its choices by the pass cost gets the target's
-    profiled one (:func:`policy.batch_cost_model`; a replay's ``step_cost`` models costs instead)."""
+    (``pass_cost``; a replay's ``step_cost`` models costs instead)."""
     if not request.prompt_ids:
         raise ValueError("the prompt is empty: pass at least one token (e.g. the BOS token or a chat template)")
     if step_cost is None and isinstance(request.proposer, CostModelled):
-        request.proposer.use_cost_model(batch_cost_model(model))
+        request.proposer.use_cost_model(pass_cost.cost())
     processing = request.processing or sampling_processing(
         config, (), len(request.prompt_ids), device=_logits_device(model)
     )

@@ -22,10 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
-
-if TYPE_CHECKING:
-    from grammarspec.engine.rows import Row
+from typing import Any, ParamSpec, Protocol, TypeVar
 
 __all__ = ["RowFailure", "GenerationError", "contained", "fail"]
 
@@ -42,6 +39,13 @@ class RowFailure:
 
     def __str__(self) -> str:
         return f"{self.work} raised {type(self.error).__name__}: {self.error}"
+
+
+class Failable(Protocol):
+    """What a row's failure changes (a :class:`grammarspec.engine.rows.Row`, which holds a :class:`RowFailure`)."""
+
+    failure: RowFailure | None
+    finish_reason: str | None
 
 
 class GenerationError(RuntimeError):
@@ -62,7 +66,7 @@ class GenerationError(RuntimeError):
         super().__init__(f"generation failed for {named}.{others}")
 
 
-def contained(row: Row, work: str, failed: T, call: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+def contained(row: Failable, work: str, failed: T, call: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
     """``call(*args, **kwargs)``: a part of ``row``'s own ``work``.  If it raises, ``row`` fails and ``failed`` is
     returned: ``row.finish_reason`` becomes ``"error"`` and ``row.failure`` names the work and keeps the exception
     (the first one, where a failed row raises again).  Changes the row on failure."""
@@ -73,7 +77,7 @@ def contained(row: Row, work: str, failed: T, call: Callable[P, T], *args: P.arg
         return failed
 
 
-def fail(row: Row, work: str, error: Exception) -> None:
+def fail(row: Failable, work: str, error: Exception) -> None:
     """``row`` fails in its own ``work`` with ``error``: ``finish_reason="error"``, and ``row.failure`` keeps the
     first failure.  Changes the row."""
     if row.failure is None:

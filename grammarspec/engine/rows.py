@@ -20,10 +20,10 @@ from proposers.base import EMPTY_DRAFT, Draft, Proposer, TreeDrafter
 from proposers.tree import EMPTY_TREE, DraftTree
 
 if TYPE_CHECKING:
-    from grammarspec.drafting.profile_check import ProfileCheck
     from grammarspec.engine.isolation import RowFailure
     from grammarspec.engine.step_trace import StepTrace
     from grammarspec.policy.adaptive import AdaptiveController
+    from grammarspec.policy.cost import PassCheck, PassCostSource
     from grammarspec.policy.step_cost import StepCostLearner
 
 __all__ = ["DecodeConfig", "DecodeState", "Processing", "Row", "RowRequest", "RowSettings", "StepResources", "Step"]
@@ -157,7 +157,7 @@ class Step:
 @dataclass
 class StepResources:
     """The resources every step of one :func:`decode_batch` call uses: settings, tokenizer, generator, the host
-    mask buffer, the callbacks, the trace and the step cost learner (a plain holder)."""
+    mask buffer, the callbacks, the pass cost, the trace and the step cost learner (a plain holder)."""
 
     config: DecodeConfig
     tokenizer: Any
@@ -166,10 +166,11 @@ class StepResources:
     masks: torch.Tensor  # [rows of the widest step, ceil(V/32)] int32, on the host (grows for trees)
     started: float
     step_cost: Callable[[int], float] | None
+    pass_cost: PassCostSource  # the target's pass cost, as the loop's caller resolved it (grammarspec.policy.cost)
     on_commit: Callable[[int, list[int]], None] | None
     on_step: Callable[[list[Row], Any], None] | None
     trees: bool = False  # whether tree passes can run (BatchKV.supports_trees)
     trace: StepTrace | None = None  # records each step's rows, drafts, forward and phase times (off: None)
     cost_learner: StepCostLearner | None = None  # learns the policy's step cost from the steps run (off: None)
     clock: Callable[[], float] = time.perf_counter  # what the steps are timed by (Phases), seconds
-    profile_check: ProfileCheck | None = None  # checks the profile against a lone row's passes (off: None)
+    profile_check: PassCheck | None = None  # checks the pass cost against a lone row's passes (off: None)

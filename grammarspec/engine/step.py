@@ -25,7 +25,7 @@ from grammarspec.engine.rows import Row, Step, StepResources
 from grammarspec.engine.sampling import NoLegalTokenError
 from grammarspec.engine.tree_layout import descend
 from grammarspec.kv.batch import BatchKV
-from grammarspec.policy.allocation import Cost, batch_cost_model, drafts_could_pay, finishing_worth, plan_drafts
+from grammarspec.policy.allocation import Cost, drafts_could_pay, finishing_worth, plan_drafts
 from grammarspec.policy.step_cost import priced_rows
 from proposers.base import Draft, GrammarView
 from proposers.tree import EMPTY_TREE, DraftTree
@@ -198,7 +198,7 @@ def run_step(
             refused=cost is not None and any(len(s.offered) for s in steps) and not any(len(s.tree) for s in steps),
         )
     if shared.profile_check is not None and len(active) == 1 and not prompted and not steps[0].is_tree:
-        # a lone row's pass, as the profile times one: its check (grammarspec/drafting/profile_check.py) reads its seconds
+        # a lone row's pass, as a profile times one: the pass cost's check (grammarspec/policy/cost.py) reads its seconds
         shared.profile_check.observe(len(chunks[0]), phases.seconds["forward"] + phases.seconds["verify"])
     if shared.on_step is not None:
         shared.on_step(active, kv)
@@ -262,7 +262,7 @@ def prompt_budget(model: torch.nn.Module, decoding_tokens: int, shared: StepReso
     """The most prompt tokens a step may add to ``decoding_tokens`` and cost at most :data:`PROMPT_STEP_COST` times
     the step without them, on the target's pass cost model (a flat curve -- a GPU -- reads whole prompts at once;
     a linear one -- a CPU -- reads them in chunks about as large as the decoding rows).  Does not change state."""
-    cost = shared.step_cost or batch_cost_model(model).cost
+    cost = shared.step_cost or shared.pass_cost.cost().cost
     limit = PROMPT_STEP_COST * cost(max(decoding_tokens, 1))
     low, high = 0, 1
     while high < 1 << 20 and cost(decoding_tokens + high) <= limit:
@@ -589,7 +589,7 @@ def _step_cost(model: torch.nn.Module, shared: StepResources, batch: int) -> Cos
     if shared.step_cost is not None:
         return shared.step_cost
     if shared.cost_learner is None:
-        return batch_cost_model(model)
+        return shared.pass_cost.cost()
     return None if shared.cost_learner.wants_plain_step() else shared.cost_learner.cost(batch)
 
 

@@ -23,7 +23,7 @@ This holder keeps, per request:
 * a rest after a draft cut to nothing: the row's proposer is not asked for
   the next 1 step, then 2, 4, ... up to ``max_rest`` while its drafts keep
   being cut to nothing, and the rest starts again at 1 once any token is
-  admitted.  Proposing, the allocation and the walk are host work that a
+  admitted (:class:`proposers.backoff.Backoff`).  Proposing, the allocation and the walk are host work that a
   draft cut whole never repays, and where the batch's cost or the row's
   estimates cut every draft (free text in a busy server) it is a few percent
   of every step.  The first token of each draft that is asked for is still
@@ -43,6 +43,7 @@ verified whole (the allocation takes them as forced).  Pure Python, no clocks.
 from __future__ import annotations
 
 from grammarspec.policy.allocation import Calibration, forced_lead, survival
+from proposers.backoff import Backoff
 from proposers.base import Draft, Proposer, members
 
 __all__ = ["AdaptiveController", "k_min"]
@@ -98,7 +99,7 @@ class AdaptiveController:
         if max_rest < 0:
             raise ValueError(f"need max_rest >= 0 steps, got {max_rest}")
         self.k_min, self.k_max, self.adaptive, self.max_rest = k_min, k_max, adaptive, max_rest
-        self._rest = min(1, max_rest)  # steps to rest after the next draft cut to nothing
+        self._rest = Backoff(min(1, max_rest), max_rest)  # steps to rest after the next draft cut to nothing
         self._rest_until = 0  # the proposer is not asked while fewer steps than this are recorded
         #: Draft tokens the policy admitted last step (``k_max`` before the first).
         self.k: int = k_max if not adaptive else 0
@@ -129,16 +130,15 @@ class AdaptiveController:
     @property
     def rest(self) -> int:
         """The steps the row would rest after its next draft cut to nothing (1 once a token was admitted)."""
-        return self._rest
+        return self._rest.wait
 
     def rest_from(self, rest: int) -> None:
         """Start as a row that ended resting ``rest`` steps (a finished request of the same kind of traffic):
         rest the first ``rest - 1`` steps (none for 1), and take the next rest from there.  Changes state."""
         if not self.adaptive or rest <= 1:
             return
-        rest = min(rest, self.max_rest)
-        self._rest_until = self.speculative_steps + self.plain_steps + rest - 1
-        self._rest = rest
+        self._rest.start_at(rest)
+        self._rest_until = self.speculative_steps + self.plain_steps + self._rest.wait - 1
 
     def wake(self) -> None:
         """End the rest now (text the grammar forces is near-certain drafting, whatever the last drafts did); the
@@ -157,10 +157,10 @@ class AdaptiveController:
         self.k, self.speculate = k, k > 0
         self.cut = offered is not None and 0 < k < offered
         if offered and not k:  # rest the steps after this one (it is recorded after this call)
-            self._rest_until = self.speculative_steps + self.plain_steps + 1 + self._rest
-            self._rest = min(2 * self._rest, self.max_rest)
+            self._rest_until = self.speculative_steps + self.plain_steps + 1 + self._rest.wait
+            self._rest.failed()
         elif k:
-            self._rest = min(1, self.max_rest)
+            self._rest.succeeded()
 
     def record(
         self, draft: Draft, num_accepted: int, offered: Draft | None = None, next_token: int | None = None

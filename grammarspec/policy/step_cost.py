@@ -48,8 +48,9 @@ its own step still pays for host work, for joins it moves out of step and
 for the noise in its record.  A hold keeps an exploring step whose drafts
 keep the drafted record current: the first after ``explore_every`` held
 steps, each later one after twice as many as the one before, up to
-``explore_most`` (an exploring step that loses is the hold's own cost, and
-traffic that no draft survives would pay it for as long as it lasts).  A
+``explore_most`` (:class:`proposers.backoff.Backoff`; an exploring step that
+loses is the hold's own cost, and traffic that no draft survives would pay
+it for as long as it lasts).  A
 busy server whose drafts do not pay, however that arises, stops paying for
 them; rows of another kind start their own record.  Where the policy itself
 keeps cutting what the rows offer, drafted steps are too rare to make a
@@ -80,6 +81,7 @@ from typing import Any
 
 import numpy as np
 
+from proposers.backoff import Backoff
 from proposers.cost import PassCost
 
 __all__ = ["STEP_COSTS", "StepCost", "StepCostLearner", "priced_rows"]
@@ -149,7 +151,7 @@ class StepCostLearner:
     """The step cost of one loop (or one server, across its loops), learned from its measured steps.
 
     ``profile``: the target's profiled :class:`~proposers.cost.PassCost`
-    (:func:`grammarspec.policy.allocation.batch_cost_model`), or a function giving it
+    (:func:`grammarspec.drafting.cost_model.batch_cost_model`), or a function giving it
     (called when first needed); its curve prices the
     forward's rows and its terms, as ratios to the unit, are the prior.
     Until ``warmup`` steps are measured :meth:`cost` is the profile's.  The fit is solved when read, and
@@ -204,8 +206,10 @@ class StepCostLearner:
         #: then the steps whose offered drafts were all cut (faded by ``decay`` as steps that offered drafts come in:
         #: cut ones and drafted ones; a step that offered none, a held one, says nothing about what drafts get)
         self._outcomes: dict[tuple[int, str], list[float]] = {}
-        #: (batch size, kind of rows) held -> [steps held since the last exploring step, held steps before the next]
-        self._held: dict[tuple[int, str], list[int]] = {}
+        #: (batch size, kind of rows) held -> the held steps before its next exploring step (doubled after each
+        #: one, up to ``explore_most``), and the steps held since its last
+        self._held: dict[tuple[int, str], Backoff] = {}
+        self._held_steps: dict[tuple[int, str], int] = {}
         self.steps = 0  # steps observed
         self.probes = 0  # plain steps asked for (wants_plain_step)
         self._since_plain = 0  # steps observed since the last one that verified no draft
@@ -302,6 +306,7 @@ class StepCostLearner:
         (plain, plain_var), (drafted, drafted_var) = _mean_var(outcome[:3]), _mean_var(outcome[3:6])
         if drafted - plain > math.sqrt(plain_var / outcome[0] + drafted_var / outcome[3]):
             self._held.pop(key, None)
+            self._held_steps.pop(key, None)
             return True
         return self._hold(key)
 
@@ -325,10 +330,11 @@ class StepCostLearner:
 
     def _hold(self, key: tuple[int, str]) -> bool:
         """A held step (False), or the exploring step its schedule is due (True).  Changes state."""
-        held = self._held.setdefault(key, [0, self.explore_every])
-        held[0] += 1
-        if held[0] >= held[1]:
-            held[0], held[1] = 0, min(2 * held[1], self.explore_most)
+        schedule = self._held.setdefault(key, Backoff(self.explore_every, self.explore_most))
+        self._held_steps[key] = self._held_steps.get(key, 0) + 1
+        if self._held_steps[key] >= schedule.wait:
+            self._held_steps[key] = 0
+            schedule.failed()  # still held: the next exploring step waits twice as long
             return True
         self.holds += 1
         return False

@@ -62,6 +62,7 @@ import torch
 
 from grammars import GrammarError, compile_grammar, grammar_spec
 from grammarspec.api import grammar_stats
+from grammarspec.drafting.cost_model import ProfiledCost
 from grammarspec.engine.decoding import DecodeConfig, Row, RowRequest, decode_batch, logits_width
 from grammarspec.engine.row_requests import DEFAULT_MAX_DRAFT, row_request
 from grammarspec.engine.step import checked_prompt_chunk
@@ -70,7 +71,7 @@ from grammarspec.engine.stopping import before_stop
 from grammarspec.inputs import eos_ids
 from grammarspec.kv.batch import BatchKV
 from grammarspec.model.openmp import release_thread_pool
-from grammarspec.policy.allocation import Calibration, batch_cost_model
+from grammarspec.policy.allocation import Calibration
 from grammarspec.policy.step_cost import STEP_COSTS, StepCostLearner
 from grammarspec.serve.prefix import PrefixCache, row_cache
 from grammarspec.serve.protocol import ChatRequest, RequestError
@@ -214,8 +215,10 @@ class Engine:
     ) -> None:
         if step_cost not in STEP_COSTS:
             raise ValueError(f"step_cost {step_cost!r} is not one of {', '.join(STEP_COSTS)}: pass one of them")
+        #: the target's profiled pass cost, measured at first need (the loop's, and the learner's prior)
+        self.pass_cost = ProfiledCost(model)
         #: what the drafting policy prices steps by: this server's measured steps (``learned``), else the profile
-        self.cost_learner = StepCostLearner(lambda: batch_cost_model(model)) if step_cost == "learned" else None
+        self.cost_learner = StepCostLearner(self.pass_cost.cost) if step_cost == "learned" else None
         #: the most prompt tokens a step reads for joining requests (None: from the pass cost; decode_batch)
         self.prompt_chunk = checked_prompt_chunk(prompt_chunk)
         self.model, self.tokenizer = model, tokenizer
@@ -412,6 +415,7 @@ class Engine:
                     trace=self.trace,
                     prompt_chunk=self.prompt_chunk,
                     cost_learner=self.cost_learner,
+                    pass_cost=self.pass_cost,
                 )
             except Exception as e:  # what the rows share failed (the forward, the cache): every row in it fails
                 traceback.print_exc()
