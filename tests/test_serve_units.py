@@ -59,7 +59,7 @@ def test_a_full_request_is_read_field_by_field():
             400,
         ),
         ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role", 400),
-        ({"grammarspec": {"assistant": "draft_model"}}, "grammarspec.drafting.assistant", 400),
+        ({"grammarspec": {"assistant": "draft_model"}}, "grammarspec.assistant", 400),
         ({"model": "other"}, "model", 404),
         (
             {"tools": [{"type": "function", "function": {"name": "f"}}], "response_format": {"type": "json_object"}},
