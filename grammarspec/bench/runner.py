@@ -173,7 +173,15 @@ def run_bench(
                     repeat,
                     tokenizer,
                     _safe_run(
-                        arm, model, tokenizer, prepared, settings, config.seed + repeat, draft_model, None, earlier[repeat]
+                        arm,
+                        model,
+                        tokenizer,
+                        prepared,
+                        settings,
+                        config.seed + repeat,
+                        draft_model,
+                        None,
+                        earlier[repeat],
                     ),
                 )
                 if bar is not None:
