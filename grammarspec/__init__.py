@@ -9,6 +9,7 @@ from grammars import GrammarError
 from grammarspec.api import GenerationOutput, enable, generate
 from grammarspec.completion import Completion, build_prompt, complete
 from grammarspec.conversation import ContextLimitError, Conversation, Reply
+from grammarspec.drafting.earlier_outputs import forget_earlier_outputs
 from grammarspec.engine.isolation import GenerationError
 from grammarspec.engine.sampling import SamplingParams
 from grammarspec.kv.cache import CacheError
@@ -35,6 +36,7 @@ __all__ = [
     "ModelNotFoundError",
     "load_model",
     "load_tokenizer",
+    "forget_earlier_outputs",
 ]
 
 __version__ = "0.1.0"

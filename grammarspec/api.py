@@ -26,6 +26,7 @@ from grammars.registry import DEFAULT as DEFAULT_BACKEND
 from grammarspec.constraint import Constraint
 from grammarspec.drafting.assistant import draft_maker
 from grammarspec.drafting.cost_model import ProfiledCost
+from grammarspec.drafting.earlier_outputs import shared_index
 from grammarspec.engine.decoding import DecodeConfig, decode_batch, logits_width
 from grammarspec.engine.isolation import GenerationError
 from grammarspec.engine.processing import check_stateless
@@ -51,11 +52,11 @@ from grammarspec.stats import GenerationStats
 from grammarspec.vocabulary import check_vocabulary
 from proposers.base import members
 from proposers.presets import resolve_assistant
-from proposers.suffix_index import resolve_index
+from proposers.suffix_index import SuffixIndex, resolve_index
 
 __all__ = ["DEFAULT_MAX_DRAFT", "GenerationOutput", "enable", "check_options", "generate", "run_generate"]
 
-#: Bytes of the index of earlier outputs that the rows of one batched call share (``draft_index=None``).
+#: Bytes of the index of earlier outputs that the rows of one sampled batched call share (``draft_index=None``).
 GENERATE_DRAFT_BYTES = 16 << 20
 
 #: grammarspec's own keywords: after ``enable``, a call with any of them (whatever its value) is ours.
@@ -141,8 +142,10 @@ def generate(
     only the rest is prefilled.  It is copied unless ``update_cache=True`` (then it
     is extended in place and ends holding a prefix of prompt + output).  ``num_return_sequences=n`` (sampling) repeats each prompt n times.
     ``draft_index``: with ``assistant="auto"``, rows draft from what earlier outputs of their schema wrote
-    (:class:`proposers.SuffixIndex`): ``None`` (the default) shares a fresh index among this call's rows (batches
-    only), an index passed in is shared with every call given it, ``False`` turns it off.  Outputs are unchanged.
+    (:class:`proposers.SuffixIndex`).  ``None`` (the default): a greedy call drafts from, and adds to, the index
+    its thread's greedy calls on this model share (:mod:`grammarspec.drafting.earlier_outputs`, at most
+    64 MB); a sampled call's rows share a fresh one, so a seed gives the same answer whatever came before.  An
+    index passed in is shared with every call given it; ``False`` turns it off.  Outputs are unchanged.
     ``tool_choice`` (with ``tools=``): ``"required"`` (the default: one call),
     ``"auto"`` (text or a call), ``"none"`` (the tools are not used) or
     ``{"type": "function", "function": {"name": ...}}``; read the calls with
@@ -307,8 +310,11 @@ def _generate(
         raise ValueError("past_key_values (a prompt cache) supports batch size 1 only: pass one prompt row per call")
     if calibration is not None and len(rows) > 1:  # rows decoding at once never share one
         raise ValueError("a carried calibration serves one row: pass one prompt row per call")
-    # Rows of one call draft from each other's outputs (a fresh index unless one is passed in to share).
-    suffix_index = resolve_index(draft_index, GENERATE_DRAFT_BYTES if len(rows) > 1 else 0, "generate()")
+    # Greedy calls share one index per model and thread across calls; a sampled call's rows share a fresh one.
+    if draft_index is None and not config.do_sample:
+        suffix_index: SuffixIndex | None = shared_index(model)
+    else:
+        suffix_index = resolve_index(draft_index, GENERATE_DRAFT_BYTES if len(rows) > 1 else 0, "generate()")
     prompt_cache = past_key_values if update_cache or past_key_values is None else copy.deepcopy(past_key_values)
     stop_strings = _stop_strings(config)
     decode_config = DecodeConfig(

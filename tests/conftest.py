@@ -71,3 +71,12 @@ def grammars():
 
     tok = toy_tokenizer()
     return [compile_grammar(grammar_spec(schema=s), tok, vocab_size=len(tok), stop_token_ids=(0,)) for s in SCHEMAS]
+
+
+@pytest.fixture(autouse=True)
+def _no_earlier_outputs():
+    """Each test starts with no earlier outputs to draft from: greedy calls share one index per model and
+    thread (grammarspec.drafting.earlier_outputs), and a test's counts must not depend on which ran before."""
+    import grammarspec
+
+    grammarspec.forget_earlier_outputs()

@@ -241,8 +241,10 @@ def run_arm(
     seed: int,
     draft_model: Any = None,
     max_new_tokens: int | None = None,
+    draft_index: Any = None,
 ) -> RunResult:
-    """Generate once with ``arm``; ``max_new_tokens`` overrides the settings (warm-ups)."""
+    """Generate once with ``arm``; ``max_new_tokens`` overrides the settings (warm-ups); ``draft_index`` as for
+    ``generate`` (``None``: its default)."""
     kwargs = settings.kwargs()
     if max_new_tokens is not None:
         kwargs["max_new_tokens"] = max_new_tokens
@@ -251,6 +253,8 @@ def run_arm(
     torch.manual_seed(seed)
     if arm == "baseline":
         return _run_baseline(model, input_ids, task.xgr_grammar, eos, kwargs)
+    if draft_index is not None:
+        kwargs["draft_index"] = draft_index
     tokens, stats, seconds = generate_one(
         model, tokenizer, task.prompt_ids, task.schema, _assistant(arm, draft_model), **kwargs
     )

@@ -3,7 +3,8 @@
 For each task: build the prompt once (``build_prompt``), compile the grammar
 for grammarspec and for the baseline (before any timing), then for each
 repeat run every arm back to back -- the arm order rotates from task to task
-so that no arm always runs first or last.  Machine noise thus hits all arms
+so that no arm always runs first or last.  Greedy arms draft from the earlier
+tasks' outputs of the same repeat, as ``generate`` does across calls.  Machine noise thus hits all arms
 alike, and speedups are taken pairwise against the baseline run of the same
 task and repeat.
 """
@@ -31,7 +32,9 @@ from grammarspec.bench.arms import (
 from grammarspec.bench.records import make_record
 from grammarspec.bench.scoring import agreement
 from grammarspec.bench.tasks import BenchTask
+from grammarspec.drafting.earlier_outputs import SHARED_DRAFT_BYTES
 from grammarspec.engine.decoding import logits_width
+from proposers.suffix_index import SuffixIndex
 
 __all__ = ["BenchConfig", "BenchResult", "run_bench", "machine_info", "WARMUP_TOKENS"]
 
@@ -140,6 +143,9 @@ def run_bench(
     hf_arms = [arm for arm in config.arms if arm not in VLLM_ARMS]  # vLLM runs after, in its own process
     bar = progress(len(tasks) * config.repeat * len(hf_arms)) if progress else None
     warmed, prepared_tasks = False, []
+    # Each repeat is one pass over the tasks, as a process answering them in turn: greedy calls draft from the
+    # earlier tasks' outputs (generate's default), never from the same task's other repeats.
+    earlier = [SuffixIndex(SHARED_DRAFT_BYTES) if settings.greedy else None for _ in range(config.repeat)]
     for index, task in enumerate(tasks):
         prepared, reason = _prepare(model, tokenizer, baseline, task, config.max_new_tokens, context)
         if prepared is None:
@@ -151,7 +157,7 @@ def run_bench(
         result.tasks.append({"task": task.id, "category": task.category, "prompt_tokens": len(prepared.prompt_ids)})
         if not warmed:  # first calls pay one-off costs (kernels, vocabulary tables): not timed
             for arm in hf_arms:
-                _safe_run(arm, model, tokenizer, prepared, settings, config.seed, draft_model, WARMUP_TOKENS)
+                _safe_run(arm, model, tokenizer, prepared, settings, config.seed, draft_model, WARMUP_TOKENS, False)
             warmed = True
         shift = index % len(hf_arms)
         order = hf_arms[shift:] + hf_arms[:shift]
@@ -166,7 +172,17 @@ def run_bench(
                     arm,
                     repeat,
                     tokenizer,
-                    _safe_run(arm, model, tokenizer, prepared, settings, config.seed + repeat, draft_model),
+                    _safe_run(
+                        arm,
+                        model,
+                        tokenizer,
+                        prepared,
+                        settings,
+                        config.seed + repeat,
+                        draft_model,
+                        None,
+                        earlier[repeat],
+                    ),
                 )
                 if bar is not None:
                     bar.update(1)
@@ -222,11 +238,20 @@ def _safe_run(
     seed: int,
     draft_model: Any,
     max_new_tokens: int | None = None,
+    draft_index: Any = None,
 ) -> Any:
     """The arm's :class:`RunResult`, or the error text if the library raised."""
     try:
         return run_arm(
-            arm, model, tokenizer, prepared, settings, seed=seed, draft_model=draft_model, max_new_tokens=max_new_tokens
+            arm,
+            model,
+            tokenizer,
+            prepared,
+            settings,
+            seed=seed,
+            draft_model=draft_model,
+            max_new_tokens=max_new_tokens,
+            draft_index=draft_index,
         )
     except Exception as e:  # noqa: BLE001 - reported per run; the bench goes on
         frames = traceback.extract_tb(e.__traceback__)
