@@ -11,6 +11,7 @@ decoding in distribution; greedy output equals constrained greedy decoding.
 from __future__ import annotations
 
 import copy
+import inspect
 import types
 import warnings
 from collections.abc import Mapping, Sequence
@@ -388,28 +389,11 @@ def _generate(
     return result
 
 
-#: generate's own keyword arguments besides the constraint.
+#: generate's own keyword arguments besides the constraint (read off its signature).
 _GENERATE_OPTIONS = frozenset(
-    {
-        "tokenizer",
-        "grammar_backend",
-        "strict",
-        "compile_timeout",
-        "assistant",
-        "assistant_model",
-        "max_draft_tokens",
-        "adaptive",
-        "max_batch_size",
-        "generation_config",
-        "streamer",
-        "logits_processor",
-        "attention_mask",
-        "generator",
-        "return_dict_in_generate",
-        "past_key_values",
-        "update_cache",
-        "draft_index",
-    }
+    name
+    for name, parameter in inspect.signature(generate).parameters.items()
+    if parameter.kind is inspect.Parameter.KEYWORD_ONLY and name not in Constraint.keywords()
 )
 
 

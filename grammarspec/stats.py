@@ -26,7 +26,7 @@ class GenerationStats:
     #: target passes that scored this row (the one that read its prompt and sampled, then one per step)
     target_forwards: int = 0
     #: target passes that only read a chunk of this row's prompt, beside other rows' steps (it joined a busy
-    #: batch: :func:`grammarspec.engine.step.prompt_plan`); not in ``target_forwards``
+    #: batch: :func:`grammarspec.engine.prompt_reading.prompt_plan`); not in ``target_forwards``
     prompt_passes: int = 0
     forced_tokens: int = 0
     proposed: dict[str, int] = field(default_factory=dict)

@@ -29,18 +29,19 @@ Two call formats (``tool_format``):
   ``get_model_structural_tag`` builds the grammar (text or call, reasoning
   off), the chat template renders the tools and the calls itself, and calls
   are read back by the tags of that structural tag (formats whose arguments
-  are JSON).  ``"auto"`` picks the format from the chat template: ``"json"``
+  are JSON; :mod:`grammarspec.tool_formats`).  ``"auto"`` picks the format from the chat template: ``"json"``
   when the template does not use ``tools``.
 
 Worked example (``"json"``, pure functions)::
 
     >>> tools = [{"type": "function", "function": {"name": "get_weather",
     ...           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
-    >>> tool_constraint(tools, "required")
-    {'tools': [...], 'parallel_tool_calls': False}                       # doctest: +SKIP
+    >>> tool_constraint(tools, "required")  # doctest: +ELLIPSIS
+    {'tools': [...], 'parallel_tool_calls': False}
     >>> parse_tool_reply('{"name":"get_weather","arguments":{"city":"Oslo"}}', tools, "json", ["call_0"])
+    ... # doctest: +NORMALIZE_WHITESPACE
     {'role': 'assistant', 'content': None, 'tool_calls': [{'id': 'call_0', 'type': 'function',
-     'function': {'name': 'get_weather', 'arguments': '{"city": "Oslo"}'}}]}    # doctest: +SKIP
+     'function': {'name': 'get_weather', 'arguments': '{"city": "Oslo"}'}}]}
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from grammars import GrammarError, tools_schema
+from grammarspec.tool_formats import ToolCallError, compact_arguments, parse_tagged, parse_tagged_cut
 
 __all__ = [
     "NO_TOOL_NOTE",
@@ -70,10 +72,6 @@ __all__ = [
 
 #: Chat-template markers of the model formats xgrammar builds structural tags for.
 _TEMPLATE_MARKERS = (("<|python_tag|>", "llama"), ("<tool_call>", "qwen_3"), ("<|tool_calls_section_begin|>", "kimi"))
-
-
-class ToolCallError(ValueError):
-    """Tools, ``tool_choice`` or a tool message that cannot be honoured."""
 
 
 def tool_format_for(tokenizer: Any, tool_format: str = "auto") -> str:
@@ -145,7 +143,7 @@ def tool_constraint(
     format -- ``"required"`` and a named function; ``{"grammar": <EBNF>}``:
     text or call(s), or any model format, from an xgrammar structural tag.
     A model format's arguments are compact JSON unless ``any_whitespace``
-    (:func:`_compact_arguments`).
+    (:func:`grammarspec.tool_formats.compact_arguments`).
     """
     chosen, mode = _normalize(tools, tool_choice)
     if not chosen:
@@ -168,38 +166,8 @@ def tool_constraint(
         parallel_tool_calls=bool(parallel_tool_calls),
     )
     if not any_whitespace:
-        _compact_arguments(tag.format)
+        compact_arguments(tag.format)
     return {"grammar": str(xgr.Grammar.from_structural_tag(tag))}
-
-
-def _compact_arguments(fmt: Any) -> None:
-    """Make every JSON-schema content of a structural tag compact JSON.  Changes ``fmt`` in place.
-
-    xgrammar's model formats allow any whitespace inside the arguments (a
-    random or weak model then writes blanks until the token limit).  Each
-    ``json_schema`` content of style ``json`` becomes the schema's grammar
-    without free whitespace, with the separators the format's own fixed text
-    uses (``{"name": "f", "arguments": `` in Qwen's: ``", "`` and ``": "``,
-    as its chat template's ``tojson`` writes them).
-    """
-    import xgrammar as xgr
-    from xgrammar.structural_tag import GrammarFormat, JSONSchemaFormat
-
-    spaced = any('": ' in str(getattr(tag, "begin", "")) for tag in _tag_formats(fmt))
-    separators = (", ", ": ") if spaced else (",", ":")
-    for name, value in vars(fmt).items():
-        items = value if isinstance(value, list) else [value]
-        for i, item in enumerate(items):
-            if isinstance(item, JSONSchemaFormat) and item.style == "json" and not item.any_order:
-                schema = item.json_schema if isinstance(item.json_schema, str) else json.dumps(item.json_schema)
-                grammar = xgr.Grammar.from_json_schema(schema, any_whitespace=False, separators=separators)
-                compact = GrammarFormat(grammar=str(grammar))
-                if isinstance(value, list):
-                    value[i] = compact
-                else:
-                    setattr(fmt, name, compact)
-            elif hasattr(item, "type") and hasattr(item, "model_fields"):
-                _compact_arguments(item)
 
 
 def _text_or_call_ebnf(call_schema: dict[str, Any]) -> str:
@@ -253,20 +221,8 @@ def parse_tool_reply(
             calls = [(c["name"], c["arguments"]) for c in (value if isinstance(value, list) else [value])]
             content = None
     elif tools:
-        content, calls = _parse_tagged(text, tools, tool_format)
-    message: dict[str, Any] = {"role": "assistant", "content": content}
-    if calls:
-        if len(ids) < len(calls):
-            raise ToolCallError(f"{len(calls)} calls but only {len(ids)} ids")
-        message["tool_calls"] = [
-            {
-                "id": ids[i],
-                "type": "function",
-                "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)},
-            }
-            for i, (name, arguments) in enumerate(calls)
-        ]
-    return message
+        content, calls = parse_tagged(text, tools, tool_format)
+    return _message(content, [(name, json.dumps(arguments, ensure_ascii=False)) for name, arguments in calls], ids)
 
 
 def parse_cut_reply(
@@ -290,7 +246,12 @@ def parse_cut_reply(
         if calls or call_begun(text):
             content = None
     elif tools:
-        content, calls = _parse_tagged_cut(text, tools, tool_format)
+        content, calls = parse_tagged_cut(text, tools, tool_format)
+    return _message(content, calls, ids)
+
+
+def _message(content: str | None, calls: Sequence[tuple[str, str]], ids: Sequence[str]) -> dict[str, Any]:
+    """The OpenAI assistant message of ``content`` and ``calls`` (name, arguments as JSON text), ids in order."""
     message: dict[str, Any] = {"role": "assistant", "content": content}
     if calls:
         if len(ids) < len(calls):
@@ -300,110 +261,6 @@ def parse_cut_reply(
             for i, (name, arguments) in enumerate(calls)
         ]
     return message
-
-
-def _parse_tagged_cut(
-    text: str, tools: Sequence[Mapping[str, Any]], tool_format: str
-) -> tuple[str | None, list[tuple[str, str]]]:
-    """A model-format reply cut short: its complete calls, the cut one (begin tag complete) and the text.
-
-    A begin tag names its tool, so a call whose begin tag is complete has its
-    name; text that ends inside a begin tag is a call cut inside its name and
-    is dropped.
-    """
-    from grammarspec.partial_calls import cut_arguments
-
-    tags = _call_tags(tools, tool_format)
-    decoder = json.JSONDecoder()
-    calls: list[tuple[str, str]] = []
-    pieces: list[str] = []
-    pos = 0
-    while True:
-        found = [(text.find(begin, pos), begin) for begin in tags if text.find(begin, pos) >= 0]
-        if not found:
-            rest = text[pos:]
-            cut = min((i for i in range(len(rest)) if any(b.startswith(rest[i:]) for b in tags)), default=None)
-            pieces.append(rest if cut is None else rest[:cut])
-            break
-        start, begin = min(found)
-        pieces.append(text[pos:start])
-        name, end = tags[begin]
-        body = start + len(begin)
-        try:
-            arguments, stop = decoder.raw_decode(text, body)
-        except json.JSONDecodeError:  # the cut call: the last thing in the text
-            calls.append((name, cut_arguments(text[body:])))
-            break
-        calls.append((name, json.dumps(arguments, ensure_ascii=False)))
-        if end.startswith(text[stop:]):  # cut inside the call's end tag
-            break
-        pos = stop + len(end) if text.startswith(end, stop) else stop
-    joined = "".join(pieces)
-    if not calls:
-        return joined if joined or not text else None, calls
-    return joined.strip() or None, calls
-
-
-def _call_tags(tools: Sequence[Mapping[str, Any]], tool_format: str) -> dict[str, tuple[str, str]]:
-    """``begin -> (tool name, end)`` of a model format's call tags (its structural tag's)."""
-    from xgrammar.builtin_structural_tag import get_model_structural_tag
-
-    tag = get_model_structural_tag(
-        tool_format, tools=[dict(t) for t in tools], tool_choice="auto", reasoning="disabled"
-    )
-    tags = {}
-    for item in _tag_formats(tag.format):
-        name = _tool_named(item.begin, tools)
-        if name is not None and isinstance(item.begin, str):
-            tags[item.begin] = (name, item.end if isinstance(item.end, str) else item.end[0])
-    return tags
-
-
-def _parse_tagged(
-    text: str, tools: Sequence[Mapping[str, Any]], tool_format: str
-) -> tuple[str | None, list[tuple[str, Any]]]:
-    """Calls written in a model format: found by the begin/end strings of its structural tag."""
-    tags = _call_tags(tools, tool_format)
-    decoder = json.JSONDecoder()
-    calls: list[tuple[str, Any]] = []
-    pieces: list[str] = []
-    pos = 0
-    while True:
-        found = [(text.find(begin, pos), begin) for begin in tags if text.find(begin, pos) >= 0]
-        if not found:
-            pieces.append(text[pos:])
-            break
-        start, begin = min(found)
-        pieces.append(text[pos:start])
-        name, end = tags[begin]
-        try:
-            arguments, stop = decoder.raw_decode(text, start + len(begin))
-        except json.JSONDecodeError:
-            raise ToolCallError(f"the {name!r} call is not complete JSON; raise max_new_tokens") from None
-        calls.append((name, arguments))
-        pos = stop + len(end) if text.startswith(end, stop) else stop
-    content = "".join(pieces).strip()
-    return (content or None) if calls else text, calls
-
-
-def _tag_formats(fmt: Any) -> list[Any]:
-    """Every ``TagFormat`` inside a structural-tag format, outermost first."""
-    from xgrammar.structural_tag import TagFormat
-
-    found = [fmt] if isinstance(fmt, TagFormat) else []
-    for value in vars(fmt).values():
-        for item in value if isinstance(value, list) else [value]:
-            if hasattr(item, "type") and hasattr(item, "model_fields"):
-                found += _tag_formats(item)
-    return found
-
-
-def _tool_named(begin: Any, tools: Sequence[Mapping[str, Any]]) -> str | None:
-    if not isinstance(begin, str):
-        return None
-    names = [t.get("function", t)["name"] for t in tools]
-    hits = [n for n in names if n in begin]
-    return max(hits, key=len) if hits else None
 
 
 # --- writing the conversation for the chat template ----------------------------------------

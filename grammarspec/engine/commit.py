@@ -1,15 +1,27 @@
-"""The one commit path: where a row's committed tokens move its matcher, proposer and target cache together.
+"""Where a row's committed tokens move its matcher, proposer and target cache together, and every other mover.
 
 Three kinds of step commit through :func:`commit`: a verified step (the
 accepted path and the target's own token), a token the grammar forces (no
 target pass: ``kv`` is ``None`` and the token is fed in the next pass), and a
 chunk of a prompt a joining row read (``fed``: its columns are kept, nothing
-is generated).
+is generated).  :func:`tell` belongs to the same path: it hands the proposer
+the committed tokens it has not heard yet.
+
+The invariant.  A row's state -- its ``tokens``, its matcher, its proposer
+(and what it has not heard, ``untold``), its ``cached`` count, its columns of
+the target cache, its ``finish_reason`` and a draft model's cache -- moves in
+this module (and in a proposer's own ``commit`` / ``commit_tree``, which only
+this module calls), or in one of the places :data:`OTHER_MOVERS` names, each
+with what it moves and why it is not here.  A controller holds no committed
+state, but its movers are listed too: it decides the draft lengths.
+``tests/test_commit_invariant.py`` reads the loop's source and fails on a
+mover that is in neither, and on a listed one that is gone.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from grammarspec.engine.isolation import contained
 from grammarspec.engine.rows import Row, Step, StepResources
@@ -17,7 +29,116 @@ from grammarspec.engine.stopping import stop_reason
 from grammarspec.kv.batch import BatchKV
 from proposers.base import EMPTY_DRAFT
 
-__all__ = ["commit", "tell"]
+__all__ = ["OTHER_MOVERS", "Mover", "commit", "tell"]
+
+
+@dataclass(frozen=True)
+class Mover:
+    """A place outside :func:`commit` that moves a row's state: ``where`` (``module:function``), what it ``moves``
+    (``tokens``, ``cached``, ``finish_reason``, ``matcher``, ``proposer``, ``kv``, ``draft_cache``,
+    ``controller``) and ``why`` it is not in the commit path."""
+
+    where: str
+    moves: tuple[str, ...]
+    why: str
+
+
+#: Every place outside the commit path that moves a row's state (tests/test_commit_invariant.py keeps it whole).
+OTHER_MOVERS: tuple[Mover, ...] = (
+    Mover(
+        "grammarspec.engine.row_requests:row_request",
+        ("proposer",),
+        "builds the row: binds a draft model to the row's processing and starts the proposer on the prompt, before "
+        "anything is committed",
+    ),
+    Mover(
+        "grammarspec.engine.decoding:_new_row",
+        ("proposer",),
+        "a proposer that sizes its choices by the pass cost gets the target's cost model before the row's first step "
+        "(configuration, no committed token)",
+    ),
+    Mover(
+        "grammarspec.engine.decoding:decode_batch",
+        ("finish_reason",),
+        "a row asked for no new token ends as 'length' before it joins: it never reaches a step",
+    ),
+    Mover(
+        "grammarspec.engine.decoding:_join",
+        ("cached", "kv"),
+        "a joining row takes a slot of the batch cache (a prompt cache is copied in), and ``cached`` counts what the "
+        "slot holds: the row's columns start, nothing is committed",
+    ),
+    Mover(
+        "grammarspec.engine.decoding:_report",
+        ("finish_reason",),
+        "the feed cancels a row between steps ('cancelled'): no token moves, the row leaves at the next step",
+    ),
+    Mover(
+        "grammarspec.engine.isolation:fail",
+        ("finish_reason",),
+        "a row whose own work raised ends with 'error' and keeps the exception; it is reached from inside commit too "
+        "(contained), so it cannot live here",
+    ),
+    Mover(
+        "grammarspec.engine.step:leave",
+        ("kv",),
+        "a finished row's slot is freed (kv.select); the rows that stay keep their columns and positions",
+    ),
+    Mover(
+        "grammarspec.engine.step:run_step",
+        ("kv",),
+        "the one target forward writes each row's pending tokens and draft into new columns (scratch); commit's "
+        "kv.keep then keeps the committed ones and drops the rest",
+    ),
+    Mover(
+        "grammarspec.engine.step:_ask",
+        ("controller",),
+        "a resting controller wakes where the grammar forces text: draft lengths, no committed state",
+    ),
+    Mover(
+        "grammarspec.engine.step:_propose",
+        ("proposer",),
+        "the proposer drafts (propose / propose_tree): a draft is scratch after the committed tokens, which the "
+        "commit path rolls back to what was accepted",
+    ),
+    Mover(
+        "grammarspec.engine.step:_allocate",
+        ("controller",),
+        "each controller hears how much of its draft the batch's allocation admitted: draft lengths, no committed "
+        "state",
+    ),
+    Mover(
+        "grammarspec.engine.bookkeeping:account",
+        ("controller",),
+        "each controller learns what its verified draft brought, after the commit: draft lengths, no committed state",
+    ),
+    Mover(
+        "grammarspec.engine.masking:prune_and_fill_masks",
+        ("matcher",),
+        "the walk accepts a draft tree's nodes depth first and rolls every one back: the matcher ends as it began",
+    ),
+    Mover(
+        "grammarspec.drafting.draft_model:DraftModelProposer.start",
+        ("draft_cache",),
+        "a new request keeps the longest cached prefix of its prompt (a conversation starts it every turn)",
+    ),
+    Mover(
+        "grammarspec.drafting.draft_model:DraftModelProposer.propose",
+        ("draft_cache", "matcher"),
+        "drafting appends its draft to the draft cache (scratch, cropped by its commit); it crops only to re-sync a "
+        "context that does not extend what commit left; the matcher it walks is its own fork",
+    ),
+    Mover(
+        "grammarspec.drafting.draft_model:DraftModelProposer._sync",
+        ("draft_cache",),
+        "the crop that start, propose and commit share",
+    ),
+    Mover(
+        "grammarspec.drafting.draft_model:DraftModelProposer._forward",
+        ("draft_cache",),
+        "the draft model's pass that propose runs: it appends the fed tokens to the draft cache",
+    ),
+)
 
 
 def commit(

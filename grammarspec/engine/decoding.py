@@ -45,15 +45,13 @@ One step for the whole batch (numbers match the comments in :func:`grammarspec.e
                    (grammarspec/policy/step_cost.py)
 
 Where state moves.  A row's committed state -- its tokens, matcher, proposer,
-``cached`` count, the target cache's columns and ``finish_reason`` from a stop
-condition -- moves only in :func:`grammarspec.engine.commit.commit`: verified steps,
-forced tokens and prompt chunks all go through it.  Outside it: the join puts a
-row in a slot (``kv.add_rows``, copying a prompt cache in, which sets the row's
-``cached``); a finished row's slot is freed (``kv.select`` in
-:func:`grammarspec.engine.step.leave`); the report sets ``finish_reason="cancelled"``
-on a row the feed cancels; and each row's controller learns (its draft lengths
-for later steps, never committed tokens) in the policy's allocation and in
-:func:`grammarspec.engine.bookkeeping.account`.
+``cached`` count, the target cache's columns, ``finish_reason`` and a draft
+model's cache -- moves in :mod:`grammarspec.engine.commit` (verified steps,
+forced tokens and prompt chunks all go through :func:`~grammarspec.engine.commit.commit`),
+or in a place :data:`grammarspec.engine.commit.OTHER_MOVERS` names with what it
+moves and why: the join and the leave (slots of the cache), the forward (scratch
+columns), drafting (a proposer's scratch), the walk (the matcher, restored), a
+cancel or a failure (``finish_reason``) and the controllers' learning.
 
 Rows finish independently (grammar end, EOS, stop string, token limit) and leave
 the batch, so the batch never waits for its longest row.  A row whose own work
@@ -77,9 +75,10 @@ from grammars.base import Matcher, allocate_bitmask
 from grammarspec.engine.commit import commit
 from grammarspec.engine.isolation import GenerationError
 from grammarspec.engine.processing import LogitsPipeline
+from grammarspec.engine.prompt_reading import checked_prompt_chunk
 from grammarspec.engine.rows import DecodeConfig, DecodeState, Processing, Row, RowRequest, StepResources
 from grammarspec.engine.sampling import LogitsProcessorFn
-from grammarspec.engine.step import checked_prompt_chunk, end_row, leave, run_step
+from grammarspec.engine.step import end_row, leave, run_step
 from grammarspec.kv.batch import BatchKV
 from grammarspec.kv.cache import logits_device as _logits_device
 from grammarspec.policy.cost import FixedCost, PassCostSource
@@ -238,7 +237,7 @@ def decode_batch(
     of the cache and its prompt is read in the steps that follow, next to the
     decoding rows.  ``prompt_chunk``: the most prompt tokens one step reads while
     other rows decode (default: what keeps a step within twice its cost without
-    them, on the target's pass cost model; :func:`grammarspec.engine.step.prompt_budget`).
+    them, on the target's pass cost model; :func:`grammarspec.engine.prompt_reading.prompt_budget`).
     ``on_commit(index, tokens)`` receives each run of committed tokens of request
     ``index``; ``on_step(rows, kv)`` sees the batch after every step (tests check rollback).
     ``feed``: requests joining while the loop runs, and cancellation (:class:`Feed`);

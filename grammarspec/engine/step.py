@@ -2,8 +2,8 @@
 
 See :mod:`grammarspec.engine.decoding` for the step's phases and the loop around it.
 A row still reading its prompt (it joined a busy batch) feeds only a chunk of
-it this step (:func:`prompt_plan`): it neither takes forced tokens, drafts nor
-samples until the step that reads the rest of its prompt.
+it this step (:func:`grammarspec.engine.prompt_reading.prompt_plan`): it neither
+takes forced tokens, drafts nor samples until the step that reads the rest of its prompt.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from grammarspec.engine.commit import commit, tell
 from grammarspec.engine.isolation import contained, fail
 from grammarspec.engine.masking import apply_masks, forced_token, prune_and_fill_masks
 from grammarspec.engine.processing import LogitsPipeline, prefix_tensors
+from grammarspec.engine.prompt_reading import checked_prompt_chunk, fold_width, prompt_budget, prompt_plan
 from grammarspec.engine.rejection import Segment, choices_and_dead_ends
 from grammarspec.engine.rows import Row, Step, StepResources
 from grammarspec.engine.sampling import NoLegalTokenError
@@ -30,19 +31,8 @@ from grammarspec.policy.step_cost import priced_rows
 from proposers.base import Draft, GrammarView
 from proposers.tree import EMPTY_TREE, DraftTree
 
-__all__ = ["run_step", "prompt_plan", "checked_prompt_chunk", "Phases", "leave", "end_row"]
-
-#: A step that reads prompt chunks costs at most this many times the step without them (on the pass cost model):
-#: the decoding rows' per-token latency while a prompt is read, as a share of their latency without it.  The
-#: budget is never less than the earliest joining prompt's whole rest, so a joining request's time to first token
-#: is its prompt's own pass plus one of the batch's steps, whatever the pass cost's shape (a CPU's steep curve
-#: would otherwise read a long prompt a few tokens a step, for tens of seconds).  It is spent first come, first
-#: served, so prompts that join together are read one after another, each in a step of its own beside the
-#: decoding rows, and not all in one long pass that every one of them waits for: on a pass cost that grows with
-#: the tokens, a clump of k prompts then waits 1, 2, ..., k prompts' reading instead of k each, and its rows start
-#: (and end) apart, so later requests do not arrive in clumps either.  Reading at least one whole prompt a step
-#: keeps up with the requests that arrive as long as the batch's rows take more steps each than there are rows.
-PROMPT_STEP_COST = 2.0
+#: The prompt plan's names live in grammarspec.engine.prompt_reading; the server and tests import them from here too.
+__all__ = ["run_step", "Phases", "leave", "end_row", "checked_prompt_chunk", "prompt_budget", "prompt_plan"]
 
 
 def run_step(
@@ -140,7 +130,7 @@ def run_step(
             parents.append(())
         fed.append(read)
     logits = kv.forward(
-        chunks, parents, width=_fold_width(active, chunks, fed), scored=[read is None for read in fed]
+        chunks, parents, width=fold_width(active, chunks, fed), scored=[read is None for read in fed]
     )  # [N, V]: the stepping rows' scored rows
     phases.lap("forward")
     if shared.trace is not None:  # tokens fed by rows whose prompt is not yet in the cache
@@ -211,84 +201,6 @@ def _teaches_cost(stepping: Sequence[Row], steps: Sequence[Step], reading: dict[
     if reading or any(step.is_tree for step in steps):
         return False
     return any(row.proposer is not None for row in stepping)
-
-
-def checked_prompt_chunk(prompt_chunk: int | None) -> int | None:
-    """``prompt_chunk`` (the most prompt tokens one step reads; ``None``: derived), or ``ValueError`` below 1."""
-    if prompt_chunk is not None and prompt_chunk < 1:
-        raise ValueError(f"prompt_chunk must be >= 1 prompt tokens a step (or None: derived), got {prompt_chunk}")
-    return prompt_chunk
-
-
-def prompt_plan(
-    model: torch.nn.Module, active: Sequence[Row], shared: StepResources, chunk: int | None
-) -> list[int | None]:
-    """How many prompt tokens each row reads this step without stepping (``None``: a full step).
-
-    A row that joined a busy batch reads its prompt in chunks while more of it
-    is uncached than the step's prompt budget leaves it; the budget (``chunk``,
-    or the larger of :func:`prompt_budget` and the earliest joining prompt's
-    whole rest) is spent first come, first served, in the order the rows came
-    (``Row.index``; slot order is reshuffled by leaves).  Rows that join
-    together do not share it evenly: the earliest reads first, so each waits
-    for the prompts before it and not for those after.  Every reading row gets
-    at least one token, so every prompt progresses, and never its prompt's last
-    token (the full step feeds it and samples after it).  When no row is decoding,
-    every row takes a full step: its whole prompt in one pass, as at batch 1.
-    Does not change state.
-    """
-    behind = [row.prompt_length - row.cached for row in active]
-    decoding = [row for row, left in zip(active, behind) if left <= 1]
-    if not decoding or len(decoding) == len(active):
-        return [None] * len(active)
-    joining = sorted((slot for slot, left in enumerate(behind) if left > 1), key=lambda slot: active[slot].index)
-    if chunk is not None:
-        budget = chunk
-    else:  # the pass cost's budget, and at least the earliest joining prompt whole
-        budget = max(prompt_budget(model, sum(len(r.pending) for r in decoding), shared), behind[joining[0]])
-    plan: list[int | None] = [None] * len(active)
-    for slot in joining:
-        row, left = active[slot], behind[slot]
-        if len(row.pending) <= budget:  # the rest of its prompt fits: it steps
-            budget -= len(row.pending)
-        else:
-            read = max(1, min(budget, left - 1))
-            plan[slot] = read
-            budget -= read
-    return plan
-
-
-def prompt_budget(model: torch.nn.Module, decoding_tokens: int, shared: StepResources) -> int:
-    """The most prompt tokens a step may add to ``decoding_tokens`` and cost at most :data:`PROMPT_STEP_COST` times
-    the step without them, on the target's pass cost model (a flat curve -- a GPU -- reads whole prompts at once;
-    a linear one -- a CPU -- reads them in chunks about as large as the decoding rows).  Does not change state."""
-    cost = shared.step_cost or shared.pass_cost.cost().cost
-    limit = PROMPT_STEP_COST * cost(max(decoding_tokens, 1))
-    low, high = 0, 1
-    while high < 1 << 20 and cost(decoding_tokens + high) <= limit:
-        low, high = high, high * 2
-    while high - low > 1:
-        middle = (low + high) // 2
-        low, high = (middle, high) if cost(decoding_tokens + middle) <= limit else (low, middle)
-    return max(low, 1)
-
-
-def _fold_width(active: Sequence[Row], chunks: Sequence[Sequence[int]], fed: Sequence[int | None]) -> int | None:
-    """How wide the forward is: the decoding rows' widest chunk, or wider, so a step's prompt tokens ride as at
-    most about as many folded rows as there are decoding rows.  ``None`` (nothing folded) when no row decodes."""
-    decoding = [
-        len(chunk)
-        for row, chunk, read in zip(active, chunks, fed)
-        if read is None and row.prompt_length - row.cached <= 1
-    ]
-    if not decoding:
-        return None
-    prompt = sum(
-        len(chunk)
-        for row, chunk, read in zip(active, chunks, fed)
-        if read is not None or row.prompt_length - row.cached > 1
-    )
-    return max(max(decoding), -(-prompt // len(decoding)))
 
 
 def leave(active: list[Row], kv: BatchKV, started: float) -> list[Row]:
