@@ -14,7 +14,7 @@ import os
 import pytest
 import torch
 
-from grammarspec.bench.tasks import read_schema_records, read_task_records
+from grammarspec.bench.tasks import read_task_records
 
 # The suite's greedy-parity and seeded tests compare runs: a draft length that depends on a
 # profile of this machine's pass times would move floating-point ties between them.  The fixed
@@ -56,18 +56,12 @@ def tasks() -> list[dict]:
     return read_task_records()
 
 
-def corpus_records(category: str | None = None) -> list[dict]:
-    """Records of the schema corpus (``data/schemas`` or ``$GRAMMARSPEC_SCHEMAS``): one category or all."""
-    return read_schema_records(categories=[category] if category else None)
-
-
 @pytest.fixture(scope="module")
 def grammars():
     """The batch tests' schemas (helpers.SCHEMAS) compiled over the toy tokenizer, one per row."""
-    from helpers import SCHEMAS
-    from toy import toy_tokenizer
-
     from grammars import compile_grammar, grammar_spec
+    from tests.helpers import SCHEMAS
+    from tests.toy import toy_tokenizer
 
     tok = toy_tokenizer()
     return [compile_grammar(grammar_spec(schema=s), tok, vocab_size=len(tok), stop_token_ids=(0,)) for s in SCHEMAS]

@@ -15,9 +15,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from scipy_free_stats import chi_square_pvalue
-from toy import toy_vocab_size
-from toy_models import ToyCausalLM
 
 from grammars.base import allocate_bitmask
 from grammarspec.engine.decoding import RowRequest, sampling_processing
@@ -26,6 +23,9 @@ from grammarspec.engine.sampling import apply_bitmask
 from grammarspec.policy.adaptive import AdaptiveController
 from proposers.base import Draft, GrammarView, Request
 from proposers.tree import DraftTree
+from tests.scipy_free_stats import chi_square_pvalue
+from tests.toy import toy_vocab_size
+from tests.toy_models import ToyCausalLM
 
 V = toy_vocab_size()
 SCHEMA = {"type": "array", "items": {"enum": ["a", "b"]}, "minItems": 1, "maxItems": 2}
@@ -187,12 +187,19 @@ def single_thread():
     torch.set_num_threads(threads)
 
 
-TOOLS = Path(__file__).resolve().parents[1] / "tools"
+ROOT = Path(__file__).resolve().parents[1]  # the repository
+
+
+def corpus_records(category: str | None = None) -> list[dict]:
+    """Records of the schema corpus (``data/schemas`` or ``$GRAMMARSPEC_SCHEMAS``): one category or all."""
+    from grammarspec.bench.tasks import read_schema_records
+
+    return read_schema_records(categories=[category] if category else None)
 
 
 def load_tool(name: str):
     """The script ``tools/<name>.py`` imported as a module (registered, so its dataclasses resolve)."""
-    spec = importlib.util.spec_from_file_location(name, TOOLS / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)

@@ -11,13 +11,13 @@ import threading
 
 import pytest
 import torch
-from toy import toy_byte_level_tokenizer, toy_tokenizer
-from toy_models import ToyCausalLM, tiny_llama
 
 import grammarspec
 from grammars import GrammarError, compile_grammar, grammar_spec
 from grammarspec import ModelNotFoundError
 from grammarspec.drafting.draft_model import DraftModelProposer
+from tests.toy import toy_byte_level_tokenizer, toy_tokenizer
+from tests.toy_models import ToyCausalLM, tiny_llama
 
 SCHEMA = {
     "type": "object",
@@ -98,7 +98,7 @@ def test_an_ebnf_grammar_on_outlines_is_refused(model, tok, prompt):
 
 def test_a_schema_only_an_ignored_keyword_makes_empty_is_refused_up_front(model, tok):
     """xgrammar and outlines-core ignore `not`: their grammar would allow "a", which the schema forbids, and "a" is
-    its enum's only value, so no value satisfies it: refused before decoding (tests/test_strict_validation.py has
+    its enum's only value, so no value satisfies it: refused before decoding (tests/grammars/test_strict_validation.py has
     an output an ignored `not` lets through marked invalid)."""
     schema = {"enum": ["a"], "not": {"const": "a"}}
     for backend in ("xgrammar", "outlines"):

@@ -14,8 +14,6 @@ import queue
 
 import pytest
 import torch
-from toy import toy_tokenizer, toy_vocab_size
-from toy_models import ToyCausalLM, tiny_llama
 
 import grammarspec
 from grammarspec.engine import row_requests
@@ -26,6 +24,8 @@ from grammarspec.serve.protocol import ChatRequest
 from grammarspec.tool_calls import earlier_documents
 from proposers.base import Draft, Request
 from proposers.schema_ngram import SchemaNgramProposer
+from tests.toy import toy_tokenizer, toy_vocab_size
+from tests.toy_models import ToyCausalLM, tiny_llama
 
 SCHEMA = {
     "type": "object",

@@ -8,15 +8,16 @@ import threading
 import jsonschema
 import pytest
 import torch
-from toy import toy_tokenizer, toy_vocab_size
+
+from tests.toy import toy_tokenizer, toy_vocab_size
 
 V = toy_vocab_size()
-from toy_models import tiny_llama
 from transformers import TextIteratorStreamer
 
 import grammarspec
 from grammars import compile_grammar, grammar_spec
 from grammarspec import GenerationOutput
+from tests.toy_models import tiny_llama
 
 SCHEMA = {
     "type": "object",

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from toy import toy_tokenizer
-from toy_models import tiny_llama
 
 import grammarspec
 from grammars import GrammarError, GrammarWarning
 from grammars.validation import output_errors
+from tests.toy import toy_tokenizer
+from tests.toy_models import tiny_llama
 
 #: Every finished output breaks uniqueItems (the only item is "x" and at least two are needed),
 #: a keyword xgrammar compiles without enforcing.
@@ -39,7 +39,7 @@ def _run(model, tok, schema, **kw):
 
 
 def test_a_finished_but_invalid_output_is_stop_with_valid_false(tok):
-    from test_strict_validation import Continuing  # a model that writes the repeat xgrammar lets through
+    from tests.grammars.test_strict_validation import Continuing  # a model that writes the repeat xgrammar lets through
 
     with pytest.warns(GrammarWarning, match="does not enforce uniqueItems"):
         stats, text = _run(Continuing(tok('["x","x"]', add_special_tokens=False)["input_ids"]), tok, DUPLICATES)

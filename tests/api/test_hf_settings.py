@@ -8,8 +8,6 @@ import warnings
 import pytest
 import torch
 import xgrammar as xgr
-from toy import toy_tokenizer, toy_vocab, toy_vocab_size
-from toy_models import tiny_llama
 from transformers import GenerationConfig, LogitsProcessorList
 from transformers.generation import logits_process as lp
 from transformers.generation.utils import GenerateDecoderOnlyOutput
@@ -18,6 +16,8 @@ from xgrammar.contrib.hf import LogitsProcessor as XgrammarHFProcessor
 import grammarspec
 from grammarspec.engine.processing import build_pipeline
 from grammarspec.engine.sampling import apply_bitmask
+from tests.toy import toy_tokenizer, toy_vocab, toy_vocab_size
+from tests.toy_models import tiny_llama
 
 V = toy_vocab_size()
 VOC = toy_vocab()

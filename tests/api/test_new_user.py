@@ -11,11 +11,11 @@ import warnings
 
 import pytest
 import torch
-from toy import toy_tokenizer
-from toy_models import tiny_llama
 from transformers import DynamicCache, GenerationConfig
 
 import grammarspec
+from tests.toy import toy_tokenizer
+from tests.toy_models import tiny_llama
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 """Greedy parity with Hugging Face for generation settings, on the embedded SmolLM2:
 grammarspec (assistant none, "auto", a draft model) == ``model.generate`` + xgrammar's HF processor + the
-same setting, token for token.  (The tiny-model version of every setting is tests/test_hf_settings.py.)"""
+same setting, token for token.  (The tiny-model version of every setting is tests/api/test_hf_settings.py.)"""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from collections import Counter
 import pytest
 import torch
 import xgrammar as xgr
-from toy_models import tiny_llama
 from xgrammar.contrib.hf import LogitsProcessor
 
 import grammarspec
 from grammars import grammar_spec
+from tests.toy_models import tiny_llama
 
 pytestmark = pytest.mark.slow
 
@@ -25,7 +25,7 @@ SETTINGS = {
     "sequence_bias": None,  # -3 on the most frequent token of the plain output (chosen per task)
 }
 # (no_repeat_ngram_size bans grammar-forced JSON keys here: Hugging Face then emits token 0 and xgrammar's
-# processor fails; tests/test_hf_settings.py covers it where Hugging Face's run is defined)
+# processor fails; tests/api/test_hf_settings.py covers it where Hugging Face's run is defined)
 
 
 def first_of_each_kind(tasks, n=2):

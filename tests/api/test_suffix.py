@@ -1,22 +1,22 @@
 """Where the index of earlier outputs lives outside the server: batched ``generate``, ``Conversation``, vLLM.
 
 Toy tokenizer with a chat template and a tiny random Llama (fast); the vLLM
-proposer with the SmolLM2 tokenizer and a fake engine, as tests/test_vllm_proposer.py
+proposer with the SmolLM2 tokenizer and a fake engine, as tests/vllm/test_proposer.py
 drives it.  Outputs never change: each case is compared with the index off.
 """
 
 from __future__ import annotations
 
 import pytest
-from test_carry import SCHEMA, TEMPLATE
-from test_vllm_proposer import SCHEMA as VLLM_SCHEMA
-from test_vllm_proposer import FakeEngine, GPUModelRunner, ids, make
-from toy import toy_tokenizer, toy_vocab_size
-from toy_models import tiny_llama
 
 import grammarspec
 from proposers import SuffixIndex, SuffixProposer
 from proposers.base import members
+from tests.api.test_carry import SCHEMA, TEMPLATE
+from tests.toy import toy_tokenizer, toy_vocab_size
+from tests.toy_models import tiny_llama
+from tests.vllm.test_proposer import SCHEMA as VLLM_SCHEMA
+from tests.vllm.test_proposer import FakeEngine, GPUModelRunner, ids, make
 
 
 @pytest.fixture(scope="module")

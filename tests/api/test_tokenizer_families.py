@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 import torch
 import xgrammar as xgr
-from scipy_free_stats import chi_square_pvalue
 from transformers import LlamaConfig, LlamaForCausalLM
 from xgrammar.contrib.hf import LogitsProcessor
 
@@ -29,8 +28,9 @@ from grammarspec.engine.sampling import apply_bitmask
 from grammarspec.templates import dropped_roles, fit_messages
 from grammarspec.vocabulary import VocabularyMismatch, check_vocabulary
 from proposers.text import continuation_tokens
+from tests.scipy_free_stats import chi_square_pvalue
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "tokenizers"
+DATA = Path(__file__).resolve().parents[2] / "data" / "tokenizers"
 FAMILIES = ("llama-spm", "phi-3")
 #: Enums only: a random model finishes it in a few tokens.
 SHORT = {

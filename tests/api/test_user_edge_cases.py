@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from toy import toy_tokenizer
-from toy_models import tiny_llama
 
 import grammarspec
 from grammars import GrammarError
+from tests.toy import toy_tokenizer
+from tests.toy_models import tiny_llama
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 TOOLS = [
     {

@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from toy import toy_tokenizer, toy_vocab_size
-from toy_models import tiny_llama
 
 from grammarspec.bench.sweep import level_summary, run_sweep, sweep_summary, workload, write_sweep
 from grammarspec.cli.main import main
+from tests.toy import toy_tokenizer, toy_vocab_size
+from tests.toy_models import tiny_llama
 
 TEMPLATE = "{% for m in messages %}{{ m['role'][0] }}:{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}a:{% endif %}"
 SCHEMA = {

@@ -222,8 +222,8 @@ def test_bench_quick_style_run_writes_every_output(smol_cli, tmp_path, capsys):
 
 @pytest.fixture
 def toy_cli(monkeypatch):
-    from toy import toy_tokenizer, toy_vocab_size
-    from toy_models import tiny_llama
+    from tests.toy import toy_tokenizer, toy_vocab_size
+    from tests.toy_models import tiny_llama
 
     tok = toy_tokenizer()
     monkeypatch.setattr(
@@ -292,9 +292,9 @@ def test_serve_loads_the_model_on_the_device_and_dtype_asked(capsys, monkeypatch
 
 def test_transformers_serve_runs_on_the_models_device_and_dtype(monkeypatch, tmp_path):
     import torch
-    from toy_models import tiny_llama
 
     from grammarspec.bench import servers
+    from tests.toy_models import tiny_llama
 
     commands = []
     monkeypatch.setattr(servers, "Subprocess", lambda cmd, env, what, timeout: commands.append(cmd(8123)))

@@ -6,9 +6,9 @@ import json
 import warnings
 
 import pytest
-from toy import toy_tokenizer
 
 from grammars import GrammarError, GrammarWarning, compile_grammar, grammar_spec
+from tests.toy import toy_tokenizer
 
 
 def test_boolean_schemas():

@@ -13,9 +13,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from clocks import FakeClock
-from helpers import single_thread
-from toy_models import ToyCausalLM, tiny_llama
 from transformers import LlamaConfig
 
 import grammarspec.drafting.pass_profile
@@ -23,6 +20,9 @@ import grammarspec.policy.allocation
 from grammarspec.drafting.pass_profile import fit_pass_cost, profile_file, profile_pass_cost, stored_profile
 from grammarspec.policy.allocation import allocate, batch_cost_model
 from proposers.cost import PassCost
+from tests.clocks import FakeClock
+from tests.helpers import single_thread
+from tests.toy_models import ToyCausalLM, tiny_llama
 
 ESTIMATES = [[0.6] * 16] * 16  # 16 rows, each offering 16 tokens of 0.6
 

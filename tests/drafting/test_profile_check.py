@@ -13,9 +13,6 @@ import random
 import warnings
 
 import pytest
-from clocks import ClockedToy, FakeClock
-from helpers import single_thread
-from proposer_fakes import ScriptFollower
 
 import grammarspec.drafting.profile_check
 import grammarspec.policy.allocation
@@ -26,6 +23,9 @@ from grammarspec.policy.adaptive import AdaptiveController
 from grammarspec.policy.allocation import batch_cost_model
 from proposers.base import Request
 from proposers.cost import PassCost
+from tests.clocks import ClockedToy, FakeClock
+from tests.helpers import single_thread
+from tests.proposer_fakes import ScriptFollower
 
 one_thread = pytest.fixture(autouse=True)(single_thread)
 

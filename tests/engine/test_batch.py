@@ -12,16 +12,16 @@ from collections import Counter
 
 import pytest
 import torch
-from helpers import SCHEMAS, ImprobableProposer, assert_matches, batch_row, check_rows, exact_distribution
-from proposer_fakes import ScriptFollower as Noisy  # the next tokens of a script, wrong every n-th call
-from toy import toy_tokenizer, toy_vocab_size
-from toy_models import ToyCausalLM, tiny_llama
 
 from grammarspec.drafting.draft_model import DraftModelProposer
 from grammarspec.engine.decoding import DecodeConfig, RowRequest, decode, decode_batch, sampling_processing
 from grammarspec.engine.sampling import SamplingParams
 from grammarspec.policy.adaptive import AdaptiveController
 from proposers.base import Request
+from tests.helpers import SCHEMAS, ImprobableProposer, assert_matches, batch_row, check_rows, exact_distribution
+from tests.proposer_fakes import ScriptFollower as Noisy  # the next tokens of a script, wrong every n-th call
+from tests.toy import toy_tokenizer, toy_vocab_size
+from tests.toy_models import ToyCausalLM, tiny_llama
 
 V = toy_vocab_size()
 PROMPTS = [[2, 3], [2, 5, 9, 4, 7], [6]]

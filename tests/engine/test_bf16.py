@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import torch
-from toy import toy_tokenizer
-from toy_models import tiny_llama
 
+from tests.toy import toy_tokenizer
+from tests.toy_models import tiny_llama
 from tools import gpu_check
 
 

@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from toy import toy_tokenizer, toy_vocab_size
+
+from tests.toy import toy_tokenizer, toy_vocab_size
 
 V = toy_vocab_size()
-from proposer_fakes import ScriptFollower
-from toy_models import ToyCausalLM
-
 from grammars import compile_grammar, grammar_spec
 from grammars.base import allocate_bitmask
 from grammarspec.drafting.draft_model import DraftModelProposer
@@ -19,6 +17,8 @@ from grammarspec.engine.sampling import SamplingParams
 from grammarspec.kv.cache import CacheError
 from grammarspec.policy.adaptive import AdaptiveController
 from proposers.base import Request
+from tests.proposer_fakes import ScriptFollower
+from tests.toy_models import ToyCausalLM
 
 SCHEMA = {
     "type": "object",

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from toy_models import ToyCausalLM, tiny_llama
 from transformers import GenerationConfig
 
 from grammarspec.engine import decoding
@@ -24,8 +23,9 @@ from grammarspec.engine.sampling import SamplingParams
 from grammarspec.kv.cache import logits_device
 from proposers.base import Draft
 from proposers.compose import concat_drafts
+from tests.toy_models import ToyCausalLM, tiny_llama
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 META = torch.device("meta")
 
 
@@ -174,19 +174,18 @@ def test_the_floor_is_checked_where_the_batched_pass_is_built_not_at_import():
         "import transformers; transformers.__version__ = '5.19.1'\n"
         "import grammarspec, grammarspec.vllm\n"
         "from grammarspec.kv.batch import BatchKV\n"
-        "from toy_models import ToyCausalLM\n"
+        "from tests.toy_models import ToyCausalLM\n"
         "try:\n"
         "    BatchKV(ToyCausalLM(8), 1)\n"
         "except ImportError as e:\n"
         "    print('refused:', e)\n"
     )
-    tests = Path(__file__).resolve().parent
     done = subprocess.run(
         [sys.executable, "-c", script],
-        cwd=tests.parent,
+        cwd=ROOT,
         capture_output=True,
         text=True,
-        env={**__import__("os").environ, "PYTHONPATH": f"{tests.parent}:{tests}"},
+        env={**__import__("os").environ, "PYTHONPATH": str(ROOT)},
         timeout=300,
     )
     assert done.returncode == 0, done.stderr[-2000:]

@@ -18,8 +18,6 @@ from collections import Counter
 
 import pytest
 import torch
-from helpers import OTHER, PROMPT, SCHEMA, TARGET, ImprobableProposer, assert_matches, exact_distribution, single_thread
-from toy import toy_tokenizer
 
 from grammars import compile_grammar, grammar_spec
 from grammarspec.drafting.draft_model import DraftModelProposer
@@ -27,6 +25,17 @@ from grammarspec.engine.decoding import DecodeConfig, decode
 from grammarspec.engine.sampling import SamplingParams
 from grammarspec.policy.adaptive import AdaptiveController
 from proposers.base import Request
+from tests.helpers import (
+    OTHER,
+    PROMPT,
+    SCHEMA,
+    TARGET,
+    ImprobableProposer,
+    assert_matches,
+    exact_distribution,
+    single_thread,
+)
+from tests.toy import toy_tokenizer
 
 SAMPLES = 20_000
 

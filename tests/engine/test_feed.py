@@ -12,14 +12,14 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers import batch_row, check_rows
-from proposer_fakes import ScriptFollower as Noisy  # the next tokens of a script, wrong every n-th call
-from toy import toy_vocab_size
-from toy_models import ToyCausalLM, tiny_llama
 
 from grammarspec.engine.decoding import DecodeConfig, decode, decode_batch
 from grammarspec.kv.batch import BatchKV
 from grammarspec.kv.cache import crop_cache
+from tests.helpers import batch_row, check_rows
+from tests.proposer_fakes import ScriptFollower as Noisy  # the next tokens of a script, wrong every n-th call
+from tests.toy import toy_vocab_size
+from tests.toy_models import ToyCausalLM, tiny_llama
 
 V = toy_vocab_size()
 PROMPTS = [[2, 3], [2, 5, 9, 4, 7], [6], [4, 4, 2], [7, 1, 3, 3]]

@@ -6,12 +6,12 @@ import json
 
 import pytest
 import torch
-from toy import toy_tokenizer, toy_vocab_size
-from toy_models import ToyCausalLM
 
 from grammars import BACKENDS, GrammarError, allocate_bitmask, compile_grammar, fill_masks, grammar_spec
 from grammars.xgrammar_backend import XGrammarMatcher
 from grammarspec.engine.decoding import DecodeConfig, RowRequest, decode_batch, sampling_processing
+from tests.toy import toy_tokenizer, toy_vocab_size
+from tests.toy_models import ToyCausalLM
 
 SCHEMA = {
     "type": "object",

@@ -23,9 +23,6 @@ import contextlib
 
 import pytest
 import torch
-from helpers import BranchyTreeProposer
-from toy import toy_tokenizer, toy_vocab_size
-from toy_models import ToyCausalLM, tiny_llama
 
 from grammars import compile_grammar, grammar_spec
 from grammarspec.engine.decoding import DecodeConfig, RowRequest, decode_batch, sampling_processing
@@ -35,6 +32,9 @@ from grammarspec.kv import packed_attention
 from grammarspec.kv.packed_attention import BATCHED
 from grammarspec.policy.adaptive import AdaptiveController
 from proposers.base import EMPTY_DRAFT, Draft, GrammarView, Request
+from tests.helpers import BranchyTreeProposer
+from tests.toy import toy_tokenizer, toy_vocab_size
+from tests.toy_models import ToyCausalLM, tiny_llama
 
 V = toy_vocab_size()
 SCHEMA = {"type": "array", "items": {"enum": ["ab", "ba", "b"]}, "minItems": 2, "maxItems": 6}

@@ -2,9 +2,9 @@
 
 import pytest
 import torch
-from scipy_free_stats import chi_square_pvalue
 
 from grammarspec.engine.rejection import greedy_verify, rejection_sample
+from tests.scipy_free_stats import chi_square_pvalue
 
 
 def _first_token_distribution(p, q, draft_token, n, seed=0, k=1):

@@ -12,16 +12,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import check_rows
-from proposer_fakes import ScriptFollower
-from toy import toy_vocab_size
-from toy_models import ToyCausalLM
 
 import grammarspec
 from grammarspec import GenerationError
 from grammarspec.engine.decoding import DecodeConfig, RowRequest, decode, decode_batch, sampling_processing
 from grammarspec.policy.adaptive import AdaptiveController
 from proposers.base import Request
+from tests.helpers import check_rows
+from tests.proposer_fakes import ScriptFollower
+from tests.toy import toy_vocab_size
+from tests.toy_models import ToyCausalLM
 
 V = toy_vocab_size()
 PROMPTS = [[2, 3], [2, 5, 9, 4, 7], [6], [4, 4, 2]]

@@ -13,8 +13,6 @@ from collections import Counter
 
 import pytest
 import torch
-from helpers import PROMPT, SCHEMA, TARGET, assert_matches, exact_distribution, legal_walk, single_thread
-from toy import toy_tokenizer, toy_vocab_size
 
 from grammars import compile_grammar, grammar_spec
 from grammarspec.engine.decoding import DecodeConfig, decode_batch
@@ -23,6 +21,8 @@ from grammarspec.engine.sampling import SamplingParams
 from grammarspec.engine.stopping import before_stop
 from grammarspec.settings import resolve_config
 from proposers.base import Draft, GrammarView, Request
+from tests.helpers import PROMPT, SCHEMA, TARGET, assert_matches, exact_distribution, legal_walk, single_thread
+from tests.toy import toy_tokenizer, toy_vocab_size
 
 V = toy_vocab_size()
 MODEL = TARGET

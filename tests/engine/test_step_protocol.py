@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from proposer_fakes import ScriptFollower
-from toy import toy_tokenizer, toy_vocab_size
-from toy_models import ToyCausalLM, tiny_llama
 
 from grammars import compile_grammar, grammar_spec
 from grammarspec.drafting.draft_model import DraftModelProposer
@@ -17,6 +14,9 @@ from proposers.base import EMPTY_DRAFT, CostModelled, Draft, ModelDrafter, Propo
 from proposers.compose import CompositeProposer, is_model_proposer
 from proposers.presets import resolve_assistant
 from proposers.tree import TreeProposer
+from tests.proposer_fakes import ScriptFollower
+from tests.toy import toy_tokenizer, toy_vocab_size
+from tests.toy_models import ToyCausalLM, tiny_llama
 
 V = toy_vocab_size()
 
@@ -89,7 +89,7 @@ def test_trees_are_routed_to_chains_where_the_attention_takes_no_additive_mask()
 
 def test_a_tree_drafter_under_flash_attention_verifies_chains():
     """The loop asks ``propose`` instead of ``propose_tree`` where trees cannot run, with the same output."""
-    from helpers import PROMPT, TARGET, BranchyTreeProposer, legal_walk
+    from tests.helpers import PROMPT, TARGET, BranchyTreeProposer, legal_walk
 
     tok = toy_tokenizer()
     compiled = compile_grammar(

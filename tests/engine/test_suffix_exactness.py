@@ -1,6 +1,6 @@
 """Drafts from earlier outputs leave the output distribution exact: chains and trees, sampled and greedy.
 
-The method of tests/test_exactness.py and tests/test_tree_exactness.py (toy
+The method of tests/engine/test_exactness.py and tests/engine/test_tree_exactness.py (toy
 grammar, every sequence's exact probability enumerated, chi-square at p > 1e-4
 with fixed seeds).  Every sample's drafter reads and writes one index shared by
 all the samples, so each request drafts from what the earlier ones wrote --
@@ -13,8 +13,6 @@ from collections import Counter
 
 import pytest
 import torch
-from helpers import PROMPT, SCHEMA, TARGET, assert_matches, exact_distribution, single_thread
-from test_exactness import speculative_counts
 
 from grammars import compile_grammar, grammar_spec
 from grammarspec.engine.decoding import DecodeConfig, decode
@@ -23,13 +21,15 @@ from grammarspec.policy.adaptive import AdaptiveController
 from proposers import SuffixIndex, SuffixProposer
 from proposers.base import Request
 from proposers.tree import DraftTree
+from tests.engine.test_exactness import speculative_counts
+from tests.helpers import PROMPT, SCHEMA, TARGET, assert_matches, exact_distribution, single_thread
 
 one_thread = pytest.fixture(autouse=True)(single_thread)
 
 
 @pytest.fixture(scope="module")
 def compiled():
-    from toy import toy_tokenizer
+    from tests.toy import toy_tokenizer
 
     tok = toy_tokenizer()
     return compile_grammar(grammar_spec(schema=SCHEMA), tok, vocab_size=len(tok), stop_token_ids=(0,))

@@ -1,6 +1,6 @@
 """Statistical exactness of token-tree verification, and the rollback invariants after every tree step.
 
-Same method as tests/test_exactness.py (toy grammar, every sequence's exact
+Same method as tests/engine/test_exactness.py (toy grammar, every sequence's exact
 probability enumerated, chi-square at p > 1e-4 with fixed seeds), with a
 proposer that drafts deterministic TREES: an improbable branch, a probable
 branch and a random branch that is mostly illegal (the grammar prunes it).
@@ -16,9 +16,6 @@ from collections import Counter
 
 import pytest
 import torch
-from helpers import PROMPT, SCHEMA, TARGET, BranchyTreeProposer, assert_matches, exact_distribution
-from toy import toy_tokenizer, toy_vocab_size
-from toy_models import tiny_llama
 
 from grammars import compile_grammar, grammar_spec
 from grammarspec.engine.decoding import DecodeConfig, RowRequest, decode, decode_batch, sampling_processing
@@ -28,6 +25,9 @@ from grammarspec.kv import packed_attention
 from grammarspec.kv.cache import cache_length
 from grammarspec.kv.packed_attention import BATCHED, ROWS
 from grammarspec.policy.adaptive import AdaptiveController
+from tests.helpers import PROMPT, SCHEMA, TARGET, BranchyTreeProposer, assert_matches, exact_distribution
+from tests.toy import toy_tokenizer, toy_vocab_size
+from tests.toy_models import tiny_llama
 
 V = toy_vocab_size()
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from toy import toy_tokenizer
-from toy_models import tiny_llama
 
 from grammars import compile_grammar, grammar_spec
 from grammars.base import allocate_bitmask
@@ -15,6 +13,8 @@ from grammarspec.engine.tree_layout import descend, tree_attention_inputs
 from grammarspec.kv.batch import BatchKV
 from grammarspec.kv.cache import cache_length, forward_with_cache, new_cache
 from proposers.tree import DraftTree
+from tests.toy import toy_tokenizer
+from tests.toy_models import tiny_llama
 
 # A tree with three branches of different depths, in depth-first order.
 PATHS = [[5, 6, 7, 8], [5, 9], [10, 11, 12], [5, 6, 13]]

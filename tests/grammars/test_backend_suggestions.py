@@ -13,12 +13,12 @@ import warnings
 
 import pytest
 import torch
-from toy import toy_tokenizer
-from toy_models import tiny_llama
 
 import grammarspec
 from grammars import BACKENDS, GrammarError, compile_grammar, grammar_spec
 from grammars.suggest import decodes
+from tests.toy import toy_tokenizer
+from tests.toy_models import tiny_llama
 
 #: ``a -> b -> a`` with no base case: it describes no value.
 REF_CYCLE = {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}

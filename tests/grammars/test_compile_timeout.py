@@ -14,7 +14,6 @@ import warnings
 
 import psutil
 import pytest
-from toy import toy_tokenizer
 
 import grammars.deadline as deadline
 from grammars import (
@@ -28,6 +27,7 @@ from grammars import (
     grammar_spec,
     set_cache_limits,
 )
+from tests.toy import toy_tokenizer
 
 
 @pytest.fixture

@@ -12,9 +12,9 @@ import warnings
 
 import pytest
 import torch
-from toy import toy_byte_fallback_tokenizer, toy_byte_level_tokenizer, toy_tokenizer
 
 from grammars import BACKENDS, GrammarError, allocate_bitmask, bitmask_to_ids, compile_grammar, grammar_spec
+from tests.toy import toy_byte_fallback_tokenizer, toy_byte_level_tokenizer, toy_tokenizer
 
 SCHEMA = {
     "type": "object",
@@ -350,7 +350,7 @@ UNSUPPORTED = [
     ("llguidance", dict(schema={"type": "array", "uniqueItems": True}), "uniqueItems"),
 ]
 UNSATISFIABLE = ("minimum greater than maximum", "Unsatisfiable")  # a backend's own words: grammars.satisfiable
-# refuses the common cases before any backend compiles (tests/test_satisfiable.py)
+# refuses the common cases before any backend compiles (tests/grammars/test_satisfiable.py)
 
 
 @pytest.mark.parametrize("backend,kwargs,reason", UNSUPPORTED, ids=lambda x: str(x)[:40])

@@ -40,7 +40,6 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import corpus_records
 from transformers import LlamaForCausalLM
 
 import grammarspec
@@ -49,9 +48,10 @@ from grammars.outlines_backend import token_bytes
 from grammars.validation import output_errors
 from grammarspec.bench.families import load_family_tokenizer
 from grammarspec.bench.tiny_llama import tiny_llama_config
+from tests.helpers import corpus_records
 from tools.fuzz import CI_SLICES
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "tokenizers"
+DATA = Path(__file__).resolve().parents[2] / "data" / "tokenizers"
 #: Family -> where its tokenizer comes from: the embedded model, or a vocabulary shipped in data/tokenizers.
 #: ``$GRAMMARSPEC_TOKENIZERS`` (GGUF vocabulary files, separated by ``os.pathsep``) adds families for larger runs.
 FAMILIES: dict[str, Path | None] = {
@@ -66,7 +66,7 @@ FAMILIES: dict[str, Path | None] = {
 }
 SENTENCEPIECE = ("llama-spm", "phi-3")
 
-#: The grammar contract's schema (tests/test_grammar_contract.py), its small ones, and the schemas users reported.
+#: The grammar contract's schema (tests/grammars/test_contract.py), its small ones, and the schemas users reported.
 SCHEMAS: dict[str, dict[str, Any]] = {
     "contract": {
         "type": "object",

@@ -15,10 +15,10 @@ import json
 from types import SimpleNamespace
 
 import pytest
-from conftest import corpus_records
-from toy import toy_byte_level_tokenizer
 
 from grammars import compile_grammar, grammar_spec
+from tests.helpers import corpus_records
+from tests.toy import toy_byte_level_tokenizer
 from tools.fuzz import (
     BUG_OUTCOMES,
     CI_SLICES,

@@ -40,9 +40,8 @@ def test_a_bound_under_one_is_refused():
 
 
 def test_token_text_caches_are_bounded():
-    from toy import toy_tokenizer
-
     from proposers.text import TokenText
+    from tests.toy import toy_tokenizer
 
     toy = toy_tokenizer()
     helper = TokenText(toy)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _run(args: list[str], timeout: float = 900) -> subprocess.CompletedProcess[str]:
@@ -100,9 +100,7 @@ def test_the_heap_is_trimmed_once_evicted_grammars_are_freed(monkeypatch):
     """glibc keeps freed pages; the caches hand them back (malloc_trim) after evictions, not only on clear."""
     import grammars.compile_cache as compile_cache
     from grammars import clear_grammar_cache, compile_grammar, grammar_spec, set_cache_limits
-
-    sys.path.insert(0, str(ROOT / "tests"))
-    from toy import toy_byte_level_tokenizer
+    from tests.toy import toy_byte_level_tokenizer
 
     tok = toy_byte_level_tokenizer()
     clear_grammar_cache()  # so that both grammars below are compiled here

@@ -4,7 +4,7 @@ Before, the default backend (xgrammar) compiled ``allOf`` of ``string`` and
 ``integer`` and answered with an object, and outlines answered ``minimum: 10,
 maximum: 5``; now :mod:`grammars.satisfiable` refuses each with one
 :class:`GrammarError` naming the conflict and where it is.  The server turns it
-into a 400 (tests/test_adversarial_schemas.py sends two of these through it).
+into a 400 (tests/serve/test_adversarial_schemas.py sends two of these through it).
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from __future__ import annotations
 import warnings
 
 import pytest
-from toy import toy_tokenizer
 
 from grammars import GrammarError, compile_grammar, grammar_spec
 from grammars.satisfiable import conflict
+from tests.toy import toy_tokenizer
 
 #: name -> (schema, words the refusal must hold: the conflict and where)
 UNSATISFIABLE = {

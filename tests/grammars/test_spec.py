@@ -8,7 +8,6 @@ import json
 import threading
 
 import pytest
-from toy import toy_tokenizer
 
 from grammars import (
     BACKENDS,
@@ -20,6 +19,7 @@ from grammars import (
     tools_schema,
 )
 from grammars.spec import schema_nodes
+from tests.toy import toy_tokenizer
 
 WEATHER = {
     "type": "function",
@@ -345,7 +345,7 @@ def test_importing_grammars_loads_no_backend():
         "if m in sys.modules]; "
         "assert not loaded, loaded"
     )
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     result = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
 

@@ -19,13 +19,13 @@ import warnings
 
 import pytest
 import torch
-from toy import toy_tokenizer, toy_vocab_size
-from toy_models import ToyCausalLM
 
 import grammarspec
 from grammars import GrammarError, GrammarWarning, compile_grammar, grammar_spec
 from grammars.capabilities import KEYWORDS_2020_12, NEUTRAL_2020_12, features_used, tables, unenforced
 from grammars.validation import output_errors, parse_json
+from tests.toy import toy_tokenizer, toy_vocab_size
+from tests.toy_models import ToyCausalLM
 
 BACKENDS = ("xgrammar", "outlines", "llguidance")
 

@@ -7,9 +7,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import BranchyTreeProposer, ImprobableProposer, single_thread
-from toy import toy_tokenizer, toy_vocab_size
-from toy_models import tiny_llama
 
 from grammars import compile_grammar, grammar_spec
 from grammarspec.engine.decoding import DecodeConfig, RowRequest, decode_batch, sampling_processing
@@ -18,6 +15,9 @@ from grammarspec.kv import batch as kv_module
 from grammarspec.kv import packed_attention
 from grammarspec.kv.packed_attention import BATCHED, ROWS
 from grammarspec.policy.adaptive import AdaptiveController
+from tests.helpers import BranchyTreeProposer, ImprobableProposer, single_thread
+from tests.toy import toy_tokenizer, toy_vocab_size
+from tests.toy_models import tiny_llama
 
 one_thread = pytest.fixture(autouse=True)(single_thread)  # one torch thread per test: helpers.single_thread says why
 

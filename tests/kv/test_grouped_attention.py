@@ -6,11 +6,11 @@ import random
 from contextlib import nullcontext
 
 import torch
-from toy_models import tiny_llama
 
 import grammarspec.kv.batch as kv_module
 from grammarspec.kv.batch import BatchKV
 from grammarspec.kv.grouped_attention import NAME, grouped_model
+from tests.toy_models import tiny_llama
 
 V = 64
 

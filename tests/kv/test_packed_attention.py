@@ -7,7 +7,6 @@ import random
 import pytest
 import torch
 from torch.nn import functional
-from toy_models import tiny_llama
 
 from grammarspec.engine.tree_layout import tree_allowed
 from grammarspec.kv.batch import BatchKV
@@ -20,6 +19,7 @@ from grammarspec.kv.packed_attention import (
     row_mask,
     supports_packing,
 )
+from tests.toy_models import tiny_llama
 
 V = 64
 

@@ -6,12 +6,12 @@ import copy
 
 import pytest
 import torch
-from toy import toy_tokenizer, toy_vocab_size
-from toy_models import tiny_llama
 from transformers import DynamicCache
 
 import grammarspec
 from grammarspec.kv.cache import cache_length, forward_with_cache
+from tests.toy import toy_tokenizer, toy_vocab_size
+from tests.toy_models import tiny_llama
 
 SCHEMA = {
     "type": "object",

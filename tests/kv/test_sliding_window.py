@@ -17,7 +17,6 @@ import json
 import pytest
 import torch
 import xgrammar as xgr
-from toy import toy_tokenizer, toy_vocab_size
 from transformers import DynamicCache, LogitsProcessorList, MistralConfig, MistralForCausalLM
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 from xgrammar.contrib.hf import LogitsProcessor
@@ -25,6 +24,7 @@ from xgrammar.contrib.hf import LogitsProcessor
 import grammarspec
 from grammarspec.kv import batch as kv_module
 from grammarspec.kv.cache import CacheError, forward_with_cache, new_cache
+from tests.toy import toy_tokenizer, toy_vocab_size
 
 WINDOW = 8
 SCHEMAS = [

@@ -50,9 +50,8 @@ def test_a_thread_that_released_its_pool_holds_no_workers_and_gets_them_back_on_
 
 
 def test_the_engine_releases_the_constructing_thread_s_pool(monkeypatch):
-    from toy_models import tiny_llama
-
     from grammarspec.serve import engine as engine_module
+    from tests.toy_models import tiny_llama
 
     calls = []
     monkeypatch.setattr(engine_module, "release_thread_pool", lambda: calls.append(threading.current_thread()))

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from toy_models import random_llama
 
 from grammarspec.model.prepacked_head import PrepackedLinear, prepack_head
+from tests.toy_models import random_llama
 
 V = 300
 

@@ -113,11 +113,10 @@ def test_in_the_loop_a_source_cut_to_nothing_is_judged_and_comes_back():
 
     Without judging the cut token (``record``'s ``offered``/``next_token``) it is never verified at all.
     """
-    from proposer_fakes import ScriptedProposer
-    from toy import toy_vocab_size
-    from toy_models import ToyCausalLM
-
     from grammarspec.engine.decoding import DecodeConfig, decode
+    from tests.proposer_fakes import ScriptedProposer
+    from tests.toy import toy_vocab_size
+    from tests.toy_models import ToyCausalLM
 
     model = ToyCausalLM(toy_vocab_size(), seed=3)
     config = DecodeConfig(max_new_tokens=40, eos_token_ids=())

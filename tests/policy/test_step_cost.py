@@ -17,11 +17,6 @@ import random
 
 import numpy as np
 import pytest
-from clocks import FakeClock
-from helpers import batch_row, load_tool
-from proposer_fakes import ScriptFollower
-from toy import toy_vocab_size
-from toy_models import ToyCausalLM
 
 import grammarspec.policy.step_cost
 from grammarspec.engine.decoding import DecodeConfig, RowRequest, decode, decode_batch, sampling_processing
@@ -29,6 +24,11 @@ from grammarspec.policy.adaptive import AdaptiveController
 from grammarspec.policy.step_cost import StepCost, StepCostLearner, priced_rows
 from proposers.base import Request
 from proposers.cost import PassCost, flat_until
+from tests.clocks import FakeClock
+from tests.helpers import batch_row, load_tool
+from tests.proposer_fakes import ScriptFollower
+from tests.toy import toy_vocab_size
+from tests.toy_models import ToyCausalLM
 
 UNIT = 0.02  # seconds of a plain 1-row step in the simulated machines
 #: Clock reads per step of the loop (the lap timer's start and its six phases): a clock that ticks ``t`` a read

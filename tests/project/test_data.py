@@ -23,7 +23,7 @@ from grammarspec.bench.tasks import (
     read_task_records,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "data"
 
 

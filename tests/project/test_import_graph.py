@@ -16,7 +16,7 @@ import ast
 from collections.abc import Iterable
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("grammarspec", "grammars", "proposers")
 
 # Each circle the project knowingly keeps, with why. A circle not listed here fails

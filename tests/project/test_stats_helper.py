@@ -1,7 +1,8 @@
 import math
 
 import torch
-from scipy_free_stats import chi_square_pvalue, chi_square_statistic, chi_square_survival
+
+from tests.scipy_free_stats import chi_square_pvalue, chi_square_statistic, chi_square_survival
 
 
 def test_chi_square_survival_known_values():

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from proposer_fakes import RuleMatcher, ScriptedProposer, commit_step, fixed
-from toy import toy_tokenizer
 
 import proposers.compose as compose
 from grammars import compile_grammar, grammar_spec
@@ -13,6 +11,8 @@ from proposers.base import EMPTY_DRAFT, Draft, GrammarView, Request
 from proposers.compose import CompositeProposer, concat_drafts
 from proposers.jump_forward import JumpForwardProposer, trim_ambiguous
 from proposers.text import continuation_tokens, token_text
+from tests.proposer_fakes import RuleMatcher, ScriptedProposer, commit_step, fixed
+from tests.toy import toy_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import pytest
-from proposer_fakes import RuleMatcher, fixed
-from toy import toy_tokenizer
 
 from proposers.base import Draft, GrammarView, Request
 from proposers.compose import CompositeProposer
 from proposers.cost import PassCost, flat_until
 from proposers.track import Calibration
+from tests.proposer_fakes import RuleMatcher, fixed
+from tests.toy import toy_tokenizer
 
 
 def test_prior_is_the_measured_cpu_model():

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from proposer_fakes import fixed
-from toy_models import ToyCausalLM
 
 from grammarspec.drafting.assistant import draft_maker
 from grammarspec.drafting.draft_model import DraftModelProposer
@@ -15,6 +13,8 @@ from proposers.compose import CompositeProposer
 from proposers.jump_forward import JumpForwardProposer
 from proposers.prompt_lookup import PromptLookupProposer
 from proposers.schema_ngram import SchemaNgramProposer
+from tests.proposer_fakes import fixed
+from tests.toy_models import ToyCausalLM
 
 
 def resolve_assistant(assistant, draft_model=None):
@@ -98,9 +98,8 @@ def test_bad_values_say_what_is_accepted():
 
 def test_auto_learns_the_targets_splits_once_per_step(smol_tokenizer, monkeypatch):
     """The three drafters of "auto" share one SplitPreferences, taught by the composite alone, once a step."""
-    from proposer_replay import replay
-
     from proposers.text import SplitPreferences
+    from tests.proposer_replay import replay
 
     learned: list[int] = []
     observe = SplitPreferences.observe

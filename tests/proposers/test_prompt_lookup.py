@@ -5,10 +5,10 @@ from __future__ import annotations
 import random
 
 import pytest
-from proposer_fakes import RuleMatcher
 
 from proposers.base import Draft, GrammarView
 from proposers.prompt_lookup import PromptLookupProposer, find_ngram_continuation, find_ngram_match
+from tests.proposer_fakes import RuleMatcher
 
 
 def naive(tokens, min_n, max_n, k):

@@ -7,8 +7,6 @@ import re
 import statistics
 
 import pytest
-from proposer_fakes import commit_step
-from proposer_replay import reference_ids, replay
 
 from grammars import compile_grammar, grammar_spec
 from grammarspec.completion import build_prompt
@@ -17,6 +15,8 @@ from proposers.json_cursor import Cursor, advance
 from proposers.presets import resolve_assistant
 from proposers.schema_ngram import SOURCE_PRIORS, SchemaNgramProposer, follow_length, prompt_start
 from proposers.text import SplitPreferences
+from tests.proposer_fakes import commit_step
+from tests.proposer_replay import reference_ids, replay
 
 ITEMS = {
     "type": "object",

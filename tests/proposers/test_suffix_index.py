@@ -11,13 +11,13 @@ import random
 import tracemalloc
 
 import pytest
-from proposer_fakes import RuleMatcher
 
 from proposers import SuffixIndex, SuffixProposer, resolve_assistant
 from proposers.base import GrammarView, Request, members
 from proposers.compose import CompositeProposer
 from proposers.suffix_index import resolve_index, scope_of
 from proposers.tree import DraftTree, TreeProposer
+from tests.proposer_fakes import RuleMatcher
 
 HEAD = [90, 91, 92]  # the prompt's last tokens: the chat template's assistant opener, say
 

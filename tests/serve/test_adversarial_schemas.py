@@ -14,7 +14,8 @@ import pytest
 
 pytest.importorskip("uvicorn")
 import psutil
-from serve_process import MODEL, serve_process
+
+from tests.serve_process import MODEL, serve_process
 
 pytestmark = pytest.mark.slow
 

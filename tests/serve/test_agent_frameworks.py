@@ -15,7 +15,7 @@ import json
 import pytest
 
 pytest.importorskip("uvicorn")
-from serve_process import readme_block, serve_process
+from tests.serve_process import readme_block, serve_process
 
 pytestmark = pytest.mark.slow
 

@@ -15,12 +15,12 @@ import pytest
 pytest.importorskip("uvicorn")
 openai = pytest.importorskip("openai")
 import httpx2 as httpx
-from serve_process import MODEL, serve_process
 
 from grammars import grammar_spec
 from grammars.deadline import _timeout_message
 from grammarspec.serve.advice import client_words
 from grammarspec.serve.limits import derived_max_prompt_chars
+from tests.serve_process import MODEL, serve_process
 
 pytestmark = pytest.mark.slow
 

@@ -24,10 +24,10 @@ pytest.importorskip("uvicorn")
 import openai
 import psutil
 import uvicorn
-from conftest import corpus_records
-from serve_process import MODEL, free_port
 
 from grammarspec.serve import Engine, create_app
+from tests.helpers import corpus_records
+from tests.serve_process import MODEL, free_port
 
 pytestmark = pytest.mark.slow
 

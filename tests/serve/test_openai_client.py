@@ -20,7 +20,8 @@ pytest.importorskip("uvicorn")
 openai = pytest.importorskip("openai")
 import httpx2 as httpx
 import pydantic
-from serve_process import MODEL, readme_block, serve_process
+
+from tests.serve_process import MODEL, readme_block, serve_process
 
 pytestmark = pytest.mark.slow
 
@@ -218,7 +219,7 @@ def _streamed(client, **kwargs):
 def test_a_call_cut_by_max_tokens_stays_a_call_streamed_and_whole(client):
     """OpenAI's rule for every cut: a call whose name is complete is a call with the arguments so far and
     ``finish_reason="length"``; a call cut inside its name is neither a call nor text.  Streamed == whole.
-    (Parallel calls cut at every character: tests/test_openai_client_units.py.)"""
+    (Parallel calls cut at every character: tests/serve/test_openai_client_units.py.)"""
     ask = dict(
         messages=[{"role": "user", "content": "Weather in Oslo?"}],
         tools=TOOLS,

@@ -15,10 +15,10 @@ import json
 
 import jsonschema
 import pytest
-from readme_curl import curl_arguments, runners
-from serve_process import MODEL, readme_block, serve_process
 
 from grammarspec.cli.main import DEFAULT_MODEL
+from tests.readme_curl import curl_arguments, runners
+from tests.serve_process import MODEL, readme_block, serve_process
 
 pytestmark = pytest.mark.slow
 

@@ -21,10 +21,10 @@ pytest.importorskip("openai")
 pytest.importorskip("uvicorn")
 import openai
 import uvicorn
-from serve_process import MODEL, free_port
 
 import grammarspec.serve.engine as engine_module
 from grammarspec.serve import Engine, create_app
+from tests.serve_process import MODEL, free_port
 
 pytestmark = pytest.mark.slow
 

@@ -15,8 +15,6 @@ import copy
 import queue
 
 import pytest
-from toy import toy_tokenizer, toy_vocab_size
-from toy_models import tiny_llama
 
 from grammarspec.engine.step_trace import summarize
 from grammarspec.policy.allocation import Calibration
@@ -25,6 +23,8 @@ from grammarspec.serve.engine import TrafficRecord, traffic_kind
 from grammarspec.serve.protocol import ChatRequest
 from proposers.base import split_owner
 from proposers.text import SplitMemory
+from tests.toy import toy_tokenizer, toy_vocab_size
+from tests.toy_models import tiny_llama
 
 SCHEMA = {
     "type": "object",

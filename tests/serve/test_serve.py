@@ -20,10 +20,10 @@ pytest.importorskip("openai")
 pytest.importorskip("uvicorn")
 import openai
 import uvicorn
-from serve_process import MODEL, free_port
 
 import grammarspec
 from grammarspec.serve import Engine, create_app, prompt_ids
+from tests.serve_process import MODEL, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -351,7 +351,7 @@ def test_the_openai_agent_example_runs_a_tool_loop(server):
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "examples" / "openai_agent.py"
+    path = Path(__file__).resolve().parents[2] / "examples" / "openai_agent.py"
     spec = importlib.util.spec_from_file_location("example_openai_agent", path)
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)

@@ -21,13 +21,13 @@ pytest.importorskip("openai")
 pytest.importorskip("uvicorn")
 import openai
 import uvicorn
-from serve_process import MODEL, free_port
 
 from grammars import grammar_spec
 from grammarspec.bench.drafts import repeat_requests, run_drafts_bench
 from grammarspec.serve import Engine, create_app
 from grammarspec.serve.engine import draft_scope
 from grammarspec.serve.protocol import ChatRequest
+from tests.serve_process import MODEL, free_port
 
 pytestmark = pytest.mark.slow
 

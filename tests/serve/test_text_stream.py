@@ -15,7 +15,7 @@ import pytest
 from grammarspec.bench.families import load_family_tokenizer
 from grammarspec.serve.text_stream import TextStream, streams_exactly
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "tokenizers"
+DATA = Path(__file__).resolve().parents[2] / "data" / "tokenizers"
 TEXTS = [
     '{"name": "Ana  Lee", "size": "extra large", "n": 42}',
     "Héllo wörld — ünïcode ✓ 🎉 日本語のテキスト",

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from toy import toy_vocab_size
-from toy_models import tiny_llama
 
 from grammarspec.cli.main import build_parser, main
 from grammarspec.kv.batch import BatchKV
 from grammarspec.serve.prefix import PrefixCache, row_cache
 from grammarspec.serve.protocol import RequestError, parse_request
+from tests.toy import toy_vocab_size
+from tests.toy_models import tiny_llama
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 
@@ -178,10 +178,9 @@ def test_tool_choice_none_renders_no_call_format_in_a_model_format(smol_tokenize
     call format: under "none" the template gets no tools, and earlier calls stay in the history."""
     import copy
 
-    from test_tokenizer_families import QWEN_TOOLS_TEMPLATE
-
     from grammarspec.conversation import NO_TOOL_NOTE
     from grammarspec.serve.engine import prompt_ids
+    from tests.api.test_tokenizer_families import QWEN_TOOLS_TEMPLATE
 
     tok = copy.copy(smol_tokenizer)
     tok.chat_template = QWEN_TOOLS_TEMPLATE

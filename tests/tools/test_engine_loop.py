@@ -5,10 +5,10 @@ from __future__ import annotations
 import collections
 
 import pytest
-from helpers import load_tool
 
 from grammarspec.bench.sweep import workload
 from grammarspec.serve.engine import Engine
+from tests.helpers import load_tool
 
 
 def test_a_run_splits_its_time_between_forwards_the_rest_of_the_steps_and_the_loop(smol):

@@ -7,10 +7,10 @@ from collections import Counter
 
 import pytest
 import torch
-from toy import toy_tokenizer
-from toy_models import tiny_llama
 from transformers import MistralConfig, MistralForCausalLM
 
+from tests.toy import toy_tokenizer
+from tests.toy_models import tiny_llama
 from tools import gpu_check
 
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from helpers import load_tool
+
+from tests.helpers import load_tool
 
 
 def test_a_static_batch_reports_its_passes_and_draft_counts(smol):

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers import load_tool
+
+from tests.helpers import load_tool
 
 SCHEMA = {
     "type": "object",

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers import load_tool
 
 from proposers.presets import resolve_assistant
 from proposers.tree import TreeProposer
+from tests.helpers import load_tool
 
 SCHEMA = {
     "type": "object",

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from helpers import load_tool
-from toy import toy_vocab_size
-from toy_models import ToyCausalLM
+
+from tests.helpers import load_tool
+from tests.toy import toy_vocab_size
+from tests.toy_models import ToyCausalLM
 
 
 def test_every_width_is_timed_on_the_loops_own_forward_and_the_cache_keeps_its_context():
