@@ -1,4 +1,5 @@
-"""Shared fixtures: the embedded real model (loaded once), tiny random models, and the data sample.
+"""Shared fixtures: the embedded real model (loaded once), the toy tokenizer and a tiny random model over it,
+and the data sample.  Shared constants (schemas, tools, the exactness harness) are in tests/helpers.py.
 
 The benchmark tasks and the schema corpus come from the repository's ``data/``
 folder (``$GRAMMARSPEC_TASKS`` / ``$GRAMMARSPEC_SCHEMAS`` name others), read by
@@ -65,3 +66,43 @@ def grammars():
 
     tok = toy_tokenizer()
     return [compile_grammar(grammar_spec(schema=s), tok, vocab_size=len(tok), stop_token_ids=(0,)) for s in SCHEMAS]
+
+
+@pytest.fixture(scope="module")
+def tok():
+    """A fresh toy tokenizer per module (tests/toy.py): 56 tokens, ``</s>`` (id 0) its EOS."""
+    from tests.toy import toy_tokenizer
+
+    return toy_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def model():
+    """A tiny random Llama over the toy vocabulary (seed 0), one per module."""
+    from tests.toy import toy_vocab_size
+    from tests.toy_models import tiny_llama
+
+    return tiny_llama(toy_vocab_size(), seed=0)
+
+
+@pytest.fixture(scope="module")
+def prompt(tok):
+    """A one-row prompt for :func:`model`: ``{b:1}`` in the toy tokenizer."""
+    return torch.tensor([tok("{b:1}", add_special_tokens=False)["input_ids"]])
+
+
+@pytest.fixture(scope="module")
+def chat():
+    """The toy tokenizer with a chat template (tests/toy.py's ``TOY_CHAT_TEMPLATE``), one per module."""
+    from tests.toy import toy_chat_tokenizer
+
+    return toy_chat_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def chat_model(chat):
+    """A tiny random Llama over :func:`chat`'s vocabulary (seed 3), one per module."""
+    from tests.toy import toy_vocab_size
+    from tests.toy_models import tiny_llama
+
+    return tiny_llama(toy_vocab_size(chat), seed=3)

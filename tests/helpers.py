@@ -189,6 +189,43 @@ def single_thread():
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository
 
+#: The JSON answer the server, chat and vLLM tests ask for: a trip's city and length.
+TRIP_SCHEMA = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+    "required": ["city", "days"],
+    "additionalProperties": False,
+}
+#: The tools the server tests offer the real model: one with a string argument, one with integers.
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Current weather in a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+                "additionalProperties": False,
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "Add two integers",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                "required": ["a", "b"],
+                "additionalProperties": False,
+            },
+        },
+    },
+]
+
 
 def corpus_records(category: str | None = None) -> list[dict]:
     """Records of the schema corpus (``data/schemas`` or ``$GRAMMARSPEC_SCHEMAS``): one category or all."""

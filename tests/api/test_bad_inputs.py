@@ -16,7 +16,7 @@ import grammarspec
 from grammars import GrammarError, compile_grammar, grammar_spec
 from grammarspec import ModelNotFoundError
 from grammarspec.drafting.draft_model import DraftModelProposer
-from tests.toy import toy_byte_level_tokenizer, toy_tokenizer
+from tests.toy import toy_byte_level_tokenizer
 from tests.toy_models import ToyCausalLM, tiny_llama
 
 SCHEMA = {
@@ -28,21 +28,6 @@ SCHEMA = {
     "required": ["a", "b"],
     "additionalProperties": False,
 }
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return toy_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def model(tok):
-    return tiny_llama(len(tok), seed=0)
-
-
-@pytest.fixture(scope="module")
-def prompt(tok):
-    return torch.tensor([tok("{b:1}", add_special_tokens=False)["input_ids"]])
 
 
 def run(model, tok, prompt, **kwargs):

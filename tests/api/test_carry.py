@@ -24,29 +24,11 @@ from grammarspec.serve.protocol import ChatRequest
 from grammarspec.tool_calls import earlier_documents
 from proposers.base import Draft, Request
 from proposers.schema_ngram import SchemaNgramProposer
-from tests.toy import toy_tokenizer, toy_vocab_size
-from tests.toy_models import ToyCausalLM, tiny_llama
+from tests.helpers import TRIP_SCHEMA
+from tests.toy import toy_vocab_size
+from tests.toy_models import ToyCausalLM
 
-SCHEMA = {
-    "type": "object",
-    "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
-    "required": ["city", "days"],
-    "additionalProperties": False,
-}
-TEMPLATE = "{% for m in messages %}{{ m['role'][0] }}:{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}a:{% endif %}"
 TURNS = ["the trip goes to oslo for three days", "and then to bergen for two", "finally rome, one day"]
-
-
-@pytest.fixture(scope="module")
-def chat():
-    tok = toy_tokenizer()
-    tok.chat_template = TEMPLATE
-    return tok
-
-
-@pytest.fixture(scope="module")
-def model(chat):
-    return tiny_llama(toy_vocab_size(chat), seed=3)
 
 
 def _counts(calibration: Calibration) -> dict:
@@ -72,7 +54,7 @@ def _plain(model, tok, ids, max_new_tokens=24):
         model,
         torch.tensor([ids]),
         tokenizer=tok,
-        schema=SCHEMA,
+        schema=TRIP_SCHEMA,
         assistant=None,
         max_new_tokens=max_new_tokens,
         do_sample=False,
@@ -81,33 +63,33 @@ def _plain(model, tok, ids, max_new_tokens=24):
     return out.sequences[0, len(ids) : len(ids) + out.stats[0].new_tokens].tolist()
 
 
-def test_a_conversation_s_second_turn_starts_from_what_the_first_learned(model, chat, started):
-    conv = grammarspec.Conversation(model, chat, assistant="auto", do_sample=False)
+def test_a_conversation_s_second_turn_starts_from_what_the_first_learned(chat_model, chat, started):
+    conv = grammarspec.Conversation(chat_model, chat, assistant="auto", do_sample=False)
     conv.add_user(TURNS[0])
-    conv.reply(schema=SCHEMA, max_new_tokens=24)
+    conv.reply(schema=TRIP_SCHEMA, max_new_tokens=24)
     after_first = _counts(conv.calibration)
     source, opens, bin_ = next(key for key in after_first if key[1])  # a record of a draft's first token
     probe = Draft(tokens=(2,), sources=(source,), confidence=None if bin_ < 0 else ((bin_ + 0.5) / 8,))
     learned = conv.calibration.estimate(probe)
     assert learned != Calibration().estimate(probe)  # turn 1 learned something about that source
     conv.add_user(TURNS[1])
-    conv.reply(schema=SCHEMA, max_new_tokens=24)
+    conv.reply(schema=TRIP_SCHEMA, max_new_tokens=24)
     (first, at_first), (second, at_second) = started
     assert at_first == {} and at_second == after_first  # turn 2 began with turn 1's records
     assert first.calibration is second.calibration is conv.calibration  # one object, one turn at a time
 
 
-def test_greedy_turns_are_identical_with_and_without_the_carry(model, chat):
-    carried = grammarspec.Conversation(model, chat, assistant="auto", do_sample=False)
-    reset = grammarspec.Conversation(model, chat, assistant="auto", do_sample=False)
+def test_greedy_turns_are_identical_with_and_without_the_carry(chat_model, chat):
+    carried = grammarspec.Conversation(chat_model, chat, assistant="auto", do_sample=False)
+    reset = grammarspec.Conversation(chat_model, chat, assistant="auto", do_sample=False)
     for turn in TURNS:
         for conv in (carried, reset):
             conv.add_user(turn)
         reset.calibration = Calibration()  # no carry of the records
         ids = carried.prompt_ids()
-        expected = _plain(model, chat, ids)
-        assert carried.reply(schema=SCHEMA, max_new_tokens=24).tokens == expected
-        assert reset.reply(schema=SCHEMA, max_new_tokens=24).tokens == expected
+        expected = _plain(chat_model, chat, ids)
+        assert carried.reply(schema=TRIP_SCHEMA, max_new_tokens=24).tokens == expected
+        assert reset.reply(schema=TRIP_SCHEMA, max_new_tokens=24).tokens == expected
     assert carried.calibration._counts != reset.calibration._counts  # the carry did change the records
 
 
@@ -121,14 +103,14 @@ class _Recorder(SchemaNgramProposer):
         super().start(request)
 
 
-def test_the_previous_turn_s_document_is_offered_as_a_source(model, chat):
+def test_the_previous_turn_s_document_is_offered_as_a_source(chat_model, chat):
     recorder = _Recorder()
-    conv = grammarspec.Conversation(model, chat, assistant=recorder, do_sample=False)
+    conv = grammarspec.Conversation(chat_model, chat, assistant=recorder, do_sample=False)
     conv.add_user(TURNS[0])
-    first = conv.reply(schema=SCHEMA, max_new_tokens=40)
+    first = conv.reply(schema=TRIP_SCHEMA, max_new_tokens=40)
     conv.messages[-1]["content"] = '{"city":"oslo","days":3}'  # a valid answer, as an agent would keep it
     conv.add_user(TURNS[1])
-    conv.reply(schema=SCHEMA, max_new_tokens=40)
+    conv.reply(schema=TRIP_SCHEMA, max_new_tokens=40)
     assert recorder.requests[0].documents == ()
     assert recorder.requests[1].documents == ('{"city":"oslo","days":3}',)
     assert first.tokens  # (the toy model's own answer need not be JSON)
@@ -166,7 +148,9 @@ def test_earlier_documents_are_the_assistant_json():
 
 def _ask(engine, messages, n=1):
     events: queue.Queue = queue.Queue()
-    job = engine.prepare(ChatRequest(messages=messages, schema=SCHEMA, temperature=0.0, max_tokens=20, n=n), events.put)
+    job = engine.prepare(
+        ChatRequest(messages=messages, schema=TRIP_SCHEMA, temperature=0.0, max_tokens=20, n=n), events.put
+    )
     engine.submit(job)
     return job, events
 
@@ -180,8 +164,8 @@ def _wait(job, events):
     return got
 
 
-def test_the_server_carries_records_with_the_prefix_cache(model, chat):
-    engine = Engine(model, chat, max_batch_size=4, max_tokens=20)
+def test_the_server_carries_records_with_the_prefix_cache(chat_model, chat):
+    engine = Engine(chat_model, chat, max_batch_size=4, max_tokens=20)
     joined: list[list[tuple[object, dict]]] = []
     original = engine.more
 
@@ -212,7 +196,7 @@ def test_the_server_carries_records_with_the_prefix_cache(model, chat):
         assert all(o is not x for o in objects for x in stored)  # copies, never the stored records
         assert second.reused_tokens > len(first.prompt) // 2
         # Outputs are those of a fresh engine (no carry).
-        fresh = Engine(model, chat, max_batch_size=4, max_tokens=20, prefix_cache_bytes=0)
+        fresh = Engine(chat_model, chat, max_batch_size=4, max_tokens=20, prefix_cache_bytes=0)
         try:
             job, events = _ask(fresh, follow, n=2)
             assert sorted(c.tokens for c, _, _ in _wait(job, events)) == sorted(c.tokens for c, _, _ in results)

@@ -9,7 +9,7 @@ import jsonschema
 import pytest
 import torch
 
-from tests.toy import toy_tokenizer, toy_vocab_size
+from tests.toy import toy_vocab_size
 
 V = toy_vocab_size()
 from transformers import TextIteratorStreamer
@@ -28,21 +28,6 @@ SCHEMA = {
     "required": ["a", "b"],
     "additionalProperties": False,
 }
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return toy_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def model():
-    return tiny_llama(V, seed=0)
-
-
-@pytest.fixture(scope="module")
-def prompt(tok):
-    return torch.tensor([tok("{b:1}", add_special_tokens=False)["input_ids"]])
 
 
 def new_tokens(out, prompt):

@@ -9,23 +9,11 @@ import torch
 import grammarspec
 from grammars import GrammarError, GrammarWarning
 from grammars.validation import output_errors
-from tests.toy import toy_tokenizer
-from tests.toy_models import tiny_llama
 
 #: Every finished output breaks uniqueItems (the only item is "x" and at least two are needed),
 #: a keyword xgrammar compiles without enforcing.
 DUPLICATES = {"type": "array", "items": {"enum": ["x", "y"]}, "minItems": 2, "maxItems": 3, "uniqueItems": True}
 PLAIN = {"type": "object", "properties": {"b": {"type": "boolean"}}, "required": ["b"], "additionalProperties": False}
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return toy_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def model(tok):
-    return tiny_llama(len(tok), seed=0)
 
 
 def _run(model, tok, schema, **kw):

@@ -16,7 +16,7 @@ from xgrammar.contrib.hf import LogitsProcessor as XgrammarHFProcessor
 import grammarspec
 from grammarspec.engine.processing import build_pipeline
 from grammarspec.engine.sampling import apply_bitmask
-from tests.toy import toy_tokenizer, toy_vocab, toy_vocab_size
+from tests.toy import toy_vocab, toy_vocab_size
 from tests.toy_models import tiny_llama
 
 V = toy_vocab_size()
@@ -52,16 +52,6 @@ SETTINGS = {
     "renormalize_logits": {"renormalize_logits": True},
     "custom_processor": {"logits_processor": [lp.RepetitionPenaltyLogitsProcessor(1.4)]},
 }
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return toy_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def model():
-    return tiny_llama(V, seed=0)
 
 
 @pytest.fixture(scope="module")

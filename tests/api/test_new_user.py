@@ -14,23 +14,7 @@ import torch
 from transformers import DynamicCache, GenerationConfig
 
 import grammarspec
-from tests.toy import toy_tokenizer
 from tests.toy_models import tiny_llama
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return toy_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def model(tok):
-    return tiny_llama(len(tok), seed=0)
-
-
-@pytest.fixture(scope="module")
-def prompt(tok):
-    return torch.tensor([tok("{b:1}", add_special_tokens=False)["input_ids"]])
 
 
 def gen(model, tok, prompt, **kwargs):

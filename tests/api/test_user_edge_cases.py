@@ -14,7 +14,6 @@ import torch
 
 import grammarspec
 from grammars import GrammarError
-from tests.toy import toy_tokenizer
 from tests.toy_models import tiny_llama
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,16 +32,6 @@ TOOLS = [
     },
     {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}},
 ]
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return toy_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def model(tok):
-    return tiny_llama(len(tok), seed=0)
 
 
 @pytest.fixture(scope="module")

@@ -9,10 +9,9 @@ import pytest
 
 from grammarspec.bench.sweep import level_summary, run_sweep, sweep_summary, workload, write_sweep
 from grammarspec.cli.main import main
-from tests.toy import toy_tokenizer, toy_vocab_size
+from tests.toy import toy_chat_tokenizer, toy_vocab_size
 from tests.toy_models import tiny_llama
 
-TEMPLATE = "{% for m in messages %}{{ m['role'][0] }}:{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}a:{% endif %}"
 SCHEMA = {
     "type": "object",
     "properties": {"city": {"type": "string"}},
@@ -141,8 +140,7 @@ def test_the_clients_run_in_a_process_of_their_own_and_say_when_it_fails():
 
 
 def test_the_sweep_runs_every_level_and_arm_and_the_greedy_outputs_agree(tasks_file, tmp_path):
-    tok = toy_tokenizer()
-    tok.chat_template = TEMPLATE
+    tok = toy_chat_tokenizer()
     model = tiny_llama(toy_vocab_size(tok), seed=3)
     result = run_sweep(
         model,

@@ -30,11 +30,6 @@ PROMPT = [2, 5, 9]
 
 
 @pytest.fixture(scope="module")
-def tok():
-    return toy_tokenizer()
-
-
-@pytest.fixture(scope="module")
 def compiled(tok):
     return compile_grammar(grammar_spec(schema=SCHEMA), tok, vocab_size=len(tok), stop_token_ids=(0,))
 

@@ -10,7 +10,7 @@ import torch
 from grammars import BACKENDS, GrammarError, allocate_bitmask, compile_grammar, fill_masks, grammar_spec
 from grammars.xgrammar_backend import XGrammarMatcher
 from grammarspec.engine.decoding import DecodeConfig, RowRequest, decode_batch, sampling_processing
-from tests.toy import toy_tokenizer, toy_vocab_size
+from tests.toy import toy_vocab_size
 from tests.toy_models import ToyCausalLM
 
 SCHEMA = {
@@ -20,11 +20,6 @@ SCHEMA = {
     "additionalProperties": False,
 }
 TEXT = json.dumps({"name": "ab", "tags": ["a", "ab"]}, separators=(",", ":"))
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return toy_tokenizer()
 
 
 def matchers_at_every_prefix(tok, backend: str):

@@ -17,21 +17,9 @@ import torch
 import grammarspec
 from grammars import BACKENDS, GrammarError, compile_grammar, grammar_spec
 from grammars.suggest import decodes
-from tests.toy import toy_tokenizer
-from tests.toy_models import tiny_llama
 
 #: ``a -> b -> a`` with no base case: it describes no value.
 REF_CYCLE = {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return toy_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def model(tok):
-    return tiny_llama(len(tok), seed=0)
 
 
 def refusal(schema: dict, tok, backend: str = "xgrammar") -> str:

@@ -67,15 +67,10 @@ class Case:
         raise AssertionError("the mask allows every token")
 
 
-@pytest.fixture(scope="module")
-def toy():
-    return toy_tokenizer()
-
-
 @pytest.fixture(params=[(b, v) for v in ("toy", "smollm2") for b in BACKENDS], ids=lambda p: f"{p[0]}-{p[1]}")
-def case(request, toy) -> Case:
+def case(request, tok) -> Case:
     backend, vocab = request.param
-    tokenizer = toy if vocab == "toy" else request.getfixturevalue("smol_tokenizer")
+    tokenizer = tok if vocab == "toy" else request.getfixturevalue("smol_tokenizer")
     return Case(backend, tokenizer)
 
 
@@ -354,15 +349,15 @@ UNSATISFIABLE = ("minimum greater than maximum", "Unsatisfiable")  # a backend's
 
 
 @pytest.mark.parametrize("backend,kwargs,reason", UNSUPPORTED, ids=lambda x: str(x)[:40])
-def test_unsupported_features_raise_grammar_error(toy, backend, kwargs, reason):
+def test_unsupported_features_raise_grammar_error(tok, backend, kwargs, reason):
     with pytest.raises(GrammarError) as info:
-        compile_grammar(grammar_spec(**kwargs), toy, backend=backend)
+        compile_grammar(grammar_spec(**kwargs), tok, backend=backend)
     message = str(info.value)
     assert backend in message and reason in message
     if reason in UNSATISFIABLE:  # no backend can help: none is suggested
         assert "backend=" not in message and "fix the schema" in message.lower()
     else:
-        assert_suggests_only_backends_that_compile(message, backend, kwargs, toy)
+        assert_suggests_only_backends_that_compile(message, backend, kwargs, tok)
     assert "/project/cpp" not in message  # no C++ log noise
 
 
@@ -411,14 +406,14 @@ REFUSED_SOMEWHERE = [
 
 
 @pytest.mark.parametrize("kwargs", REFUSED_SOMEWHERE, ids=lambda x: str(x)[:50])
-def test_a_compile_error_suggests_only_backends_that_compile_the_grammar(toy, kwargs):
+def test_a_compile_error_suggests_only_backends_that_compile_the_grammar(tok, kwargs):
     refusals = 0
     for backend in BACKENDS:
         try:
-            compile_grammar(grammar_spec(**kwargs), toy, backend=backend)
+            compile_grammar(grammar_spec(**kwargs), tok, backend=backend)
         except GrammarError as e:
             refusals += 1
-            assert_suggests_only_backends_that_compile(str(e), backend, kwargs, toy)
+            assert_suggests_only_backends_that_compile(str(e), backend, kwargs, tok)
     assert refusals, "every backend compiled it: the case tests nothing"
 
 
@@ -448,8 +443,8 @@ def _parity_check(tokenizer, schema, text, vocab_size, eos):
 
 
 @pytest.mark.parametrize("vocab", ["toy", "smollm2"])
-def test_xgrammar_parity_with_plain_compact_json_schema(request, toy, vocab):
-    tokenizer = toy if vocab == "toy" else request.getfixturevalue("smol_tokenizer")
+def test_xgrammar_parity_with_plain_compact_json_schema(request, tok, vocab):
+    tokenizer = tok if vocab == "toy" else request.getfixturevalue("smol_tokenizer")
     _parity_check(tokenizer, SCHEMA, TEXT, len(tokenizer) + PADDING, tokenizer.eos_token_id)
 
 

@@ -15,7 +15,6 @@ import pytest
 
 from grammars import GrammarError, compile_grammar, grammar_spec
 from grammars.satisfiable import conflict
-from tests.toy import toy_tokenizer
 
 #: name -> (schema, words the refusal must hold: the conflict and where)
 UNSATISFIABLE = {
@@ -131,17 +130,12 @@ SATISFIABLE = {
 BACKENDS = ("xgrammar", "outlines", "llguidance", "auto")
 
 
-@pytest.fixture(scope="module")
-def toy():
-    return toy_tokenizer()
-
-
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("case", list(UNSATISFIABLE))
-def test_an_unsatisfiable_schema_is_refused_up_front_on_every_backend(toy, case, backend):
+def test_an_unsatisfiable_schema_is_refused_up_front_on_every_backend(tok, case, backend):
     schema, words = UNSATISFIABLE[case]
     with pytest.raises(GrammarError) as info:
-        compile_grammar(grammar_spec(schema=schema), toy, backend=backend)
+        compile_grammar(grammar_spec(schema=schema), tok, backend=backend)
     message = str(info.value)
     assert message.startswith("the JSON schema accepts no value"), message  # one message, not a backend's words
     assert all(word in message for word in words), (words, message)
@@ -149,12 +143,12 @@ def test_an_unsatisfiable_schema_is_refused_up_front_on_every_backend(toy, case,
 
 
 @pytest.mark.parametrize("case", list(SATISFIABLE))
-def test_a_satisfiable_schema_is_never_refused(toy, case):
+def test_a_satisfiable_schema_is_never_refused(tok, case):
     schema = SATISFIABLE[case]
     assert conflict(schema) is None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        assert compile_grammar(grammar_spec(schema=schema), toy, backend="auto").unenforced is not None
+        assert compile_grammar(grammar_spec(schema=schema), tok, backend="auto").unenforced is not None
 
 
 def test_every_satisfiable_example_has_a_valid_instance():

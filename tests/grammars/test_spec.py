@@ -40,11 +40,6 @@ def _tool(name, parameters):
     return {"type": "function", "function": {"name": name, "parameters": parameters}}
 
 
-@pytest.fixture(scope="module")
-def toy():
-    return toy_tokenizer()
-
-
 def _accepts(compiled, tokenizer, text: str) -> bool:
     """Whether ``text`` (in the tokenizer's own split) followed by EOS is a complete legal output."""
     tokens = tokenizer.encode(text, add_special_tokens=False)
@@ -88,7 +83,7 @@ def test_spec_keeps_property_order_and_is_a_copy():
         spec.kind = "regex"  # frozen
 
 
-def test_pydantic_model_output_is_accepted(toy):
+def test_pydantic_model_output_is_accepted(tok):
     pydantic = pytest.importorskip("pydantic")
 
     class Item(pydantic.BaseModel):
@@ -98,7 +93,7 @@ def test_pydantic_model_output_is_accepted(toy):
 
     text = Item(name="pen", qty=3, tags=["a", "b"]).model_dump_json()
     for backend in BACKENDS:
-        assert _accepts(compile_grammar(grammar_spec(schema=Item), toy, backend=backend), toy, text)
+        assert _accepts(compile_grammar(grammar_spec(schema=Item), tok, backend=backend), tok, text)
 
 
 def test_tools_one_call_and_parallel_calls():
@@ -141,29 +136,29 @@ def test_tools_schema_matches_the_task_schemas(tasks):
     assert checked >= 8
 
 
-def test_tool_calls_are_accepted(toy):
+def test_tool_calls_are_accepted(tok):
     call = {"name": "get_weather", "arguments": {"city": "oslo"}}
     for backend in BACKENDS:
-        one = compile_grammar(grammar_spec(tools=[WEATHER, CLOCK]), toy, backend=backend)
-        many = compile_grammar(grammar_spec(tools=[WEATHER, CLOCK], parallel_tool_calls=True), toy, backend=backend)
+        one = compile_grammar(grammar_spec(tools=[WEATHER, CLOCK]), tok, backend=backend)
+        many = compile_grammar(grammar_spec(tools=[WEATHER, CLOCK], parallel_tool_calls=True), tok, backend=backend)
         clock = {"name": "get_time", "arguments": {}}
-        assert _accepts(one, toy, json.dumps(call, separators=(",", ":")))
-        assert not _accepts(one, toy, json.dumps({"name": "get_time", "arguments": {"city": "oslo"}}))
-        assert _accepts(many, toy, json.dumps([call, clock], separators=(",", ":")))
-        assert not _accepts(many, toy, "[]")
+        assert _accepts(one, tok, json.dumps(call, separators=(",", ":")))
+        assert not _accepts(one, tok, json.dumps({"name": "get_time", "arguments": {"city": "oslo"}}))
+        assert _accepts(many, tok, json.dumps([call, clock], separators=(",", ":")))
+        assert not _accepts(many, tok, "[]")
 
 
-def test_any_json_object_regex_and_ebnf(toy):
+def test_any_json_object_regex_and_ebnf(tok):
     for backend in BACKENDS:
-        any_json = compile_grammar(grammar_spec(json_object=True), toy, backend=backend)
-        assert _accepts(any_json, toy, '{"a":[1,{"b":null}],"c":"x"}')
-        assert not _accepts(any_json, toy, "[1]")
-        regex = compile_grammar(grammar_spec(regex="[0-9]{3}-[a-z]+"), toy, backend=backend)
-        assert _accepts(regex, toy, "123-ab")
-        assert not _accepts(regex, toy, "12-ab")
+        any_json = compile_grammar(grammar_spec(json_object=True), tok, backend=backend)
+        assert _accepts(any_json, tok, '{"a":[1,{"b":null}],"c":"x"}')
+        assert not _accepts(any_json, tok, "[1]")
+        regex = compile_grammar(grammar_spec(regex="[0-9]{3}-[a-z]+"), tok, backend=backend)
+        assert _accepts(regex, tok, "123-ab")
+        assert not _accepts(regex, tok, "12-ab")
     for backend in ("xgrammar", "llguidance", "auto"):
-        ebnf = compile_grammar(grammar_spec(grammar='root ::= "yes" | "no"'), toy, backend=backend)
-        assert _accepts(ebnf, toy, "yes") and not _accepts(ebnf, toy, "yesno")
+        ebnf = compile_grammar(grammar_spec(grammar='root ::= "yes" | "no"'), tok, backend=backend)
+        assert _accepts(ebnf, tok, "yes") and not _accepts(ebnf, tok, "yesno")
     assert grammar_spec(grammar='root ::= "a"', any_whitespace=True).any_whitespace is False
 
 
@@ -206,50 +201,50 @@ def test_grammar_error_is_a_value_error():
     assert issubclass(GrammarError, ValueError)
 
 
-def test_compile_argument_errors(toy):
+def test_compile_argument_errors(tok):
     spec = grammar_spec(schema={"type": "object"})
     with pytest.raises(GrammarError, match="'xgrammar', 'outlines', 'llguidance', 'auto'"):
-        compile_grammar(spec, toy, backend="lmformatenforcer")
+        compile_grammar(spec, tok, backend="lmformatenforcer")
     with pytest.raises(GrammarError, match="compile_timeout must be a positive number"):
-        compile_grammar(spec, toy, compile_timeout=0)
+        compile_grammar(spec, tok, compile_timeout=0)
     with pytest.raises(GrammarError, match="GrammarSpec"):
-        compile_grammar({"type": "object"}, toy)
+        compile_grammar({"type": "object"}, tok)
     with pytest.raises(GrammarError, match="vocab_size"):
-        compile_grammar(spec, toy, vocab_size=0)
+        compile_grammar(spec, tok, vocab_size=0)
     with pytest.raises(GrammarError, match="outside the vocabulary"):
-        compile_grammar(spec, toy, stop_token_ids=[len(toy) + 1])
+        compile_grammar(spec, tok, stop_token_ids=[len(tok) + 1])
     with pytest.raises(GrammarError, match="empty"):
-        compile_grammar(spec, toy, stop_token_ids=[])
+        compile_grammar(spec, tok, stop_token_ids=[])
     with pytest.raises(GrammarError, match="max_rollback"):
-        compile_grammar(spec, toy).matcher(max_rollback=-1)
+        compile_grammar(spec, tok).matcher(max_rollback=-1)
 
 
 # -- cache ----------------------------------------------------------------------------------------
 
 
-def test_compiled_grammars_are_cached(toy):
+def test_compiled_grammars_are_cached(tok):
     schema = {"type": "object", "properties": {"k": {"type": "integer"}}}
     for backend in BACKENDS:
-        first = compile_grammar(grammar_spec(schema=schema), toy, backend=backend)
-        assert compile_grammar(grammar_spec(schema=json.dumps(schema)), toy, backend=backend) is first
+        first = compile_grammar(grammar_spec(schema=schema), tok, backend=backend)
+        assert compile_grammar(grammar_spec(schema=json.dumps(schema)), tok, backend=backend) is first
         same_vocabulary = toy_tokenizer()
         assert compile_grammar(grammar_spec(schema=schema), same_vocabulary, backend=backend) is first
-        assert compile_grammar(grammar_spec(schema=schema, any_whitespace=True), toy, backend=backend) is not first
-        assert compile_grammar(grammar_spec(schema=schema), toy, vocab_size=len(toy) + 9, backend=backend) is not first
-        assert compile_grammar(grammar_spec(schema=schema), toy, stop_token_ids=[0, 1], backend=backend) is not first
-    assert compile_grammar(grammar_spec(schema=schema), toy, backend="outlines") is not compile_grammar(
-        grammar_spec(schema=schema), toy, backend="xgrammar"
+        assert compile_grammar(grammar_spec(schema=schema, any_whitespace=True), tok, backend=backend) is not first
+        assert compile_grammar(grammar_spec(schema=schema), tok, vocab_size=len(tok) + 9, backend=backend) is not first
+        assert compile_grammar(grammar_spec(schema=schema), tok, stop_token_ids=[0, 1], backend=backend) is not first
+    assert compile_grammar(grammar_spec(schema=schema), tok, backend="outlines") is not compile_grammar(
+        grammar_spec(schema=schema), tok, backend="xgrammar"
     )
 
 
-def test_cache_is_shared_safely_between_threads(toy):
+def test_cache_is_shared_safely_between_threads(tok):
     clear_grammar_cache()
     spec = grammar_spec(schema={"type": "object", "properties": {"t": {"type": "string"}}})
     results, errors = [], []
 
     def work():
         try:
-            results.append(compile_grammar(spec, toy))
+            results.append(compile_grammar(spec, tok))
         except Exception as e:  # pragma: no cover - reported below
             errors.append(e)
 
@@ -262,11 +257,11 @@ def test_cache_is_shared_safely_between_threads(toy):
     assert all(r is results[0] for r in results)
 
 
-def test_errors_are_not_cached(toy):
+def test_errors_are_not_cached(tok):
     spec = grammar_spec(schema={"not": {"type": "string"}})
     for _ in range(2):
         with pytest.raises(GrammarError):
-            compile_grammar(spec, toy, backend="outlines")
+            compile_grammar(spec, tok, backend="outlines")
 
 
 # -- whitespace -----------------------------------------------------------------------------------
@@ -291,7 +286,7 @@ def test_compact_json_by_default_flexible_on_request(smol_tokenizer, tasks, back
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_compact_json_on_the_toy_vocabulary(toy, backend):
+def test_compact_json_on_the_toy_vocabulary(tok, backend):
     doc = {"a": [1, 2], "b": {"c": "x y"}}
     schema = {
         "type": "object",
@@ -301,12 +296,12 @@ def test_compact_json_on_the_toy_vocabulary(toy, backend):
         },
         "required": ["a", "b"],
     }
-    strict = compile_grammar(grammar_spec(schema=schema), toy, backend=backend)
-    flexible = compile_grammar(grammar_spec(schema=schema, any_whitespace=True), toy, backend=backend)
-    assert _accepts(strict, toy, json.dumps(doc, separators=(",", ":")))
+    strict = compile_grammar(grammar_spec(schema=schema), tok, backend=backend)
+    flexible = compile_grammar(grammar_spec(schema=schema, any_whitespace=True), tok, backend=backend)
+    assert _accepts(strict, tok, json.dumps(doc, separators=(",", ":")))
     for text in (json.dumps(doc), json.dumps(doc, indent=2)):
-        assert not _accepts(strict, toy, text)
-        assert _accepts(flexible, toy, text)
+        assert not _accepts(strict, tok, text)
+        assert _accepts(flexible, tok, text)
 
 
 # -- documentation --------------------------------------------------------------------------------
@@ -410,9 +405,9 @@ from grammars.validation import output_errors  # noqa: E402
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("probe", PROBES, ids=lambda p: p.feature)
-def test_capability_table_is_what_the_backend_does(toy, probe, backend):
+def test_capability_table_is_what_the_backend_does(tok, probe, backend):
     """Each table entry is checked: the probe's invalid instance is rejected exactly when the table says enforced."""
-    got, detail = run_probe(probe, backend, toy)
+    got, detail = run_probe(probe, backend, tok)
     assert got == support(backend, probe.feature), (probe.feature, backend, detail)
 
 
@@ -460,67 +455,67 @@ def test_features_used_sees_the_settings_that_matter():
     assert "enum+siblings" in features_used({"type": "object", "enum": ["a", {"b": 1}]})
 
 
-def test_unenforced_keyword_warns_with_what_to_do_and_strict_refuses(toy):
+def test_unenforced_keyword_warns_with_what_to_do_and_strict_refuses(tok):
     spec = grammar_spec(schema={"type": "string", "pattern": "^a+$", "maxLength": 2})
     with pytest.warns(
         GrammarWarning,
         match=r"xgrammar grammar does not enforce maxLength\+pattern.*"
         r"grammar_backend='llguidance'.*post-validation",
     ):
-        compiled = compile_grammar(spec, toy, backend="xgrammar")
+        compiled = compile_grammar(spec, tok, backend="xgrammar")
     assert compiled.unenforced == ("maxLength+pattern",) and compiled.backend_reason == "requested"
-    assert _accepts(compiled, toy, '"aaa"')  # the gap is real
+    assert _accepts(compiled, tok, '"aaa"')  # the gap is real
     with pytest.raises(GrammarError, match="does not enforce maxLength\\+pattern.*strict=True"):
-        compile_grammar(spec, toy, backend="xgrammar", strict=True)
+        compile_grammar(spec, tok, backend="xgrammar", strict=True)
     # nothing to warn about: llguidance enforces both
     import warnings
 
     with warnings.catch_warnings():
         warnings.simplefilter("error", GrammarWarning)
-        assert compile_grammar(spec, toy, backend="llguidance", strict=True).unenforced == ()
+        assert compile_grammar(spec, tok, backend="llguidance", strict=True).unenforced == ()
 
 
-def test_auto_picks_the_backend_that_enforces_everything(toy):
+def test_auto_picks_the_backend_that_enforces_everything(tok):
     import warnings
 
     plain = grammar_spec(schema={"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]})
     with warnings.catch_warnings():
         warnings.simplefilter("error", GrammarWarning)
-        chosen = compile_grammar(plain, toy, backend="auto")
+        chosen = compile_grammar(plain, tok, backend="auto")
         assert (
             chosen.backend == "llguidance"
             and chosen.backend_reason == "auto: llguidance enforces every keyword this schema uses"
         )
         shaped = compile_grammar(
-            grammar_spec(schema={"type": "string", "pattern": "^a+$", "maxLength": 2}), toy, backend="auto", strict=True
+            grammar_spec(schema={"type": "string", "pattern": "^a+$", "maxLength": 2}), tok, backend="auto", strict=True
         )
         # llguidance refuses propertyNames; xgrammar enforces it
         named = compile_grammar(
             grammar_spec(schema={"type": "object", "propertyNames": {"pattern": "^a+$"}}),
-            toy,
+            tok,
             backend="auto",
             strict=True,
         )
     assert shaped.backend == "llguidance" and shaped.unenforced == ()
     assert compile_grammar(
-        grammar_spec(schema={"type": "string", "pattern": "^a+$", "maxLength": 2}), toy, backend="xgrammar"
+        grammar_spec(schema={"type": "string", "pattern": "^a+$", "maxLength": 2}), tok, backend="xgrammar"
     ).unenforced == ("maxLength+pattern",)  # what auto avoided
-    assert not _accepts(shaped, toy, '"aaa"') and _accepts(shaped, toy, '"aa"')
+    assert not _accepts(shaped, tok, '"aaa"') and _accepts(shaped, tok, '"aa"')
     assert named.backend == "xgrammar" and "llguidance does not enforce propertyNames" in named.backend_reason
-    assert not _accepts(named, toy, '{"b":1}') and _accepts(named, toy, '{"aa":1}')
+    assert not _accepts(named, tok, '{"b":1}') and _accepts(named, tok, '{"aa":1}')
 
 
-def test_auto_falls_back_to_the_best_with_a_warning(toy):
+def test_auto_falls_back_to_the_best_with_a_warning(tok):
     spec = grammar_spec(schema={"type": "array", "items": {"type": "integer"}, "uniqueItems": True})
     with pytest.warns(GrammarWarning, match="does not enforce uniqueItems.*no backend enforces all of them"):
-        chosen = compile_grammar(spec, toy, backend="auto")
+        chosen = compile_grammar(spec, tok, backend="auto")
     assert chosen.backend == "xgrammar" and chosen.unenforced == ("uniqueItems",)
     assert (
         "no backend enforces every keyword" in chosen.backend_reason
         and "llguidance refuses uniqueItems" in chosen.backend_reason  # from its table, without compiling it
     )
     with pytest.raises(GrammarError, match="uniqueItems"):
-        compile_grammar(spec, toy, backend="auto", strict=True)
+        compile_grammar(spec, tok, backend="auto", strict=True)
 
 
 @pytest.mark.parametrize(
@@ -531,15 +526,15 @@ def test_auto_falls_back_to_the_best_with_a_warning(toy):
         {"type": "object", "properties": {"a": False}, "required": ["a"]},
     ],
 )
-def test_unsatisfiable_schemas_suggest_no_other_backend(toy, schema):
+def test_unsatisfiable_schemas_suggest_no_other_backend(tok, schema):
     for backend in ("auto", "xgrammar", "llguidance"):
         with pytest.raises(GrammarError) as info:
-            compile_grammar(grammar_spec(schema=schema), toy, backend=backend)
+            compile_grammar(grammar_spec(schema=schema), tok, backend=backend)
         message = str(info.value)
         assert "fix the schema" in message and "backend=" not in message, (backend, message)
 
 
-def test_compile_timeout_gives_a_grammar_error_instead_of_a_hang(toy):
+def test_compile_timeout_gives_a_grammar_error_instead_of_a_hang(tok):
     spec = grammar_spec(
         schema={
             "type": "object",
@@ -548,11 +543,11 @@ def test_compile_timeout_gives_a_grammar_error_instead_of_a_hang(toy):
     )
     # the deadline's own error (not a finished compile) proves the call did not wait for the grammar
     with pytest.raises(GrammarError, match=r"outlines did not compile the grammar within compile_timeout=0.001 s"):
-        compile_grammar(spec, toy, backend="outlines", compile_timeout=0.001)
-    assert compile_grammar(grammar_spec(schema={"type": "integer"}), toy, compile_timeout=60).backend == "xgrammar"
+        compile_grammar(spec, tok, backend="outlines", compile_timeout=0.001)
+    assert compile_grammar(grammar_spec(schema={"type": "integer"}), tok, compile_timeout=60).backend == "xgrammar"
 
 
-def test_a_local_ref_through_id_is_not_remote(toy):
+def test_a_local_ref_through_id_is_not_remote(tok):
     schema = {
         "$id": "https://example.com/order.json",
         "$defs": {"qty": {"$id": "qty.json", "type": "integer", "minimum": 1}},

@@ -10,8 +10,6 @@ from transformers import DynamicCache
 
 import grammarspec
 from grammarspec.kv.cache import cache_length, forward_with_cache
-from tests.toy import toy_tokenizer, toy_vocab_size
-from tests.toy_models import tiny_llama
 
 SCHEMA = {
     "type": "object",
@@ -22,16 +20,6 @@ SCHEMA = {
     "required": ["a", "b"],
     "additionalProperties": False,
 }
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return toy_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def model():
-    return tiny_llama(toy_vocab_size(), seed=0)
 
 
 def prefix_cache(model, ids: list[int]) -> DynamicCache:

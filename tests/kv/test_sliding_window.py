@@ -72,11 +72,6 @@ def sliding_mistral(vocab_size: int, seed: int = 0) -> MistralForCausalLM:
 
 
 @pytest.fixture(scope="module")
-def tok():
-    return toy_tokenizer()
-
-
-@pytest.fixture(scope="module")
 def model():
     return sliding_mistral(toy_vocab_size(), seed=3)
 

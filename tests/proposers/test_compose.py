@@ -12,12 +12,6 @@ from proposers.compose import CompositeProposer, concat_drafts
 from proposers.jump_forward import JumpForwardProposer, trim_ambiguous
 from proposers.text import continuation_tokens, token_text
 from tests.proposer_fakes import RuleMatcher, ScriptedProposer, commit_step, fixed
-from tests.toy import toy_tokenizer
-
-
-@pytest.fixture(scope="module")
-def toy():
-    return toy_tokenizer()
 
 
 def toy_request(tok, prompt=(2,)):
@@ -43,7 +37,7 @@ def test_concat_gives_deterministic_positions_point_masses():
 # -- composition ---------------------------------------------------------------------
 
 
-def test_follower_continues_after_the_forced_span(toy):
+def test_follower_continues_after_the_forced_span(tok):
     seen = {}
 
     def script(context, grammar, k):
@@ -52,22 +46,22 @@ def test_follower_continues_after_the_forced_span(toy):
 
     follower = ScriptedProposer("follower", script)
     composite = CompositeProposer([JumpForwardProposer(), follower])
-    composite.start(toy_request(toy))
+    composite.start(toy_request(tok))
     matcher = forced_at_start('{"a":')
     draft = composite.propose([2], GrammarView(matcher), 6)
-    forced = continuation_tokens(toy, [2], '{"a":')
+    forced = continuation_tokens(tok, [2], '{"a":')
     assert list(draft.tokens) == forced + [10, 3]
     assert draft.sources == ("jump_forward",) * len(forced) + ("follower", "follower")
     assert seen == {"context": [2] + forced, "k": 6 - len(forced), "history": forced}
     assert matcher.history == []  # the live grammar state is untouched
 
 
-def test_longest_cheap_follower_wins_and_draft_model_is_only_a_fallback(toy, monkeypatch):
+def test_longest_cheap_follower_wins_and_draft_model_is_only_a_fallback(tok, monkeypatch):
     model = fixed("draft_model", [7, 8, 9, 10], probs=torch.full((4, 57), 1 / 57))
     monkeypatch.setattr(compose, "is_model_proposer", lambda p: p is model)
     short, longer = fixed("a", [4]), fixed("b", [5, 6])
     composite = CompositeProposer([short, longer, model], short=2)
-    composite.start(toy_request(toy))
+    composite.start(toy_request(tok))
     view = GrammarView(RuleMatcher(legal=lambda h, t: True))
     assert composite.propose([2], view, 8).tokens == (5, 6)
     assert model.calls == []  # the cheap draft was long enough
@@ -77,22 +71,22 @@ def test_longest_cheap_follower_wins_and_draft_model_is_only_a_fallback(toy, mon
     assert len(model.calls) == 1
 
 
-def test_mixed_draft_has_one_hot_rows_for_forced_tokens(toy, monkeypatch):
+def test_mixed_draft_has_one_hot_rows_for_forced_tokens(tok, monkeypatch):
     model = fixed("draft_model", [10, 11], probs=torch.full((2, 57), 1 / 57))
     monkeypatch.setattr(compose, "is_model_proposer", lambda p: p is model)
     composite = CompositeProposer([JumpForwardProposer(), model])
-    composite.start(toy_request(toy))
+    composite.start(toy_request(tok))
     draft = composite.propose([2], GrammarView(forced_at_start('{"')), 5)
     assert draft.tokens[-2:] == (10, 11) and draft.probs.shape == (len(draft), 57)
     assert draft.probs[0].sum() == 1 and draft.probs[0, draft.tokens[0]] == 1
 
 
-def test_commit_is_shared_out_over_the_parts(toy):
+def test_commit_is_shared_out_over_the_parts(tok):
     follower = fixed("follower", [10, 3, 10])
     composite = CompositeProposer([JumpForwardProposer(), follower])
-    composite.start(toy_request(toy))
+    composite.start(toy_request(tok))
     draft = composite.propose([2], GrammarView(forced_at_start('{"')), 8)
-    forced = len(continuation_tokens(toy, [2], '{"'))
+    forced = len(continuation_tokens(tok, [2], '{"'))
     commit_step(composite, draft, forced + 2)
     assert follower.feedbacks == [((10, 3, 10), 2)]
     composite.propose([2], GrammarView(forced_at_start('{"')), 8)
@@ -100,10 +94,10 @@ def test_commit_is_shared_out_over_the_parts(toy):
     assert follower.feedbacks[-1] == ((10,), 0)
 
 
-def test_a_follower_with_a_better_record_beats_a_longer_one(toy):
+def test_a_follower_with_a_better_record_beats_a_longer_one(tok):
     reliable, chatty = fixed("reliable", [4, 5]), fixed("chatty", [6, 7, 8, 9, 10])
     composite = CompositeProposer([chatty, reliable])
-    composite.start(toy_request(toy))
+    composite.start(toy_request(tok))
     view = GrammarView(RuleMatcher(legal=lambda h, t: True))
     k = 5  # chatty fills the budget: no other follower continues after it
     draft = composite.propose([2], view, k)
@@ -116,14 +110,14 @@ def test_a_follower_with_a_better_record_beats_a_longer_one(toy):
     assert composite.propose([2], view, k).sources[0] == "reliable"
 
 
-def test_another_follower_goes_on_where_the_chosen_draft_stops(toy):
+def test_another_follower_goes_on_where_the_chosen_draft_stops(tok):
     """A value copied by one drafter, then the next key from another: one pass covers both."""
     value, keys = fixed("value", [4, 5]), fixed("keys", [6, 7, 8])  # '[' ']' and '"' ':' ','
     composite = CompositeProposer([value, keys])
-    composite.start(toy_request(toy))
+    composite.start(toy_request(tok))
     view = GrammarView(RuleMatcher(legal=lambda h, t: True))
     draft = composite.propose([2], view, 8)
-    helper = token_text(toy)
+    helper = token_text(tok)
     assert helper.bytes_of(draft.tokens) == b'":,[]'  # re-split as one text
     assert draft.sources[0] == "keys" and draft.sources[-1] == "value"
     assert value.calls[-1] == ([2, 6, 7, 8], 5)  # it drafted after the first part, in the budget left
@@ -133,11 +127,11 @@ def test_another_follower_goes_on_where_the_chosen_draft_stops(toy):
     assert set(composite.propose([2], view, 3).sources) == {"keys"}  # no budget left: no continuation
 
 
-def test_a_failing_follower_is_held_back_then_probed(toy):
+def test_a_failing_follower_is_held_back_then_probed(tok):
     """Without a forced span, a draft expected to bring little is not verified; probes follow a backoff."""
     wrong = fixed("wrong", [6, 7, 8, 9])
     composite = CompositeProposer([wrong], min_expected=0.6)
-    composite.start(toy_request(toy))
+    composite.start(toy_request(tok))
     view = GrammarView(RuleMatcher(legal=lambda h, t: True))
     verified = []
     for _step in range(40):
@@ -159,13 +153,13 @@ def test_a_failing_follower_is_held_back_then_probed(toy):
     assert composite.propose([2], view, 8)
 
 
-def test_each_kind_of_guess_keeps_its_own_record(toy):
+def test_each_kind_of_guess_keeps_its_own_record(tok):
     """A drafter's failing guesses must not hold back its reliable copies (schema_ngram: guess vs prompt)."""
     copy = Draft(tokens=(4, 5, 6), sources=("mixed",) * 3, kind="copy")
     guess = Draft(tokens=(7, 8, 9), sources=("mixed",) * 3, kind="guess")
     mixed = ScriptedProposer("mixed", lambda context, grammar, k: guess if len(context) % 2 else copy)
     composite = CompositeProposer([mixed], min_expected=0.6)
-    composite.start(toy_request(toy))
+    composite.start(toy_request(tok))
     view = GrammarView(RuleMatcher(legal=lambda h, t: True))
     verified = {"copy": 0, "guess": 0}
     for step in range(30):
@@ -180,18 +174,18 @@ def test_each_kind_of_guess_keeps_its_own_record(toy):
     assert concat_drafts(Draft(tokens=(1,), kind="forced"), copy).kind == "forced"
 
 
-def test_a_forced_span_carries_a_held_back_follower(toy):
+def test_a_forced_span_carries_a_held_back_follower(tok):
     wrong = fixed("wrong", [10, 3])
     composite = CompositeProposer([JumpForwardProposer(), wrong], min_expected=100.0)
-    composite.start(toy_request(toy))
+    composite.start(toy_request(tok))
     draft = composite.propose([2], GrammarView(forced_at_start('{"a":')), 8)
     assert draft.tokens[-2:] == (10, 3)  # the pass happens anyway: the follower rides along
     assert not composite.propose([2], GrammarView(RuleMatcher(legal=lambda h, t: True)), 8)  # alone: held back
 
 
-def test_members_are_started(toy):
+def test_members_are_started(tok):
     a, b = fixed("a", [1]), fixed("b", [2])
-    CompositeProposer([a, b]).start(toy_request(toy))
+    CompositeProposer([a, b]).start(toy_request(tok))
     assert a.started == b.started == 1
     with pytest.raises(ValueError):
         CompositeProposer([])
@@ -291,25 +285,25 @@ def test_composite_resplits_the_seam_and_credits_by_bytes(at_seam):
     assert helper.bytes_of(tokens[:n]) == b',{"'
 
 
-def test_text_drafts_are_resplit_but_a_draft_models_tokens_are_kept(toy, monkeypatch):
-    quote, a = toy.convert_tokens_to_ids(['"', "a"])
-    merged = toy.convert_tokens_to_ids('"a')
+def test_text_drafts_are_resplit_but_a_draft_models_tokens_are_kept(tok, monkeypatch):
+    quote, a = tok.convert_tokens_to_ids(['"', "a"])
+    merged = tok.convert_tokens_to_ids('"a')
     model = fixed("draft_model", [quote, a])
     monkeypatch.setattr(compose, "is_model_proposer", lambda p: p is model)
     view = GrammarView(RuleMatcher(legal=lambda h, t: True))
     cheap = CompositeProposer([fixed("text", [quote, a])])
-    cheap.start(toy_request(toy))
+    cheap.start(toy_request(tok))
     assert cheap.propose([2], view, 4).tokens == (merged,)  # the canonical split of '"a'
     drafted = CompositeProposer([model])
-    drafted.start(toy_request(toy))
+    drafted.start(toy_request(tok))
     assert drafted.propose([2], view, 4).tokens == (quote, a)
 
 
-def test_every_member_is_committed_every_step_with_what_was_appended(toy):
+def test_every_member_is_committed_every_step_with_what_was_appended(tok):
     """Members that did not draft (or lost) hear of the step too: an empty draft and the committed tokens."""
     winner, loser = fixed("winner", [4, 5, 6]), fixed("loser", [7])
     composite = CompositeProposer([JumpForwardProposer(), winner, loser])
-    composite.start(toy_request(toy))
+    composite.start(toy_request(tok))
     view = GrammarView(RuleMatcher(legal=lambda h, t: True))
     draft = composite.propose([2], view, 3)  # the budget is filled: no continuation
     assert set(draft.sources) == {"winner"}

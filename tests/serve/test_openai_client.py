@@ -21,44 +21,11 @@ openai = pytest.importorskip("openai")
 import httpx2 as httpx
 import pydantic
 
+from tests.helpers import TOOLS, TRIP_SCHEMA
 from tests.serve_process import MODEL, readme_block, serve_process
 
 pytestmark = pytest.mark.slow
 
-SCHEMA = {
-    "type": "object",
-    "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
-    "required": ["city", "days"],
-    "additionalProperties": False,
-}
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "Current weather in a city",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string"}},
-                "required": ["city"],
-                "additionalProperties": False,
-            },
-        },
-    },
-    {
-        "type": "function",
-        "function": {
-            "name": "add",
-            "description": "Add two integers",
-            "parameters": {
-                "type": "object",
-                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-                "required": ["a", "b"],
-                "additionalProperties": False,
-            },
-        },
-    },
-]
 PARAMETERS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 
 
@@ -84,7 +51,7 @@ def _ask(client, content, **kwargs):
     return client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": content}], **kwargs)
 
 
-def _schema_format(schema=SCHEMA):
+def _schema_format(schema=TRIP_SCHEMA):
     return {"type": "json_schema", "json_schema": {"name": "plan", "schema": schema}}
 
 
@@ -98,7 +65,7 @@ def test_plain_json_schema_and_json_object(client):
     assert plain.choices[0].finish_reason in ("stop", "length") and plain.object == "chat.completion"
     planned = _ask(client, "Plan 3 days in Lisbon. Reply in JSON.", response_format=_schema_format())
     assert planned.choices[0].finish_reason == "stop"
-    jsonschema.validate(json.loads(planned.choices[0].message.content), SCHEMA)
+    jsonschema.validate(json.loads(planned.choices[0].message.content), TRIP_SCHEMA)
     anything = _ask(client, "Give me a JSON object about a cat.", response_format={"type": "json_object"})
     ours = anything.model_extra["grammarspec"]["choices"][0]
     if anything.choices[0].finish_reason == "stop":

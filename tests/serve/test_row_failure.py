@@ -24,18 +24,13 @@ import uvicorn
 
 import grammarspec.serve.engine as engine_module
 from grammarspec.serve import Engine, create_app
+from tests.helpers import TRIP_SCHEMA
 from tests.serve_process import MODEL, free_port
 
 pytestmark = pytest.mark.slow
 
-SCHEMA = {
-    "type": "object",
-    "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
-    "required": ["city", "days"],
-    "additionalProperties": False,
-}
-FAULT = {**SCHEMA, "title": "fault"}
-DEAD_END = {**SCHEMA, "title": "dead end"}
+FAULT = {**TRIP_SCHEMA, "title": "fault"}
+DEAD_END = {**TRIP_SCHEMA, "title": "dead end"}
 COUNT = "Count from 1 to 40, separated by commas."
 
 
@@ -166,7 +161,7 @@ def _streamed(client, content, **kwargs):
 def test_a_failing_request_fails_alone_and_the_server_serves_on(server, client, monkeypatch):
     engine = server[1]
     count = _ask(client, COUNT, max_tokens=80).choices[0]
-    plan = _ask(client, "Plan 3 days in Lisbon. Reply in JSON.", SCHEMA).choices[0]
+    plan = _ask(client, "Plan 3 days in Lisbon. Reply in JSON.", TRIP_SCHEMA).choices[0]
     loops, failed = engine.counters["loops"], engine.counters["failed"]
 
     # A streamed counting request, the faulty one and a good schema request decode in one loop.
@@ -174,7 +169,7 @@ def test_a_failing_request_fails_alone_and_the_server_serves_on(server, client, 
     with ThreadPoolExecutor(3) as pool:
         counting = pool.submit(_streamed, client, COUNT, max_tokens=80)
         fault = pool.submit(_fails, client)
-        good = pool.submit(_ask, client, "Plan 3 days in Lisbon. Reply in JSON.", SCHEMA)
+        good = pool.submit(_ask, client, "Plan 3 days in Lisbon. Reply in JSON.", TRIP_SCHEMA)
         (text, finish), message, beside = counting.result(), fault.result(), good.result().choices[0]
     monkeypatch.undo()
     assert engine.counters["loops"] == loops + 1  # the three shared one decode loop
@@ -185,7 +180,7 @@ def test_a_failing_request_fails_alone_and_the_server_serves_on(server, client, 
 
     # The server serves on: a streamed faulty request gets an error event, the next request its answer.
     assert "Boom: planted fault" in _fails(client, stream=True)
-    after = _ask(client, "Plan 3 days in Lisbon. Reply in JSON.", SCHEMA).choices[0]
+    after = _ask(client, "Plan 3 days in Lisbon. Reply in JSON.", TRIP_SCHEMA).choices[0]
     assert after.message.content == plan.message.content and after.finish_reason == "stop"
     health = httpx.get(server[0] + "/health").json()
     assert health["status"] == "ok" and engine.counters["failed"] == failed + 2
@@ -193,7 +188,7 @@ def test_a_failing_request_fails_alone_and_the_server_serves_on(server, client, 
 
 def test_a_request_whose_grammar_reaches_a_dead_end_fails_alone(server, client):
     engine = server[1]
-    plan = _ask(client, "Plan 3 days in Lisbon. Reply in JSON.", SCHEMA).choices[0]
+    plan = _ask(client, "Plan 3 days in Lisbon. Reply in JSON.", TRIP_SCHEMA).choices[0]
     loops = engine.counters["loops"]
     stream = _ask(client, COUNT, max_tokens=80, stream=True)  # a loop the other two join
     text = ""
@@ -203,7 +198,7 @@ def test_a_request_whose_grammar_reaches_a_dead_end_fails_alone(server, client):
             break
     with ThreadPoolExecutor(2) as pool:
         dead = pool.submit(_fails, client, False, DEAD_END)
-        good = pool.submit(_ask, client, "Plan 3 days in Lisbon. Reply in JSON.", SCHEMA)
+        good = pool.submit(_ask, client, "Plan 3 days in Lisbon. Reply in JSON.", TRIP_SCHEMA)
         message, beside = dead.result(), good.result().choices[0]
     for _ in stream:
         pass

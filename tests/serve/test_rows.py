@@ -14,8 +14,6 @@ from __future__ import annotations
 import copy
 import queue
 
-import pytest
-
 from grammarspec.engine.step_trace import summarize
 from grammarspec.policy.allocation import Calibration
 from grammarspec.serve import Engine
@@ -23,28 +21,7 @@ from grammarspec.serve.engine import TrafficRecord, traffic_kind
 from grammarspec.serve.protocol import ChatRequest
 from proposers.base import split_owner
 from proposers.text import SplitMemory
-from tests.toy import toy_tokenizer, toy_vocab_size
-from tests.toy_models import tiny_llama
-
-SCHEMA = {
-    "type": "object",
-    "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
-    "required": ["city", "days"],
-    "additionalProperties": False,
-}
-TEMPLATE = "{% for m in messages %}{{ m['role'][0] }}:{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}a:{% endif %}"
-
-
-@pytest.fixture(scope="module")
-def chat():
-    tok = toy_tokenizer()
-    tok.chat_template = TEMPLATE
-    return tok
-
-
-@pytest.fixture(scope="module")
-def model(chat):
-    return tiny_llama(toy_vocab_size(chat), seed=3)
+from tests.helpers import TRIP_SCHEMA
 
 
 def _ask(engine, content, **fields):
@@ -70,8 +47,8 @@ def test_traffic_kinds():
     assert traffic_kind(object(), {"tools": [{}]}) == "tools"
 
 
-def test_max_tokens_and_stop_end_the_row_and_greedy_rows_ignore_their_sampled_neighbours(model, chat):
-    engine = Engine(model, chat, max_batch_size=4, max_tokens=24, prefix_cache_bytes=0)
+def test_max_tokens_and_stop_end_the_row_and_greedy_rows_ignore_their_sampled_neighbours(chat_model, chat):
+    engine = Engine(chat_model, chat, max_batch_size=4, max_tokens=24, prefix_cache_bytes=0)
     try:
         ((alone, _, _),) = _wait(*_ask(engine, "write about oslo", max_tokens=12))
         assert len(alone.tokens) == 12 and alone.row.finish_reason == "length"
@@ -100,8 +77,8 @@ def test_max_tokens_and_stop_end_the_row_and_greedy_rows_ignore_their_sampled_ne
         engine.close()
 
 
-def test_a_request_without_a_cache_hit_starts_from_its_kinds_recent_records(model, chat):
-    engine = Engine(model, chat, max_batch_size=4, max_tokens=20, prefix_cache_bytes=0, trace_steps=True)
+def test_a_request_without_a_cache_hit_starts_from_its_kinds_recent_records(chat_model, chat):
+    engine = Engine(chat_model, chat, max_batch_size=4, max_tokens=20, prefix_cache_bytes=0, trace_steps=True)
     starts: list[tuple[str, dict]] = []
     original = engine.more
 
@@ -113,12 +90,12 @@ def test_a_request_without_a_cache_hit_starts_from_its_kinds_recent_records(mode
 
     engine.more = more  # type: ignore[method-assign]
     try:
-        ((first, _, _),) = _wait(*_ask(engine, "plan a trip to oslo", schema=SCHEMA))
+        ((first, _, _),) = _wait(*_ask(engine, "plan a trip to oslo", schema=TRIP_SCHEMA))
         learned = copy.deepcopy(first.row_request.controller.calibration._counts)
         assert learned, "the first request learned something"
         assert engine._recent["schema"].calibration._counts == learned
         _wait(*_ask(engine, "tell me about bergen"))  # free text: its own kind
-        ((second, _, _),) = _wait(*_ask(engine, "plan a trip to rome and naples", schema=SCHEMA))
+        ((second, _, _),) = _wait(*_ask(engine, "plan a trip to rome and naples", schema=TRIP_SCHEMA))
         assert [kind for kind, _ in starts] == ["schema", "text", "schema"]
         assert starts[0][1] == {} and starts[1][1] == {}  # nothing finished of their kind before them
         assert starts[2][1] == learned  # from the first schema request's records
@@ -132,10 +109,10 @@ def test_a_request_without_a_cache_hit_starts_from_its_kinds_recent_records(mode
         engine.close()
 
 
-def test_a_request_starts_resting_where_its_kinds_last_request_ended_resting(model, chat):
+def test_a_request_starts_resting_where_its_kinds_last_request_ended_resting(chat_model, chat):
     """Drafts of the last finished free-text request were being cut whole (it ended with a rest of 8 steps to
     come): a new free-text request rests its first 7 steps; one of another kind starts asking at once."""
-    engine = Engine(model, chat, max_batch_size=4, max_tokens=12, prefix_cache_bytes=0)
+    engine = Engine(chat_model, chat, max_batch_size=4, max_tokens=12, prefix_cache_bytes=0)
     starts: list[tuple[str, bool, int]] = []
     original = engine.more
 
@@ -150,7 +127,7 @@ def test_a_request_starts_resting_where_its_kinds_last_request_ended_resting(mod
     try:
         engine._recent["text"] = TrafficRecord(Calibration(), 8)
         ((text, _, _),) = _wait(*_ask(engine, "tell me about bergen"))
-        ((schema, _, _),) = _wait(*_ask(engine, "plan a trip to oslo", schema=SCHEMA))
+        ((schema, _, _),) = _wait(*_ask(engine, "plan a trip to oslo", schema=TRIP_SCHEMA))
         assert starts == [("text", True, 8), ("schema", False, 1)]
         assert engine._recent["text"].rest == text.row_request.controller.rest  # where the next one starts
         assert engine._recent["schema"].rest == schema.row_request.controller.rest
@@ -158,10 +135,10 @@ def test_a_request_starts_resting_where_its_kinds_last_request_ended_resting(mod
         engine.close()
 
 
-def test_a_request_starts_from_the_splits_its_kinds_last_request_saw(model, chat):
+def test_a_request_starts_from_the_splits_its_kinds_last_request_saw(chat_model, chat):
     """The last finished schema request saw the target write token 7 where the canonical split has 9: a new
     schema request's drafts start from that; a free-text one does not; the record is the new row's at its end."""
-    engine = Engine(model, chat, max_batch_size=4, max_tokens=8, prefix_cache_bytes=0)
+    engine = Engine(chat_model, chat, max_batch_size=4, max_tokens=8, prefix_cache_bytes=0)
     starts: list[tuple[str, dict, dict]] = []
     owners = []
     original = engine.more
@@ -179,7 +156,7 @@ def test_a_request_starts_from_the_splits_its_kinds_last_request_saw(model, chat
         seen = SplitMemory(by_context=(((3, 9), 7),), by_token=((9, 7),))
         engine._recent["schema"] = TrafficRecord(Calibration(), 1, seen)
         _wait(*_ask(engine, "tell me about bergen"))
-        _wait(*_ask(engine, "plan a trip to oslo", schema=SCHEMA))
+        _wait(*_ask(engine, "plan a trip to oslo", schema=TRIP_SCHEMA))
         assert [kind for kind, _, _ in starts] == ["text", "schema"]
         assert starts[0][1:] == ({}, {})  # nothing finished of its kind before it
         assert starts[1][1][(3, 9)] == 7 and starts[1][2][9] == 7  # from the last schema request

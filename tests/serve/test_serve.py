@@ -23,44 +23,10 @@ import uvicorn
 
 import grammarspec
 from grammarspec.serve import Engine, create_app, prompt_ids
+from tests.helpers import TOOLS, TRIP_SCHEMA
 from tests.serve_process import MODEL, free_port
 
 pytestmark = pytest.mark.slow
-
-SCHEMA = {
-    "type": "object",
-    "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
-    "required": ["city", "days"],
-    "additionalProperties": False,
-}
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "Current weather in a city",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string"}},
-                "required": ["city"],
-                "additionalProperties": False,
-            },
-        },
-    },
-    {
-        "type": "function",
-        "function": {
-            "name": "add",
-            "description": "Add two integers",
-            "parameters": {
-                "type": "object",
-                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-                "required": ["a", "b"],
-                "additionalProperties": False,
-            },
-        },
-    },
-]
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +58,7 @@ def _ask(client, content, **kwargs):
     return client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": content}], **kwargs)
 
 
-def _schema_format(schema=SCHEMA):
+def _schema_format(schema=TRIP_SCHEMA):
     return {"type": "json_schema", "json_schema": {"name": "plan", "schema": schema}}
 
 
@@ -106,7 +72,7 @@ def test_a_schema_answer_validates_and_reports_statistics(client):
     r = _ask(client, "Plan 3 days in Lisbon. Reply in JSON.", response_format=_schema_format())
     choice = r.choices[0]
     assert choice.finish_reason == "stop"
-    jsonschema.validate(json.loads(choice.message.content), SCHEMA)
+    jsonschema.validate(json.loads(choice.message.content), TRIP_SCHEMA)
     assert r.usage.prompt_tokens > 0 and r.usage.completion_tokens > 0
     assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
     ours = r.model_extra["grammarspec"]["choices"][0]
@@ -203,7 +169,7 @@ def test_greedy_output_equals_grammarspec_generate(smol, client):
         model,
         torch.tensor([ids]),
         tokenizer=tokenizer,
-        schema=SCHEMA,
+        schema=TRIP_SCHEMA,
         assistant="auto",
         max_new_tokens=40,
         do_sample=False,
@@ -267,7 +233,7 @@ def test_a_later_turn_hits_the_prefix_cache(client, server):
     cached = second.usage.prompt_tokens_details.cached_tokens
     assert cached >= first.usage.prompt_tokens  # the first prompt, and the re-rendered answer after it
     assert second.model_extra["grammarspec"]["prefix_reused_tokens"] == cached
-    jsonschema.validate(json.loads(second.choices[0].message.content), SCHEMA)
+    jsonschema.validate(json.loads(second.choices[0].message.content), TRIP_SCHEMA)
 
 
 def test_max_tokens_stop_and_n(client):
@@ -338,7 +304,7 @@ def test_a_disconnect_cancels_its_row_while_the_others_finish(server, client):
                 if n >= 6:
                     break  # leave mid-stream
         answer = other.result(timeout=300)
-    jsonschema.validate(json.loads(answer.choices[0].message.content), SCHEMA)
+    jsonschema.validate(json.loads(answer.choices[0].message.content), TRIP_SCHEMA)
     deadline = time.time() + 60
     while engine.counters["cancelled"] == cancelled:
         assert time.time() < deadline, "the abandoned stream was not cancelled"

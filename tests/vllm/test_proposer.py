@@ -16,13 +16,8 @@ import numpy as np
 import pytest
 
 from proposers.base import Draft
+from tests.helpers import TRIP_SCHEMA
 
-SCHEMA = {
-    "type": "object",
-    "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
-    "required": ["city", "days"],
-    "additionalProperties": False,
-}
 MAX_LEN = 512
 
 
@@ -115,7 +110,7 @@ def test_schema_request_drafts_forced_keys_and_copies_the_prompt(smol_tokenizer)
     engine = FakeEngine(GPUModelRunner())
     proposer = make(tok, engine.runner)
     prompt = ids(tok, "Trip: city Lisbon, 3 days. JSON:")
-    engine.add("a", prompt, SCHEMA)
+    engine.add("a", prompt, TRIP_SCHEMA)
     first = ids(tok, '{"')
     draft = engine.step(proposer, [first[:1]])[0]
     text = tok.decode(first[:1] + draft)
@@ -195,7 +190,7 @@ def test_grammar_dropped_when_vllm_commits_a_token_ours_rejects(smol_tokenizer):
     tok = smol_tokenizer
     engine = FakeEngine(GPUModelRunner())
     proposer = make(tok, engine.runner)
-    engine.add("a", ids(tok, "JSON:"), SCHEMA)
+    engine.add("a", ids(tok, "JSON:"), TRIP_SCHEMA)
     engine.step(proposer, [ids(tok, " hello")])  # not JSON: vLLM's grammar differs from ours
     assert proposer.states["a"].view is None and proposer.grammar_drops == 1
 
@@ -247,7 +242,7 @@ def test_state_dropped_at_the_step_the_request_ends(smol_tokenizer):
     tok = smol_tokenizer
     engine = FakeEngine(GPUModelRunner())
     proposer = make(tok, engine.runner)
-    engine.add("a", ids(tok, "JSON:"), SCHEMA)
+    engine.add("a", ids(tok, "JSON:"), TRIP_SCHEMA)
     engine.step(proposer, [ids(tok, '{"city":"Oslo","days":3}')])
     assert "a" in proposer.states
     # the stop token: the request is over, though the runner still lists it during this step
