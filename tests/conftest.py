@@ -106,3 +106,11 @@ def chat_model(chat):
     from tests.toy_models import tiny_llama
 
     return tiny_llama(toy_vocab_size(chat), seed=3)
+
+
+@pytest.fixture(scope="module")
+def smol_chat(smol_tokenizer):
+    """``(model, tokenizer)``: a tiny random Llama over the embedded model's tokenizer (its chat template)."""
+    from tests.toy_models import tiny_llama
+
+    return tiny_llama(len(smol_tokenizer), seed=0), smol_tokenizer

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+import grammarspec
 from grammars.base import allocate_bitmask
 from grammarspec.engine.decoding import RowRequest, sampling_processing
 from grammarspec.engine.processing import LogitsPipeline
@@ -189,6 +190,16 @@ def single_thread():
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository
 
+#: An object the toy vocabulary spells in a few tokens: a short array of enum strings and a boolean.
+OBJECT_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "a": {"type": "array", "items": {"enum": ["x", "yy", "z"]}, "maxItems": 3},
+        "b": {"type": "boolean"},
+    },
+    "required": ["a", "b"],
+    "additionalProperties": False,
+}
 #: The JSON answer the server, chat and vLLM tests ask for: a trip's city and length.
 TRIP_SCHEMA = {
     "type": "object",
@@ -241,3 +252,11 @@ def load_tool(name: str):
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def generate_one(model, tok, prompt, **kwargs):
+    """``grammarspec.generate`` of one row with statistics: (new token ids, their text, the row's stats)."""
+    kwargs.setdefault("max_new_tokens", 40)
+    out = grammarspec.generate(model, prompt, tokenizer=tok, return_dict_in_generate=True, **kwargs)
+    new = out.sequences[0, prompt.shape[1] :].tolist()[: out.stats[0].new_tokens]
+    return new, tok.decode(new, skip_special_tokens=True), out.stats[0]

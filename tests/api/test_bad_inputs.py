@@ -1,260 +1,76 @@
-"""The bad-input matrix: every odd input gets a clear error or a defined behaviour.
+"""Bad inputs at the public API: every odd argument, prompt, setting, tool choice or conversation message to
+generate(), complete(), build_prompt(), Conversation and load_model() gets a clear error naming it and what it
+accepts, or a defined behaviour; a refused call leaves a conversation as it was.
 
-Tiny random models and toy tokenizers everywhere (no real model needed);
-the embedded SmolLM2 tokenizer only where its byte-level split of emoji matters.
+Tiny random models: conftest's toy tokenizer, model and prompt, or the embedded SmolLM2 tokenizer (its chat
+template) over a tiny random model (``smol_chat``) where the chat paths need a real template.  Schema inputs are in
+tests/grammars/test_schema_inputs.py; where generation stops in tests/engine/test_stopping.py.
 """
 
 from __future__ import annotations
 
+import copy
 import json
-import threading
+import warnings
 
 import pytest
 import torch
+from transformers import DynamicCache, GenerationConfig
 
 import grammarspec
-from grammars import GrammarError, compile_grammar, grammar_spec
 from grammarspec import ModelNotFoundError
 from grammarspec.drafting.draft_model import DraftModelProposer
-from tests.toy import toy_byte_level_tokenizer
-from tests.toy_models import ToyCausalLM, tiny_llama
+from tests.helpers import OBJECT_SCHEMA, generate_one
+from tests.toy_models import tiny_llama
 
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "a": {"type": "array", "items": {"enum": ["x", "yy", "z"]}, "maxItems": 3},
-        "b": {"type": "boolean"},
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "maxLength": 3}},
+                "required": ["city"],
+            },
+        },
     },
-    "required": ["a", "b"],
-    "additionalProperties": False,
-}
+    {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}},
+]
 
 
-def run(model, tok, prompt, **kwargs):
-    """generate(...) with statistics; returns (new token ids, text, stats)."""
-    kwargs.setdefault("max_new_tokens", 40)
-    out = grammarspec.generate(model, prompt, tokenizer=tok, return_dict_in_generate=True, **kwargs)
-    new = out.sequences[0, prompt.shape[1] :].tolist()[: out.stats[0].new_tokens]
-    return new, tok.decode(new, skip_special_tokens=True), out.stats[0]
+def gen(model, tok, prompt, **kwargs):
+    kwargs.setdefault("max_new_tokens", 4)
+    return grammarspec.generate(model, prompt, tokenizer=tok, **kwargs)
 
 
-# --- invalid and unsupported schemas ----------------------------------------------------
+# --- arguments checked at the door, naming the argument and what it accepts ----------------------------------------
 
 
 @pytest.mark.parametrize(
-    "schema, says",
+    "kwargs, names",
     [
-        ({"type": "strng"}, "at type"),
-        ({"type": "object", "properties": {"a": {"minLength": -1}}}, "at properties/a/minLength"),
-        ('{"type": "object",', "not valid JSON"),
-        ([{"type": "object"}, {"type": "object"}], "got list"),  # a list is one schema per row: two for one row
-        ({"required": "a"}, "at required"),
+        ({"num_return_sequences": 0, "do_sample": True}, ["num_return_sequences", ">= 1"]),
+        ({"max_new_tokens": 2.5}, ["max_new_tokens", "int", "2.5"]),
+        ({"max_new_tokens": "8"}, ["max_new_tokens", "int", "'8'"]),
+        ({"temperature": "hot", "do_sample": True}, ["temperature", "number", "'hot'"]),
+        ({"strict": "yes"}, ["strict", "True or False", "'yes'"]),
+        ({"max_batch_size": True}, ["max_batch_size", "int >= 1", "True"]),
+        ({"max_batch_size": 1.5}, ["max_batch_size", "int >= 1", "1.5"]),
+        ({"max_draft_tokens": 2.5}, ["max_draft_tokens", "int >= 1", "2.5"]),
+        ({"generator": 42, "do_sample": True}, ["generator", "torch.Generator", "manual_seed"]),
+        ({"use_cache": False}, ["use_cache=False", "KV cache"]),
+        ({"generation_config": GenerationConfig(top_k=2.5)}, ["top_k", "2.5"]),
+        ({"regex": "[a-z]+", "any_whitespace": True}, ["any_whitespace", "regex"]),
+        ({"past_key_values": ((torch.zeros(1), torch.zeros(1)),)}, ["past_key_values", "Cache", "tuple"]),
+        ({"compile_timeout": -1}, ["compile_timeout", "> 0"]),
     ],
 )
-def test_an_invalid_schema_names_the_offending_part(model, tok, prompt, schema, says):
-    with pytest.raises(GrammarError, match="schema") as caught:
-        grammarspec.generate(model, prompt, tokenizer=tok, schema=schema, max_new_tokens=5)
-    assert says in str(caught.value)
-
-
-@pytest.mark.parametrize(
-    "backend, schema, says, suggests",
-    [
-        # a backreference: no backend compiles it, so none is suggested
-        ("xgrammar", {"type": "string", "pattern": "^(a)\\1$"}, "^(a)\\\\1$", "No other backend compiles it"),
-        ("xgrammar", {"type": "array", "minItems": 2}, "minItems", "backend='outlines'"),  # strict: no items allowed
-        ("outlines", {"type": "string", "format": "hostname"}, "hostname", "backend='xgrammar'"),
-        ("outlines", {"allOf": [{"type": "integer"}, {"minimum": 3}]}, "minimum", "backend='xgrammar'"),
-    ],
-)
-def test_unsupported_keywords_are_refused_with_the_reason_and_the_other_backend(
-    model, tok, prompt, backend, schema, says, suggests
-):
-    with pytest.raises(GrammarError) as caught:
-        grammarspec.generate(model, prompt, tokenizer=tok, schema=schema, grammar_backend=backend, max_new_tokens=5)
-    message = str(caught.value)
-    assert backend.split("-")[0] in message and says in message and suggests in message
-
-
-def test_an_ebnf_grammar_on_outlines_is_refused(model, tok, prompt):
-    with pytest.raises(GrammarError, match="EBNF.*backend='xgrammar'"):
-        grammarspec.generate(model, prompt, tokenizer=tok, grammar='root ::= "a"', grammar_backend="outlines")
-
-
-def test_a_schema_only_an_ignored_keyword_makes_empty_is_refused_up_front(model, tok):
-    """xgrammar and outlines-core ignore `not`: their grammar would allow "a", which the schema forbids, and "a" is
-    its enum's only value, so no value satisfies it: refused before decoding (tests/grammars/test_strict_validation.py has
-    an output an ignored `not` lets through marked invalid)."""
-    schema = {"enum": ["a"], "not": {"const": "a"}}
-    for backend in ("xgrammar", "outlines"):
-        with pytest.raises(GrammarError, match="accepts no value.*no value of its enum"):
-            grammarspec.complete(model, tok, "go", schema=schema, grammar_backend=backend, max_new_tokens=8)
-
-
-def test_a_remote_ref_is_refused_up_front(model, tok, prompt):
-    """grammarspec fetches nothing: a remote $ref can be neither compiled nor checked.
-
-    Today xgrammar compiles it as "anything" and Completion's jsonschema check
-    crashes with referencing's Unresolvable after the generation.
-    """
-    schema = {"type": "object", "properties": {"a": {"$ref": "https://example.com/a.json"}}, "required": ["a"]}
-    with pytest.raises(GrammarError, match=r"\$ref.*https://example.com/a.json"):
-        grammarspec.complete(model, tok, "go", schema=schema, max_new_tokens=12)
-    with pytest.raises(GrammarError, match=r"\$ref"):
-        grammarspec.generate(model, prompt, tokenizer=tok, schema=schema, max_new_tokens=12)
-
-
-def test_a_ref_inside_example_data_is_not_a_reference(tok):
-    """``enum``/``const``/``default``/``examples`` hold instances, not schemas: a "$ref" key there is data
-    (a schema for OpenAPI or JSON Schema documents has plenty).  A property *named* "default" is a schema."""
-    documents = {
-        "type": "object",
-        "properties": {"link": {"type": "object", "properties": {"$ref": {"type": "string"}}}},
-        "default": {"link": {"$ref": "other.yaml#/pets"}},
-        "examples": [{"link": {"$ref": "https://example.com/pet.json"}}],
-    }
-    assert grammar_spec(schema=documents).schema == documents
-    with pytest.raises(GrammarError, match="remote"):
-        grammar_spec(schema={"type": "object", "properties": {"default": {"$ref": "https://example.com/a.json"}}})
-
-
-# --- recursion, depth, size --------------------------------------------------------------
-
-TREE = {
-    "$defs": {
-        "node": {
-            "type": "object",
-            "properties": {"v": {"type": "integer"}, "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}},
-            "required": ["v", "kids"],
-            "additionalProperties": False,
-        }
-    },
-    "$ref": "#/$defs/node",
-}
-
-
-@pytest.mark.parametrize("backend", ["xgrammar", "outlines"])
-def test_a_recursive_schema_generates_within_the_token_limit(model, tok, prompt, backend):
-    for kwargs in ({}, {"do_sample": True, "generator": torch.Generator().manual_seed(1)}):
-        new, text, stats = run(
-            model, tok, prompt, schema=TREE, grammar_backend=backend, max_new_tokens=30, assistant="auto", **kwargs
-        )
-        assert stats.new_tokens == len(new) <= 30
-        if stats.finish_reason == "stop":
-            assert set(json.loads(text)) == {"v", "kids"}
-        else:
-            assert stats.finish_reason == "length" and len(new) == 30
-
-
-REF_CYCLES = [{"$ref": "#"}, {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}]
-
-
-@pytest.mark.parametrize("schema", REF_CYCLES)
-@pytest.mark.parametrize("backend", ["xgrammar", "outlines"])
-def test_a_ref_cycle_without_content_is_refused(tok, schema, backend):
-    with pytest.raises(GrammarError, match="(?i)circular|rec\\w*sion"):  # outlines-core says "recusion"
-        compile_grammar(grammar_spec(schema=schema), tok, backend=backend)
-
-
-def _nested(depth: int) -> dict:
-    schema: dict = {"type": "integer"}
-    for _ in range(depth):
-        schema = {"type": "object", "properties": {"a": schema}, "required": ["a"]}
-    return schema
-
-
-def test_a_moderately_deep_schema_compiles(tok):
-    compiled = compile_grammar(grammar_spec(schema=_nested(60)), tok)
-    matcher = compiled.matcher()
-    text = '{"a":' * 60 + "7" + "}" * 60
-    assert all(matcher.accept(t) for t in tok(text, add_special_tokens=False)["input_ids"])
-
-
-@pytest.mark.parametrize("as_text", [False, True])
-def test_a_schema_nested_too_deeply_is_a_grammar_error_not_a_recursion_error(model, tok, prompt, as_text):
-    """150 nested objects exhaust Python's recursion in jsonschema's check_schema, copy.deepcopy
-    and json.dumps; the user must get a GrammarError that says so, not a RecursionError."""
-    schema = _nested(150)
-    schema = json.dumps(schema) if as_text else schema
-    with pytest.raises(GrammarError, match="(?i)deep|nest"):
-        grammarspec.generate(model, prompt, tokenizer=tok, schema=schema, max_new_tokens=5)
-
-
-@pytest.mark.parametrize("backend", ["xgrammar", "outlines"])
-def test_a_huge_enum_compiles_and_is_enforced(model, tok, prompt, backend):
-    words = [f"{a}{b}{c}{d}" for a in "abcdefghij" for b in "klmnopqrst" for c in "uvwxyzabcd" for d in "0123456789"]
-    assert len(set(words)) == 10_000
-    schema = {"type": "object", "properties": {"w": {"enum": words}}, "required": ["w"], "additionalProperties": False}
-    new, text, stats = run(
-        model, tok, prompt, schema=schema, grammar_backend=backend, max_new_tokens=16, assistant="auto"
-    )
-    assert stats.finish_reason == "stop" and json.loads(text)["w"] in set(words)
-    matcher = compile_grammar(grammar_spec(schema=schema), tok, backend=backend).matcher()
-    not_a_member = tok('{"w":"kkkk"}', add_special_tokens=False)["input_ids"]
-    assert matcher.validate(not_a_member) < len(not_a_member)
-
-
-# --- prompts and generation settings ------------------------------------------------------
-
-
-def test_an_empty_prompt_is_explained(model, tok):
-    with pytest.raises(ValueError, match="empty"):
-        grammarspec.generate(model, torch.zeros((1, 0), dtype=torch.long), tokenizer=tok, schema=SCHEMA)
-    with pytest.raises(ValueError, match="empty"):
-        grammarspec.generate(model, [], tokenizer=tok, schema=SCHEMA)
-
-
-def test_an_empty_chat_is_explained(model, smol_tokenizer):
-    with pytest.raises(ValueError, match="empty"):
-        grammarspec.build_prompt(smol_tokenizer, [])
-
-
-def test_an_empty_user_message_still_has_a_chat_prompt(smol_tokenizer):
-    """Defined: "" is an empty user turn inside the chat template, not an empty prompt."""
-    ids = grammarspec.build_prompt(smol_tokenizer, "", schema=SCHEMA)
-    assert smol_tokenizer.decode(ids).endswith("<|im_start|>assistant\n")
-
-
-def test_max_new_tokens_zero_returns_the_prompt_and_no_claim(model, tok, prompt):
-    new, text, stats = run(model, tok, prompt, schema=SCHEMA, max_new_tokens=0, assistant="auto")
-    assert (new, stats.finish_reason, stats.target_forwards) == ([], "length", 0)
-    result = grammarspec.complete(model, tok, "go", schema=SCHEMA, max_new_tokens=0)
-    assert (result.text, result.value, result.valid, result.finish_reason) == ("", None, False, "length")
-
-
-@pytest.mark.parametrize("assistant", [None, "auto"])
-def test_sampling_at_temperature_zero_is_greedy(model, tok, prompt, assistant):
-    greedy, _, _ = run(model, tok, prompt, schema=SCHEMA, assistant=assistant)
-    for seed in (0, 1):
-        sampled, _, _ = run(
-            model,
-            tok,
-            prompt,
-            schema=SCHEMA,
-            assistant=assistant,
-            do_sample=True,
-            temperature=0.0,
-            generator=torch.Generator().manual_seed(seed),
-        )
-        assert sampled == greedy
-
-
-@pytest.mark.parametrize("assistant", [None, "auto"])
-def test_top_p_zero_keeps_only_the_most_probable_token(model, tok, prompt, assistant):
-    greedy, _, _ = run(model, tok, prompt, schema=SCHEMA, assistant=assistant)
-    for seed in (0, 1):
-        sampled, _, _ = run(
-            model,
-            tok,
-            prompt,
-            schema=SCHEMA,
-            assistant=assistant,
-            do_sample=True,
-            top_p=0.0,
-            temperature=1.5,
-            generator=torch.Generator().manual_seed(seed),
-        )
-        assert sampled == greedy
+def test_a_bad_argument_is_named_with_what_it_accepts(model, tok, prompt, kwargs, names):
+    with pytest.raises(ValueError) as info:
+        gen(model, tok, prompt, **kwargs)
+    for part in names:
+        assert part in str(info.value), (part, str(info.value))
 
 
 @pytest.mark.parametrize(
@@ -268,10 +84,136 @@ def test_top_p_zero_keeps_only_the_most_probable_token(model, tok, prompt, assis
 )
 def test_out_of_range_settings_are_named(model, tok, prompt, settings, says):
     with pytest.raises(ValueError, match=says):
-        grammarspec.generate(model, prompt, tokenizer=tok, schema=SCHEMA, do_sample=True, **settings)
+        grammarspec.generate(model, prompt, tokenizer=tok, schema=OBJECT_SCHEMA, do_sample=True, **settings)
 
 
-# --- draft models and model loading -------------------------------------------------------
+def test_a_prompt_cache_that_is_a_cache_is_still_accepted(model, tok, prompt):
+    out = gen(model, tok, prompt, past_key_values=DynamicCache(), max_new_tokens=2)
+    assert out.shape[1] == prompt.shape[1] + 2
+
+
+def test_an_attention_mask_of_the_wrong_shape_is_named(model, tok, prompt):
+    with pytest.raises(ValueError, match=r"attention_mask must have the shape of input_ids \(1, \d+\), got \(1, 2\)"):
+        gen(model, tok, prompt, attention_mask=torch.ones(1, 2, dtype=torch.long))
+
+
+def test_an_attention_mask_with_a_hole_inside_the_prompt_is_refused(model, tok, prompt):
+    mask = torch.ones_like(prompt)
+    mask[0, 2] = 0
+    with pytest.raises(ValueError, match="attention_mask row 0 has a 0 between prompt tokens"):
+        gen(model, tok, prompt, attention_mask=mask)
+    left = torch.ones_like(prompt)
+    left[0, 0] = 0  # left padding is what tokenizers produce: still fine
+    assert gen(model, tok, prompt, attention_mask=left, max_new_tokens=1).shape[1] == prompt.shape[1] + 1
+
+
+def test_a_ragged_list_prompt_says_to_pad(model, tok):
+    with pytest.raises(ValueError, match=r"input_ids rows have different lengths \(2, 3\).*attention_mask"):
+        gen(model, tok, [[5, 6, 7], [5, 6]])
+
+
+def test_three_dimensional_input_ids_are_not_called_empty(model, tok, prompt):
+    with pytest.raises(ValueError, match="2-D.*got 3-D") as info:
+        gen(model, tok, prompt.unsqueeze(0))
+    assert "empty" not in str(info.value)
+
+
+def test_a_padded_batch_without_attention_mask_warns(model, tok):
+    pad = tok.pad_token_id
+    ids = torch.tensor([[pad, pad, 5, 6], [5, 6, 7, 8]])
+    with pytest.warns(UserWarning, match="starts with the pad token.*attention_mask"):
+        gen(model, tok, ids, max_new_tokens=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        gen(model, tok, ids, attention_mask=(ids != pad).long(), max_new_tokens=1)
+
+
+def test_output_scores_with_return_dict_gives_no_spurious_transformers_warning(model, tok, prompt):
+    import logging
+
+    from transformers.utils import logging as hf_logging
+
+    seen: list[str] = []
+
+    class Record(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record.getMessage())
+
+    handler = Record()
+    hf_logging.get_logger("transformers").addHandler(handler)
+    hf_logging.get_logger("transformers").warning_once.cache_clear()
+    try:
+        out = gen(model, tok, prompt, max_new_tokens=3, return_dict_in_generate=True, output_scores=True)
+    finally:
+        hf_logging.get_logger("transformers").removeHandler(handler)
+    assert len(out.scores) == 3
+    assert not [m for m in seen if "not valid" in m], seen
+
+
+# --- empty prompts and settings at their limits --------------------------------------------------------------------
+
+
+def test_an_empty_prompt_is_explained(model, tok):
+    with pytest.raises(ValueError, match="empty"):
+        grammarspec.generate(model, torch.zeros((1, 0), dtype=torch.long), tokenizer=tok, schema=OBJECT_SCHEMA)
+    with pytest.raises(ValueError, match="empty"):
+        grammarspec.generate(model, [], tokenizer=tok, schema=OBJECT_SCHEMA)
+
+
+def test_an_empty_chat_is_explained(model, smol_tokenizer):
+    with pytest.raises(ValueError, match="empty"):
+        grammarspec.build_prompt(smol_tokenizer, [])
+
+
+def test_an_empty_user_message_still_has_a_chat_prompt(smol_tokenizer):
+    """Defined: "" is an empty user turn inside the chat template, not an empty prompt."""
+    ids = grammarspec.build_prompt(smol_tokenizer, "", schema=OBJECT_SCHEMA)
+    assert smol_tokenizer.decode(ids).endswith("<|im_start|>assistant\n")
+
+
+def test_max_new_tokens_zero_returns_the_prompt_and_no_claim(model, tok, prompt):
+    new, text, stats = generate_one(model, tok, prompt, schema=OBJECT_SCHEMA, max_new_tokens=0, assistant="auto")
+    assert (new, stats.finish_reason, stats.target_forwards) == ([], "length", 0)
+    result = grammarspec.complete(model, tok, "go", schema=OBJECT_SCHEMA, max_new_tokens=0)
+    assert (result.text, result.value, result.valid, result.finish_reason) == ("", None, False, "length")
+
+
+@pytest.mark.parametrize("assistant", [None, "auto"])
+def test_sampling_at_temperature_zero_is_greedy(model, tok, prompt, assistant):
+    greedy, _, _ = generate_one(model, tok, prompt, schema=OBJECT_SCHEMA, assistant=assistant)
+    for seed in (0, 1):
+        sampled, _, _ = generate_one(
+            model,
+            tok,
+            prompt,
+            schema=OBJECT_SCHEMA,
+            assistant=assistant,
+            do_sample=True,
+            temperature=0.0,
+            generator=torch.Generator().manual_seed(seed),
+        )
+        assert sampled == greedy
+
+
+@pytest.mark.parametrize("assistant", [None, "auto"])
+def test_top_p_zero_keeps_only_the_most_probable_token(model, tok, prompt, assistant):
+    greedy, _, _ = generate_one(model, tok, prompt, schema=OBJECT_SCHEMA, assistant=assistant)
+    for seed in (0, 1):
+        sampled, _, _ = generate_one(
+            model,
+            tok,
+            prompt,
+            schema=OBJECT_SCHEMA,
+            assistant=assistant,
+            do_sample=True,
+            top_p=0.0,
+            temperature=1.5,
+            generator=torch.Generator().manual_seed(seed),
+        )
+        assert sampled == greedy
+
+
+# --- draft models and model loading --------------------------------------------------------------------------------
 
 
 def test_a_draft_model_with_another_tokenizer_is_refused_however_it_is_passed(model, tok, prompt):
@@ -289,7 +231,15 @@ def test_a_draft_model_with_another_tokenizer_is_refused_however_it_is_passed(mo
         {"assistant_model": other_eos},
     ):
         with pytest.raises(ValueError, match="does not share the target's tokenizer"):
-            grammarspec.generate(model, prompt, tokenizer=tok, schema=SCHEMA, max_new_tokens=5, **kwargs)
+            grammarspec.generate(model, prompt, tokenizer=tok, schema=OBJECT_SCHEMA, max_new_tokens=5, **kwargs)
+
+
+def test_a_draft_model_with_a_much_bigger_vocabulary_warns(model, tok, prompt):
+    with pytest.warns(UserWarning, match="more than the target's 56 padded to 128.*another tokenizer"):
+        gen(model, tok, prompt, assistant_model=tiny_llama(len(tok) + 200, seed=1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a padded vocabulary is the same tokenizer
+        gen(model, tok, prompt, assistant_model=tiny_llama(len(tok) + 8, seed=1))
 
 
 def test_a_missing_model_package_prints_the_install_command(monkeypatch, tmp_path):
@@ -314,185 +264,174 @@ def test_a_nonexistent_model_path_is_named(tmp_path):
         assert str(path) in str(caught.value)
 
 
-# --- stopping -----------------------------------------------------------------------------
-
-FORCED = {"type": "object", "properties": {"abc": {"const": "xyz"}}, "required": ["abc"], "additionalProperties": False}
+# --- one constraint object: tool_choice wherever tools= is accepted, one output shape ------------------------------
 
 
-@pytest.mark.parametrize("assistant", [None, "jump_forward", "auto"])
-def test_a_stop_string_inside_a_forced_span_stops_there(model, tok, prompt, assistant):
-    """The grammar forces {"abc":"xyz"}; the stop string "bc" ends generation inside the key."""
-    full, full_text, full_stats = run(model, tok, prompt, schema=FORCED, assistant=assistant)
-    assert full_stats.finish_reason == "stop" and json.loads(full_text) == {"abc": "xyz"}
-    new, text, stats = run(model, tok, prompt, schema=FORCED, stop_strings=["bc"], assistant=assistant)
-    assert stats.finish_reason == "stop_string"
-    assert "bc" in text and "bc" not in tok.decode(new[:-1])  # cut at the token that completes it
-    assert new == full[: len(new)]  # the same tokens as without the stop string, up to the cut
-    result = grammarspec.complete(model, tok, "go", schema=FORCED, stop_strings=["bc"], assistant=assistant)
-    assert result.finish_reason == "stop_string" and not result.valid and result.value is None
+def test_generate_takes_tool_choice(model, tok, prompt):
+    named = {"type": "function", "function": {"name": "get_time"}}
+    out = gen(model, tok, prompt, tools=TOOLS, tool_choice=named, max_new_tokens=40, return_dict_in_generate=True)
+    text = tok.decode(out.sequences[0, prompt.shape[1] :][: out.stats[0].new_tokens], skip_special_tokens=True)
+    assert out.stats[0].finish_reason == "stop" and text == '{"name":"get_time","arguments":{}}'
+    free = gen(model, tok, prompt, tools=TOOLS, tool_choice="none", max_new_tokens=5, return_dict_in_generate=True)
+    assert not free.stats[0].grammar_backend  # "none": the tools do not constrain the output
+    with pytest.raises(grammarspec.GrammarError, match="tool_choice='none' to constrain this output with schema="):
+        gen(model, tok, prompt, tools=TOOLS, schema={"type": "object"})
 
 
-@pytest.mark.parametrize("backend", ["xgrammar", "outlines"])
-def test_a_grammar_that_can_only_end_past_the_limit_reports_length(model, tok, prompt, backend):
-    schema = {"type": "array", "items": {"const": 7}, "minItems": 40, "maxItems": 40}
-    new, text, stats = run(
-        model, tok, prompt, schema=schema, grammar_backend=backend, max_new_tokens=20, assistant="auto"
+def test_complete_takes_tool_choice_and_returns_openai_tool_calls(smol_chat):
+    model, tok = smol_chat
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    result = grammarspec.complete(
+        model, tok, "Weather in Oslo?", tools=TOOLS, tool_choice=named, assistant=None, max_new_tokens=40
     )
-    assert stats.finish_reason == "length" and len(new) == 20
-    assert text.startswith("[7,7,")
-    result = grammarspec.complete(model, tok, "go", schema=schema, grammar_backend=backend, max_new_tokens=20)
-    assert (result.finish_reason, result.valid, result.value) == ("length", False, None)
+    assert result.valid, result
+    (call,) = result.tool_calls
+    assert call["type"] == "function" and call["function"]["name"] == "get_weather" and call["id"] == "call_0"
+    assert json.loads(call["function"]["arguments"]) == result.value["arguments"]
+    assert result.message["role"] == "assistant" and result.content is None
+    plain = grammarspec.complete(model, tok, "Hi", tools=TOOLS, tool_choice="none", assistant=None, max_new_tokens=3)
+    assert plain.tool_calls == [] and plain.content == plain.text
 
 
-class EosLovingModel(ToyCausalLM):
-    """A model that wants to stop at every position (EOS logit +50)."""
-
-    def next_logits(self, context):
-        logits = super().next_logits(context).clone()
-        logits[0] += 50.0
-        return logits
-
-
-@pytest.mark.parametrize("do_sample", [False, True])
-def test_eos_where_the_grammar_forbids_it_is_never_taken(tok, prompt, do_sample):
-    eos_model = EosLovingModel(len(tok), seed=3)
-    unconstrained, _, stats = run(eos_model, tok, prompt, max_new_tokens=10)
-    assert unconstrained == [0] and stats.finish_reason == "eos"  # it really wants to stop
-    for assistant in (None, "auto"):
-        new, text, stats = run(
-            eos_model,
-            tok,
-            prompt,
-            schema=SCHEMA,
-            assistant=assistant,
-            do_sample=do_sample,
-            generator=torch.Generator().manual_seed(0),
-            max_new_tokens=60,
-        )
-        assert stats.finish_reason == "stop" and new[-1] == 0 and 0 not in new[:-1]
-        value = json.loads(text)
-        assert set(value) == {"a", "b"}
+def test_a_json_null_answer_is_a_value(smol_chat):
+    model, tok = smol_chat
+    result = grammarspec.complete(model, tok, "Nothing?", schema={"type": "null"}, assistant=None, max_new_tokens=8)
+    assert result.text == "null" and result.finish_reason == "stop"
+    assert result.value is None and result.has_value and result.valid and result.stats.valid
+    cut = grammarspec.complete(model, tok, "Nothing?", schema={"type": "string"}, assistant=None, max_new_tokens=1)
+    assert cut.finish_reason == "length" and not cut.has_value and not cut.valid
 
 
-# --- non-ASCII --------------------------------------------------------------------------
-
-UNICODE = {
-    "title": "Café 😀 menu",
-    "type": "object",
-    "properties": {
-        "naïve": {"enum": ["café", "😀", "日本語", "Ünïcödé"]},
-        "名前": {"type": "string", "pattern": "^[äöü😀]{1,3}$"},
-        "emoji": {"const": "🎉✨"},
-    },
-    "required": ["naïve", "名前", "emoji"],
-    "additionalProperties": False,
-}
+def test_complete_refuses_a_prompt_that_is_not_text_or_messages(smol_chat):
+    model, tok = smol_chat
+    for bad, says in ((None, "prompt must be a non-empty string"), ([{"role": "user", "content": 5}], "prompt\\[0\\]")):
+        with pytest.raises(ValueError, match=says):
+            grammarspec.complete(model, tok, bad, schema={"type": "null"})
 
 
-@pytest.fixture(scope="module")
-def byte_tok():
-    return toy_byte_level_tokenizer()
+def test_complete_and_reply_refuse_a_parallel_tool_calls_that_is_not_a_bool(smol_chat):
+    """The tools are resolved before generate's own checks run, so "yes" used to act as True."""
+    model, tok = smol_chat
+    for bad in ("yes", 1):
+        with pytest.raises(ValueError, match=f"parallel_tool_calls= must be True or False, got {bad!r}"):
+            grammarspec.complete(
+                model, tok, "Hi", tools=TOOLS, parallel_tool_calls=bad, assistant=None, max_new_tokens=4
+            )
+    conv = grammarspec.Conversation(model, tok, tools=TOOLS, assistant=None)
+    conv.add_user("Hi")
+    with pytest.raises(ValueError, match="parallel_tool_calls= must be True or False, got 'yes'"):
+        conv.reply(parallel_tool_calls="yes", max_new_tokens=4)
+    assert conv.messages == [{"role": "user", "content": "Hi"}] and conv.replies == []
 
 
-@pytest.mark.parametrize("backend", ["xgrammar", "outlines"])
-def test_non_ascii_and_emoji_in_schema_and_prompt(byte_tok, backend):
-    model = tiny_llama(len(byte_tok), seed=4)
-    for kwargs in ({}, {"do_sample": True, "generator": torch.Generator().manual_seed(2)}):
-        result = grammarspec.complete(
-            model,
-            byte_tok,
-            "Menü 😀 bitte — 日本語?",
-            schema=UNICODE,
-            grammar_backend=backend,
-            assistant="auto",
-            max_new_tokens=80,
-            **kwargs,
-        )
-        assert result.finish_reason == "stop", result.text
-        assert result.valid, result.errors
-        assert result.value["emoji"] == "🎉✨" and result.value["naïve"] in UNICODE["properties"]["naïve"]["enum"]
+def test_complete_with_tool_choice_none_leaves_the_tools_out_of_the_prompt(smol_chat, monkeypatch):
+    import grammarspec.api as api
+
+    model, tok = smol_chat
+    prompts: list[str] = []
+
+    class Seen(Exception):
+        pass
+
+    def record(model, input_ids, constraint, **options):
+        prompts.append(tok.decode(input_ids[0]))
+        raise Seen
+
+    monkeypatch.setattr(api, "run_generate", record)
+    for choice in ("none", "auto"):
+        with pytest.raises(Seen):
+            grammarspec.complete(model, tok, "Weather?", tools=TOOLS, tool_choice=choice, assistant=None)
+    none, auto = prompts
+    assert "get_weather" in auto and "get_weather" not in none and "tool" not in none.lower()
 
 
-@pytest.mark.parametrize("backend", ["xgrammar", "outlines"])
-def test_emoji_split_across_real_tokens_are_matched(smol_tokenizer, backend):
-    """SmolLM2 splits an emoji into byte-level pieces; the matcher must accept exactly the document."""
-    compiled = compile_grammar(grammar_spec(schema=UNICODE), smol_tokenizer, backend=backend)
-    good = {"naïve": "😀", "名前": "ä😀", "emoji": "🎉✨"}
-    ids = smol_tokenizer(json.dumps(good, ensure_ascii=False, separators=(",", ":")), add_special_tokens=False)[
-        "input_ids"
-    ]
-    matcher = compiled.matcher()
-    assert all(matcher.accept(t) for t in ids) and matcher.accept(smol_tokenizer.eos_token_id)
-    bad = dict(good, emoji="🎉")
-    ids = smol_tokenizer(json.dumps(bad, ensure_ascii=False, separators=(",", ":")), add_special_tokens=False)[
-        "input_ids"
-    ]
-    assert compiled.matcher().validate(ids + [smol_tokenizer.eos_token_id]) < len(ids) + 1
+def test_a_schema_whose_description_fills_the_context_names_describe_false(smol_chat):
+    model, tok = smol_chat
+    context = model.config.max_position_embeddings
+    schema = {"type": "object", "properties": {"code": {"enum": [f"value-{i:05d}" for i in range(20000)]}}}
+    with pytest.raises(ValueError) as e:
+        grammarspec.complete(model, tok, "Pick a code.", schema=schema, assistant=None, max_new_tokens=4)
+    message = str(e.value)
+    assert "schema's (or tools') description" in message and "describe=False" in message, message
+    assert f"context is {context}" in message
+    bare = grammarspec.build_prompt(tok, "Pick a code.", schema=schema, describe=False)
+    assert len(bare) < 40  # without the description the prompt is the question alone
+    assert "describe=False" in grammarspec.complete.__doc__ and "describe" in grammarspec.build_prompt.__doc__
 
 
-# --- one schema, many calls and threads ---------------------------------------------------
+# --- conversations: checked at the door, never corrupted -----------------------------------------------------------
 
 
-def test_the_same_schema_twice_gives_the_same_output_from_one_compiled_grammar(model, tok, prompt):
-    spec = grammar_spec(schema=SCHEMA)
-    first = compile_grammar(spec, tok, vocab_size=len(tok), stop_token_ids=[tok.eos_token_id])
-    a, _, _ = run(model, tok, prompt, schema=SCHEMA, assistant="auto")
-    b, _, _ = run(model, tok, prompt, schema=dict(SCHEMA), assistant="auto")
-    assert a == b
-    assert (
-        compile_grammar(
-            grammar_spec(schema=json.dumps(SCHEMA)), tok, vocab_size=len(tok), stop_token_ids=[tok.eos_token_id]
-        )
-        is first
-    )
+def test_conversation_refuses_bad_messages_and_keeps_its_state(smol_chat):
+    model, tok = smol_chat
+    conv = grammarspec.Conversation(model, tok, tools=TOOLS, assistant=None)
+    with pytest.raises(ValueError, match="add_user\\(content\\) must be a string, got int"):
+        conv.add_user(123)
+    assert conv.messages == []
+    conv.add_user("Weather in Oslo?")
+    reply = conv.reply(tool_choice={"type": "function", "function": {"name": "get_time"}}, max_new_tokens=30)
+    call_id = reply.tool_calls[0]["id"]
+    before = copy.deepcopy(conv.messages)
+    with pytest.raises(ValueError, match="add_tool_result\\(content\\) must be a string or a JSON value.*set"):
+        conv.add_tool_result(call_id, {1, 2})
+    assert conv.messages == before
+    conv.add_tool_result(call_id, {"time": "12:00"})
+    assert conv.reply(tool_choice="none", max_new_tokens=2).finish_reason in ("stop", "length")
 
 
-def test_two_threads_with_the_same_new_schema_get_their_own_grammar_state(model, tok, prompt):
-    schema = dict(SCHEMA, title="threads")  # not compiled yet: both threads ask for it at once
-    settings = [
-        {"assistant": "auto"},
-        {"assistant": None, "do_sample": True, "seed": 7},
-        {"assistant": "schema_ngram", "do_sample": True, "seed": 8},
-        {"assistant": "prompt_lookup"},
-    ]
-
-    def one(setting):
-        setting = dict(setting)
-        seed = setting.pop("seed", None)
-        generator = torch.Generator().manual_seed(seed) if seed is not None else None
-        return run(model, tok, prompt, schema=schema, generator=generator, **setting)[0]
-
-    results: dict[int, list[int]] = {}
-    errors: list[BaseException] = []
-    barrier = threading.Barrier(len(settings))
-
-    def work(i):
-        try:
-            barrier.wait()
-            results[i] = one(settings[i])
-        except BaseException as e:  # noqa: BLE001 - reported below
-            errors.append(e)
-
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(settings))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert not errors, errors
-    alone = [one(s) for s in settings]  # afterwards, one by one, from the cached grammar
-    assert [results[i] for i in range(len(settings))] == alone
+@pytest.mark.parametrize("bad", ["8", 2.5, -1])
+def test_reply_names_a_bad_max_new_tokens_and_keeps_the_conversation(smol_chat, bad):
+    model, tok = smol_chat
+    conv = grammarspec.Conversation(model, tok, assistant=None)
+    conv.add_user("Hi")
+    first = conv.reply(max_new_tokens=2)
+    before, cached = copy.deepcopy(conv.messages), conv.cached_tokens
+    with pytest.raises(ValueError, match=f"max_new_tokens must be an int >= 0, got {bad!r}"):
+        conv.reply(max_new_tokens=bad)
+    assert conv.messages == before and conv.cached_tokens == cached and conv.replies == [first]
+    conv.add_user("Again")
+    assert conv.reply(max_new_tokens=2).finish_reason in ("stop", "length")  # later turns still work
 
 
-@pytest.mark.parametrize(
-    "schema",
-    [
-        {"type": "integer", "minimum": 5, "maximum": 2},
-        {"enum": []},
-        {"type": "object", "properties": {"a": False}, "required": ["a"]},
-    ],
-)
-def test_unsatisfiable_schemas_do_not_suggest_another_backend(tok, schema):
-    with pytest.raises(GrammarError) as info:
-        compile_grammar(grammar_spec(schema=schema), tok, vocab_size=len(tok), stop_token_ids=(0,))
-    message = str(info.value)
-    assert "accepts no value" in message and "outlines" not in message
+def test_conversation_refuses_an_unknown_option_when_built(smol_chat):
+    model, tok = smol_chat
+    with pytest.raises(TypeError, match="Conversation\\(\\) got unknown arguments: foo"):
+        grammarspec.Conversation(model, tok, foo=1)
+    with pytest.raises(ValueError, match="max_draft_tokens must be an int"):
+        grammarspec.Conversation(model, tok, max_draft_tokens=0)
+
+
+def test_reply_with_a_schema_in_a_tool_conversation_names_the_real_conflict(smol_chat):
+    model, tok = smol_chat
+    conv = grammarspec.Conversation(model, tok, tools=TOOLS, assistant=None)
+    conv.add_user("Hi")
+    with pytest.raises(grammarspec.GrammarError) as info:
+        conv.reply(schema={"type": "object"}, max_new_tokens=4)
+    assert "grammar" not in str(info.value).split("tool_choice")[0] and "tool_choice='none'" in str(info.value)
+    assert conv.messages == [{"role": "user", "content": "Hi"}]
+    out = conv.reply(schema={"type": "null"}, tool_choice="none", max_new_tokens=4)
+    assert out.content == "null"
+
+
+def test_tool_choice_none_offers_no_call_format_and_tells_the_model_not_to_call(smol_chat):
+    from grammarspec.conversation import NO_TOOL_NOTE
+
+    model, tok = smol_chat
+    conv = grammarspec.Conversation(model, tok, tools=TOOLS, system="Be brief.", assistant=None)
+    conv.add_user("Hi")
+    none_ids = conv.prompt_ids(tool_choice="none")
+    auto, none = tok.decode(conv.prompt_ids()), tok.decode(none_ids)
+    assert NO_TOOL_NOTE in none and NO_TOOL_NOTE not in auto
+    assert "reply with one JSON object" in auto and "get_weather" in auto
+    assert "JSON object" not in none and "get_weather" not in none and "Be brief." in none
+    reply = conv.reply(tool_choice="none", max_new_tokens=2)
+    assert reply.prompt_tokens == len(none_ids) and "tool_calls" not in reply.message
+    assert NO_TOOL_NOTE not in str(conv.messages)  # the note is not kept
+
+
+def test_tool_definitions_a_template_ignores_are_described_with_a_warning(smol_chat):
+    model, tok = smol_chat  # SmolLM2's chat template ignores tools=
+    with pytest.warns(UserWarning, match="the chat template ignores tools="):
+        conv = grammarspec.Conversation(model, tok, tools=TOOLS, tool_format="qwen_3", assistant=None)
+    conv.add_user("Hi")
+    assert "get_weather" in tok.decode(conv.prompt_ids())

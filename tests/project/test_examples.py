@@ -128,3 +128,23 @@ def test_demo_shows_a_complete_valid_answer_and_the_speedup(quick_examples, caps
     assert "'schema-valid' means the JSON follows the schema, not that its values are right" in out
     assert "all 6 fields are right" in out
     assert "identical output: True" in out and "x faster" in out
+
+
+# --- the README and the tool agent: what "valid" means -------------------------------------------------------------
+
+
+def test_the_readme_says_what_valid_means_and_that_text_streamers_burst():
+    readme = " ".join((EXAMPLES.parent / "README.md").read_text().split())
+    assert '**"Valid" means schema-valid**' in readme and "does not mean the values are right" in readme
+    assert "TextIteratorStreamer" in readme and "arrives in bursts" in readme and "examples/streaming.py" in readme
+    assert "class TokenPrinter(BaseStreamer)" in (EXAMPLES / "streaming.py").read_text()
+
+
+@pytest.mark.slow
+def test_the_tool_agent_quick_run_is_right_and_says_valid_is_not_correct(quick_examples, capsys):
+    agent = load_example("tool_agent")
+    assert agent.main([]) == 0
+    out = capsys.readouterr().out
+    assert "question: Calculate 17 * 23." in out and "calculator(" in out and "get_weather(" not in out
+    assert "answer:" in out and "391" in out.split("answer:")[1]
+    assert "schema-valid (right tool and right answer are another matter): the answer is right" in out
