@@ -192,14 +192,24 @@ def test_an_unnamed_model_is_profiled_for_itself_and_never_stored(profile_mode):
     assert not profile_file().exists()  # a class name is no identity to keep on disk
 
 
-def test_a_profile_prices_the_masked_path_and_the_host_work_of_a_draft_token():
+def test_a_profile_prices_the_masked_path_and_the_host_work_of_a_draft_token(monkeypatch):
     import warnings
+
+    from grammarspec.drafting import pass_profile
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # both terms are timed on a real model: no fallback
         cost = profile_pass_cost(tiny_llama(64, seed=0), context=24, rows=(1, 2, 8), repeats=1, clock=FakeClock(0.001))
-    assert cost.switch >= 0.0 and cost.per_token > 0.0 and cost.per_draft_row >= 0.0
+    assert cost.per_token > 0.0
     assert cost.drafted(8, 4, batch=4) == pytest.approx(cost.cost(8) + 4 * cost.per_token + cost.switch)
+    # each term is its measured difference in plain steps (the spread shared out over the rows beyond the first),
+    # and a difference measured below 0 (noise) is priced at 0
+    measured = {("plain", "one"): 0.003, ("chain", "spread"): 0.015}
+    monkeypatch.setattr(pass_profile, "_ragged_seconds", lambda *args, **kwargs: measured[args[4], args[5]])
+    monkeypatch.setattr(pass_profile, "_host_seconds_per_token", lambda *args: 0.0005)
+    assert pass_profile.profile_extra_terms(object(), 0.01) == (0.3, 0.05, 0.1)
+    measured = {("plain", "one"): -0.002, ("chain", "spread"): -0.001}
+    assert pass_profile.profile_extra_terms(object(), 0.01) == (0.0, 0.05, 0.0)
 
 
 def test_spreading_drafts_over_rows_is_timed_against_the_same_tokens_in_one_chain(monkeypatch):

@@ -9,6 +9,7 @@ into a 400 (tests/serve/test_adversarial_schemas.py sends two of these through i
 
 from __future__ import annotations
 
+import json
 import warnings
 
 import pytest
@@ -127,6 +128,23 @@ SATISFIABLE = {
     },
 }
 
+#: a value each satisfiable example accepts
+SATISFIABLE_INSTANCES = {
+    "allOf number and integer": 2,
+    "uniqueItems with minItems equal to the enum's size": ["a", "b"],
+    "required satisfied by patternProperties": {"ab": 1},
+    "an optional property that accepts nothing": {"b": "x"},
+    "one anyOf branch empty": "x",
+    "crossed string bounds on a string-or-integer": 7,
+    "bounds with no type": "x",
+    "an integer between exclusive fractional bounds": 2,
+    "an enum with one value of the type": "a",
+    "a recursive $ref": {"next": {}},
+    "uniqueItems over boolean or null": [True, False, None],
+    "uniqueItems over 1 and true (different values)": [1, True],
+    "draft-07: siblings of a $ref are ignored": 3,
+}
+
 BACKENDS = ("xgrammar", "outlines", "llguidance", "auto")
 
 
@@ -148,28 +166,16 @@ def test_a_satisfiable_schema_is_never_refused(tok, case):
     assert conflict(schema) is None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        assert compile_grammar(grammar_spec(schema=schema), tok, backend="auto").unenforced is not None
+        compiled = compile_grammar(grammar_spec(schema=schema), tok, backend="auto")
+    text = json.dumps(SATISFIABLE_INSTANCES[case], separators=(",", ":"))
+    ids = tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    assert compiled.matcher().validate(ids) == len(ids), (text, compiled.backend)  # the grammar takes a value
 
 
 def test_every_satisfiable_example_has_a_valid_instance():
     """The satisfiable examples really are satisfiable: jsonschema accepts a value for each."""
     from grammars.validation import schema_errors
 
-    instances = {
-        "allOf number and integer": 2,
-        "uniqueItems with minItems equal to the enum's size": ["a", "b"],
-        "required satisfied by patternProperties": {"ab": 1},
-        "an optional property that accepts nothing": {"b": "x"},
-        "one anyOf branch empty": "x",
-        "crossed string bounds on a string-or-integer": 7,
-        "bounds with no type": "x",
-        "an integer between exclusive fractional bounds": 2,
-        "an enum with one value of the type": "a",
-        "a recursive $ref": {"next": {}},
-        "uniqueItems over boolean or null": [True, False, None],
-        "uniqueItems over 1 and true (different values)": [1, True],
-        "draft-07: siblings of a $ref are ignored": 3,
-    }
-    assert set(instances) == set(SATISFIABLE)
-    for case, value in instances.items():
+    assert set(SATISFIABLE_INSTANCES) == set(SATISFIABLE)
+    for case, value in SATISFIABLE_INSTANCES.items():
         assert schema_errors(SATISFIABLE[case], value) == [], case

@@ -21,7 +21,6 @@ from tests.helpers import OBJECT_SCHEMA, generate_one
 from tests.toy import toy_byte_level_tokenizer, toy_tokenizer
 from tests.toy_models import tiny_llama
 
-
 # --- booleans, depth, long enums, $id refs, refs in a tool's parameters ------------------------------------------
 
 

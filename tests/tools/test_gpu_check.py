@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections import Counter
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -120,9 +122,25 @@ def test_a_check_that_raises_fails_alone_and_says_where(toy_run, monkeypatch):
 def test_the_throughput_arm_times_both_arms(monkeypatch):
     tok = toy_tokenizer()
     monkeypatch.setattr(gpu_check, "build_model", lambda device, dtype, **kw: tiny_llama(len(tok), seed=4).to(dtype))
+    readings = itertools.count(0.0, 0.5)  # the tool's clock: each reading half a second after the one before
+    monkeypatch.setattr(gpu_check, "time", SimpleNamespace(perf_counter=lambda: next(readings)))
+    made: dict[str, list[int]] = {"hf_generate": [], "ours": []}  # each call's new tokens, by arm
+    for name, arm in list(vars(gpu_check).items()):
+        if name in made:
+
+            def counted(*args, _arm=arm, _name=name, **kwargs):
+                outputs = _arm(*args, **kwargs)
+                made[_name].append(sum(map(len, outputs)))
+                return outputs
+
+            monkeypatch.setattr(gpu_check, name, counted)
     rows = gpu_check.throughput(tok, "cpu", 6, (1, 2), "small")
     assert [r["batch"] for r in rows] == [1, 2]
-    assert all(r["hf_tok_s"] > 0 and r["grammarspec_tok_s"] > 0 and r["host_syncs"] is None for r in rows)
+    # per batch each arm runs twice, a warm-up and then the timed run: its tokens over the 0.5 s between two readings
+    timed = {name: calls[1::2] for name, calls in made.items()}
+    assert [r["hf_tok_s"] for r in rows] == [n / 0.5 for n in timed["hf_generate"]] and all(timed["hf_generate"])
+    assert [r["grammarspec_tok_s"] for r in rows] == [n / 0.5 for n in timed["ours"]] and all(timed["ours"])
+    assert all(r["speedup"] == r["grammarspec_tok_s"] / r["hf_tok_s"] and r["host_syncs"] is None for r in rows)
 
 
 def test_the_sweep_serves_a_saved_random_model_on_the_device_and_keeps_its_profile(monkeypatch, tmp_path):

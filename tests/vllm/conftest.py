@@ -1,9 +1,9 @@
-"""grammarspec.vllm's tests: the proposer against stand-ins (test_proposer.py, the main environment) and the
-integration tests with vLLM itself (test_vllm_*.py, the vLLM environment: ``make test-vllm``).
+"""grammarspec.vllm's tests: the proposer against stand-ins (test_proposer.py) and vLLM itself (test_vllm_*.py).
 
-The main environment has no vLLM: there the integration modules are not collected (``make test`` runs them
-afterwards in ``.venv-vllm``), and there alone the stand-ins' module runs.  vLLM runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, one
-executor process less to start) so a test can look at the proposer vLLM built.
+The main environment has no vLLM: there the vLLM modules are not collected (``make test`` runs them afterwards in
+``.venv-vllm``: ``make test-vllm``), and the stand-ins' module runs there alone.  vLLM runs in-process
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0``, one executor process less to start) so a test can look at the proposer
+vLLM built.
 """
 
 from __future__ import annotations

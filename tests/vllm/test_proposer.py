@@ -3,7 +3,7 @@
 The stand-ins reproduce what vLLM 0.32's V1 model runner hands the proposer (see
 ``grammarspec/vllm/proposer.py``): per-row sampled tokens, ``num_tokens_no_spec``,
 ``token_ids_cpu``, and a runner with ``input_batch.req_ids`` and ``requests``.
-The integration tests with vLLM itself are in tests/vllm/ (run in .venv-vllm).
+The integration tests with vLLM itself are beside it (test_vllm_*.py, run in .venv-vllm).
 """
 
 from __future__ import annotations
