@@ -1,5 +1,7 @@
-"""Shared fixtures: the embedded real model (loaded once), the toy tokenizer and a tiny random model over it,
-and the data sample.  Shared constants (schemas, tools, the exactness harness) are in tests/helpers.py.
+"""Shared fixtures: the embedded real model (loaded once), the toy tokenizer (``tok``, and ``chat`` with a chat
+template) with tiny random Llamas over it (``model``, ``chat_model``) and a prompt, the embedded model's tokenizer
+over a tiny random Llama (``smol_chat``), and the data sample.  Shared constants (schemas, tools) and the
+exactness harness are in tests/helpers.py; the toy vocabularies in tests/toy.py.
 
 The benchmark tasks and the schema corpus come from the repository's ``data/``
 folder (``$GRAMMARSPEC_TASKS`` / ``$GRAMMARSPEC_SCHEMAS`` name others), read by
@@ -16,10 +18,12 @@ import pytest
 import torch
 
 from grammarspec.bench.tasks import read_task_records
+from tests.toy import toy_chat_tokenizer, toy_tokenizer, toy_vocab_size
+from tests.toy_models import tiny_llama
 
 # The suite's greedy-parity and seeded tests compare runs: a draft length that depends on a
 # profile of this machine's pass times would move floating-point ties between them.  The fixed
-# CPU prior keeps them reproducible (subprocesses inherit it); test_pass_profile.py sets "profile".
+# CPU prior keeps them reproducible (subprocesses inherit it); tests/drafting/test_pass_profile.py sets "profile".
 os.environ.setdefault("GRAMMARSPEC_PASS_COST", "prior")
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
@@ -62,7 +66,6 @@ def grammars():
     """The batch tests' schemas (helpers.SCHEMAS) compiled over the toy tokenizer, one per row."""
     from grammars import compile_grammar, grammar_spec
     from tests.helpers import SCHEMAS
-    from tests.toy import toy_tokenizer
 
     tok = toy_tokenizer()
     return [compile_grammar(grammar_spec(schema=s), tok, vocab_size=len(tok), stop_token_ids=(0,)) for s in SCHEMAS]
@@ -71,17 +74,12 @@ def grammars():
 @pytest.fixture(scope="module")
 def tok():
     """A fresh toy tokenizer per module (tests/toy.py): 56 tokens, ``</s>`` (id 0) its EOS."""
-    from tests.toy import toy_tokenizer
-
     return toy_tokenizer()
 
 
 @pytest.fixture(scope="module")
 def model():
     """A tiny random Llama over the toy vocabulary (seed 0), one per module."""
-    from tests.toy import toy_vocab_size
-    from tests.toy_models import tiny_llama
-
     return tiny_llama(toy_vocab_size(), seed=0)
 
 
@@ -94,23 +92,16 @@ def prompt(tok):
 @pytest.fixture(scope="module")
 def chat():
     """The toy tokenizer with a chat template (tests/toy.py's ``TOY_CHAT_TEMPLATE``), one per module."""
-    from tests.toy import toy_chat_tokenizer
-
     return toy_chat_tokenizer()
 
 
 @pytest.fixture(scope="module")
 def chat_model(chat):
     """A tiny random Llama over :func:`chat`'s vocabulary (seed 3), one per module."""
-    from tests.toy import toy_vocab_size
-    from tests.toy_models import tiny_llama
-
     return tiny_llama(toy_vocab_size(chat), seed=3)
 
 
 @pytest.fixture(scope="module")
 def smol_chat(smol_tokenizer):
     """``(model, tokenizer)``: a tiny random Llama over the embedded model's tokenizer (its chat template)."""
-    from tests.toy_models import tiny_llama
-
     return tiny_llama(len(smol_tokenizer), seed=0), smol_tokenizer
