@@ -29,7 +29,8 @@ def test_a_run_splits_its_time_between_forwards_the_rest_of_the_steps_and_the_lo
     assert (plain["gc s"], plain["full gc"], drafted["gc s"], drafted["full gc"]) == (0.25, 2, 0.5, 0)
     # both clients' rows decode together once the second prompt is read: steps of the one shape both arms share
     assert 1 <= plain["full plain steps"] < plain["steps"] and plain["their forward ms"] > 0
-    assert drafted["steps"] >= 1 and drafted["admitted"] >= 0
+    # the JSON arm drafts: its forced text is admitted and verified in its steps
+    assert drafted["steps"] >= 1 and drafted["admitted"] > 0 and 1 <= drafted["drafted steps"] <= drafted["steps"]
 
 
 def test_the_host_functions_it_times_exist_and_count_their_seconds(monkeypatch):
