@@ -11,7 +11,8 @@ profile's passes and the loop's steps take exactly the seconds the test says.
 from __future__ import annotations
 
 import torch
-from toy_models import ToyCausalLM
+
+from tests.toy_models import ToyCausalLM
 
 
 class FakeClock:

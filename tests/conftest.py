@@ -1,4 +1,7 @@
-"""Shared fixtures: the embedded real model (loaded once), tiny random models, and the data sample.
+"""Shared fixtures: the embedded real model (loaded once), the toy tokenizer (``tok``, and ``chat`` with a chat
+template) with tiny random Llamas over it (``model``, ``chat_model``) and a prompt, the embedded model's tokenizer
+over a tiny random Llama (``smol_chat``), and the data sample.  Shared constants (schemas, tools) and the
+exactness harness are in tests/helpers.py; the toy vocabularies in tests/toy.py.
 
 The benchmark tasks and the schema corpus come from the repository's ``data/``
 folder (``$GRAMMARSPEC_TASKS`` / ``$GRAMMARSPEC_SCHEMAS`` name others), read by
@@ -14,11 +17,13 @@ import os
 import pytest
 import torch
 
-from grammarspec.bench.tasks import read_schema_records, read_task_records
+from grammarspec.bench.tasks import read_task_records
+from tests.toy import toy_chat_tokenizer, toy_tokenizer, toy_vocab_size
+from tests.toy_models import tiny_llama
 
 # The suite's greedy-parity and seeded tests compare runs: a draft length that depends on a
 # profile of this machine's pass times would move floating-point ties between them.  The fixed
-# CPU prior keeps them reproducible (subprocesses inherit it); test_pass_profile.py sets "profile".
+# CPU prior keeps them reproducible (subprocesses inherit it); tests/drafting/test_pass_profile.py sets "profile".
 os.environ.setdefault("GRAMMARSPEC_PASS_COST", "prior")
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
@@ -56,21 +61,50 @@ def tasks() -> list[dict]:
     return read_task_records()
 
 
-def corpus_records(category: str | None = None) -> list[dict]:
-    """Records of the schema corpus (``data/schemas`` or ``$GRAMMARSPEC_SCHEMAS``): one category or all."""
-    return read_schema_records(categories=[category] if category else None)
-
-
 @pytest.fixture(scope="module")
 def grammars():
     """The batch tests' schemas (helpers.SCHEMAS) compiled over the toy tokenizer, one per row."""
-    from helpers import SCHEMAS
-    from toy import toy_tokenizer
-
     from grammars import compile_grammar, grammar_spec
+    from tests.helpers import SCHEMAS
 
     tok = toy_tokenizer()
     return [compile_grammar(grammar_spec(schema=s), tok, vocab_size=len(tok), stop_token_ids=(0,)) for s in SCHEMAS]
+
+
+@pytest.fixture(scope="module")
+def tok():
+    """A fresh toy tokenizer per module (tests/toy.py): 56 tokens, ``</s>`` (id 0) its EOS."""
+    return toy_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def model():
+    """A tiny random Llama over the toy vocabulary (seed 0), one per module."""
+    return tiny_llama(toy_vocab_size(), seed=0)
+
+
+@pytest.fixture(scope="module")
+def prompt(tok):
+    """A one-row prompt for :func:`model`: ``{b:1}`` in the toy tokenizer."""
+    return torch.tensor([tok("{b:1}", add_special_tokens=False)["input_ids"]])
+
+
+@pytest.fixture(scope="module")
+def chat():
+    """The toy tokenizer with a chat template (tests/toy.py's ``TOY_CHAT_TEMPLATE``), one per module."""
+    return toy_chat_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def chat_model(chat):
+    """A tiny random Llama over :func:`chat`'s vocabulary (seed 3), one per module."""
+    return tiny_llama(toy_vocab_size(chat), seed=3)
+
+
+@pytest.fixture(scope="module")
+def smol_chat(smol_tokenizer):
+    """``(model, tokenizer)``: a tiny random Llama over the embedded model's tokenizer (its chat template)."""
+    return tiny_llama(len(smol_tokenizer), seed=0), smol_tokenizer
 
 
 @pytest.fixture(autouse=True)

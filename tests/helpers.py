@@ -15,10 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from scipy_free_stats import chi_square_pvalue
-from toy import toy_vocab_size
-from toy_models import ToyCausalLM
 
+import grammarspec
 from grammars.base import allocate_bitmask
 from grammarspec.engine.decoding import RowRequest, sampling_processing
 from grammarspec.engine.processing import LogitsPipeline
@@ -26,6 +24,9 @@ from grammarspec.engine.sampling import apply_bitmask
 from grammarspec.policy.adaptive import AdaptiveController
 from proposers.base import Draft, GrammarView, Request
 from proposers.tree import DraftTree
+from tests.scipy_free_stats import chi_square_pvalue
+from tests.toy import toy_vocab_size
+from tests.toy_models import ToyCausalLM
 
 V = toy_vocab_size()
 SCHEMA = {"type": "array", "items": {"enum": ["a", "b"]}, "minItems": 1, "maxItems": 2}
@@ -187,13 +188,75 @@ def single_thread():
     torch.set_num_threads(threads)
 
 
-TOOLS = Path(__file__).resolve().parents[1] / "tools"
+ROOT = Path(__file__).resolve().parents[1]  # the repository
+
+#: An object the toy vocabulary spells in a few tokens: a short array of enum strings and a boolean.
+OBJECT_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "a": {"type": "array", "items": {"enum": ["x", "yy", "z"]}, "maxItems": 3},
+        "b": {"type": "boolean"},
+    },
+    "required": ["a", "b"],
+    "additionalProperties": False,
+}
+#: The JSON answer the server, chat and vLLM tests ask for: a trip's city and length.
+TRIP_SCHEMA = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+    "required": ["city", "days"],
+    "additionalProperties": False,
+}
+#: The tools the server tests offer the real model: one with a string argument, one with integers.
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Current weather in a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+                "additionalProperties": False,
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "Add two integers",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                "required": ["a", "b"],
+                "additionalProperties": False,
+            },
+        },
+    },
+]
+
+
+def corpus_records(category: str | None = None) -> list[dict]:
+    """Records of the schema corpus (``data/schemas`` or ``$GRAMMARSPEC_SCHEMAS``): one category or all."""
+    from grammarspec.bench.tasks import read_schema_records
+
+    return read_schema_records(categories=[category] if category else None)
 
 
 def load_tool(name: str):
     """The script ``tools/<name>.py`` imported as a module (registered, so its dataclasses resolve)."""
-    spec = importlib.util.spec_from_file_location(name, TOOLS / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def generate_one(model, tok, prompt, **kwargs):
+    """``grammarspec.generate`` of one row with statistics: (new token ids, their text, the row's stats)."""
+    kwargs.setdefault("max_new_tokens", 40)
+    out = grammarspec.generate(model, prompt, tokenizer=tok, return_dict_in_generate=True, **kwargs)
+    new = out.sequences[0, prompt.shape[1] :].tolist()[: out.stats[0].new_tokens]
+    return new, tok.decode(new, skip_special_tokens=True), out.stats[0]

@@ -81,6 +81,17 @@ def toy_tokenizer():
     return tok
 
 
+#: A minimal chat template over the toy vocabulary: one line per message, ``role initial:content``.
+TOY_CHAT_TEMPLATE = "{% for m in messages %}{{ m['role'][0] }}:{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}a:{% endif %}"
+
+
+def toy_chat_tokenizer():
+    """:func:`toy_tokenizer` with :data:`TOY_CHAT_TEMPLATE`, for the chat paths (``Conversation``, the server)."""
+    tok = toy_tokenizer()
+    tok.chat_template = TOY_CHAT_TEMPLATE
+    return tok
+
+
 def toy_vocab_size(tok=None) -> int:
     """The logits width matching the toy vocabulary (``len(tokenizer)``)."""
     return len(tok) if tok is not None else len(toy_vocab())

@@ -25,7 +25,7 @@ the warm-up more than ``--limit-mb`` above the floor plus the caches'
 estimated bytes for two calls in a row (the caches' contents move RSS within
 their bound; nothing else may), and a peak over ``--peak-limit-mb`` when
 given.  ``--plot FILE`` draws RSS against calls (matplotlib), with the floor
-plus the caches' estimate.  A script, not a timed test: tests/test_memory.py
+plus the caches' estimate.  A script, not a timed test: tests/grammars/test_memory.py
 runs a short version of the same loop.
 """
 

@@ -6,7 +6,7 @@ Keeps every record that one of the fuzz CI slices (:data:`tools.fuzz.CI_SLICES`)
 picks from the full corpus, unchanged (examples, prompts, ``meta`` and
 ``source`` intact: the corpus' lines byte for byte), one ``<category>.jsonl``
 per category in the corpus' own order.  Because a slice of a corpus is also the slice of any
-sub-corpus holding it, ``tests/test_fuzz_corpus.py`` runs on the same
+sub-corpus holding it, ``tests/grammars/test_fuzz_corpus.py`` runs on the same
 schemas whether it reads the sample or the full corpus.  The license files
 and the README of ``data/schemas`` are kept by hand.
 """

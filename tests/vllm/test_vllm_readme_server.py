@@ -20,10 +20,10 @@ from pathlib import Path
 
 import httpx2 as httpx
 import jsonschema
-from readme_curl import curl_arguments, runners
-from serve_process import free_port, readme_block, server_process
 
 import grammarspec.vllm as gsv
+from tests.readme_curl import curl_arguments, runners
+from tests.serve_process import free_port, readme_block, server_process
 
 HEADING = "## Running on vLLM"
 README_ADDRESS = "localhost:8000"  # where vLLM listens by default, as the snippet's curl says

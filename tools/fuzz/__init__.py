@@ -35,7 +35,7 @@ behaviour and are counted in the summary.  The CLI runs each (record,
 backend) job in a worker process with a timeout (outlines-core can take
 minutes on some schemas; ``timeout`` is an outcome, not a crash) and writes
 every check to a JSONL file and a markdown summary.  The CI slice
-(``tests/test_fuzz_corpus.py``) runs the same checks in-process.
+(``tests/grammars/test_fuzz_corpus.py``) runs the same checks in-process.
 
 Developer tooling, not part of the installed package.  Modules:
 :mod:`.enforced` (what each backend enforces), :mod:`.corpus` (slices,

@@ -62,7 +62,7 @@ class Slice:
         return stratified_slice(records, self.per_category, max_bytes=self.max_bytes, salt=self.salt)
 
 
-#: The slices ``tests/test_fuzz_corpus.py`` runs (about two minutes on two cores).  ``data/schemas``
+#: The slices ``tests/grammars/test_fuzz_corpus.py`` runs (about two minutes on two cores).  ``data/schemas``
 #: holds their union over the full corpus (``tools/sample_corpus.py``), so the tests see the same
 #: schemas whether they read the sample or the full corpus.
 CI_SLICES: dict[str, Slice] = {

@@ -6,14 +6,14 @@ such a keyword in a place where the backend applies it.  The fuzz uses it
 to tell a bug (an enforced keyword violated) from a known gap (a keyword
 the backend ignores, which a :class:`grammarspec.Completion` checks).
 Measured on xgrammar 0.2.9 and outlines-core 0.2.14; every claim is pinned by
-``tests/test_fuzz_corpus.py`` on a toy vocabulary.
+``tests/grammars/test_fuzz_corpus.py`` on a toy vocabulary.
 
 :mod:`grammars.capabilities` holds the runtime's own table (which
 features each backend enforces, ignores or refuses, per schema); this one
 answers a different question, per ``jsonschema`` error and its schema path,
 and is kept here until the two are reconciled.  They differ where the
 schema's shape matters: outlines-core rejects ``{}`` for ``minProperties: 1``
-beside ``additionalProperties`` (pinned by tests/test_fuzz_corpus.py), not
+beside ``additionalProperties`` (pinned by tests/grammars/test_fuzz_corpus.py), not
 beside optional ``properties`` alone (the capabilities probe), so one says
 enforced and the other ignored.
 """
@@ -40,7 +40,7 @@ BACKENDS = ("xgrammar", "outlines")
 #: Keywords whose violation the backend's grammar rejects, wherever they stand outside
 #: the contexts in :data:`UNENFORCED_CONTEXTS` (with the exceptions of
 #: :func:`_step_enforced` and :func:`_keyword_enforced`).  Measured on xgrammar 0.2.9 and outlines-core 0.2.14 in
-#: grammarspec's default (compact, strict) mode; tests/test_fuzz_corpus.py pins every
+#: grammarspec's default (compact, strict) mode; tests/grammars/test_fuzz_corpus.py pins every
 #: entry with a violating instance on a toy vocabulary.
 # Keyword tables: packed lines read better than one keyword per line.
 # fmt: off

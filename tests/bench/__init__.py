@@ -1,0 +1,1 @@
+"""grammarspec/bench: the benchmarks' inputs, arms, scoring and reports."""

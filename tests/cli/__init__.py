@@ -1,0 +1,1 @@
+"""grammarspec/cli: the command line."""

@@ -1,0 +1,1 @@
+"""grammarspec/drafting: the pass cost profile and its check."""

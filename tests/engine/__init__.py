@@ -1,0 +1,1 @@
+"""grammarspec/engine: the decoding loop, step, commit, rejection, sampling, masking, trees; exactness and parity."""

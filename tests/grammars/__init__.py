@@ -1,0 +1,1 @@
+"""grammars/: backends' contract, specs, validation, compile deadlines and caches, the schema corpus."""

@@ -1,0 +1,1 @@
+"""grammarspec/kv: the batch KV cache, packed and grouped attention, prompt caches, sliding windows."""

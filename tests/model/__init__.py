@@ -1,0 +1,1 @@
+"""grammarspec/model: loading, the prepacked output head, the OpenMP pool."""

@@ -1,0 +1,1 @@
+"""grammarspec/policy: draft allocation, the adaptive controller, the learned step cost."""

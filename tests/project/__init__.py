@@ -1,0 +1,1 @@
+"""Repository-wide checks: the import graph, the data sample, the examples, the test statistics helper."""

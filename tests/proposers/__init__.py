@@ -1,0 +1,1 @@
+"""proposers/: the draft sources, composition, cost and acceptance tracking, trees, the suffix index."""

@@ -1,0 +1,1 @@
+"""grammarspec/serve: the OpenAI-compatible server, in-process, as a real process and through real clients."""

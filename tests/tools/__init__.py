@@ -1,0 +1,1 @@
+"""tools/: the developer scripts BENCHMARKS.md quotes (engine loop, replay, width cost, GPU check)."""
