@@ -37,7 +37,7 @@ import pytest
 
 from grammarspec.engine.commit import OTHER_MOVERS
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 #: The loop's modules and the draft model: every place a row's state can move.
 SCANNED = sorted((ROOT / "grammarspec" / "engine").glob("*.py")) + [ROOT / "grammarspec/drafting/draft_model.py"]

@@ -9,10 +9,10 @@ tests/test_vllm_proposer.py stands in for vLLM; :func:`run` plays vLLM's greedy 
 
 from __future__ import annotations
 
-from test_vllm_proposer import SCHEMA, FakeEngine, GPUModelRunner, Recorder, ids, make
-
 from proposers.cost import flat_until
 from proposers.suffix_index import scope_of
+from tests.helpers import TRIP_SCHEMA as SCHEMA
+from tests.vllm.test_proposer import FakeEngine, GPUModelRunner, Recorder, ids, make
 
 ANSWER = '{"city":"Lisbon","days":3}'
 

@@ -11,9 +11,6 @@ import doctest
 
 import pytest
 import torch
-from proposer_fakes import ScriptFollower
-from toy import toy_tokenizer, toy_vocab_size
-from toy_models import ToyCausalLM, tiny_llama
 
 import grammarspec
 import grammarspec.drafting.cost_model
@@ -24,6 +21,9 @@ from grammarspec.policy.adaptive import AdaptiveController
 from grammarspec.policy.cost import FixedCost, prior_cost
 from proposers.base import Request
 from proposers.cost import PassCost
+from tests.proposer_fakes import ScriptFollower
+from tests.toy import toy_tokenizer, toy_vocab_size
+from tests.toy_models import ToyCausalLM, tiny_llama
 
 V = toy_vocab_size()
 PROMPT = [2, 5, 9, 4, 7]

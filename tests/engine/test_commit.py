@@ -14,8 +14,6 @@ import time
 
 import pytest
 import torch
-from proposer_fakes import RuleMatcher, fixed
-from toy_models import tiny_llama
 
 from grammars.base import allocate_bitmask
 from grammarspec.engine.commit import commit, tell
@@ -24,6 +22,8 @@ from grammarspec.engine.rows import Row, RowSettings, Step, StepResources
 from grammarspec.kv.batch import BatchKV
 from proposers.base import Draft
 from proposers.tree import DraftTree
+from tests.proposer_fakes import RuleMatcher, fixed
+from tests.toy_models import tiny_llama
 
 V = 64
 PROMPT = [5, 6, 7]
