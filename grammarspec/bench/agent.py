@@ -31,9 +31,11 @@ import torch
 
 from grammarspec.bench.agent_tasks import CONVERSATIONS, SYSTEM, TOOLS, ModelTurn, run_tool
 from grammarspec.conversation import Conversation, common_prefix_length
+from grammarspec.drafting.earlier_outputs import SHARED_DRAFT_BYTES
 from grammarspec.engine.decoding import logits_width
 from grammarspec.kv.cache import cache_length, crop_cache, new_cache
 from grammarspec.tool_calls import parse_tool_reply, tool_constraint
+from proposers.suffix_index import SuffixIndex
 
 __all__ = ["AGENT_ARMS", "ConversationRun", "TurnRecord", "agent_markdown", "run_agent_bench"]
 
@@ -116,10 +118,16 @@ def _hf_turn(model: torch.nn.Module, ids: list[int], compiled: Any, max_new: int
 
 
 def play(
-    model: torch.nn.Module, tokenizer: Any, script: list[Any], arm: str, grammars: _Grammars
+    model: torch.nn.Module,
+    tokenizer: Any,
+    script: list[Any],
+    arm: str,
+    grammars: _Grammars,
+    draft_index: Any = None,
 ) -> tuple[float, list[TurnRecord]]:
-    """Run one conversation under one arm; returns ``(seconds, turns)``."""
-    conv = Conversation(model, tokenizer, tools=TOOLS, system=SYSTEM, assistant="auto")
+    """Run one conversation under one arm; returns ``(seconds, turns)``.  ``draft_index``: the earlier outputs
+    ``Conversation`` drafts from (``False``: none)."""
+    conv = Conversation(model, tokenizer, tools=TOOLS, system=SYSTEM, assistant="auto", draft_index=draft_index)
     eos = tokenizer.eos_token_id
     cache = new_cache(model) if arm == "hf_cache" else None
     cached: list[int] = []
@@ -202,13 +210,16 @@ def run_agent_bench(
                     )
     first = next(iter(conversations.values()))
     for arm in arms:  # warm-up: one untimed short conversation per arm
-        play(model, tokenizer, first[:2] + [ModelTurn("required", 8)], arm, grammars)
+        play(model, tokenizer, first[:2] + [ModelTurn("required", 8)], arm, grammars, False)
     runs: list[ConversationRun] = []
     for r in range(repeat):
+        # Each repeat is one pass over the conversations, as an agent's process holds them in turn: the
+        # conversations draft from the earlier ones' turns, never from their own earlier repeats.
+        earlier = SuffixIndex(SHARED_DRAFT_BYTES)
         for i, (name, script) in enumerate(conversations.items()):
             shift = (i + r) % len(arms)
             for arm in arms[shift:] + arms[:shift]:
-                seconds, turns = play(model, tokenizer, script, arm, grammars)
+                seconds, turns = play(model, tokenizer, script, arm, grammars, earlier)
                 runs.append(ConversationRun(name, arm, r, seconds, turns))
                 progress(f"{name} #{r} {arm}: {seconds:.1f}s, {sum(len(t.tokens) for t in turns)} tokens")
     return runs
