@@ -14,7 +14,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Sequence
 
-from .base import GrammarError, Matcher
+from .base import CompiledGrammar, GrammarError, Matcher
 
 
 class RollbackWindow:
@@ -94,8 +94,15 @@ class StopMarkingMatcher(WindowedMatcher):
     """
 
     backend: str
-    _terminated: bool
-    _stops: frozenset[int]
+
+    def __init__(self, compiled: CompiledGrammar, window: RollbackWindow, terminated: bool = False) -> None:
+        """The state every such matcher keeps: the window, the stop mark, and ``compiled``'s vocabulary."""
+        self._window = window
+        self._terminated = terminated
+        self.vocab_size = compiled.vocab_size
+        self.stop_token_ids = compiled.stop_token_ids
+        self.max_rollback = window.max_rollback
+        self._stops = frozenset(self.stop_token_ids)
 
     def accept(self, token: int) -> bool:
         """Advance by ``token`` if legal; changes state only when it returns ``True``."""
