@@ -89,8 +89,8 @@ class StopMarkingMatcher(WindowedMatcher):
     """A windowed matcher whose backend never sees a stop token: accepting one, where the grammar may end, only
     marks the matcher terminated, and rolling it back only clears the mark.
 
-    A backend module's matcher gives :attr:`backend` (its name) and the hooks over its own state:
-    :meth:`_can_stop`, :meth:`_advance`, :meth:`_undo` and :meth:`_restart`.
+    A backend module's matcher gives :attr:`backend` (its name), starts with this class's ``__init__``, and
+    gives the hooks over its own state: :meth:`_can_stop`, :meth:`_advance`, :meth:`_undo` and :meth:`_restart`.
     """
 
     backend: str

@@ -94,10 +94,11 @@ def add_serve_commands(commands: Any) -> None:
          f"request is a 400 (default: {COMPILE_TIMEOUT:g})"),
         ("--log-level", ("critical", "error", "warning", "info", "debug"), "info", None, None),
     ))
-    cli_common.add_values(serve.add_argument_group(
+    security = serve.add_argument_group(
         "a public endpoint",
         "what guards a server others can reach (--host 0.0.0.0): a key, and the size of what is read",
-    ), (
+    )
+    cli_common.add_values(security, (
         ("--api-key", None, None, "KEY",
          "the key every request must send as 'Authorization: Bearer KEY' (the openai client's api_key); "
          "a missing or wrong key is a 401. GET /health stays open for liveness probes and answers only its status "
