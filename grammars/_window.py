@@ -14,7 +14,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Sequence
 
-from .base import GrammarError, Matcher
+from .base import CompiledGrammar, GrammarError, Matcher
 
 
 class RollbackWindow:
@@ -89,13 +89,20 @@ class StopMarkingMatcher(WindowedMatcher):
     """A windowed matcher whose backend never sees a stop token: accepting one, where the grammar may end, only
     marks the matcher terminated, and rolling it back only clears the mark.
 
-    A backend module's matcher gives :attr:`backend` (its name) and the hooks over its own state:
-    :meth:`_can_stop`, :meth:`_advance`, :meth:`_undo` and :meth:`_restart`.
+    A backend module's matcher gives :attr:`backend` (its name), starts with this class's ``__init__``, and
+    gives the hooks over its own state: :meth:`_can_stop`, :meth:`_advance`, :meth:`_undo` and :meth:`_restart`.
     """
 
     backend: str
-    _terminated: bool
-    _stops: frozenset[int]
+
+    def __init__(self, compiled: CompiledGrammar, window: RollbackWindow, terminated: bool = False) -> None:
+        """The state every such matcher keeps: the window, the stop mark, and ``compiled``'s vocabulary."""
+        self._window = window
+        self._terminated = terminated
+        self.vocab_size = compiled.vocab_size
+        self.stop_token_ids = compiled.stop_token_ids
+        self.max_rollback = window.max_rollback
+        self._stops = frozenset(self.stop_token_ids)
 
     def accept(self, token: int) -> bool:
         """Advance by ``token`` if legal; changes state only when it returns ``True``."""

@@ -197,6 +197,11 @@ class CompiledGrammar(ABC):
     #: Schema features this backend compiled but does not enforce (see grammars.capabilities).
     unenforced: tuple[str, ...] = ()
 
+    def __init__(self, vocab_size: int, stop_token_ids: Sequence[int]) -> None:
+        """A backend's grammar over the logits width ``vocab_size`` and its ``stop_token_ids``."""
+        self.vocab_size = int(vocab_size)
+        self.stop_token_ids = tuple(int(t) for t in stop_token_ids)
+
     @abstractmethod
     def matcher(self, max_rollback: int = 64) -> Matcher:
         """A fresh matcher in the initial state that can roll back ``max_rollback`` tokens."""

@@ -349,10 +349,9 @@ class LLGuidanceCompiled(CompiledGrammar):
     def __init__(
         self, template: llguidance.LLMatcher, prepared: LLGuidanceTokenizer, warnings: tuple[str, ...]
     ) -> None:
+        super().__init__(prepared.vocab_size, prepared.stop_token_ids)
         self._template = template
         self.prepared = prepared
-        self.vocab_size = prepared.vocab_size
-        self.stop_token_ids = prepared.stop_token_ids
         #: llguidance's own warnings about the grammar (usually empty)
         self.warnings = warnings
         #: estimated resident bytes at compile time (the lexer grows as masks are computed, within
@@ -376,14 +375,9 @@ class LLGuidanceMatcher(StopMarkingMatcher):
         window: RollbackWindow,
         terminated: bool = False,
     ) -> None:
+        super().__init__(compiled, window, terminated)
         self._matcher = matcher
         self._compiled = compiled
-        self._window = window
-        self._terminated = terminated
-        self.vocab_size = compiled.vocab_size
-        self.stop_token_ids = compiled.stop_token_ids
-        self.max_rollback = window.max_rollback
-        self._stops = frozenset(self.stop_token_ids)
         self._scratch: torch.Tensor | None = None  # a one-row mask for _legal_text_token
 
     def _can_stop(self) -> bool:

@@ -308,10 +308,9 @@ class OutlinesCompiled(CompiledGrammar):
     def __init__(
         self, index: outlines_core.Index, vocab: OutlinesVocabulary, serialised_size: int | None = None
     ) -> None:
+        super().__init__(vocab.vocab_size, vocab.stop_token_ids)
         self.index = index
         self.vocab = vocab
-        self.vocab_size = vocab.vocab_size
-        self.stop_token_ids = vocab.stop_token_ids
         self._serialised_size = serialised_size
 
     @property
@@ -334,17 +333,12 @@ class OutlinesMatcher(StopMarkingMatcher):
     def __init__(self, compiled: OutlinesCompiled, window: RollbackWindow, history: Sequence[int] = ()) -> None:
         from outlines_core import Guide
 
+        super().__init__(compiled, window)
         self._compiled = compiled
-        self._window = window
-        self.vocab_size = compiled.vocab_size
-        self.stop_token_ids = compiled.stop_token_ids
-        self.max_rollback = window.max_rollback
-        self._stops = frozenset(self.stop_token_ids)
         # The guide keeps twice the window, so that validate() can restore the window afterwards
         # (see WindowedMatcher); it is never rolled back further than the window allows.
         self._guide = Guide(compiled.index, max_rollback=2 * window.max_rollback + 1)
         self._history: list[int] = []  # every accepted token, for fork()
-        self._terminated = False
         for token in history:
             if token in self._stops:
                 self._terminated = True

@@ -24,10 +24,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .schema_walk import DATA_KEYWORDS as _DATA_KEYWORDS
-from .schema_walk import SCHEMA_MAPS as _SCHEMA_MAPS
 from .schema_walk import local_resolver as _local_resolver
 from .schema_walk import refs_and_targets as _refs_and_targets
+from .schema_walk import schema_nodes as _schema_nodes
 
 __all__ = ["same_value_cycle", "cycle_message"]
 
@@ -95,24 +94,7 @@ def same_value_cycle(schema: Any) -> list[str] | None:
 
 def _reachable(schema: dict[str, Any], ref_target: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
     """The subschemas a value checked against ``schema`` can meet (``$defs`` only where referred to), root first."""
-    seen: set[int] = set()
-    out: list[dict[str, Any]] = []
-    stack: list[tuple[Any, bool]] = [(schema, True)]  # (item, item is a schema rather than a name map)
-    while stack:
-        item, is_schema = stack.pop()
-        if isinstance(item, list):
-            stack.extend((x, True) for x in reversed(item))
-        elif isinstance(item, dict) and not is_schema:
-            stack.extend((x, True) for x in reversed(list(item.values())))
-        elif isinstance(item, dict) and id(item) not in seen:
-            seen.add(id(item))
-            out.append(item)
-            if id(item) in ref_target:
-                stack.append((ref_target[id(item)], True))
-            for key, value in reversed(list(item.items())):
-                if key not in _DATA_KEYWORDS and key not in _NOT_APPLIED:
-                    stack.append((value, key not in _SCHEMA_MAPS))
-    return out
+    return list(_schema_nodes(schema, follow=ref_target, skip=_NOT_APPLIED))
 
 
 def cycle_message(cycle: list[str], where: str = "the schema") -> str:

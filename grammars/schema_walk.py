@@ -8,7 +8,7 @@ that follow references (:mod:`grammars.ref_cycles`, :mod:`grammars.satisfiable`)
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator, Mapping
 from typing import Any
 
 __all__ = ["DATA_KEYWORDS", "SCHEMA_MAPS", "local_resolver", "pointer_token", "refs_and_targets", "schema_nodes"]
@@ -20,14 +20,21 @@ DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples"})
 SCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas", "dependencies"})
 
 
-def schema_nodes(node: Any) -> Iterator[dict[str, Any]]:
+def schema_nodes(
+    node: Any, *, follow: Mapping[int, dict[str, Any]] | None = None, skip: Collection[str] = ()
+) -> Iterator[dict[str, Any]]:
     """Every schema object in ``node`` (itself included), outermost first.
 
     Walks schemas only: the values of ``enum``/``const``/``default``/``examples``
     are instances (a ``"$ref"`` or ``"pattern"`` key there is plain data), and
     the keys of ``properties``/``$defs``/... are names, not keywords.  Yields the
     objects themselves, so a caller may edit them in place.
+
+    ``skip``: keywords whose values are not walked.  ``follow``: the schema each ``$ref`` object
+    resolves to, by the ref object's id; the walk then goes on into it (after the object's own
+    subschemas) and yields each object once, so a cycle of refs ends.
     """
+    seen: set[int] = set()
     stack: list[tuple[Any, bool]] = [(node, True)]  # (item, item is a schema rather than a name map)
     while stack:
         item, is_schema = stack.pop()
@@ -35,10 +42,14 @@ def schema_nodes(node: Any) -> Iterator[dict[str, Any]]:
             stack.extend((x, True) for x in reversed(item))
         elif isinstance(item, dict) and not is_schema:
             stack.extend((x, True) for x in reversed(list(item.values())))
-        elif isinstance(item, dict):
+        elif isinstance(item, dict) and id(item) not in seen:
+            if follow is not None:
+                seen.add(id(item))
             yield item
+            if follow is not None and id(item) in follow:
+                stack.append((follow[id(item)], True))
             for key, value in reversed(list(item.items())):
-                if key not in DATA_KEYWORDS:
+                if key not in DATA_KEYWORDS and key not in skip:
                     stack.append((value, key not in SCHEMA_MAPS))
 
 

@@ -222,9 +222,8 @@ class XGrammarCompiled(CompiledGrammar):
     backend = name
 
     def __init__(self, compiled: xgr.CompiledGrammar, vocab_size: int, stop_token_ids: Sequence[int]) -> None:
+        super().__init__(vocab_size, stop_token_ids)
         self.compiled = compiled
-        self.vocab_size = int(vocab_size)
-        self.stop_token_ids = tuple(int(t) for t in stop_token_ids)
         #: estimated resident bytes (xgrammar's own count)
         self.nbytes = int(compiled.memory_size_bytes) + 4096
         #: whether xgrammar's forced-text search stays cheap on this grammar (see grammars.emptiness)

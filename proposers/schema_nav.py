@@ -165,12 +165,7 @@ class SchemaIndex:
     @_memoized("required", copy=set)
     def required(self, nodes: Nodes) -> set[bytes]:
         """Required property names (union over candidates)."""
-        out: set[bytes] = set()
-        for node in nodes:
-            req = node.get("required")
-            if isinstance(req, list):
-                out.update(escape_key(k) for k in req if isinstance(k, str))
-        return out
+        return {escape_key(name) for node in nodes for name in _strings(node.get("required"))}
 
     @_memoized("object")
     def object_child(self, nodes: Nodes, key: bytes) -> Nodes:
@@ -290,7 +285,7 @@ class SchemaIndex:
             if isinstance(declared, str):
                 out.add(declared)
             elif isinstance(declared, list):
-                out.update(t for t in declared if isinstance(t, str))
+                out.update(_strings(declared))
             elif "const" in node or isinstance(node.get("enum"), list):
                 values = [node["const"]] if "const" in node else node["enum"]
                 out.update(_json_type(v) for v in values)
@@ -332,6 +327,11 @@ def _has_content(node: dict[str, Any]) -> bool:
         "$defs",
     }
     return any(k not in ignored for k in node)
+
+
+def _strings(value: Any) -> list[str]:
+    """The strings in a keyword's list (``required``, a list of ``type``s); none for a value that is not a list."""
+    return [item for item in value if isinstance(item, str)] if isinstance(value, list) else []
 
 
 def _unescape(key: bytes) -> str | None:

@@ -158,18 +158,7 @@ class SchemaNgramProposer:
         try:
             if doc.cursor.mode in (DONE, ERROR):
                 return EMPTY_DRAFT
-            tokens, sources = plan(
-                context,
-                grammar,
-                k,
-                doc,
-                tokenizer=self._tokenizer,
-                splits=self.splits,
-                score=self.score,
-                max_candidates=self.max_candidates,
-                min_score=self.min_score,
-                name=self.name,
-            )
+            tokens, sources = plan(context, grammar, k, doc, self._tokenizer, self)
         finally:
             doc.truncate(committed)  # the one place a speculative position is undone
         self.splits.remember(context, tokens)

@@ -16,7 +16,7 @@ Nothing here changes the document, the grammar or the learned splits.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from .base import GrammarView
 from .json_cursor import DONE, ERROR, advance
@@ -24,30 +24,37 @@ from .json_document import Document
 from .schema_sources import Candidate, candidates
 from .text import SplitPreferences, continuation_tokens, token_sources, token_text
 
-__all__ = ["plan", "ranked", "check_candidate", "MAX_ROUNDS"]
+__all__ = ["Drafter", "plan", "ranked", "check_candidate", "MAX_ROUNDS"]
 
 MAX_ROUNDS = 16
 
 
+class Drafter(Protocol):
+    """The drafter a plan is made for (:class:`proposers.schema_ngram.SchemaNgramProposer`): its settings,
+    learned splits and source scores."""
+
+    #: What the tokens of a draft without segments are named.
+    name: str
+    #: How many candidates are tried per round, at most.
+    max_candidates: int
+    #: Candidates scoring lower are not tried (unless certain).
+    min_score: float
+    #: The target's own splits of text, where they differ from the canonical one.
+    splits: SplitPreferences
+
+    def score(self, source: str) -> float:
+        """The source's expected token acceptance."""
+        ...
+
+
 def plan(
-    context: Sequence[int],
-    grammar: GrammarView | None,
-    k: int,
-    doc: Document,
-    *,
-    tokenizer: Any,
-    splits: SplitPreferences,
-    score: Callable[[str], float],
-    max_candidates: int,
-    min_score: float,
-    name: str = "",
+    context: Sequence[int], grammar: GrammarView | None, k: int, doc: Document, tokenizer: Any, drafter: Drafter
 ) -> tuple[list[int], list[str]]:
     """Up to ``k`` tokens after ``context`` (whose generated part ``doc`` holds), and each token's source.
 
-    ``score(source)``: the source's expected token acceptance.  Candidates
-    scoring below ``min_score`` are not tried (unless certain); at most
-    ``max_candidates`` are tried per round.  ``name`` names the tokens of a
-    draft without segments.  Does not change state.
+    Candidates rank by ``drafter.score(source)`` times their rank within the source; those scoring below
+    ``drafter.min_score`` are not tried (unless certain), and at most ``drafter.max_candidates`` are tried per
+    round.  Does not change state.
     """
     cursor, text, segments = doc.cursor, b"", []  # segments: (source, end byte in text)
     prompt_cursor = doc.prompt_cursor
@@ -55,7 +62,8 @@ def plan(
     for _ in range(MAX_ROUNDS):
         chosen: tuple[Candidate, list[int]] | None = None
         partial: tuple[Candidate, list[int]] | None = None
-        for cand in ranked(candidates(cursor, doc, text, prompt_cursor), score, max_candidates, min_score):
+        cands = candidates(cursor, doc, text, prompt_cursor)
+        for cand in ranked(cands, drafter.score, drafter.max_candidates, drafter.min_score):
             found = check_candidate(tokenizer, context, grammar, k, text, cand, len(tokens))
             if found is None:
                 continue
@@ -80,10 +88,10 @@ def plan(
             break
     if tokens:
         # The target's own way of splitting this text, where it was seen to differ.
-        tokens = splits.resplit(context, tokens)[:k]
+        tokens = drafter.splits.resplit(context, tokens)[:k]
         if grammar is not None:
             tokens = tokens[: grammar.validate(tokens)]
-    return tokens[:k], token_sources(tokens[:k], doc.token_bytes, segments, name)
+    return tokens[:k], token_sources(tokens[:k], doc.token_bytes, segments, drafter.name)
 
 
 def ranked(

@@ -31,6 +31,8 @@ from typing import Any
 
 import torch
 
+from grammarspec.bench.records import source_totals
+
 __all__ = ["DRAFT_WORKLOADS", "repeat_requests", "run_drafts_bench", "drafts_markdown"]
 
 DRAFT_WORKLOADS = ("repeat", "agent")
@@ -227,13 +229,7 @@ def run_drafts_bench(
 def _totals(records: Sequence[dict[str, Any]], seconds: float) -> dict[str, Any]:
     tokens = sum(r["tokens"] for r in records)
     passes = sum(r["target_forwards"] for r in records)
-    proposed: dict[str, int] = {}
-    accepted: dict[str, int] = {}
-    for r in records:
-        for name, n in r["proposed"].items():
-            proposed[name] = proposed.get(name, 0) + n
-        for name, n in r["accepted"].items():
-            accepted[name] = accepted.get(name, 0) + n
+    proposed, accepted = source_totals(records, "proposed"), source_totals(records, "accepted")
     return {
         "requests": len(records),
         "tokens": tokens,

@@ -1,11 +1,14 @@
 """The bench's record of one run: what every arm's result is turned into (the runner's and the vLLM arms').
 
 A leaf the runner (:mod:`grammarspec.bench.runner`) and the vLLM arms
-(:mod:`grammarspec.bench.vllm_arms`) both build their records with.
+(:mod:`grammarspec.bench.vllm_arms`) both build their records with; the reports
+(:mod:`grammarspec.bench.report`, :mod:`grammarspec.bench.drafts`) sum their per-source counts with
+:func:`source_totals`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from grammarspec.bench.scoring import calls_field_accuracy, field_accuracy, parse_and_validate
@@ -14,7 +17,7 @@ from grammarspec.bench.tasks import BenchTask
 if TYPE_CHECKING:
     from grammarspec.bench.arms import PreparedTask
 
-__all__ = ["TEXT_CHARS", "make_record"]
+__all__ = ["TEXT_CHARS", "make_record", "source_totals"]
 
 #: Characters of output text kept per run in the results.
 TEXT_CHARS = 4000
@@ -90,3 +93,17 @@ def _decode_rate(new: int, run: Any) -> float | None:
     """Tokens per second after the prompt pass (``None`` when nothing came after it)."""
     tokens, seconds = new - run.first_step_tokens, run.seconds - run.first_step_seconds
     return tokens / seconds if tokens > 0 and seconds > 0 else None
+
+
+def source_totals(records: Iterable[dict[str, Any]], key: str) -> dict[str, int]:
+    """The per-source counts ``record[key]`` (``"proposed"`` or ``"accepted"``: source -> draft tokens) summed over
+    ``records``, sources in the order first met.  Pure.
+
+    >>> source_totals([{"proposed": {"lookup": 3}}, {"proposed": {"lookup": 1, "schema": 2}}], "proposed")
+    {'lookup': 4, 'schema': 2}
+    """
+    totals: dict[str, int] = {}
+    for record in records:
+        for name, n in record[key].items():
+            totals[name] = totals.get(name, 0) + n
+    return totals

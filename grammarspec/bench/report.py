@@ -25,6 +25,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from grammarspec.bench.records import source_totals
 from grammarspec.bench.runner import BenchResult
 from grammarspec.bench.scoring import median, pairwise_speedups
 from grammarspec.bench.vllm_arms import vllm_markdown
@@ -51,12 +52,7 @@ def _aggregate(
     good = _ok(runs)
     new = sum(r["new_tokens"] for r in good)
     forwards = sum(r["target_forwards"] for r in good)
-    proposed: dict[str, int] = {}
-    accepted: dict[str, int] = {}
-    for r in good:
-        for name, n in r["proposed"].items():
-            proposed[name] = proposed.get(name, 0) + n
-            accepted[name] = accepted.get(name, 0) + r["accepted"].get(name, 0)
+    proposed, accepted = source_totals(good, "proposed"), source_totals(good, "accepted")
     verify = [r["verify_seconds"] for r in good if r["verify_seconds"] is not None]
     agrees = [r["agrees"] for r in good if r.get("agrees") is not None]
     accuracy = [r["field_accuracy"] for r in good if r.get("field_accuracy") is not None]
@@ -71,7 +67,7 @@ def _aggregate(
         "new_tokens": new,
         "seconds": sum(r["seconds"] for r in good),
         "accepted_per_forward": _ratio(new, forwards),
-        "acceptance": {name: _ratio(accepted[name], n) for name, n in sorted(proposed.items())},
+        "acceptance": {name: _ratio(accepted.get(name, 0), n) for name, n in sorted(proposed.items())},
         "acceptance_overall": _ratio(sum(accepted.values()), sum(proposed.values())),
         "proposed": sum(proposed.values()),
         "forced_fraction": _ratio(sum(r["forced_tokens"] for r in good), new),

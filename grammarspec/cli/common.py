@@ -27,6 +27,8 @@ __all__ = [
     "write_report",
     "load",
     "add_placement",
+    "Value",
+    "add_values",
     "load_for_timing",
     "warn_if_busy",
     "chosen_conversations",
@@ -129,6 +131,19 @@ def add_placement(parser: Any) -> None:
     parser.add_argument(
         "--dtype", default="float32", choices=DTYPES, help="the model's weights and activations (default: float32)"
     )
+
+
+#: An option that takes one value: ``(flag, kind, default, metavar, help)``.  ``kind`` is the argparse ``type=``
+#: (a callable) or its ``choices=`` (a tuple); ``None`` in any place leaves argparse's own default.
+Value = tuple[str, Callable[[str], Any] | tuple[str, ...] | None, Any, str | None, str | None]
+
+
+def add_values(group: Any, rows: Sequence[Value]) -> None:
+    """Add each row of an option table to ``group`` (a parser or an argument group), in order."""
+    for flag, kind, default, metavar, text in rows:
+        choices = kind if isinstance(kind, tuple) else None
+        parse = None if isinstance(kind, tuple) else kind
+        group.add_argument(flag, type=parse, choices=choices, default=default, metavar=metavar, help=text)
 
 
 def load_for_timing(name: str, *, device: str | None = None, dtype: str | None = None) -> tuple[Any, Any]:

@@ -32,19 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from grammarspec.cli import common as cli_common
-from grammarspec.cli.common import (
-    DEFAULT_MODEL,
-    CliError,
-    chosen_conversations,
-    load_for_timing,
-    number,
-    out_folder,
-    positive_int,
-    quiet_transformers,
-    split_names,
-    warn_if_busy,
-    write_report,
-)
+from grammarspec.cli.common import DEFAULT_MODEL
 
 __all__ = ["main", "build_parser", "DEFAULT_MODEL", "BENCH_MAX_NEW_TOKENS", "QUICK"]
 
@@ -56,8 +44,9 @@ BENCH_MAX_NEW_TOKENS = 128
 QUICK = {"limit": 3, "arms": "baseline,none,auto", "max_new_tokens": 48}
 
 
-_int = number(int)
-_temperature = number(float, 0, " (0 means greedy)")
+_int = cli_common.number(int)
+_count = cli_common.positive_int
+_temperature = cli_common.number(float, 0, " (0 means greedy)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -91,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--assistant", choices=PRESETS, default="auto", help="drafter preset (default: auto; none = no speculation)"
     )
     gen.add_argument("--draft-model", metavar="DIR", help="a draft model sharing the tokenizer (local directory)")
-    gen.add_argument("--max-new-tokens", type=positive_int, default=512, metavar="N", help="default: 512")
+    gen.add_argument("--max-new-tokens", type=_count, default=512, metavar="N", help="default: 512")
     gen.add_argument(
         "--temperature",
         type=_temperature,
@@ -133,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="schema corpus: a <category>.jsonl file or a folder of them (repeatable)",
     )
     bench.add_argument(
-        "--limit", type=positive_int, metavar="N", help="run at most N tasks, taken round-robin over the categories"
+        "--limit", type=_count, metavar="N", help="run at most N tasks, taken round-robin over the categories"
     )
     bench.add_argument("--categories", metavar="A,B", help="only these categories (comma-separated)")
     bench.add_argument("--model", default=DEFAULT_MODEL, metavar="NAME_OR_DIR")
@@ -155,12 +144,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument(
         "--max-new-tokens",
-        type=positive_int,
+        type=_count,
         metavar="N",
         help=f"default: {BENCH_MAX_NEW_TOKENS} ({QUICK['max_new_tokens']} with --quick)",
     )
     bench.add_argument("--seed", type=_int, default=0, metavar="S")
-    bench.add_argument("--repeat", type=positive_int, default=1, metavar="N", help="runs per task and arm")
+    bench.add_argument("--repeat", type=_count, default=1, metavar="N", help="runs per task and arm")
     bench.add_argument("--out", default="bench-out", metavar="DIR", help="output folder (default: bench-out)")
     bench.add_argument(
         "--quick",
@@ -193,7 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
         "interleaved, and write agent.md and agent.json to --out.",
     )
     agent.add_argument("--model", default=DEFAULT_MODEL, metavar="NAME_OR_DIR")
-    agent.add_argument("--repeat", type=positive_int, default=1, metavar="N", help="runs per conversation and arm")
+    agent.add_argument("--repeat", type=_count, default=1, metavar="N", help="runs per conversation and arm")
     agent.add_argument("--conversations", metavar="A,B", help="only these conversations (comma-separated)")
     agent.add_argument("--out", default="bench-out", metavar="DIR", help="output folder (default: bench-out)")
     agent.set_defaults(run=_cmd_bench_agent)
@@ -212,7 +201,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = "grammarspec " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
     try:
         return int(args.run(args, command) or 0)
-    except CliError as e:
+    except cli_common.CliError as e:
         sub = f"grammarspec {args.command}"
         print(f"{sub}: error: {e}", file=sys.stderr)
         return 2
@@ -224,13 +213,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _read_json(path: str, what: str) -> Any:
     file = Path(path)
     if not file.is_file():
-        raise CliError(f"{what} {path}: no such file")
+        raise cli_common.CliError(f"{what} {path}: no such file")
     try:
         return json.loads(file.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
-        raise CliError(f"{what} {path} is not valid JSON: {e.msg} at line {e.lineno}, column {e.colno}") from None
+        raise cli_common.CliError(
+            f"{what} {path} is not valid JSON: {e.msg} at line {e.lineno}, column {e.colno}"
+        ) from None
     except UnicodeDecodeError:
-        raise CliError(f"{what} {path} is not UTF-8 text") from None
+        raise cli_common.CliError(f"{what} {path} is not UTF-8 text") from None
 
 
 def _load_tools(path: str) -> list[dict[str, Any]]:
@@ -240,7 +231,9 @@ def _load_tools(path: str) -> list[dict[str, Any]]:
     if isinstance(data, dict):  # a single tool definition
         data = [data]
     if not isinstance(data, list) or not data:
-        raise CliError(f'--tools {path} must hold a non-empty list of tool definitions (or {{"tools": [...]}})')
+        raise cli_common.CliError(
+            f'--tools {path} must hold a non-empty list of tool definitions (or {{"tools": [...]}})'
+        )
     return data
 
 
@@ -257,27 +250,27 @@ def _cmd_generate(args: argparse.Namespace, command: str) -> int:
 
     schema = _read_json(args.schema, "--schema") if args.schema else None
     if args.schema and not isinstance(schema, (dict, bool)):
-        raise CliError(
+        raise cli_common.CliError(
             f"--schema {args.schema}: the file is valid JSON but holds a {type(schema).__name__}; a JSON Schema "
             'must be an object (such as {"type": "object"}) or a boolean'
         )
     tools = _load_tools(args.tools) if args.tools else None
     if args.parallel_tool_calls and tools is None:
-        raise CliError("--parallel-tool-calls needs --tools FILE")
+        raise cli_common.CliError("--parallel-tool-calls needs --tools FILE")
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     if not prompt.strip():
-        raise CliError("--prompt is empty: give the model something to answer")
+        raise cli_common.CliError("--prompt is empty: give the model something to answer")
     if args.assistant == "draft_model" and not args.draft_model:
-        raise CliError("--assistant draft_model needs --draft-model DIR")
+        raise cli_common.CliError("--assistant draft_model needs --draft-model DIR")
     if args.draft_model and args.assistant not in ("auto", "draft_model"):
-        raise CliError(f"--draft-model is used by --assistant auto or draft_model, not {args.assistant}")
+        raise cli_common.CliError(f"--draft-model is used by --assistant auto or draft_model, not {args.assistant}")
     try:  # check the schema or tools before spending time on the model
         grammar_spec(schema=schema, tools=tools, parallel_tool_calls=args.parallel_tool_calls)
     except GrammarError as e:
-        raise CliError(
+        raise cli_common.CliError(
             f"{'--schema ' + args.schema if schema is not None else '--tools ' + args.tools}: {_cli_words(str(e))}"
         ) from None
-    quiet_transformers()
+    cli_common.quiet_transformers()
     model, tokenizer = cli_common.load(args.model)
     assistant: Any = None if args.assistant == "none" else args.assistant
     if args.draft_model:
@@ -303,7 +296,7 @@ def _cmd_generate(args: argparse.Namespace, command: str) -> int:
         )
     except GrammarError as e:
         source = f"--schema {args.schema}" if schema is not None else f"--tools {args.tools}"
-        raise CliError(f"{source}: {_cli_words(str(e))}") from None
+        raise cli_common.CliError(f"{source}: {_cli_words(str(e))}") from None
     except (ValueError, TypeError) as e:
         print(f"grammarspec generate: error: {e}", file=sys.stderr)
         return 1
@@ -357,7 +350,7 @@ def _bench_tasks(args: argparse.Namespace, limit: int | None) -> list[Any]:
     if not task_files and not args.schemas:
         default = default_tasks_path()
         if not default.is_file():
-            raise CliError(
+            raise cli_common.CliError(
                 f"the default task file {default} does not exist; pass --tasks FILE or --schemas DIR "
                 "(or set GRAMMARSPEC_TASKS)"
             )
@@ -370,12 +363,12 @@ def _bench_tasks(args: argparse.Namespace, limit: int | None) -> list[Any]:
             if not Path(corpus).exists():
                 raise TaskFileError(f"--schemas {corpus}: no such file or folder")
             tasks += load_schema_corpus(corpus)
-        categories = split_names(args.categories) or None
+        categories = cli_common.split_names(args.categories) or None
         chosen = select_tasks(tasks, categories, limit)
     except TaskFileError as e:
-        raise CliError(str(e)) from None
+        raise cli_common.CliError(str(e)) from None
     if not chosen:
-        raise CliError("no tasks to run: the inputs are empty")
+        raise cli_common.CliError("no tasks to run: the inputs are empty")
     return chosen
 
 
@@ -389,27 +382,29 @@ def _cmd_bench(args: argparse.Namespace, command: str) -> int:
     arm_list = args.arms or quick.get("arms")
     max_new = args.max_new_tokens or quick.get("max_new_tokens") or BENCH_MAX_NEW_TOKENS
     if arm_list:
-        names = split_names(arm_list)
+        names = cli_common.split_names(arm_list)
     else:
         names = list(DEFAULT_ARMS) + (list(DRAFT_ARMS) if args.draft_model else [])
     try:
         arms = check_arms(names, draft_model_given=bool(args.draft_model))
     except ValueError as e:
-        raise CliError(f"--arms: {e}") from None
+        raise cli_common.CliError(f"--arms: {e}") from None
     tasks = _bench_tasks(args, limit)
-    out = out_folder(args.out)
+    out = cli_common.out_folder(args.out)
     if args.batch_size:
         return _cmd_batch_bench(args, command, tasks, out, max_new)
     if not args.no_plots:
         import importlib.util
 
         if importlib.util.find_spec("matplotlib") is None:
-            raise CliError("the plots need matplotlib: pip install 'grammarspec[bench]' (or pass --no-plots)")
+            raise cli_common.CliError(
+                "the plots need matplotlib: pip install 'grammarspec[bench]' (or pass --no-plots)"
+            )
 
     from grammarspec.bench.report import write_results
     from grammarspec.bench.runner import BenchConfig, run_bench
 
-    quiet_transformers()
+    cli_common.quiet_transformers()
     model, tokenizer = cli_common.load(args.model)
     draft = cli_common.load(args.draft_model, "--draft-model")[0] if args.draft_model else None
     config = BenchConfig(
@@ -427,7 +422,7 @@ def _cmd_bench(args: argparse.Namespace, command: str) -> int:
         f"max_new_tokens {max_new}",
         file=sys.stderr,
     )
-    warn_if_busy()
+    cli_common.warn_if_busy()
     result = run_bench(model, tokenizer, tasks, config, draft_model=draft, progress=progress)
     paths = write_results(result, out, command=command, plots=not args.no_plots)
     markdown = paths["markdown"].read_text(encoding="utf-8")
@@ -448,13 +443,13 @@ def _cmd_bench_families(args: argparse.Namespace, command: str) -> int:
     model_free = [p for p in PRESETS if p != "draft_model"]
     assistant = (args.arms or "auto").split(",")[0].strip()
     if assistant not in model_free:
-        raise CliError(f"--arms {args.arms}: with --tokenizers give one of {', '.join(model_free)}")
+        raise cli_common.CliError(f"--arms {args.arms}: with --tokenizers give one of {', '.join(model_free)}")
     try:
         files = family_files(args.tokenizers)
     except ValueError as e:
-        raise CliError(str(e)) from None
+        raise cli_common.CliError(str(e)) from None
     tasks = _bench_tasks(args, args.limit)
-    quiet_transformers()
+    cli_common.quiet_transformers()
     families: list[tuple[str, str | Path]] = [(Path(args.model).name, args.model)]
     families += [(f.stem.removeprefix("ggml-vocab-"), f) for f in files]
     results = []
@@ -480,9 +475,11 @@ def _batch_sizes(text: str) -> list[int]:
     try:
         sizes = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
-        raise CliError(f"--batch-size: expected whole numbers separated by commas (e.g. 1,4,8), got {text!r}") from None
+        raise cli_common.CliError(
+            f"--batch-size: expected whole numbers separated by commas (e.g. 1,4,8), got {text!r}"
+        ) from None
     if not sizes or min(sizes) < 1:
-        raise CliError(f"--batch-size: every batch size must be >= 1, got {text!r}")
+        raise cli_common.CliError(f"--batch-size: every batch size must be >= 1, got {text!r}")
     return sizes
 
 
@@ -491,21 +488,21 @@ def _cmd_batch_bench(args: argparse.Namespace, command: str, tasks: list[Any], o
 
     sizes = _batch_sizes(args.batch_size)
     if args.temperature:
-        raise CliError("--batch-size runs greedily (outputs are compared row by row): drop --temperature")
-    quiet_transformers()
+        raise cli_common.CliError("--batch-size runs greedily (outputs are compared row by row): drop --temperature")
+    cli_common.quiet_transformers()
     model, tokenizer = cli_common.load(args.model)
     print(
         f"grammarspec bench --batch-size {args.batch_size}: {len(tasks)} tasks, max_new_tokens {max_new}",
         file=sys.stderr,
     )
-    warn_if_busy()
+    cli_common.warn_if_busy()
     progress = None if args.no_progress else (lambda line: print(line, file=sys.stderr))
     arms = [a for a in args.arms.split(",") if a] if args.arms else None
     unknown = sorted(set(arms or ()) - {"baseline", "none", "auto"})
     if unknown:
-        raise CliError(f"--batch-size runs the arms baseline, none and auto; not {', '.join(unknown)}")
+        raise cli_common.CliError(f"--batch-size runs the arms baseline, none and auto; not {', '.join(unknown)}")
     if arms is not None and "auto" not in arms:
-        raise CliError("--batch-size needs the arm auto (the table compares it with the others)")
+        raise cli_common.CliError("--batch-size needs the arm auto (the table compares it with the others)")
     runs = run_batch_bench(model, tokenizer, tasks, sizes, max_new, progress=progress, arms=arms)
     out.mkdir(parents=True, exist_ok=True)
     (out / "batch.json").write_text(json.dumps({"command": command, "runs": [r.as_dict() for r in runs]}, indent=1))
@@ -526,13 +523,13 @@ def _cmd_bench_agent(args: argparse.Namespace, command: str) -> int:
     from grammarspec.bench.agent import agent_markdown, run_agent_bench
     from grammarspec.bench.agent_tasks import CONVERSATIONS
 
-    chosen = chosen_conversations(args.conversations, CONVERSATIONS)
-    out = out_folder(args.out)
-    model, tokenizer = load_for_timing(args.model)
+    chosen = cli_common.chosen_conversations(args.conversations, CONVERSATIONS)
+    out = cli_common.out_folder(args.out)
+    model, tokenizer = cli_common.load_for_timing(args.model)
     runs = run_agent_bench(
         model, tokenizer, conversations=chosen, repeat=args.repeat, progress=lambda line: print(line, file=sys.stderr)
     )
-    write_report(out, "agent", agent_markdown(runs, command), [asdict(r) for r in runs])
+    cli_common.write_report(out, "agent", agent_markdown(runs, command), [asdict(r) for r in runs])
     return 0
 
 

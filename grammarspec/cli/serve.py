@@ -2,22 +2,27 @@
 
 :func:`add_serve_commands` adds both to :func:`grammarspec.cli.main.build_parser`'s subcommands; the shared
 helpers (model loading, argument checks, report writing) are :mod:`grammarspec.cli.common`'s, read through
-the module so that one patched helper serves every subcommand.
+the module so that one patched helper serves every subcommand.  Most options take one value: they are written
+as tables, a row an option, that :func:`grammarspec.cli.common.add_values` adds in order.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from grammarspec.cli import common as cli_common
 
 __all__ = ["add_serve_commands"]
 
+_count = cli_common.positive_int
+_megabytes = cli_common.non_negative_float
 _non_negative_int = cli_common.number(int, 0)
 
 
@@ -56,109 +61,57 @@ def add_serve_commands(commands: Any) -> None:
         metavar="MODEL",
         help=f"embedded model name or local model directory (default: {cli_common.DEFAULT_MODEL})",
     )
-    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
-    serve.add_argument("--port", type=cli_common.positive_int, default=8000, help="port (default: 8000)")
-    serve.add_argument(
-        "--served-model-name", metavar="NAME", help="the model id clients send and /v1/models lists (default: MODEL)"
-    )
-    serve.add_argument(
-        "--max-batch-size",
-        type=cli_common.positive_int,
-        default=8,
-        metavar="N",
-        help="rows decoded together; more requests wait and join as rows finish (default: 8)",
-    )
-    serve.add_argument(
-        "--max-tokens",
-        type=cli_common.positive_int,
-        default=1024,
-        metavar="N",
-        help="the most new tokens one request may ask for (default: 1024; the context also bounds it)",
-    )
-    serve.add_argument(
-        "--prefix-cache-mb",
-        type=cli_common.non_negative_float,
-        default=1024.0,
-        metavar="MB",
-        help="memory budget of the prefix KV cache, LRU-evicted (default: 1024; 0 turns it off)",
-    )
-    serve.add_argument(
-        "--draft-memory-mb",
-        type=cli_common.non_negative_float,
-        default=256.0,
-        metavar="MB",
-        help="memory of the index of earlier outputs that requests with the same schema or tools draft from, "
-        "oldest evicted first (default: 256; 0 turns it off)",
-    )
-    serve.add_argument(
-        "--prompt-chunk",
-        type=cli_common.positive_int,
-        default=None,
-        metavar="N",
-        help="the most prompt tokens one step reads for requests that join a busy batch, beside the decoding "
-        "rows (default: derived from the measured pass cost, so a step costs at most twice a plain one)",
-    )
-    serve.add_argument(
-        "--grammar-cache-size",
-        type=cli_common.positive_int,
-        default=128,
-        metavar="N",
-        help="compiled grammars kept, one per distinct schema / tool set (default: 128)",
-    )
-    serve.add_argument(
-        "--step-cost",
-        choices=STEP_COSTS,
-        default="learned",
-        help="what the drafting policy prices a step by: learned (default), the seconds this server's own steps "
-        "take, starting from the profiled pass cost; profile, the profile alone, for draft lengths that do not "
-        "depend on timing",
-    )
-    serve.add_argument("--grammar-backend", choices=BACKEND_CHOICES, default=DEFAULT_BACKEND)
-    serve.add_argument(
-        "--tool-format",
-        default="auto",
-        metavar="FORMAT",
-        help="how tool calls are written: auto (the chat template's, else json), json, or an "
-        "xgrammar model format (default: auto)",
-    )
-    serve.add_argument(
-        "--compile-timeout",
-        type=_positive_seconds_or_mb,
-        default=COMPILE_TIMEOUT,
-        metavar="SECONDS",
-        help=f"the longest one request's grammar may take to compile, over every backend tried; past it the "
-        f"request is a 400 (default: {COMPILE_TIMEOUT:g})",
-    )
-    serve.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    # Option tables: one row an option, its help below when the row would run long.
+    # fmt: off
+    cli_common.add_values(serve, (
+        ("--host", None, "127.0.0.1", None, "address to listen on (default: 127.0.0.1)"),
+        ("--port", _count, 8000, None, "port (default: 8000)"),
+        ("--served-model-name", None, None, "NAME", "the model id clients send and /v1/models lists (default: MODEL)"),
+        ("--max-batch-size", _count, 8, "N",
+         "rows decoded together; more requests wait and join as rows finish (default: 8)"),
+        ("--max-tokens", _count, 1024, "N",
+         "the most new tokens one request may ask for (default: 1024; the context also bounds it)"),
+        ("--prefix-cache-mb", _megabytes, 1024.0, "MB",
+         "memory budget of the prefix KV cache, LRU-evicted (default: 1024; 0 turns it off)"),
+        ("--draft-memory-mb", _megabytes, 256.0, "MB",
+         "memory of the index of earlier outputs that requests with the same schema or tools draft from, "
+         "oldest evicted first (default: 256; 0 turns it off)"),
+        ("--prompt-chunk", _count, None, "N",
+         "the most prompt tokens one step reads for requests that join a busy batch, beside the decoding "
+         "rows (default: derived from the measured pass cost, so a step costs at most twice a plain one)"),
+        ("--grammar-cache-size", _count, 128, "N",
+         "compiled grammars kept, one per distinct schema / tool set (default: 128)"),
+        ("--step-cost", STEP_COSTS, "learned", None,
+         "what the drafting policy prices a step by: learned (default), the seconds this server's own steps "
+         "take, starting from the profiled pass cost; profile, the profile alone, for draft lengths that do not "
+         "depend on timing"),
+        ("--grammar-backend", BACKEND_CHOICES, DEFAULT_BACKEND, None, None),
+        ("--tool-format", None, "auto", "FORMAT",
+         "how tool calls are written: auto (the chat template's, else json), json, or an "
+         "xgrammar model format (default: auto)"),
+        ("--compile-timeout", _positive_seconds_or_mb, COMPILE_TIMEOUT, "SECONDS",
+         f"the longest one request's grammar may take to compile, over every backend tried; past it the "
+         f"request is a 400 (default: {COMPILE_TIMEOUT:g})"),
+        ("--log-level", ("critical", "error", "warning", "info", "debug"), "info", None, None),
+    ))
     security = serve.add_argument_group(
         "a public endpoint",
         "what guards a server others can reach (--host 0.0.0.0): a key, and the size of what is read",
     )
-    security.add_argument(
-        "--api-key",
-        metavar="KEY",
-        default=None,
-        help="the key every request must send as 'Authorization: Bearer KEY' (the openai client's api_key); "
-        "a missing or wrong key is a 401. GET /health stays open for liveness probes and answers only its status "
-        "without the key (default: the environment variable GRAMMARSPEC_API_KEY; neither: no key, an open server)",
-    )
-    security.add_argument(
-        "--max-body-mb",
-        type=_positive_seconds_or_mb,
-        default=DEFAULT_MAX_BODY_MB,
-        metavar="MB",
-        help=f"the largest request body read, in MiB; a larger one is a 413 before it is read or parsed "
-        f"(default: {DEFAULT_MAX_BODY_MB:g})",
-    )
-    security.add_argument(
-        "--max-prompt-chars",
-        type=_non_negative_int,
-        default=None,
-        metavar="N",
-        help="the most characters of message text a request may hold; more is a 400 before the tokenizer sees "
-        "it (default: the model's context in tokens times its longest vocabulary entry in characters, which no "
-        "prompt that fits the context passes; 0: no limit)",
-    )
+    cli_common.add_values(security, (
+        ("--api-key", None, None, "KEY",
+         "the key every request must send as 'Authorization: Bearer KEY' (the openai client's api_key); "
+         "a missing or wrong key is a 401. GET /health stays open for liveness probes and answers only its status "
+         "without the key (default: the environment variable GRAMMARSPEC_API_KEY; neither: no key, an open server)"),
+        ("--max-body-mb", _positive_seconds_or_mb, DEFAULT_MAX_BODY_MB, "MB",
+         f"the largest request body read, in MiB; a larger one is a 413 before it is read or parsed "
+         f"(default: {DEFAULT_MAX_BODY_MB:g})"),
+        ("--max-prompt-chars", _non_negative_int, None, "N",
+         "the most characters of message text a request may hold; more is a 400 before the tokenizer sees "
+         "it (default: the model's context in tokens times its longest vocabulary entry in characters, which no "
+         "prompt that fits the context passes; 0: no limit)"),
+    ))
+    # fmt: on
     cli_common.add_placement(serve)
     serve.set_defaults(run=_cmd_serve)
 
@@ -173,33 +126,21 @@ def add_serve_commands(commands: Any) -> None:
     )
     bench.add_argument("--model", default=cli_common.DEFAULT_MODEL, metavar="NAME_OR_DIR")
     cli_common.add_placement(bench)
-    bench.add_argument(
-        "--arms",
-        metavar="A,B",
-        help="arms (default: serve,serve_concurrent,hf_resend,"
-        "transformers_serve,vllm_serve; vllm_serve is skipped with a note without .venv-vllm; "
-        "with --sweep: none,auto, and vllm,vllm_ngram may be added)",
-    )
-    bench.add_argument(
-        "--concurrency",
-        type=cli_common.positive_int,
-        default=8,
-        metavar="N",
-        help="conversations at once for serve_concurrent (default: 8)",
-    )
-    bench.add_argument(
-        "--conversations",
-        metavar="A,B",
-        help="only these conversations (comma-separated: weather, orders, shopping, mixed)",
-    )
-    bench.add_argument("--repeat", type=cli_common.positive_int, default=1, metavar="N")
-    bench.add_argument(
-        "--max-new-tokens",
-        type=cli_common.positive_int,
-        metavar="N",
-        help="cap every turn's max_tokens (default: the scripts' own; for smoke runs)",
-    )
-    bench.add_argument("--out", default="bench-out", metavar="DIR", help="output folder (default: bench-out)")
+    # fmt: off
+    cli_common.add_values(bench, (
+        ("--arms", None, None, "A,B",
+         "arms (default: serve,serve_concurrent,hf_resend,"
+         "transformers_serve,vllm_serve; vllm_serve is skipped with a note without .venv-vllm; "
+         "with --sweep: none,auto, and vllm,vllm_ngram may be added)"),
+        ("--concurrency", _count, 8, "N", "conversations at once for serve_concurrent (default: 8)"),
+        ("--conversations", None, None, "A,B",
+         "only these conversations (comma-separated: weather, orders, shopping, mixed)"),
+        ("--repeat", _count, 1, "N", None),
+        ("--max-new-tokens", _count, None, "N",
+         "cap every turn's max_tokens (default: the scripts' own; for smoke runs)"),
+        ("--out", None, "bench-out", "DIR", "output folder (default: bench-out)"),
+    ))
+    # fmt: on
     sweep = bench.add_argument_group(
         "load sweep (--sweep)",
         "grammarspec serve's throughput and latency as load rises, arms none and auto interleaved (none, auto, "
@@ -208,61 +149,25 @@ def add_serve_commands(commands: Any) -> None:
         "writes sweep.md, sweep.json, sweep_throughput.png and sweep_ttft.png",
     )
     sweep.add_argument("--sweep", action="store_true", help="run the load sweep instead of the conversations")
-    sweep.add_argument(
-        "--levels",
-        default="1,2,4,8,16,32",
-        metavar="C,C",
-        help="closed-loop concurrencies (default: 1,2,4,8,16,32; '' for none)",
-    )
-    sweep.add_argument(
-        "--rates",
-        default="",
-        metavar="R,R",
-        help="open-loop request rates per second, Poisson arrivals (default: none)",
-    )
-    sweep.add_argument(
-        "--workloads",
-        default="json,prose",
-        metavar="A,B",
-        help="json (the task file, response_format json_schema) and/or prose (no schema)",
-    )
-    sweep.add_argument(
-        "--requests",
-        type=cli_common.positive_int,
-        default=8,
-        metavar="N",
-        help="requests per level (at least C; default: 8)",
-    )
-    sweep.add_argument(
-        "--rounds",
-        type=cli_common.positive_int,
-        default=1,
-        metavar="R",
-        help="closed loop: each client sends about R requests, so later ones join a busy batch (a level sends "
-        "max(--requests, R x C); default: 1)",
-    )
-    sweep.add_argument(
-        "--pairs",
-        type=cli_common.positive_int,
-        default=1,
-        metavar="P",
-        help="none and auto interleaved as none, then auto, none P times: more runs to average where the "
-        "ratio is near 1; from 2, the report gives the runs' mean ratio and its standard error (default: 1)",
-    )
-    sweep.add_argument(
-        "--max-batch-size",
-        type=cli_common.positive_int,
-        default=16,
-        metavar="N",
-        help="the servers' rows decoded together (default: 16)",
-    )
-    sweep.add_argument(
-        "--step-cost",
-        choices=STEP_COSTS,
-        default="learned",
-        help="what the embedded server's drafting policy prices a step by, as serve --step-cost (default: learned)",
-    )
-    sweep.add_argument("--tasks", metavar="FILE", help="task file of the json workload (default: data/tasks)")
+    # fmt: off
+    cli_common.add_values(sweep, (
+        ("--levels", None, "1,2,4,8,16,32", "C,C", "closed-loop concurrencies (default: 1,2,4,8,16,32; '' for none)"),
+        ("--rates", None, "", "R,R", "open-loop request rates per second, Poisson arrivals (default: none)"),
+        ("--workloads", None, "json,prose", "A,B",
+         "json (the task file, response_format json_schema) and/or prose (no schema)"),
+        ("--requests", _count, 8, "N", "requests per level (at least C; default: 8)"),
+        ("--rounds", _count, 1, "R",
+         "closed loop: each client sends about R requests, so later ones join a busy batch (a level sends "
+         "max(--requests, R x C); default: 1)"),
+        ("--pairs", _count, 1, "P",
+         "none and auto interleaved as none, then auto, none P times: more runs to average where the "
+         "ratio is near 1; from 2, the report gives the runs' mean ratio and its standard error (default: 1)"),
+        ("--max-batch-size", _count, 16, "N", "the servers' rows decoded together (default: 16)"),
+        ("--step-cost", STEP_COSTS, "learned", None,
+         "what the embedded server's drafting policy prices a step by, as serve --step-cost (default: learned)"),
+        ("--tasks", None, None, "FILE", "task file of the json workload (default: data/tasks)"),
+    ))
+    # fmt: on
     sweep.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     drafts = bench.add_argument_group(
         "drafts from earlier outputs (--drafts)",
@@ -270,22 +175,16 @@ def add_serve_commands(commands: Any) -> None:
         "(--draft-memory-mb 0): tokens per target pass, target passes, accepted draft tokens per source, tokens/s, "
         "outputs compared; writes drafts.md and drafts.json",
     )
-    drafts.add_argument(
-        "--drafts",
-        choices=("repeat", "agent"),
-        help="repeat: every task-file schema sent --draft-repeat times with other documents, round-robin, "
-        "--concurrency clients; agent: the agent conversations, --concurrency at once, with KV reuse",
-    )
-    drafts.add_argument(
-        "--draft-repeat", type=cli_common.positive_int, default=3, metavar="N", help="requests per schema (default: 3)"
-    )
-    drafts.add_argument(
-        "--draft-memory-mb",
-        type=cli_common.non_negative_float,
-        default=256.0,
-        metavar="MB",
-        help="the index's memory in the on arm, as serve --draft-memory-mb (default: 256)",
-    )
+    # fmt: off
+    cli_common.add_values(drafts, (
+        ("--drafts", ("repeat", "agent"), None, None,
+         "repeat: every task-file schema sent --draft-repeat times with other documents, round-robin, "
+         "--concurrency clients; agent: the agent conversations, --concurrency at once, with KV reuse"),
+        ("--draft-repeat", _count, 3, "N", "requests per schema (default: 3)"),
+        ("--draft-memory-mb", _megabytes, 256.0, "MB",
+         "the index's memory in the on arm, as serve --draft-memory-mb (default: 256)"),
+    ))
+    # fmt: on
     bench.set_defaults(run=_cmd_bench_serve)
 
 
@@ -337,57 +236,60 @@ def _cmd_serve(args: argparse.Namespace, command: str) -> int:
     return 0
 
 
-def _cmd_bench_serve(args: argparse.Namespace, command: str) -> int:
-    from grammarspec.bench.agent_tasks import CONVERSATIONS
-    from grammarspec.bench.serve import SERVE_ARMS, run_serve_bench, serve_markdown
+#: One bench-serve mode, its arguments checked: what it runs on the loaded model and tokenizer (given
+#: ``progress=``), and how it reports the result (``out``, ``result``, ``command``).
+_Mode = tuple[Callable[..., dict[str, Any]], Callable[[Path, dict[str, Any], str], None]]
 
-    if args.sweep:
-        return _cmd_bench_serve_sweep(args, command)
-    if args.drafts:
-        return _cmd_bench_serve_drafts(args, command)
-    arms = cli_common.check_known("--arms", cli_common.split_names(args.arms or ",".join(SERVE_ARMS)), SERVE_ARMS)
-    chosen = cli_common.chosen_conversations(args.conversations, CONVERSATIONS)
+
+def _cmd_bench_serve(args: argparse.Namespace, command: str) -> int:
+    """Check the chosen mode's arguments, then ``--out``; only then load ``--model`` and run the mode."""
+    mode = _sweep_mode if args.sweep else _drafts_mode if args.drafts else _conversations_mode
+    run, report = mode(args)
     out = cli_common.out_folder(args.out)
     model, tokenizer = cli_common.load_for_timing(args.model, device=args.device, dtype=args.dtype)
-    result = run_serve_bench(
-        model,
-        tokenizer,
-        args.model,
-        chosen,
-        arms,
-        concurrency=args.concurrency,
-        repeat=args.repeat,
-        max_new_tokens=args.max_new_tokens,
-        progress=lambda line: print(line, file=sys.stderr),
-    )
-    cli_common.write_report(out, "serve", serve_markdown(result, command), result)
+    report(out, run(model, tokenizer, progress=lambda line: print(line, file=sys.stderr)), command)
     return 0
 
 
-def _cmd_bench_serve_drafts(args: argparse.Namespace, command: str) -> int:
+def _conversations_mode(args: argparse.Namespace) -> _Mode:
+    from grammarspec.bench.agent_tasks import CONVERSATIONS
+    from grammarspec.bench.serve import SERVE_ARMS, run_serve_bench, serve_markdown
+
+    arms = cli_common.check_known("--arms", cli_common.split_names(args.arms or ",".join(SERVE_ARMS)), SERVE_ARMS)
+    run = functools.partial(
+        run_serve_bench,
+        model_name=args.model,
+        conversations=cli_common.chosen_conversations(args.conversations, CONVERSATIONS),
+        arms=arms,
+        concurrency=args.concurrency,
+        repeat=args.repeat,
+        max_new_tokens=args.max_new_tokens,
+    )
+    return run, lambda out, result, command: cli_common.write_report(
+        out, "serve", serve_markdown(result, command), result
+    )
+
+
+def _drafts_mode(args: argparse.Namespace) -> _Mode:
     from grammarspec.bench.agent_tasks import CONVERSATIONS
     from grammarspec.bench.drafts import drafts_markdown, run_drafts_bench
 
-    chosen = cli_common.chosen_conversations(args.conversations, CONVERSATIONS)
-    out = cli_common.out_folder(args.out)
-    model, tokenizer = cli_common.load_for_timing(args.model, device=args.device, dtype=args.dtype)
-    result = run_drafts_bench(
-        model,
-        tokenizer,
-        args.drafts,
+    run = functools.partial(
+        run_drafts_bench,
+        workload=args.drafts,
+        conversations=cli_common.chosen_conversations(args.conversations, CONVERSATIONS),
         concurrency=args.concurrency,
         repeat=args.draft_repeat,
         max_tokens=args.max_new_tokens or 96,
         draft_memory_mb=args.draft_memory_mb,
         tasks_path=args.tasks,
-        conversations=chosen,
-        progress=lambda line: print(line, file=sys.stderr),
     )
-    cli_common.write_report(out, "drafts", drafts_markdown(result, command), result)
-    return 0
+    return run, lambda out, result, command: cli_common.write_report(
+        out, "drafts", drafts_markdown(result, command), result
+    )
 
 
-def _cmd_bench_serve_sweep(args: argparse.Namespace, command: str) -> int:
+def _sweep_mode(args: argparse.Namespace) -> _Mode:
     from grammarspec.bench.sweep import SWEEP_ARMS, WORKLOADS, run_sweep, write_sweep
 
     def listed(text: str, kind: Callable[[str], Any], flag: str) -> list[Any]:
@@ -399,6 +301,10 @@ def _cmd_bench_serve_sweep(args: argparse.Namespace, command: str) -> int:
             raise cli_common.CliError(f"{flag}: every value must be > 0, got {text!r}")
         return values
 
+    def report(out: Path, result: dict[str, Any], command: str) -> None:
+        print(write_sweep(result, command, out, plots=not args.no_plots))
+        print(f"wrote {out / 'sweep.md'}, {out / 'sweep.json'} and the plots", file=sys.stderr)
+
     arms = cli_common.check_known(
         "--arms", cli_common.split_names(args.arms or "none,auto"), SWEEP_ARMS, "with --sweep "
     )
@@ -408,12 +314,9 @@ def _cmd_bench_serve_sweep(args: argparse.Namespace, command: str) -> int:
     levels, rates = listed(args.levels, int, "--levels"), listed(args.rates, float, "--rates")
     if not levels and not rates:
         raise cli_common.CliError("--levels and --rates are both empty: give at least one load level")
-    out = cli_common.out_folder(args.out)
-    model, tokenizer = cli_common.load_for_timing(args.model, device=args.device, dtype=args.dtype)
-    result = run_sweep(
-        model,
-        tokenizer,
-        args.model,
+    run = functools.partial(
+        run_sweep,
+        model_name=args.model,
         workloads=workloads,
         concurrency=levels,
         rates=rates,
@@ -425,9 +328,5 @@ def _cmd_bench_serve_sweep(args: argparse.Namespace, command: str) -> int:
         max_batch_size=args.max_batch_size,
         tasks_path=args.tasks,
         step_cost=args.step_cost,
-        progress=lambda line: print(line, file=sys.stderr),
     )
-    markdown = write_sweep(result, command, out, plots=not args.no_plots)
-    print(markdown)
-    print(f"wrote {out / 'sweep.md'}, {out / 'sweep.json'} and the plots", file=sys.stderr)
-    return 0
+    return run, report

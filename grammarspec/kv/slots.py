@@ -20,7 +20,7 @@ prompt cache handed back to a caller keeps working with plain ``model(...)`` cal
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
 
 import torch
 
@@ -133,6 +133,31 @@ class WritePlan:
         return found
 
 
+class _CachedView:
+    """A :class:`SlotLayer` attribute (``keys``, ``values``) that reads as the ``[rows, H, seq, D]`` view of the
+    cached columns of its storage tensor (the layer's attribute ``storage``) and adopts a tensor assigned to it as
+    that storage; with ``sizes``, the assigned tensor also sets the layer's rows and length."""
+
+    def __init__(self, storage: str, sizes: bool = False) -> None:
+        self.storage = storage
+        self.sizes = sizes
+
+    @overload
+    def __get__(self, layer: None, owner: type | None = None) -> _CachedView: ...
+    @overload
+    def __get__(self, layer: SlotLayer, owner: type | None = None) -> torch.Tensor | None: ...
+    def __get__(self, layer: SlotLayer | None, owner: type | None = None) -> _CachedView | torch.Tensor | None:
+        if layer is None:
+            return self
+        tensor = getattr(layer, self.storage)
+        return None if tensor is None else tensor[: layer.rows, :, : layer.seq]
+
+    def __set__(self, layer: SlotLayer, value: torch.Tensor | None) -> None:
+        setattr(layer, self.storage, value)
+        if value is not None and self.sizes:
+            layer.rows, layer.seq = int(value.shape[0]), int(value.shape[2])
+
+
 class SlotLayer(DynamicLayer):
     """One attention layer's keys and values, ``[slots, H, capacity, D]``, written in place.
 
@@ -155,23 +180,8 @@ class SlotLayer(DynamicLayer):
 
     # -- the views Hugging Face code reads --------------------------------------------------
 
-    @property
-    def keys(self) -> torch.Tensor | None:
-        return None if self._k is None else self._k[: self.rows, :, : self.seq]
-
-    @keys.setter
-    def keys(self, value: torch.Tensor | None) -> None:
-        self._k = value
-        if value is not None:
-            self.rows, self.seq = int(value.shape[0]), int(value.shape[2])
-
-    @property
-    def values(self) -> torch.Tensor | None:
-        return None if self._v is None else self._v[: self.rows, :, : self.seq]
-
-    @values.setter
-    def values(self, value: torch.Tensor | None) -> None:
-        self._v = value
+    keys = _CachedView("_k", sizes=True)
+    values = _CachedView("_v")
 
     @property
     def capacity(self) -> tuple[int, int]:
