@@ -88,31 +88,31 @@ def test_the_vllm_proposer_shares_one_index_across_requests(smol_tokenizer, monk
         make(tok, engine.runner)
 
 
-def test_greedy_calls_share_one_index_per_model_and_thread_across_calls(model, chat):
+def test_greedy_calls_share_one_index_per_model_and_thread_across_calls(chat_model, chat):
     import threading
 
     from grammarspec.drafting.earlier_outputs import shared_index
 
     prompts = [chat.encode(f"trip {i}:", add_special_tokens=False) for i in range(3)]
-    plain = [_generate(model, chat, [p], draft_index=False)[0] for p in prompts]
+    plain = [_generate(chat_model, chat, [p], draft_index=False)[0] for p in prompts]
     grammarspec.forget_earlier_outputs()
-    index = shared_index(model)
+    index = shared_index(chat_model)
     assert index.as_dict()["outputs"] == 0
-    runs = [_generate(model, chat, [p]) for p in prompts]  # greedy, no draft_index: the shared index
+    runs = [_generate(chat_model, chat, [p]) for p in prompts]  # greedy, no draft_index: the shared index
     assert [tokens for tokens, _ in runs] == plain  # outputs never change
-    assert shared_index(model) is index and index.as_dict()["outputs"] == 3
+    assert shared_index(chat_model) is index and index.as_dict()["outputs"] == 3
     assert "suffix" not in runs[0][1][0].proposed or runs[0][1][0].proposed["suffix"] == 0
     assert sum(stats[0].proposed.get("suffix", 0) for _, stats in runs[1:]) > 0  # later calls drafted from it
     other: list = []
-    worker = threading.Thread(target=lambda: other.append(shared_index(model)))
+    worker = threading.Thread(target=lambda: other.append(shared_index(chat_model)))
     worker.start()
     worker.join()
     assert other[0] is not index and other[0].as_dict()["outputs"] == 0  # one index per thread
     grammarspec.forget_earlier_outputs()
-    assert shared_index(model) is not index and shared_index(model).as_dict()["outputs"] == 0
+    assert shared_index(chat_model) is not index and shared_index(chat_model).as_dict()["outputs"] == 0
 
 
-def test_a_sampled_call_leaves_the_shared_index_alone_so_its_seed_repeats(model, chat):
+def test_a_sampled_call_leaves_the_shared_index_alone_so_its_seed_repeats(chat_model, chat):
     import torch
 
     from grammarspec.drafting.earlier_outputs import shared_index
@@ -120,18 +120,18 @@ def test_a_sampled_call_leaves_the_shared_index_alone_so_its_seed_repeats(model,
     prompt = [chat.encode("trip 7:", add_special_tokens=False)]
     grammarspec.forget_earlier_outputs()
     torch.manual_seed(11)
-    first, _ = _generate(model, chat, prompt, do_sample=True)
-    _generate(model, chat, prompt)  # a greedy call in between fills the shared index
-    before = shared_index(model).as_dict()["outputs"]
+    first, _ = _generate(chat_model, chat, prompt, do_sample=True)
+    _generate(chat_model, chat, prompt)  # a greedy call in between fills the shared index
+    before = shared_index(chat_model).as_dict()["outputs"]
     torch.manual_seed(11)
-    again, _ = _generate(model, chat, prompt, do_sample=True)
-    assert again == first and shared_index(model).as_dict()["outputs"] == before == 1
+    again, _ = _generate(chat_model, chat, prompt, do_sample=True)
+    assert again == first and shared_index(chat_model).as_dict()["outputs"] == before == 1
 
 
-def test_a_greedy_conversation_shares_the_models_index_and_a_sampling_one_keeps_its_own(model, chat):
+def test_a_greedy_conversation_shares_the_models_index_and_a_sampling_one_keeps_its_own(chat_model, chat):
     from grammarspec.drafting.earlier_outputs import shared_index
 
-    greedy = grammarspec.Conversation(model, chat, do_sample=False)
-    assert greedy.draft_index is shared_index(model)
-    sampling = grammarspec.Conversation(model, chat, do_sample=True)
-    assert isinstance(sampling.draft_index, SuffixIndex) and sampling.draft_index is not shared_index(model)
+    greedy = grammarspec.Conversation(chat_model, chat, do_sample=False)
+    assert greedy.draft_index is shared_index(chat_model)
+    sampling = grammarspec.Conversation(chat_model, chat, do_sample=True)
+    assert isinstance(sampling.draft_index, SuffixIndex) and sampling.draft_index is not shared_index(chat_model)
