@@ -15,7 +15,7 @@ tensor of shape ``[rows, ceil(vocab_size / 32)]`` where bit ``t % 32`` of word
 logits, which may exceed ``len(tokenizer)``; padding tokens are never legal.
 
 Backend quirks (raise vs. bool, EOS handling, bounded rollback) stay in the
-adapters; the contract test suite (tests/test_grammar_contract.py) pins them.
+adapters; the contract test suite (tests/grammars/test_contract.py) pins them.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ that changes how a backend treats it, such as ``maxLength`` beside a
 
 The entries come from the fuzz tool's findings on the production corpus
 (xgrammar 0.2.9, outlines-core 0.2.14, llguidance 1.9) and every one is
-checked by :data:`PROBES`: tests/test_grammar_spec.py compiles each probe's
+checked by :data:`PROBES`: tests/grammars/test_spec.py compiles each probe's
 schema on a toy vocabulary (:func:`grammars.probes.run_probe`) and checks that
 an invalid instance is (or is not) rejected, so a backend upgrade that changes an entry fails a test.
 

@@ -20,8 +20,8 @@ Everything else reads the registry: :func:`grammars.compile_grammar`'s
 order (:data:`PREFERENCE`, from each ``auto_rank``), the capability tables
 (:mod:`grammars.capabilities`), the suggestions after a refusal, the CLI's
 ``--grammar-backend`` choices and the tools.  The contract tests
-(tests/test_grammar_contract.py) and the capability probes
-(tests/test_grammar_spec.py) run over every registered backend.
+(tests/grammars/test_contract.py) and the capability probes
+(tests/grammars/test_spec.py) run over every registered backend.
 
 Importing this module imports no backend library (xgrammar, outlines-core,
 llguidance): each backend module imports its library inside the functions

@@ -1,7 +1,7 @@
 """Candidate sources of the schema-aware drafter: what might come next at a JSON position.
 
 (Over 400 lines on purpose: a dozen small pure functions that share one
-vocabulary, each with its worked example; see tests/test_proposers_sources.py.)
+vocabulary, each with its worked example; see tests/proposers/test_schema_sources.py.)
 
 Each source is a pure function of the position (a
 :class:`~proposers.json_cursor.Cursor`), the document so far

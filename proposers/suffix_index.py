@@ -25,7 +25,7 @@ bounded by ``max_bytes``; past it the oldest outputs are evicted first, with
 their counts.  The accounting is conservative: ``sys.getsizeof`` of every
 container (dicts, bytes keys, arrays, per-output records) plus :data:`INT_BYTES` for
 every token id and count stored, whether or not CPython shares the int object
-(tests/test_suffix_index.py checks it against ``tracemalloc``).  About 400
+(tests/proposers/test_suffix_index.py checks it against ``tracemalloc``).  About 400
 bytes per distinct n-gram of an order (three orders by default); repeated
 outputs share their keys and add only their 4-byte tokens.
 

@@ -14,7 +14,7 @@ this module (and in a proposer's own ``commit`` / ``commit_tree``, which only
 this module calls), or in one of the places :data:`OTHER_MOVERS` names, each
 with what it moves and why it is not here.  A controller holds no committed
 state, but its movers are listed too: it decides the draft lengths.
-``tests/test_commit_invariant.py`` reads the loop's source and fails on a
+``tests/engine/test_commit_invariant.py`` reads the loop's source and fails on a
 mover that is in neither, and on a listed one that is gone.
 """
 
@@ -43,7 +43,7 @@ class Mover:
     why: str
 
 
-#: Every place outside the commit path that moves a row's state (tests/test_commit_invariant.py keeps it whole).
+#: Every place outside the commit path that moves a row's state (tests/engine/test_commit_invariant.py keeps it whole).
 OTHER_MOVERS: tuple[Mover, ...] = (
     Mover(
         "grammarspec.engine.row_requests:row_request",

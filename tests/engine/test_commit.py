@@ -20,6 +20,7 @@ from grammarspec.engine.commit import commit, tell
 from grammarspec.engine.decoding import DecodeConfig
 from grammarspec.engine.rows import Row, RowSettings, Step, StepResources
 from grammarspec.kv.batch import BatchKV
+from grammarspec.policy.cost import FixedCost
 from proposers.base import Draft
 from proposers.tree import DraftTree
 from tests.proposer_fakes import RuleMatcher, fixed
@@ -52,6 +53,7 @@ def _setup(max_new_tokens: int = 20):
         allocate_bitmask(8, V),
         time.perf_counter(),
         None,
+        FixedCost(),
         None,
         None,
     )

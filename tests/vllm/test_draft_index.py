@@ -4,7 +4,7 @@ When a request's draft runs to its stop token and vLLM accepts it all, vLLM's re
 appends one token of its own after the stop token to the runner's context (the "bonus" token), and the
 scheduler then ends the request at the stop token.  The index of earlier outputs drafts whole answers,
 stop token included, so a repeated request meets exactly this.  The fake engine from
-tests/test_vllm_proposer.py stands in for vLLM; :func:`run` plays vLLM's greedy target.
+tests/vllm/test_proposer.py stands in for vLLM; :func:`run` plays vLLM's greedy target.
 """
 
 from __future__ import annotations
