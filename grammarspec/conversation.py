@@ -59,7 +59,6 @@ from grammarspec.api import DEFAULT_MAX_DRAFT, check_options, run_generate
 from grammarspec.completion import AssistantMessage
 from grammarspec.constraint import Constraint
 from grammarspec.drafting.assistant import draft_maker
-from grammarspec.drafting.earlier_outputs import shared_index
 from grammarspec.kv.cache import cache_length, common_prefix_length, crop_cache, new_cache
 from grammarspec.policy.allocation import Calibration
 from grammarspec.stats import GenerationStats
@@ -75,7 +74,7 @@ from grammarspec.tool_calls import (
     tool_format_for,
 )
 from proposers.presets import resolve_assistant
-from proposers.suffix_index import SuffixIndex, resolve_index
+from proposers.suffix_index import resolve_index
 
 #: The constraint keywords ``reply`` takes besides ``tool_choice`` / ``parallel_tool_calls``.
 _CONSTRAINT_KWARGS = ("schema", "grammar", "regex", "json_object", "any_whitespace")
@@ -126,11 +125,11 @@ class Conversation:
     ``grammar_backend``: as for :func:`grammarspec.generate`.
     ``draft_index``: with ``assistant="auto"``, each turn also drafts from what
     earlier turns wrote under the same tools or schema (:class:`proposers.SuffixIndex`):
-    ``None``: a conversation whose defaults are greedy shares the index its thread's
-    greedy calls on this model share (:mod:`grammarspec.drafting.earlier_outputs`),
-    so an agent's next conversation drafts from the last one's calls; a sampling
-    one gets its own (:data:`CONVERSATION_DRAFT_BYTES`).  An index passed in is
-    shared with whoever else holds it; ``False`` turns it off.  Outputs are unchanged.
+    ``None`` gives the conversation its own (:data:`CONVERSATION_DRAFT_BYTES`): another
+    conversation's values (an earlier order number, a city) are confident wrong
+    guesses here, measured to cost more passes than they save; an index passed in
+    is shared (by an agent's many conversations, say), ``False`` turns it off.
+    Outputs are unchanged.
     ``generation_kwargs``: defaults for every turn (``do_sample``, ...).
 
     Not thread-safe; one conversation per thread.
@@ -165,11 +164,7 @@ class Conversation:
         self.replies: list[Reply] = []
         self._assistant = assistant
         #: earlier outputs this conversation drafts from (None: off); it keeps the one proposer it feeds
-        sampling = generation_kwargs.get("do_sample", getattr(model.generation_config, "do_sample", False))
-        if draft_index is None and not sampling:
-            self.draft_index: SuffixIndex | None = shared_index(model)
-        else:
-            self.draft_index = resolve_index(draft_index, CONVERSATION_DRAFT_BYTES, "Conversation()")
+        self.draft_index = resolve_index(draft_index, CONVERSATION_DRAFT_BYTES, "Conversation()")
         self._proposer = resolve_assistant(  # one per conversation
             assistant, make_draft=draft_maker(), suffix_index=self.draft_index
         )

@@ -1,10 +1,9 @@
-"""The index of earlier outputs that greedy calls on one model share by default, one per thread.
+"""The index of earlier outputs that greedy ``generate`` calls on one model share by default, one per thread.
 
-``generate`` and ``Conversation`` draft from what earlier outputs of the same
-schema or tool set wrote (:class:`proposers.SuffixIndex`).  Within one call or
-one conversation that index is the caller's; across calls, a program that asks
-the same kind of question again and again (a pipeline filling one schema, an
-agent calling the same tools) gains only if the index outlives the call.  So a
+``generate`` drafts from what earlier outputs of the same schema or tool set
+wrote (:class:`proposers.SuffixIndex`).  A program that asks the same kind of
+question again and again (a pipeline filling one schema, a loop calling the
+same tools) gains across calls only if the index outlives the call.  So a
 greedy call given no ``draft_index`` drafts from, and adds to, one index per
 model and thread, bounded by :data:`SHARED_DRAFT_BYTES` (the oldest outputs go
 first).  Greedy outputs do not depend on the drafts, so sharing changes only how

@@ -126,12 +126,3 @@ def test_a_sampled_call_leaves_the_shared_index_alone_so_its_seed_repeats(chat_m
     torch.manual_seed(11)
     again, _ = _generate(chat_model, chat, prompt, do_sample=True)
     assert again == first and shared_index(chat_model).as_dict()["outputs"] == before == 1
-
-
-def test_a_greedy_conversation_shares_the_models_index_and_a_sampling_one_keeps_its_own(chat_model, chat):
-    from grammarspec.drafting.earlier_outputs import shared_index
-
-    greedy = grammarspec.Conversation(chat_model, chat, do_sample=False)
-    assert greedy.draft_index is shared_index(chat_model)
-    sampling = grammarspec.Conversation(chat_model, chat, do_sample=True)
-    assert isinstance(sampling.draft_index, SuffixIndex) and sampling.draft_index is not shared_index(chat_model)
