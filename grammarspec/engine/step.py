@@ -50,7 +50,7 @@ def run_step(
     a busy batch (``None``: :func:`prompt_plan` derives it from the pass cost).
     ``finishing``: the batch ends with its last row (no request waits or may
     join), so the policy values tokens by the finishing time they save
-    (:func:`policy.finishing_worth`).
+    (:func:`grammarspec.policy.allocation.finishing_worth`).
     """
     config, eos = shared.config, shared.eos
     phases = Phases(shared.clock)
@@ -264,7 +264,7 @@ def _process(active: Sequence[Row], steps: Sequence[Step], scores: torch.Tensor)
     the rows of one ``generate`` call with sampling warpers) run once over all the
     step's rows; otherwise each row's pipeline runs on its own rows, with their
     prefixes: for every pipeline that reads them, views of one tensor built once
-    a step (:func:`processing.prefix_tensors`), so one copy to the device serves them all.
+    a step (:func:`grammarspec.engine.processing.prefix_tensors`), so one copy to the device serves them all.
     Processing is each row's own: where it raises, that row fails alone (its rows keep
     their masked scores, and its choice is never committed) -- a shared call that raises
     is run again row by row.  A ``generate`` call's ``logits_processor=`` serves all its
@@ -452,7 +452,7 @@ def rows_kind(rows: Sequence[Row]) -> str:
 
 def _worth(stepping: Sequence[Row], cost: Cost | None, finishing: bool) -> list[float] | None:
     """What a committed token of each row is worth to a batch that ends with its last row
-    (:func:`policy.finishing_worth`); ``None`` (each worth one) elsewhere, and where a row's end is not its
+    (:func:`grammarspec.policy.allocation.finishing_worth`); ``None`` (each worth one) elsewhere, and where a row's end is not its
     budget: a grammar ends its row when its structure closes, whatever the budget left."""
     if not finishing or cost is None or any(row.matcher is not None for row in stepping):
         return None
@@ -464,7 +464,7 @@ def _worth(stepping: Sequence[Row], cost: Cost | None, finishing: bool) -> list[
 def _allocate(
     active: list[Row], steps: list[Step], cost: Cost | None, *, packed: bool, worth: Sequence[float] | None = None
 ) -> None:
-    """Cut each row's chain to its share of one goodput allocation over the batch (:func:`policy.plan_drafts`)
+    """Cut each row's chain to its share of one goodput allocation over the batch (:func:`grammarspec.policy.allocation.plan_drafts`)
     priced by ``cost`` (``None``: a probe, every chain is cut to nothing), each row's tokens ``worth`` what
     they save (``None``: one each).
 
