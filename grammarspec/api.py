@@ -166,16 +166,7 @@ def generate(
             f"generate() got unknown arguments: {', '.join(internal)}. Drafting records and earlier documents "
             "carry between turns inside grammarspec.Conversation and grammarspec serve; use those for a conversation."
         )
-    constraint = Constraint(
-        schema=schema,
-        tools=tools,
-        tool_choice=tool_choice,
-        grammar=grammar,
-        regex=regex,
-        json_object=json_object,
-        parallel_tool_calls=parallel_tool_calls,
-        any_whitespace=any_whitespace,
-    )
+    constraint = Constraint.among(locals())
     return run_generate(
         model,
         input_ids,

@@ -181,16 +181,7 @@ def complete(
     from grammarspec.tool_calls import parse_tool_reply
 
     _check_prompt(prompt)
-    asked = Constraint(
-        schema=schema,
-        tools=tools,
-        tool_choice=tool_choice,
-        grammar=grammar,
-        regex=regex,
-        json_object=json_object,
-        parallel_tool_calls=parallel_tool_calls,
-        any_whitespace=any_whitespace,
-    )
+    asked = Constraint.among(locals())
     constraint = asked.resolve()
     (spec,) = constraint.specs(1)
     json_schema = spec.schema if spec is not None else None

@@ -64,6 +64,12 @@ class Constraint:
         """The constraint keywords ``generate``, ``complete`` and ``Conversation`` take (every field but the format)."""
         return tuple(f.name for f in dataclasses.fields(cls) if f.name != "tool_format")
 
+    @classmethod
+    def among(cls, arguments: Mapping[str, Any]) -> Constraint:
+        """The constraint that ``arguments`` (a function's arguments by name, its ``locals()`` on entry) name:
+        its :meth:`keywords`, picked out, so ``generate`` and ``complete`` do not each list them again."""
+        return cls(**{name: arguments[name] for name in cls.keywords()})
+
     def _grammar_arguments(self) -> dict[str, Any]:
         """The fields :func:`grammars.grammar_spec` takes, by name (every field but the tool choice and format)."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in _NOT_GRAMMAR}
