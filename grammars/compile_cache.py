@@ -85,7 +85,13 @@ class CacheLimits:
 
 
 class _LRU(Generic[T]):
-    """A thread-safe LRU bounded by count and by estimated bytes; misses are built once (other threads wait)."""
+    """A thread-safe LRU bounded by count and by estimated bytes; misses are built once (other threads wait).
+
+    Its own structure rather than :class:`~grammars.lru.LRU`: an entry being
+    built holds its place in the order (the threads that ask for it wait on
+    it) yet is never evicted, its bytes not being known yet; and a bound of 0
+    keeps nothing, where :class:`~grammars.lru.LRU` holds at least one entry.
+    """
 
     def __init__(self, maxsize: int, max_bytes: int, sizer: Callable[[Hashable, T], int]) -> None:
         self.maxsize = maxsize

@@ -19,6 +19,13 @@ stopped per backend (:func:`compile_within`):
   limits (``LLParserLimits``: lexer fuel, grammar size), which bound the
   work; a compile that still ends past the deadline is refused like a
   timeout.
+
+The worker is a plain ``os.fork`` with a pipe, not a :mod:`multiprocessing`
+process: multiprocessing refuses to start a child from a daemonic process
+("daemonic processes are not allowed to have children"), and a compile with
+a deadline runs inside such processes too (every ``multiprocessing.Pool``
+worker is one; so is ``tools/coverage_report.py``'s), where the deadline
+must still stop a stuck native compile.
 """
 
 from __future__ import annotations

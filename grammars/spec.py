@@ -24,12 +24,12 @@ import hashlib
 import json
 import re
 import threading
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from .base import GrammarError
+from .lru import LRU
 from .schema_walk import DATA_KEYWORDS as _DATA_KEYWORDS
 from .schema_walk import SCHEMA_MAPS as _SCHEMA_MAPS
 from .schema_walk import local_resolver as _local_resolver
@@ -357,7 +357,7 @@ def _dangling_ref(node: dict[str, Any]) -> str | None:
 
 #: Digests of schemas that passed :func:`check_json_schema` lately (at most this many, 32 bytes each).
 _CHECKED_LIMIT = 1024
-_CHECKED: OrderedDict[bytes, None] = OrderedDict()
+_CHECKED: LRU[bytes, bool] = LRU(_CHECKED_LIMIT)
 _CHECKED_LOCK = threading.Lock()
 
 
@@ -388,15 +388,12 @@ def check_json_schema(schema: Any, *, where: str = "the schema") -> None:
     digest = _digest(schema) if isinstance(schema, dict) else None
     if digest is not None:
         with _CHECKED_LOCK:
-            if digest in _CHECKED:
-                _CHECKED.move_to_end(digest)
+            if _CHECKED.get(digest, False):
                 return
     _check_json_schema(schema, where)
     if digest is not None:
         with _CHECKED_LOCK:
-            _CHECKED[digest] = None
-            while len(_CHECKED) > _CHECKED_LIMIT:
-                _CHECKED.popitem(last=False)
+            _CHECKED.put(digest, True)
 
 
 def _check_json_schema(schema: Any, where: str) -> None:

@@ -55,6 +55,7 @@ from typing import Any
 
 import torch
 
+from grammars.registry import DEFAULT as DEFAULT_BACKEND
 from grammarspec.api import DEFAULT_MAX_DRAFT, check_options, run_generate
 from grammarspec.completion import AssistantMessage
 from grammarspec.constraint import Constraint
@@ -86,10 +87,41 @@ __all__ = [
     "Conversation",
     "Reply",
     "common_prefix_length",
+    "describes_tools",
+    "prompt_ids",
 ]
 
 #: Bytes of a conversation's own index of earlier outputs (``draft_index=None``).
 CONVERSATION_DRAFT_BYTES = 16 << 20
+
+
+def describes_tools(tokenizer: Any, tools: Sequence[Mapping[str, Any]] | None, tool_format: str) -> bool:
+    """Whether the prompt describes ``tools`` in the system message: a model format whose chat template drops
+    ``tools=`` (SmolLM2's does), so the model would not see them otherwise.  Pure."""
+    return bool(tools) and tool_format != "json" and not template_renders_tools(tokenizer, tools or [])
+
+
+def prompt_ids(
+    tokenizer: Any,
+    messages: Sequence[Mapping[str, Any]],
+    tools: Sequence[Mapping[str, Any]] | None = None,
+    tool_format: str = "json",
+    tool_choice: Any = "auto",
+    *,
+    describe: bool | None = None,
+) -> list[int]:
+    """The token ids of ``messages`` as the chat template renders them, the assistant turn opened.  Pure.
+
+    The one prompt building of :class:`Conversation` and ``grammarspec serve``
+    (:func:`~grammarspec.tool_calls.prompt_text`, then the tokenizer), so a
+    conversation sent to the server reads exactly the prompt it reads in
+    process.  ``describe``: whether the tools are described in the system
+    message (``None``: :func:`describes_tools`).
+    """
+    if describe is None:
+        describe = describes_tools(tokenizer, tools, tool_format)
+    text = prompt_text(tokenizer, messages, tools, tool_format, tool_choice, describe=describe)
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
 class ContextLimitError(ValueError):
@@ -146,7 +178,7 @@ class Conversation:
         max_context: int | None = None,
         tool_format: str = "auto",
         max_draft_tokens: int = DEFAULT_MAX_DRAFT,
-        grammar_backend: str = "xgrammar",
+        grammar_backend: str = DEFAULT_BACKEND,
         draft_index: Any = None,
         **generation_kwargs: Any,
     ) -> None:
@@ -173,7 +205,7 @@ class Conversation:
         check_options(
             model, {k: v for k, v in self._options.items() if k not in _CONSTRAINT_KWARGS}, where="Conversation()"
         )
-        self._describe_tools = bool(self.tools) and self.tool_format != "json" and not self._template_renders_tools()
+        self._describe_tools = describes_tools(tokenizer, self.tools, self.tool_format)
         if self._describe_tools:
             warnings.warn(
                 f"the chat template ignores tools=, so with tool_format={self.tool_format!r} the model would never "
@@ -228,19 +260,10 @@ class Conversation:
         prompt then differs from an ``"auto"`` turn's where the tools were
         described, so such a turn reuses the cache only up to there.
         """
-        text = prompt_text(
-            self.tokenizer,
-            self.messages if messages is None else messages,
-            self.tools,
-            self.tool_format,
-            tool_choice,
-            describe=self._describe_tools,
+        chat = self.messages if messages is None else messages
+        return prompt_ids(
+            self.tokenizer, chat, self.tools, self.tool_format, tool_choice, describe=self._describe_tools
         )
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-
-    def _template_renders_tools(self) -> bool:
-        """Whether the chat template writes ``tools=`` into the prompt (SmolLM2's does not)."""
-        return template_renders_tools(self.tokenizer, self.tools or [])
 
     @property
     def cached_tokens(self) -> int:

@@ -374,7 +374,7 @@ def run_serve_bench(
                     constraint = tool_constraint(TOOLS, step.tool_choice, False, grammar_server.engine.tool_format)
                     spec = grammar_spec(**constraint)
                     if spec is not None:
-                        grammar_server.engine._compile(spec)
+                        grammar_server.engine.compile(spec)
                     grammars.get(constraint)
 
         def play_arm(arm: str, script: list[Any], cap: int | None = None) -> dict[str, Any]:

@@ -1,8 +1,10 @@
 """The engine: one thread owns the model and runs one decode loop for every open request.
 
 HTTP handlers :meth:`Engine.prepare` a request (render the messages with the
-chat template, compile the grammar -- cached per constraint --, build each
-row with :func:`grammarspec.engine.row_requests.row_request`, as ``generate`` does; any problem is a
+chat template as :class:`~grammarspec.Conversation` does (:func:`~grammarspec.conversation.prompt_ids`),
+gather its constraint in a :class:`~grammarspec.constraint.Constraint` and compile
+it (:func:`grammars.compile_grammar`, whose cache keeps each compiled grammar),
+build each row with :func:`grammarspec.engine.row_requests.row_request`, as ``generate`` does; any problem is a
 :class:`~grammarspec.serve.protocol.RequestError` before the loop sees it),
 then :meth:`Engine.submit` it.  The engine thread runs
 :func:`grammarspec.engine.decoding.decode_batch` with itself as the feed: new rows join
@@ -47,21 +49,22 @@ share (the model's forward, the batch cache) fails every request in the loop.
 from __future__ import annotations
 
 import copy
-import json
 import queue
 import threading
 import time
 import traceback
 import uuid
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from grammars import GrammarError, compile_grammar, grammar_spec
+from grammars import CompiledGrammar, GrammarError, GrammarSpec, compile_grammar, set_cache_limits
+from grammars.registry import DEFAULT as DEFAULT_BACKEND
 from grammarspec.api import grammar_stats
+from grammarspec.constraint import Constraint
+from grammarspec.conversation import prompt_ids
 from grammarspec.drafting.cost_model import ProfiledCost
 from grammarspec.engine.decoding import DecodeConfig, Row, RowRequest, decode_batch, logits_width
 from grammarspec.engine.row_requests import DEFAULT_MAX_DRAFT, row_request
@@ -84,9 +87,6 @@ from grammarspec.tool_calls import (
     earlier_documents,
     parse_cut_reply,
     parse_tool_reply,
-    prompt_text,
-    template_renders_tools,
-    tool_constraint,
     tool_format_for,
 )
 from proposers.base import members, split_owner
@@ -100,40 +100,23 @@ __all__ = ["Choice", "Engine", "Job", "prompt_ids", "traffic_kind", "draft_scope
 COMPILE_TIMEOUT = 60.0
 
 
-def prompt_ids(
-    tokenizer: Any,
-    messages: list[dict[str, Any]],
-    tools: list[dict[str, Any]] | None,
-    tool_format: str,
-    tool_choice: Any = "auto",
-) -> list[int]:
-    """The token ids of ``messages`` as the chat template renders them (assistant turn opened).  Pure.
-
-    The same rendering as :meth:`grammarspec.Conversation.prompt_ids`
-    (:func:`~grammarspec.tool_calls.prompt_text`), so a conversation sent to
-    the server reads exactly the prompt it would read in process.
-    """
-    describe = bool(tools) and tool_format != "json" and not template_renders_tools(tokenizer, tools or [])
-    text = prompt_text(tokenizer, messages, tools, tool_format, tool_choice, describe=describe)
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
-
-
-def traffic_kind(spec: Any, constraint: dict[str, Any]) -> str:
+def traffic_kind(spec: Any, offered: Any) -> str:
     """The kind of traffic a request is, for the drafting records it starts from.  Pure.
 
-    ``"tools"`` (a tool call may follow), ``"schema"`` (a JSON schema, a JSON
-    object or a grammar) or ``"text"`` (free text): their drafts survive at
-    very different rates.
+    ``"tools"`` (``offered``, the tools its reply may call, is not empty: a
+    tool call may follow), ``"schema"`` (a JSON schema, a JSON object or a
+    grammar) or ``"text"`` (free text): their drafts survive at very
+    different rates.
     """
-    if constraint:
+    if offered:
         return "tools"
     return "schema" if spec is not None else "text"
 
 
-def draft_scope(spec: Any, constraint: dict[str, Any]) -> str:
+def draft_scope(spec: Any, offered: Any) -> str:
     """Where a request's drafts from earlier outputs come from and go: its :func:`traffic_kind` and a canonical
     hash of its schema (a tool set is one), so only requests with the same schema or tools share drafts.  Pure."""
-    return f"{traffic_kind(spec, constraint)}/{scope_of(spec.schema if spec is not None else None)}"
+    return f"{traffic_kind(spec, offered)}/{scope_of(spec.schema if spec is not None else None)}"
 
 
 #: Default bytes of the server's index of earlier outputs (``grammarspec serve --draft-memory-mb``).
@@ -179,7 +162,7 @@ class Job:
     request: ChatRequest
     prompt: list[int]
     max_tokens: int
-    constraint: dict[str, Any]
+    offered: list[dict[str, Any]] | None  # the tools its reply may call (None: no call)
     tool_format: str
     emit: Callable[[tuple[str, Any]], None]
     choices: list[Choice] = field(default_factory=list)
@@ -204,8 +187,8 @@ class Engine:
         max_batch_size: int = 8,
         prefix_cache_bytes: int = 1 << 30,
         max_tokens: int = 1024,
-        grammar_backend: str = "xgrammar",
-        grammar_cache_size: int = 128,
+        grammar_backend: str = DEFAULT_BACKEND,
+        grammar_cache_size: int | None = None,
         tool_format: str = "auto",
         compile_timeout: float | None = COMPILE_TIMEOUT,
         trace_steps: bool = False,
@@ -234,9 +217,8 @@ class Engine:
         self.prefix = PrefixCache(model, prefix_cache_bytes)
         #: earlier outputs every request of a kind drafts from (None: off, ``draft_memory_bytes=0``)
         self.drafts = SuffixIndex(draft_memory_bytes) if draft_memory_bytes > 0 else None
-        self._grammars: OrderedDict[str, Any] = OrderedDict()
-        self._grammar_cache_size = grammar_cache_size
-        self._grammar_lock = threading.Lock()
+        if grammar_cache_size is not None:  # the process's one grammar cache (grammars.compile_cache)
+            set_cache_limits(grammar_count=grammar_cache_size)
         self._incoming: queue.Queue[Job | None] = queue.Queue()
         self._pending: list[Choice] = []
         self._rows: dict[int, Choice] = {}  # row index of the running decode_batch call -> choice
@@ -269,39 +251,43 @@ class Engine:
 
     # --- preparing a request (the HTTP side; errors are 400s) -------------------------------------
 
-    def _compile(self, spec: Any, backend: str | None = None) -> Any:
-        backend = backend or self.grammar_backend  # a request's own choice, else the server's
-        key = json.dumps(
-            [backend, spec.kind, spec.schema, getattr(spec, "grammar", None), getattr(spec, "regex", None), repr(spec)],
-            sort_keys=True,
-            default=str,
-        )
-        with self._grammar_lock:
-            if key in self._grammars:
-                self._grammars.move_to_end(key)
-                return self._grammars[key]
-        compiled = compile_grammar(
+    def compile(self, spec: GrammarSpec, backend: str | None = None) -> CompiledGrammar:
+        """``spec`` compiled for this server's tokenizer and logits (on ``backend``, else the server's), within its
+        ``compile_timeout``; :func:`grammars.compile_grammar` keeps it in the process's one grammar cache."""
+        return compile_grammar(
             spec,
             self.tokenizer,
             vocab_size=self.vocab,
             stop_token_ids=self.eos,
-            backend=backend,
+            backend=backend or self.grammar_backend,
             compile_timeout=self.compile_timeout,
         )
-        with self._grammar_lock:
-            self._grammars[key] = compiled
-            while len(self._grammars) > self._grammar_cache_size:
-                self._grammars.popitem(last=False)
-        return compiled
+
+    def _constraint(self, request: ChatRequest) -> tuple[Constraint, list[dict[str, Any]] | None]:
+        """The request's constraint with its ``tool_choice`` applied, and the tools its reply may call.
+
+        ``parallel_tool_calls`` counts only beside tools (OpenAI ignores it
+        without them; :func:`grammars.grammar_spec` refuses it).  The tools a reply
+        may call: those the constraint's call schema names (a required or
+        named call in the JSON format), else every tool unless
+        ``tool_choice="none"``.
+        """
+        constraint = Constraint(
+            schema=request.schema,
+            tools=request.tools,
+            tool_choice=request.tool_choice,
+            parallel_tool_calls=request.parallel_tool_calls and request.tools is not None,
+            json_object=request.json_object,
+            tool_format=self.tool_format,
+        ).resolve()
+        calls = request.tools if request.tool_choice != "none" else None
+        return constraint, ([dict(t) for t in constraint.tools] if constraint.tools else calls)
 
     def prepare(self, request: ChatRequest, emit: Callable[[tuple[str, Any]], None]) -> Job:
         """A job ready to submit.  Raises :class:`RequestError` for what cannot be served."""
         try:
             check_tools(request.tools)
-            constraint = tool_constraint(
-                request.tools, request.tool_choice, request.parallel_tool_calls, self.tool_format
-            )
-            offered = constraint.get("tools") or (request.tools if constraint else None)
+            constraint, offered = self._constraint(request)
             ids = prompt_ids(self.tokenizer, request.messages, request.tools, self.tool_format, request.tool_choice)
         except ToolCallError as e:
             raise RequestError(str(e), param="tools", code="invalid_value") from None
@@ -328,14 +314,12 @@ class Engine:
                 code="invalid_value",
             )
         try:
-            spec = grammar_spec(
-                schema=request.schema, json_object=request.json_object, **{k: v for k, v in constraint.items()}
-            )
-            compiled = self._compile(spec, request.grammar_backend) if spec is not None else None
+            (spec,) = constraint.specs(1)
+            compiled = self.compile(spec, request.grammar_backend) if spec is not None else None
         except (GrammarError, ValueError, TypeError) as e:
-            param = "tools" if constraint else "response_format"
+            param = "tools" if offered else "response_format"
             raise RequestError(f"the constraint does not compile: {e}", param=param, code="invalid_schema") from None
-        job = Job(request, ids, max_tokens, {**constraint, "offered": offered}, self.tool_format, emit)
+        job = Job(request, ids, max_tokens, offered, self.tool_format, emit)
         do_sample = not request.greedy
         overrides: dict[str, Any] = {"do_sample": do_sample, "max_new_tokens": max_tokens}
         if do_sample:
@@ -366,8 +350,8 @@ class Engine:
             )
             for member in members(row.proposer) if row.proposer is not None else []:
                 if isinstance(member, SuffixProposer):  # kind and schema (or tool set): only its like share drafts
-                    member.scope = draft_scope(spec, constraint)
-            kind = traffic_kind(spec, constraint)
+                    member.scope = draft_scope(spec, offered)
+            kind = traffic_kind(spec, offered)
             job.choices.append(
                 Choice(job, index, ids, row, compiled, spec, kind=kind, decoded=TextStream(self.tokenizer))
             )
@@ -544,7 +528,7 @@ class Engine:
         """Emit the choice's new text (held back while it may still be a tool call or a stop string's start)."""
         job = choice.job
         text = choice.text
-        if job.constraint.get("offered") and job.tool_format == "json" and text.lstrip()[:1] in ("{", "[", ""):
+        if job.offered and job.tool_format == "json" and text.lstrip()[:1] in ("{", "[", ""):
             deltas = choice.calls.feed(text)  # a call: its name, then its arguments as they grow
             if deltas:
                 job.emit(("tool_calls", (choice.index, deltas)))
@@ -576,7 +560,7 @@ class Engine:
         if choice.compiled is not None:  # a stop string cut the JSON short: valid false, as a max_tokens cut
             grammar_stats(stats, choice.compiled, choice.spec, choice.text)
         message: dict[str, Any] = {"role": "assistant", "content": choice.text}
-        offered = job.constraint.get("offered")
+        offered = job.offered
         complete = reason == "stop" and not choice.stopped
         if complete and offered:
             try:

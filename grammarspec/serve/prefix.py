@@ -20,13 +20,13 @@ Worked example (block 2)::
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from grammars.lru import LRU
 from grammarspec.kv.cache import common_prefix_length, new_cache
 
 __all__ = ["PrefixCache", "PrefixStats", "row_cache"]
@@ -54,14 +54,16 @@ class PrefixCache:
 
     def __init__(self, model: torch.nn.Module, budget_bytes: int, *, block: int = 16) -> None:
         self.model, self.budget, self.block = model, int(budget_bytes), block
-        self._entries: OrderedDict[tuple[int, ...], _Entry] = OrderedDict()
+        self._entries: LRU[tuple[int, ...], _Entry] = LRU(
+            None, max_bytes=self.budget, weigh=lambda entry: entry.nbytes, on_evict=self._evicted
+        )
         self._index: dict[int, set[tuple[int, ...]]] = {}
         self._lock = threading.Lock()
         self.stats = PrefixStats()
 
     @property
     def nbytes(self) -> int:
-        return sum(e.nbytes for e in self._entries.values())
+        return self._entries.nbytes
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -90,10 +92,10 @@ class PrefixCache:
             for key in candidates:
                 n = min(common_prefix_length(key, tokens), len(tokens) - 1)
                 if n > length:
-                    best, length = self._entries[key], n
+                    best, length = self._entries.peek(key), n
             if best is None or length < 1:
                 return None, 0, None
-            self._entries.move_to_end(best.tokens)
+            self._entries.get(best.tokens)  # now the most recently used
             self.stats.hits += 1
             self.stats.reused_tokens += length
             cache = new_cache(self.model)
@@ -108,15 +110,12 @@ class PrefixCache:
         if not key or nbytes > self.budget:
             return
         with self._lock:
-            for old in [k for k in self._entries if len(k) <= len(key) and key[: len(k)] == k]:
+            for old in [k for k in self._entries.keys() if len(k) <= len(key) and key[: len(k)] == k]:
                 self._drop(old)
-            self._entries[key] = _Entry(key, layers, nbytes, extra)
             for h in self._hashes(key):
                 self._index.setdefault(h, set()).add(key)
             self.stats.stored += 1
-            while self.nbytes > self.budget:
-                self._drop(next(iter(self._entries)))
-                self.stats.evicted += 1
+            self._entries.put(key, _Entry(key, layers, nbytes, extra))  # past the budget: the oldest are evicted
 
     def annotate(self, tokens: Sequence[int], extra: Any, min_length: int = 1) -> bool:
         """Set ``extra`` on the longest entry (``min_length`` tokens or more) that is a prefix of ``tokens``.
@@ -127,14 +126,23 @@ class PrefixCache:
         """
         key = tuple(tokens)
         with self._lock:
-            found = [k for k in self._entries if min_length <= len(k) <= len(key) and key[: len(k)] == k]
-            if not found:
+            found = [k for k in self._entries.keys() if min_length <= len(k) <= len(key) and key[: len(k)] == k]
+            entry = self._entries.peek(max(found, key=len)) if found else None
+            if entry is None:
                 return False
-            self._entries[max(found, key=len)].extra = extra
+            entry.extra = extra
             return True
 
+    def _evicted(self, key: tuple[int, ...], entry: _Entry) -> None:
+        """The budget dropped ``key``'s entry (the least recently used): forget its blocks.  Holds the lock."""
+        self._unindex(key)
+        self.stats.evicted += 1
+
     def _drop(self, key: tuple[int, ...]) -> None:
-        self._entries.pop(key, None)
+        self._entries.pop(key)
+        self._unindex(key)
+
+    def _unindex(self, key: tuple[int, ...]) -> None:
         for h in self._hashes(key):
             keys = self._index.get(h)
             if keys is not None:

@@ -186,6 +186,11 @@ class ToolMessage(_Model):
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 
 
+def _by_tag(tag: Any, error: str, message: str) -> Discriminator:
+    """A union's discriminator: ``tag(value)`` names the member that reads a value; no name gives ``error``."""
+    return Discriminator(tag, custom_error_type=error, custom_error_message=message)
+
+
 def _role(value: Any) -> str | None:
     role = value.get("role") if isinstance(value, Mapping) else getattr(value, "role", None)
     return _ROLES.get(role) if isinstance(role, str) else None
@@ -196,10 +201,8 @@ Message = Annotated[
     | Annotated[UserMessage, Tag("user")]
     | Annotated[AssistantMessage, Tag("assistant")]
     | Annotated[ToolMessage, Tag("tool")],
-    Discriminator(
-        _role,
-        custom_error_type="invalid_role",
-        custom_error_message="each message is an object whose role is system, developer, user, assistant or tool",
+    _by_tag(
+        _role, "invalid_role", "each message is an object whose role is system, developer, user, assistant or tool"
     ),
 ]
 
@@ -227,10 +230,10 @@ class NamedToolChoice(_Model):
 
 ToolChoice = Annotated[
     Annotated[Literal["none", "auto", "required"], Tag("mode")] | Annotated[NamedToolChoice, Tag("named")],
-    Discriminator(
+    _by_tag(
         lambda v: "mode" if isinstance(v, str) else "named" if isinstance(v, Mapping | NamedToolChoice) else None,
-        custom_error_type="invalid_type",
-        custom_error_message="must be 'none', 'auto', 'required' or {'type': 'function', 'function': {'name': ...}}",
+        "invalid_type",
+        "must be 'none', 'auto', 'required' or {'type': 'function', 'function': {'name': ...}}",
     ),
 ]
 
@@ -270,10 +273,8 @@ ResponseFormat = Annotated[
     Annotated[TextFormat, Tag("text")]
     | Annotated[JsonObjectFormat, Tag("json_object")]
     | Annotated[JsonSchemaResponseFormat, Tag("json_schema")],
-    Discriminator(
-        _format_type,
-        custom_error_type="invalid_format",
-        custom_error_message="response_format is an object whose type is text, json_object or json_schema",
+    _by_tag(
+        _format_type, "invalid_format", "response_format is an object whose type is text, json_object or json_schema"
     ),
 ]
 

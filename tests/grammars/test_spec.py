@@ -589,11 +589,12 @@ def test_output_errors_checks_the_full_request():
 
 def test_a_schema_that_passed_is_not_walked_again_but_a_bad_one_always_is(monkeypatch):
     from grammars import spec as spec_module
+    from grammars.lru import LRU
 
     walked = []
     real = spec_module._check_json_schema
     monkeypatch.setattr(spec_module, "_check_json_schema", lambda s, where: (walked.append(1), real(s, where)))
-    monkeypatch.setattr(spec_module, "_CHECKED", type(spec_module._CHECKED)())
+    monkeypatch.setattr(spec_module, "_CHECKED", LRU(spec_module._CHECKED_LIMIT))
     good = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}}}
     reordered = {"properties": {"b": {"type": "string"}, "a": {"type": "integer"}}, "type": "object"}
     spec_module.check_json_schema(good)
@@ -609,7 +610,7 @@ def test_a_schema_that_passed_is_not_walked_again_but_a_bad_one_always_is(monkey
         with pytest.raises(GrammarError):
             spec_module.check_json_schema(tupled)
     assert len(walked) == 5
-    monkeypatch.setattr(spec_module, "_CHECKED_LIMIT", 2)
+    monkeypatch.setattr(spec_module._CHECKED, "maxsize", 2)
     for n in range(4):
         spec_module.check_json_schema({"type": "object", "maxProperties": n})
     assert len(spec_module._CHECKED) == 2
