@@ -279,7 +279,7 @@ def run_sweep(
         server = _embedded_server(model, tokenizer, model_name, max_batch_size, max_tokens, step_cost)
         try:
             for body in pools.get("json", []):  # compile every schema before timing
-                server.engine._compile(grammar_spec(schema=body["response_format"]["json_schema"]["schema"]))
+                server.engine.compile(grammar_spec(schema=body["response_format"]["json_schema"]["schema"]))
             for pool in pools.values():  # warm-up, untimed, at full length: the first long passes are slower
                 for arm in ours:
                     load(server.port, model_name, arm, pool[:1], "C", 1)
