@@ -61,7 +61,7 @@ class Draft:
     words (the schema-aware drafter names the source of its first token:
     ``"history"``, ``"prompt"``, ``"schema_guess"``...).  Guesses of different
     kinds succeed at very different rates, so the composite keeps a separate
-    record per proposer and kind (:class:`proposers.track.Track`).
+    record per proposer and kind (:class:`proposers.track.Calibration`).
     ``confidence``: the proposer's own estimate, per token, that the target
     accepts it given that the tokens before it were accepted (``None``: no
     estimate).  Only the drafting policy reads it (:mod:`grammarspec.policy.allocation`

@@ -60,7 +60,7 @@ def resolve_assistant(
     ``draft_model``: a Hugging Face model used by ``"auto"`` and
     ``"draft_model"`` (and on its own when ``assistant`` is ``None``);
     ``make_draft`` turns a model into a proposer (models run in the runtime
-    package, :func:`grammarspec.drafting.assistant.resolve_assistant` passes it).
+    package: :func:`grammarspec.drafting.assistant.draft_maker` makes one).
     ``suffix_index``: an index of earlier outputs shared with other requests;
     ``"auto"`` then drafts from it too (:class:`~proposers.suffix.SuffixProposer`).
     Raises ``ValueError`` for an unknown preset name and ``TypeError`` for
@@ -143,7 +143,7 @@ def _draft_model(model: Any, make_draft: MakeDraft | None) -> Proposer:
         raise TypeError(f"the draft model must be a Hugging Face model, got a {type(model).__name__}")
     if make_draft is None:
         raise TypeError(
-            "a draft model runs in the runtime package: resolve it with grammarspec.drafting.assistant.resolve_assistant "
-            "(grammarspec.generate does), not proposers.resolve_assistant"
+            "a draft model runs in the runtime package: pass make_draft=grammarspec.drafting.assistant.draft_maker() "
+            "(grammarspec.generate does), or use grammarspec.generate"
         )
     return make_draft(model)
