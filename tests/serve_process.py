@@ -27,6 +27,32 @@ MODEL = "smollm2-135m"
 MEMORY_CAP = 8 << 30
 
 
+@contextlib.contextmanager
+def engine_server(engine, *, start_timeout: float = 60) -> Iterator[str]:
+    """``engine`` served by ``grammarspec serve``'s app, uvicorn in a thread of this process: yields its base URL
+    (``http://127.0.0.1:PORT``); on exit the server stops and the engine closes."""
+    import threading
+
+    import uvicorn
+
+    from grammarspec.serve.app import create_app
+
+    port = free_port()
+    srv = uvicorn.Server(uvicorn.Config(create_app(engine, MODEL), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    deadline = time.time() + start_timeout
+    while not srv.started:
+        assert time.time() < deadline, "the server did not start"
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        srv.should_exit = True
+        thread.join(timeout=30)
+        engine.close()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

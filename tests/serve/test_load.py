@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import os
 import random
-import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -23,11 +21,10 @@ pytest.importorskip("openai")
 pytest.importorskip("uvicorn")
 import openai
 import psutil
-import uvicorn
 
-from grammarspec.serve import Engine, create_app
+from grammarspec.serve import Engine
 from tests.helpers import corpus_records
-from tests.serve_process import MODEL, free_port
+from tests.serve_process import MODEL, engine_server
 
 pytestmark = pytest.mark.slow
 
@@ -42,16 +39,8 @@ MEMORY_BOUND = PREFIX_BUDGET + (256 << 20)
 def load_server(smol):
     model, tokenizer = smol
     engine = Engine(model, tokenizer, max_batch_size=8, max_tokens=64, prefix_cache_bytes=PREFIX_BUDGET)
-    port = free_port()
-    srv = uvicorn.Server(uvicorn.Config(create_app(engine, MODEL), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    while not srv.started:
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}", engine
-    srv.should_exit = True
-    thread.join(timeout=30)
-    engine.close()
+    with engine_server(engine) as url:
+        yield url, engine
 
 
 def _user_text(prompt) -> str:

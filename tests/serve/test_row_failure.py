@@ -11,7 +11,6 @@ client over HTTP (uvicorn in a thread, the embedded SmolLM2-135M).
 from __future__ import annotations
 
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx2 as httpx  # what the openai client ships with
@@ -20,12 +19,11 @@ import pytest
 pytest.importorskip("openai")
 pytest.importorskip("uvicorn")
 import openai
-import uvicorn
 
 import grammarspec.serve.engine as engine_module
-from grammarspec.serve import Engine, create_app
+from grammarspec.serve import Engine
 from tests.helpers import TRIP_SCHEMA
-from tests.serve_process import MODEL, free_port
+from tests.serve_process import MODEL, engine_server
 
 pytestmark = pytest.mark.slow
 
@@ -95,19 +93,8 @@ def server(smol):
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(engine_module, "row_request", row_request)
         engine = Engine(model, tokenizer, max_batch_size=8, max_tokens=256)
-        port = free_port()
-        config = uvicorn.Config(create_app(engine, MODEL), host="127.0.0.1", port=port, log_level="warning")
-        srv = uvicorn.Server(config)
-        thread = threading.Thread(target=srv.run, daemon=True)
-        thread.start()
-        deadline = time.time() + 60
-        while not srv.started:
-            assert time.time() < deadline, "the server did not start"
-            time.sleep(0.05)
-        yield f"http://127.0.0.1:{port}", engine
-        srv.should_exit = True
-        thread.join(timeout=30)
-        engine.close()
+        with engine_server(engine) as url:
+            yield url, engine
 
 
 @pytest.fixture(scope="module")

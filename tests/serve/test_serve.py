@@ -7,7 +7,6 @@ requests, small ``max_tokens``.
 from __future__ import annotations
 
 import json
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -19,12 +18,11 @@ import torch
 pytest.importorskip("openai")
 pytest.importorskip("uvicorn")
 import openai
-import uvicorn
 
 import grammarspec
-from grammarspec.serve import Engine, create_app, prompt_ids
+from grammarspec.serve import Engine, prompt_ids
 from tests.helpers import TOOLS, TRIP_SCHEMA
-from tests.serve_process import MODEL, free_port
+from tests.serve_process import MODEL, engine_server
 
 pytestmark = pytest.mark.slow
 
@@ -33,18 +31,8 @@ pytestmark = pytest.mark.slow
 def server(smol):
     model, tokenizer = smol
     engine = Engine(model, tokenizer, max_batch_size=8, max_tokens=256)
-    port = free_port()
-    srv = uvicorn.Server(uvicorn.Config(create_app(engine, MODEL), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    deadline = time.time() + 60
-    while not srv.started:
-        assert time.time() < deadline, "the server did not start"
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}", engine
-    srv.should_exit = True
-    thread.join(timeout=30)
-    engine.close()
+    with engine_server(engine) as url:
+        yield url, engine
 
 
 @pytest.fixture(scope="module")

@@ -12,22 +12,19 @@ from __future__ import annotations
 
 import json
 import queue
-import threading
-import time
 
 import pytest
 
 pytest.importorskip("openai")
 pytest.importorskip("uvicorn")
 import openai
-import uvicorn
 
 from grammars import grammar_spec
 from grammarspec.bench.drafts import repeat_requests, run_drafts_bench
-from grammarspec.serve import Engine, create_app
+from grammarspec.serve import Engine
 from grammarspec.serve.engine import draft_scope
 from grammarspec.serve.protocol import ChatRequest
-from tests.serve_process import MODEL, free_port
+from tests.serve_process import MODEL, engine_server
 
 pytestmark = pytest.mark.slow
 
@@ -48,18 +45,8 @@ QUESTION = "Describe {} as JSON."
 def server(smol):
     model, tokenizer = smol
     engine = Engine(model, tokenizer, max_batch_size=4, max_tokens=96, prefix_cache_bytes=0, step_cost="profile")
-    port = free_port()
-    srv = uvicorn.Server(uvicorn.Config(create_app(engine, MODEL), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    deadline = time.time() + 60
-    while not srv.started:
-        assert time.time() < deadline, "the server did not start"
-        time.sleep(0.05)
-    yield openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="-", max_retries=0, timeout=3600), engine
-    srv.should_exit = True
-    thread.join(timeout=30)
-    engine.close()
+    with engine_server(engine) as url:
+        yield openai.OpenAI(base_url=url + "/v1", api_key="-", max_retries=0, timeout=3600), engine
 
 
 def _ask(client, city):
