@@ -310,7 +310,8 @@ def test_complete_refuses_a_prompt_that_is_not_text_or_messages(smol_chat):
 
 
 def test_complete_and_reply_refuse_a_parallel_tool_calls_that_is_not_a_bool(smol_chat):
-    """The tools are resolved before generate's own checks run, so "yes" used to act as True."""
+    """The tools are resolved before generate's own checks run, so the tool path checks the flag itself: "yes" and
+    1 are not True."""
     model, tok = smol_chat
     for bad in ("yes", 1):
         with pytest.raises(ValueError, match=f"parallel_tool_calls= must be True or False, got {bad!r}"):
