@@ -28,7 +28,7 @@ MEMORY_CAP = 8 << 30
 
 
 @contextlib.contextmanager
-def engine_server(engine, *, start_timeout: float = 60) -> Iterator[str]:
+def engine_server(engine, *, start_timeout: float = 300) -> Iterator[str]:
     """``engine`` served by ``grammarspec serve``'s app, uvicorn in a thread of this process: yields its base URL
     (``http://127.0.0.1:PORT``); on exit the server stops and the engine closes."""
     import threading
