@@ -160,37 +160,15 @@ def generate(
     it failed (``stats.finish_reason == "error"``, ``valid`` False).  Nothing is
     returned as if complete.
     """
+    call = locals()
     internal = sorted({"calibration", "documents"} & set(generation_kwargs))  # Conversation's and serve's carry
     if internal:
         raise TypeError(
             f"generate() got unknown arguments: {', '.join(internal)}. Drafting records and earlier documents "
             "carry between turns inside grammarspec.Conversation and grammarspec serve; use those for a conversation."
         )
-    constraint = Constraint.among(locals())
-    return run_generate(
-        model,
-        input_ids,
-        constraint,
-        tokenizer=tokenizer,
-        grammar_backend=grammar_backend,
-        strict=strict,
-        compile_timeout=compile_timeout,
-        assistant=assistant,
-        assistant_model=assistant_model,
-        max_draft_tokens=max_draft_tokens,
-        adaptive=adaptive,
-        max_batch_size=max_batch_size,
-        generation_config=generation_config,
-        streamer=streamer,
-        logits_processor=logits_processor,
-        attention_mask=attention_mask,
-        generator=generator,
-        return_dict_in_generate=return_dict_in_generate,
-        past_key_values=past_key_values,
-        update_cache=update_cache,
-        draft_index=draft_index,
-        **generation_kwargs,
-    )
+    options = {name: call[name] for name in _GENERATE_DEFAULTS}
+    return run_generate(model, input_ids, Constraint.among(call), **options, **generation_kwargs)
 
 
 def run_generate(
@@ -209,70 +187,55 @@ def _generate(
     input_ids: Any,
     constraint: Constraint,
     *,
-    tokenizer: Any = None,
-    grammar_backend: str = DEFAULT_BACKEND,
-    strict: bool = False,
-    compile_timeout: float | None = None,
-    assistant: Any = None,
-    assistant_model: Any = None,
-    max_draft_tokens: int = DEFAULT_MAX_DRAFT,
-    adaptive: bool = True,
-    max_batch_size: int | None = None,
-    generation_config: GenerationConfig | None = None,
-    streamer: Any = None,
-    logits_processor: list[Any] | None = None,
-    attention_mask: Any = None,
-    generator: Any = None,
-    return_dict_in_generate: bool | None = None,
-    past_key_values: Any = None,
-    update_cache: bool = False,
     calibration: Calibration | None = None,
     documents: Sequence[str] = (),
-    draft_index: Any = None,
-    **generation_kwargs: Any,
+    **options: Any,
 ) -> torch.LongTensor | GenerationOutput:
+    # options: generate's own keyword arguments (its defaults fill the rest) and GenerationConfig fields.
     # calibration / documents (Conversation's carry): the row starts from these survival records, updated in
     # place, and its proposer gets these earlier JSON documents (Request.documents).  Drafting policy only.
+    o = types.SimpleNamespace(**{name: options.pop(name, default) for name, default in _GENERATE_DEFAULTS.items()})
+    generation_kwargs = options
     refuse_arguments(generation_kwargs)
     check_arguments(
         {
             **generation_kwargs,
-            "strict": strict,
-            "adaptive": adaptive,
-            "update_cache": update_cache,
-            "max_draft_tokens": max_draft_tokens,
-            "max_batch_size": max_batch_size,
-            "compile_timeout": compile_timeout,
-            "generator": generator,
+            "strict": o.strict,
+            "adaptive": o.adaptive,
+            "update_cache": o.update_cache,
+            "max_draft_tokens": o.max_draft_tokens,
+            "max_batch_size": o.max_batch_size,
+            "compile_timeout": o.compile_timeout,
+            "generator": o.generator,
             "json_object": constraint.json_object,
             "parallel_tool_calls": constraint.parallel_tool_calls,
             "any_whitespace": constraint.any_whitespace,
             "regex": constraint.regex,
         },
-        generation_config,
+        o.generation_config,
     )
-    if generation_config is not None and not isinstance(generation_config, GenerationConfig):
+    if o.generation_config is not None and not isinstance(o.generation_config, GenerationConfig):
         raise ValueError(
-            f"generation_config must be a transformers GenerationConfig, got {type(generation_config).__name__}"
+            f"generation_config must be a transformers GenerationConfig, got {type(o.generation_config).__name__}"
         )
-    check_prompt_cache(past_key_values)
+    check_prompt_cache(o.past_key_values)
     constraint = constraint.resolve()
     model_inputs = {k: generation_kwargs.pop(k) for k in ACCEPTED_MODEL_INPUTS if k in generation_kwargs}
-    if return_dict_in_generate is not None:  # set beside output_scores, so transformers' flag check sees both
-        generation_kwargs["return_dict_in_generate"] = return_dict_in_generate
-    config, unknown, default_length = resolve_config(model, generation_config, generation_kwargs)
+    if o.return_dict_in_generate is not None:  # set beside output_scores, so transformers' flag check sees both
+        generation_kwargs["return_dict_in_generate"] = o.return_dict_in_generate
+    config, unknown, default_length = resolve_config(model, o.generation_config, generation_kwargs)
     unknown = {k: v for k, v in unknown.items() if k not in ("output_scores", "output_logits")}
     _refuse_unknown("generate()", unknown, "schema, tools, grammar, regex, json_object, assistant")
     check_model_inputs(model, model_inputs)
-    processors = list(logits_processor or ())
+    processors = list(o.logits_processor or ())
     check_stateless(processors)
-    rows, width = prompt_rows(input_ids, attention_mask)
+    rows, width = prompt_rows(input_ids, o.attention_mask)
     vocab = logits_width(model)
     check_prompt(model, rows, vocab)
-    check_vocabulary(vocab, tokenizer)
-    eos = eos_ids(config, tokenizer)
-    pad_id = config.pad_token_id if config.pad_token_id is not None else getattr(tokenizer, "pad_token_id", None)
-    warn_unmasked_padding(rows, attention_mask, pad_id)
+    check_vocabulary(vocab, o.tokenizer)
+    eos = eos_ids(config, o.tokenizer)
+    pad_id = config.pad_token_id if config.pad_token_id is not None else getattr(o.tokenizer, "pad_token_id", None)
+    warn_unmasked_padding(rows, o.attention_mask, pad_id)
     context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
     max_new = max_new_tokens(config, width, context, default_length)
     if context is not None and width + max_new > context:
@@ -285,29 +248,31 @@ def _generate(
     repeat = int(config.num_return_sequences or 1)
     specs = [spec for spec in constraint.specs(len(rows)) for _ in range(repeat)]
     rows = [row for row in rows for _ in range(repeat)]  # HF: input_ids.repeat_interleave(n)
-    compiled = _compile_rows(specs, tokenizer, vocab, eos, grammar_backend, strict, compile_timeout)
-    probe = resolve_assistant(assistant, assistant_model, make_draft=draft_maker())
+    compiled = _compile_rows(specs, o.tokenizer, vocab, eos, o.grammar_backend, o.strict, o.compile_timeout)
+    probe = resolve_assistant(o.assistant, o.assistant_model, make_draft=draft_maker())
     for member in members(probe) if probe is not None else []:
-        check_assistant(model, getattr(member, "model", None), tokenizer)
-    if probe is not None and tokenizer is None and needs_tokenizer(probe):
+        check_assistant(model, getattr(member, "model", None), o.tokenizer)
+    if probe is not None and o.tokenizer is None and needs_tokenizer(probe):
         raise ValueError(
-            f"assistant={assistant!r} drafts text and needs the tokenizer: pass tokenizer=... "
+            f"assistant={o.assistant!r} drafts text and needs the tokenizer: pass tokenizer=... "
             "(or use assistant='none' / a draft model)"
         )
-    want_dict = return_dict_in_generate if return_dict_in_generate is not None else config.return_dict_in_generate
+    want_dict = o.return_dict_in_generate if o.return_dict_in_generate is not None else config.return_dict_in_generate
     want_scores, want_logits = bool(want_dict and config.output_scores), bool(want_dict and config.output_logits)
-    if streamer is not None and len(rows) > 1:
+    if o.streamer is not None and len(rows) > 1:
         raise ValueError("streamers support batch size 1 only, as in Hugging Face generate")
-    if past_key_values is not None and len(rows) > 1:
+    if o.past_key_values is not None and len(rows) > 1:
         raise ValueError("past_key_values (a prompt cache) supports batch size 1 only: pass one prompt row per call")
     if calibration is not None and len(rows) > 1:  # rows decoding at once never share one
         raise ValueError("a carried calibration serves one row: pass one prompt row per call")
     # Greedy calls share one index per model and thread across calls; a sampled call's rows share a fresh one.
-    if draft_index is None and not config.do_sample:
+    if o.draft_index is None and not config.do_sample:
         suffix_index: SuffixIndex | None = shared_index(model)
     else:
-        suffix_index = resolve_index(draft_index, GENERATE_DRAFT_BYTES if len(rows) > 1 else 0, "generate()")
-    prompt_cache = past_key_values if update_cache or past_key_values is None else copy.deepcopy(past_key_values)
+        suffix_index = resolve_index(o.draft_index, GENERATE_DRAFT_BYTES if len(rows) > 1 else 0, "generate()")
+    prompt_cache = (
+        o.past_key_values if o.update_cache or o.past_key_values is None else copy.deepcopy(o.past_key_values)
+    )
     stop_strings = _stop_strings(config)
     decode_config = DecodeConfig(
         max_new_tokens=max_new,
@@ -326,13 +291,13 @@ def _generate(
             stop_strings=stop_strings,
             compiled=grammar_,
             schema=spec.schema if spec is not None else None,
-            tokenizer=tokenizer,
-            assistant=assistant,
-            assistant_model=assistant_model,
+            tokenizer=o.tokenizer,
+            assistant=o.assistant,
+            assistant_model=o.assistant_model,
             processors=processors,
-            generator=generator,
-            max_draft_tokens=max_draft_tokens,
-            adaptive=adaptive,
+            generator=o.generator,
+            max_draft_tokens=o.max_draft_tokens,
+            adaptive=o.adaptive,
             calibration=calibration,
             documents=documents,
             suffix_index=suffix_index,
@@ -340,18 +305,18 @@ def _generate(
         for prompt, spec, grammar_ in zip(rows, specs, compiled)
     ]
     on_commit = None
-    if streamer is not None:
-        streamer.put(torch.tensor([rows[0]], dtype=torch.long, device="cpu"))  # streamers decode on the host
-        on_commit = lambda index, toks: streamer.put(torch.tensor(toks, dtype=torch.long, device="cpu"))  # noqa: E731
+    if o.streamer is not None:
+        o.streamer.put(torch.tensor([rows[0]], dtype=torch.long, device="cpu"))  # streamers decode on the host
+        on_commit = lambda index, toks: o.streamer.put(torch.tensor(toks, dtype=torch.long, device="cpu"))  # noqa: E731
     pad = config.pad_token_id if config.pad_token_id is not None else (eos[0] if eos else 0)
     finished = decode_batch(
         model,
         requests,
         decode_config,
-        tokenizer=tokenizer,
-        generator=generator,
+        tokenizer=o.tokenizer,
+        generator=o.generator,
         pad_token_id=int(pad),
-        max_batch_size=max_batch_size,
+        max_batch_size=o.max_batch_size,
         prompt_cache=prompt_cache,
         on_commit=on_commit,
         pass_cost=ProfiledCost(model),  # profiled at first need, checked against this call's passes
@@ -360,7 +325,7 @@ def _generate(
     all_stats = [row.stats for row in finished]
     for stats, grammar_, spec, new in zip(all_stats, compiled, specs, outputs):
         if grammar_ is not None:
-            grammar_stats(stats, grammar_, spec, tokenizer.decode(new, skip_special_tokens=True))
+            grammar_stats(stats, grammar_, spec, o.tokenizer.decode(new, skip_special_tokens=True))
     scores = [row.scores for row in finished]
     raw = [row.logits for row in finished]
     sequences = _assemble(input_ids, rows, outputs, config, eos, repeat)
@@ -380,12 +345,12 @@ def _generate(
     return result
 
 
-#: generate's own keyword arguments besides the constraint (read off its signature).
-_GENERATE_OPTIONS = frozenset(
-    name
+#: generate's own keyword arguments besides the constraint, with their defaults (read off its signature).
+_GENERATE_DEFAULTS = {
+    name: parameter.default
     for name, parameter in inspect.signature(generate).parameters.items()
     if parameter.kind is inspect.Parameter.KEYWORD_ONLY and name not in Constraint.keywords()
-)
+}
 
 
 def check_options(model: torch.nn.Module, options: dict[str, Any], where: str = "generate()") -> None:
@@ -393,7 +358,7 @@ def check_options(model: torch.nn.Module, options: dict[str, Any], where: str = 
 
     Unknown names raise ``TypeError``; bad values ``ValueError`` (see :func:`check_arguments`).
     """
-    settings = {k: v for k, v in options.items() if k not in _GENERATE_OPTIONS}
+    settings = {k: v for k, v in options.items() if k not in _GENERATE_DEFAULTS}
     refuse_arguments(dict(settings))
     config = options.get("generation_config")
     check_arguments(dict(options), config)
