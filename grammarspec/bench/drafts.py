@@ -33,9 +33,11 @@ import torch
 
 from grammarspec.bench.records import source_totals
 
-__all__ = ["DRAFT_WORKLOADS", "repeat_requests", "run_drafts_bench", "drafts_markdown"]
+__all__ = ["DRAFT_WORKLOADS", "SERVER_ARMS", "repeat_requests", "run_drafts_bench", "drafts_markdown"]
 
 DRAFT_WORKLOADS = ("repeat", "agent")
+#: The server's engine with its index of earlier outputs off (``--draft-memory-mb 0``) and on.
+SERVER_ARMS = ("off", "on")
 
 
 def repeat_requests(tasks: Sequence[Any], repeat: int, max_tokens: int) -> list[dict[str, Any]]:
@@ -180,27 +182,42 @@ def run_drafts_bench(
     tasks_path: str | None = None,
     tasks: Sequence[Any] | None = None,
     conversations: dict[str, list[Any]] | None = None,
+    arms: Sequence[str] = SERVER_ARMS,
+    model_dir: str | None = None,
     progress: Callable[[str], None] = lambda line: None,
 ) -> dict[str, Any]:
     """``workload`` through a fresh engine per arm (drafts from earlier outputs ``on`` and ``off``).
 
     ``tasks``: the tasks of ``repeat`` (default: the task file at ``tasks_path``);
-    ``conversations``: the scripts of ``agent`` (default: all of them).
+    ``conversations``: the scripts of ``agent`` (default: all of them).  ``arms``: ``off`` and ``on`` (the
+    server's engine) and vLLM arms (:data:`grammarspec.bench.vllm_arms.VLLM_ARMS`, ``repeat`` only, one
+    request at a time, with the model at ``model_dir``: :mod:`grammarspec.bench.drafts_vllm`).
     """
+    from grammarspec.bench.vllm_arms import VLLM_ARMS
     from grammarspec.serve.engine import Engine
 
     if workload not in DRAFT_WORKLOADS:
         raise ValueError(f"unknown drafts workload {workload!r}; choose from {', '.join(DRAFT_WORKLOADS)}")
+    unknown = [arm for arm in arms if arm not in SERVER_ARMS + VLLM_ARMS]
+    if unknown:
+        raise ValueError(f"unknown arm {', '.join(unknown)}; choose from {', '.join(SERVER_ARMS + VLLM_ARMS)}")
+    vllm_arms = [arm for arm in arms if arm in VLLM_ARMS]
+    if vllm_arms and (workload != "repeat" or model_dir is None):
+        raise ValueError("the vLLM arms run the repeat workload, with the model's directory (model_dir)")
     if workload == "repeat":
         from grammarspec.bench.tasks import load_tasks
 
         requests = repeat_requests(tasks if tasks is not None else load_tasks(tasks_path), repeat, max_tokens)
+        if not requests:
+            raise ValueError("no task has a schema: the repeat workload sends each task's schema")
     else:
         from grammarspec.bench.agent_tasks import CONVERSATIONS
 
         chosen = conversations if conversations is not None else CONVERSATIONS
-    arms: dict[str, Any] = {}
+    results: dict[str, Any] = {}
     for arm, megabytes in (("off", 0.0), ("on", draft_memory_mb)):
+        if arm not in arms:
+            continue
         engine = Engine(
             model,
             tokenizer,
@@ -220,10 +237,19 @@ def run_drafts_bench(
             index = engine.drafts.as_dict() if engine.drafts is not None else None
         finally:
             engine.close()
-        arms[arm] = {"seconds": seconds, "records": records, "index": index, **_totals(records, seconds)}
-        progress(f"{workload} {arm}: {arms[arm]['tokens_per_pass']:.3f} tokens/pass, {arms[arm]['passes']} passes")
-    same = _same_outputs(arms["off"]["records"], arms["on"]["records"])
-    return {"workload": workload, "concurrency": concurrency, "repeat": repeat, "arms": arms, "identical": same}
+        results[arm] = {"seconds": seconds, "records": records, "index": index, **_totals(records, seconds)}
+        progress(
+            f"{workload} {arm}: {results[arm]['tokens_per_pass']:.3f} tokens/pass, {results[arm]['passes']} passes"
+        )
+    same = _same_outputs(results["off"]["records"], results["on"]["records"]) if len(results) == 2 else (0, 0)
+    result = {"workload": workload, "concurrency": concurrency, "repeat": repeat, "arms": results, "identical": same}
+    if vllm_arms:
+        from grammarspec.bench.drafts_vllm import vllm_repeat
+
+        assert model_dir is not None
+        result["vllm"] = vllm_repeat(tokenizer, requests, vllm_arms, model_dir)
+        progress(f"{workload} vLLM arms: {', '.join(vllm_arms)} done")
+    return result
 
 
 def _totals(records: Sequence[dict[str, Any]], seconds: float) -> dict[str, Any]:
@@ -249,33 +275,75 @@ def _same_outputs(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]]) -> t
 
 
 def drafts_markdown(result: dict[str, Any], command: str) -> str:
-    """One table: per arm, the counts, tokens per pass and tokens per second; drafts per source."""
+    """Per arm, the counts, tokens per pass and tokens per second; drafts per source; the vLLM arms' table."""
     lines = [
         f"`{command}`",
         "",
         f"Workload `{result['workload']}`, {result['concurrency']} clients at once, greedy. "
         "`on`: drafts from earlier outputs (the server's index); `off`: `--draft-memory-mb 0`.",
-        "",
-        "| arm | requests | tokens | target passes | tokens / pass | tokens/s | suffix accepted / proposed |",
-        "|---|---|---|---|---|---|---|",
     ]
+    if result["arms"]:
+        lines += [
+            "",
+            "| arm | requests | tokens | target passes | tokens / pass | tokens/s | suffix accepted / proposed |",
+            "|---|---|---|---|---|---|---|",
+        ]
     for arm, data in result["arms"].items():
         suffix = f"{data['accepted'].get('suffix', 0)}/{data['proposed'].get('suffix', 0)}"
         lines.append(
             f"| {arm} | {data['requests']} | {data['tokens']} | {data['passes']} | {data['tokens_per_pass']:.3f} | "
             f"{data['tokens_per_second']:.1f} | {suffix} |"
         )
-    lines += ["", "Accepted / proposed draft tokens per source:", ""]
+    if result["arms"]:
+        lines += ["", "Accepted / proposed draft tokens per source:", ""]
     for arm, data in result["arms"].items():
         per = ", ".join(f"{n} {data['accepted'].get(n, 0)}/{p}" for n, p in sorted(data["proposed"].items()))
         lines.append(f"- {arm}: {per or 'no drafts'}")
     equal, compared = result["identical"]
-    lines += ["", f"- outputs identical between the arms: {equal}/{compared} requests"]
-    on = result["arms"]["on"]["index"]
+    if compared:
+        lines += ["", f"- outputs identical between the arms: {equal}/{compared} requests"]
+    on = result["arms"].get("on", {}).get("index")
     if on:
         lines.append(
             f"- the index at the end: {on['bytes'] / 2**20:.1f} MB of {on['max_bytes'] / 2**20:.0f}, "
             f"{on['outputs']} outputs, {on['ngrams']} n-grams, {on['scopes']} scopes, {on['evictions']} evicted"
         )
+    if result.get("vllm"):
+        lines += ["", *_vllm_markdown(result), ""]
     lines.append("- tokens/s follows the machine's load; the counts do not.")
     return "\n".join(lines) + "\n"
+
+
+def _vllm_markdown(result: dict[str, Any]) -> list[str]:
+    """The vLLM arms: one request at a time through one engine per arm, against ``vllm`` without drafts."""
+    vllm = result["vllm"]
+    plain = vllm.get("vllm", {})
+    server = {r["id"]: r["output"] for r in result["arms"].get("on", {}).get("records", [])}
+    lines = [
+        "vLLM, the same requests one at a time through one engine per arm (tokens include the stop token; "
+        "target passes = tokens - accepted drafts):",
+        "",
+        "| vLLM arm | requests | tokens | target passes | tokens / pass | tokens/s | x `vllm` tok/s | "
+        "accepted / proposed | outputs = `vllm`'s | outputs = the server's |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for arm, data in vllm.items():
+        if "error" in data:
+            lines.append(f"| {arm} | failed: {data['error'][:200]} | | | | | | | | |")
+            continue
+        speed = plain.get("tokens_per_second")
+        ratio = f"{data['tokens_per_second'] / speed:.2f}x" if speed else "-"
+        same_plain = _count_same(plain.get("outputs", {}), data["outputs"])
+        same_server = _count_same(server, data["outputs"])
+        lines.append(
+            f"| `{arm}` | {data['requests']} | {data['tokens']} | {data['passes']} | {data['tokens_per_pass']:.3f} | "
+            f"{data['tokens_per_second']:.1f} | {ratio} | {data['accepted']}/{data['proposed']} | "
+            f"{same_plain} | {same_server} |"
+        )
+    return lines
+
+
+def _count_same(reference: dict[str, Any], outputs: dict[str, Any]) -> str:
+    """``"equal/compared"`` over the request ids both hold (``-`` when none)."""
+    shared = [key for key in outputs if key in reference]
+    return f"{sum(list(reference[k]) == list(outputs[k]) for k in shared)}/{len(shared)}" if shared else "-"

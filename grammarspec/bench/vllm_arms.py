@@ -2,7 +2,9 @@
 
 * ``vllm`` -- vLLM with structured outputs (xgrammar, compact JSON), no speculation;
 * ``vllm-ngram`` -- plus vLLM's own n-gram proposer (prompt_lookup_min 2, max 5, like ours);
-* ``vllm-grammarspec`` -- plus grammarspec's drafters (:class:`grammarspec.vllm.GrammarspecProposer`).
+* ``vllm-suffix`` -- plus vLLM's suffix method (SuffixDecoding; ``make vllm-suffix`` installs it);
+* ``vllm-grammarspec`` -- plus grammarspec's drafters (:class:`grammarspec.vllm.GrammarspecProposer`);
+* ``vllm-grammarspec-noindex`` -- the same without their index of earlier outputs.
 
 This environment never imports vLLM: the tasks (prompt ids built here, so both sides decode the same
 prompts) go to ``python -m grammarspec.bench.vllm_worker`` in ``.venv-vllm`` (``make vllm-env``; another
@@ -24,10 +26,19 @@ from typing import Any
 
 from grammarspec.bench.scoring import median, parse_and_validate
 from grammarspec.bench.vllm_env import environment, vllm_python
+from grammarspec.vllm.engine import ARM_SPECULATION
 
-__all__ = ["VLLM_ARMS", "NUM_SPECULATIVE_TOKENS", "vllm_python", "run_vllm_arms", "collect", "vllm_markdown"]
+__all__ = [
+    "VLLM_ARMS",
+    "NUM_SPECULATIVE_TOKENS",
+    "vllm_python",
+    "run_vllm_arms",
+    "launch_worker",
+    "collect",
+    "vllm_markdown",
+]
 
-VLLM_ARMS = ("vllm", "vllm-ngram", "vllm-grammarspec")
+VLLM_ARMS = ARM_SPECULATION
 #: Draft tokens per step for both speculating vLLM arms.
 NUM_SPECULATIVE_TOKENS = 8
 #: A whole vLLM run (three engines on a loaded 2-core machine start in minutes each).
@@ -62,11 +73,11 @@ def run_vllm_arms(
         "modes": list(modes),
         "tasks": [{"task": t.id, "prompt_ids": list(p.prompt_ids), "schema": p.schema} for t, p in prepared],
     }
-    answer = _launch(python, job)
+    answer = launch_worker(python, job)
     return collect(answer, prepared, arms, config, tokenizer)
 
 
-def _launch(python: Path, job: dict[str, Any]) -> dict[str, Any]:
+def launch_worker(python: Path, job: dict[str, Any]) -> dict[str, Any]:
     """Run the worker on ``job``; its answer (``{"arms": {}}`` plus a reason when it wrote nothing)."""
     with tempfile.TemporaryDirectory(prefix="grammarspec-vllm-") as tmp:
         job_path, out_path = Path(tmp) / "job.json", Path(tmp) / "out.json"

@@ -5,7 +5,8 @@
 ``JOB.json`` (written by :mod:`grammarspec.bench.vllm_arms`): ``model`` (a local directory), ``arms``,
 ``num_speculative_tokens``, ``max_tokens``, ``temperature``, ``seed``, ``max_model_len``, ``modes``
 (``"batch1"``: one request at a time, per-request latency; ``"all"``: every request submitted at once,
-throughput) and ``tasks`` (``task``, ``prompt_ids``, ``schema``).  The prompt ids come from the main
+throughput; ``"closed"``: for each of ``levels``, a closed loop of that many requests in flight over the
+tasks, throughput) and ``tasks`` (``task``, ``prompt_ids``, ``schema``).  The prompt ids come from the main
 environment, so both sides decode from identical prompts.
 
 ``OUT.json`` is rewritten after every arm: ``{"arms": {arm: {"batch1": [...], "all": {...}}}, "machine": ...}``.
@@ -39,13 +40,25 @@ def _params(sampling_params: Any, structured: Any, schema: Any, max_tokens: int,
     )
 
 
-def _drive(engine: Any, requests: list[tuple[str, list[int], Any]]) -> dict[str, dict[str, Any]]:
-    """Submit ``requests`` (id, prompt ids, params) at once and step the engine until all finish."""
+def _drive(
+    engine: Any, requests: list[tuple[str, list[int], Any]], in_flight: int | None = None
+) -> dict[str, dict[str, Any]]:
+    """Step the engine until ``requests`` (id, prompt ids, params) all finish, ``in_flight`` at most at once.
+
+    ``None``: all submitted at once.  Otherwise a closed loop: a finished request's place goes to the next
+    one.  Per request: ``tokens``, ``finish_reason``, and ``first_token_seconds`` / ``seconds`` from the
+    call's start.
+    """
     out: dict[str, dict[str, Any]] = {}
+    waiting = list(reversed(requests))
+    limit = len(requests) if in_flight is None else max(1, in_flight)
+    running = 0
     started = time.perf_counter()
-    for request_id, prompt_ids, params in requests:
-        engine.add_request(request_id, {"prompt_token_ids": prompt_ids}, params)
-    while engine.has_unfinished_requests():
+    while waiting or engine.has_unfinished_requests():
+        while waiting and running < limit:
+            request_id, prompt_ids, params = waiting.pop()
+            engine.add_request(request_id, {"prompt_token_ids": prompt_ids}, params)
+            running += 1
         for output in engine.step():
             now = time.perf_counter() - started
             record = out.setdefault(output.request_id, {"first_token_seconds": None})
@@ -53,6 +66,7 @@ def _drive(engine: Any, requests: list[tuple[str, list[int], Any]]) -> dict[str,
             if record["first_token_seconds"] is None and completion.token_ids:
                 record["first_token_seconds"] = now
             if output.finished:
+                running -= 1
                 record.update(
                     tokens=list(completion.token_ids), seconds=now, finish_reason=completion.finish_reason or "length"
                 )
@@ -64,9 +78,13 @@ def run_arm(job: dict[str, Any], arm: str) -> dict[str, Any]:
     from vllm import SamplingParams
     from vllm.sampling_params import StructuredOutputsParams
 
-    from grammarspec.vllm.engine import make_llm, spec_decode_counts, speculation
+    from grammarspec.vllm.engine import arm_environment, make_llm, spec_decode_counts, speculation, suffix_missing
 
+    missing = suffix_missing() if arm == "vllm-suffix" else None
+    if missing:
+        raise RuntimeError(missing)
     t0 = time.perf_counter()
+    os.environ.update(arm_environment(arm))  # read when the engine builds its proposer; undone in main
     llm = make_llm(
         job["model"],
         speculation(arm, job["num_speculative_tokens"]),
@@ -107,6 +125,20 @@ def run_arm(job: dict[str, Any], arm: str) -> dict[str, Any]:
             "requests": [{"task": task["task"], **records[f"all-{i}"]} for i, task in enumerate(tasks)],
             **{k: after[k] - before[k] for k in after},
         }
+    for level in job.get("levels", []) if "closed" in job["modes"] else []:
+        before = spec_decode_counts(llm)
+        t1 = time.perf_counter()
+        records = _drive(
+            engine, [(f"c{level}-{i}", task["prompt_ids"], params(task)) for i, task in enumerate(tasks)], level
+        )
+        wall = time.perf_counter() - t1
+        after = spec_decode_counts(llm)
+        result.setdefault("closed", {})[str(level)] = {
+            "seconds": wall,
+            "tokens": sum(len(r["tokens"]) for r in records.values()),
+            "outputs": {task["task"]: records[f"c{level}-{i}"]["tokens"] for i, task in enumerate(tasks)},
+            **{k: after[k] - before[k] for k in after},
+        }
     llm.llm_engine.engine_core.shutdown()
     del llm, engine
     gc.collect()
@@ -128,11 +160,20 @@ def main(argv: list[str] | None = None) -> int:
         "load_average_at_start": os.getloadavg()[0],
         "arms": {},
     }
+    from grammarspec.vllm.engine import arm_environment
+
     for arm in job["arms"]:
+        saved = dict(os.environ)
         try:
             results["arms"][arm] = run_arm(job, arm)
         except Exception as e:  # noqa: BLE001 - one arm failing is reported, the others still run
             results["arms"][arm] = {"error": f"{type(e).__name__}: {e}"}
+        finally:
+            for name in arm_environment(arm):  # the next arm's engine starts under its own settings
+                if name in saved:
+                    os.environ[name] = saved[name]
+                else:
+                    os.environ.pop(name, None)
         results["load_average_at_end"] = os.getloadavg()[0]
         out_path.write_text(json.dumps(results) + "\n", encoding="utf-8")
     return 0

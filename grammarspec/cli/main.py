@@ -131,7 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="A,B",
         help="arms to run (comma-separated; the baseline always runs). Known: baseline, none, "
         "jump_forward, prompt_lookup, schema_ngram, auto, draft_model, auto+draft, vllm, vllm-ngram, "
-        "vllm-grammarspec (in .venv-vllm: make vllm-env). Default: "
+        "vllm-suffix, vllm-grammarspec, vllm-grammarspec-noindex (in .venv-vllm: make vllm-env; vllm-suffix "
+        "also needs make vllm-suffix). Default: "
         "all but the vLLM arms and the draft arms, which are added with --draft-model",
     )
     bench.add_argument("--draft-model", metavar="DIR", help="a draft model sharing the tokenizer")

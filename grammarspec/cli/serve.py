@@ -131,7 +131,9 @@ def add_serve_commands(commands: Any) -> None:
         ("--arms", None, None, "A,B",
          "arms (default: serve,serve_concurrent,hf_resend,"
          "transformers_serve,vllm_serve; vllm_serve is skipped with a note without .venv-vllm; "
-         "with --sweep: none,auto, and vllm,vllm_ngram may be added)"),
+         "with --sweep: none,auto, and vllm,vllm_ngram may be added; with --drafts: off,on, and with "
+         "--drafts repeat vLLM's arms may be added: vllm,vllm-ngram,vllm-suffix,vllm-grammarspec,"
+         "vllm-grammarspec-noindex)"),
         ("--concurrency", _count, 8, "N", "conversations at once for serve_concurrent (default: 8)"),
         ("--conversations", None, None, "A,B",
          "only these conversations (comma-separated: weather, orders, shopping, mixed)"),
@@ -272,11 +274,40 @@ def _conversations_mode(args: argparse.Namespace) -> _Mode:
 
 def _drafts_mode(args: argparse.Namespace) -> _Mode:
     from grammarspec.bench.agent_tasks import CONVERSATIONS
-    from grammarspec.bench.drafts import drafts_markdown, run_drafts_bench
+    from grammarspec.bench.drafts import SERVER_ARMS, drafts_markdown, run_drafts_bench
+    from grammarspec.bench.vllm_arms import VLLM_ARMS
 
+    arms = cli_common.check_known(
+        "--arms", cli_common.split_names(args.arms or ",".join(SERVER_ARMS)), SERVER_ARMS + VLLM_ARMS, "with --drafts "
+    )
+    model_dir = None
+    if any(arm in VLLM_ARMS for arm in arms):
+        if args.drafts != "repeat":
+            raise cli_common.CliError("--arms: the vLLM arms run with --drafts repeat only")
+        from grammarspec.bench.vllm_env import vllm_python
+        from grammarspec.vllm import model_path
+
+        try:
+            vllm_python()
+        except ValueError as e:
+            raise cli_common.CliError(str(e)) from None
+        model_dir = model_path(args.model)
+    tasks = None
+    if args.drafts == "repeat":  # the task file is read (and refused) before the model loads
+        from grammarspec.bench.tasks import load_tasks
+
+        try:
+            tasks = load_tasks(args.tasks)
+        except (OSError, ValueError) as e:
+            raise cli_common.CliError(f"--tasks: {e}") from None
+        if not any(task.schema for task in tasks):
+            raise cli_common.CliError("--tasks: no task has a schema, and the repeat workload sends schemas")
     run = functools.partial(
         run_drafts_bench,
+        tasks=tasks,
         workload=args.drafts,
+        arms=arms,
+        model_dir=model_dir,
         conversations=cli_common.chosen_conversations(args.conversations, CONVERSATIONS),
         concurrency=args.concurrency,
         repeat=args.draft_repeat,

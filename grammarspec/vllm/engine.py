@@ -8,12 +8,25 @@ from __future__ import annotations
 import os
 from typing import Any
 
-__all__ = ["ARM_SPECULATION", "llm_kwargs", "make_llm", "speculation", "spec_decode_counts", "iomp_preload"]
+__all__ = [
+    "ARM_SPECULATION",
+    "arm_environment",
+    "llm_kwargs",
+    "make_llm",
+    "speculation",
+    "spec_decode_counts",
+    "iomp_preload",
+    "suffix_missing",
+]
 
-#: The vLLM arms of the bench and what speculates in each.
-ARM_SPECULATION = ("vllm", "vllm-ngram", "vllm-grammarspec")
+#: The vLLM arms of the bench: vLLM without speculation, with its n-gram proposer, with its suffix method
+#: (SuffixDecoding), and with grammarspec's drafters, with and without their index of earlier outputs.
+ARM_SPECULATION = ("vllm", "vllm-ngram", "vllm-suffix", "vllm-grammarspec", "vllm-grammarspec-noindex")
 #: vLLM's n-gram proposer as the peer: the same suffix lengths as grammarspec's prompt lookup.
 NGRAM = {"method": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 5}
+#: vLLM's suffix method at its own defaults (a global tree of earlier outputs beside each prompt's; its draft
+#: depth, 24, and its draft length follow the matched length): the anchor as its authors tune it.
+SUFFIX = {"method": "suffix"}
 
 
 def speculation(arm: str, num_speculative_tokens: int = 8) -> dict[str, Any] | None:
@@ -28,11 +41,40 @@ def speculation(arm: str, num_speculative_tokens: int = 8) -> dict[str, Any] | N
         return None
     if arm == "vllm-ngram":
         return {**NGRAM, "num_speculative_tokens": num_speculative_tokens}
-    if arm == "vllm-grammarspec":
+    if arm == "vllm-suffix":
+        return dict(SUFFIX)
+    if arm in ("vllm-grammarspec", "vllm-grammarspec-noindex"):
         from grammarspec.vllm import speculative_config
 
         return speculative_config(num_speculative_tokens)
     raise ValueError(f"unknown vLLM arm {arm!r}; choose from {', '.join(ARM_SPECULATION)}")
+
+
+def arm_environment(arm: str) -> dict[str, str]:
+    """Environment variables the engine of ``arm`` starts under (vLLM's ``custom_class`` takes no options).
+
+    >>> arm_environment("vllm-grammarspec-noindex"), arm_environment("vllm-grammarspec")
+    ({'GRAMMARSPEC_DRAFT_MEMORY_MB': '0'}, {})
+
+    Pure.
+    """
+    return {"GRAMMARSPEC_DRAFT_MEMORY_MB": "0"} if arm == "vllm-grammarspec-noindex" else {}
+
+
+def suffix_missing() -> str | None:
+    """Why vLLM's ``suffix`` method cannot run in this environment (``None``: it can).
+
+    Its suffix tree comes from Snowflake's ``arctic-inference``, which ships as a source package that builds
+    C++ on install: ``make vllm-suffix`` builds it into ``.venv-vllm``.  Does not change state.
+    """
+    import importlib.util
+
+    if importlib.util.find_spec("arctic_inference") is None:
+        return (
+            "vLLM's suffix method needs arctic-inference, which is not installed in this environment: "
+            "`make vllm-suffix` builds it into .venv-vllm (about a minute; needs a C++ compiler)"
+        )
+    return None
 
 
 def llm_kwargs(

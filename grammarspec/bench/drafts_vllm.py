@@ -1,0 +1,101 @@
+"""The vLLM arms of ``bench-serve --drafts repeat``: the same requests through vLLM, one at a time.
+
+vLLM learns across requests in its ``suffix`` method (a global tree of earlier outputs) and in grammarspec's
+proposer (its index of earlier outputs); one engine per arm serves the whole workload in order, so each sees
+the earlier requests of its own run, as a server would.  The prompts are rendered here exactly as
+``grammarspec serve`` renders them (:func:`grammarspec.conversation.prompt_ids`) and decoded under the same
+schema (vLLM's xgrammar structured outputs, compact JSON), greedy.  Per arm: completion tokens, target passes
+(each vLLM step adds its accepted drafts and one token of its own, so passes are tokens - accepted drafts),
+draft tokens proposed and accepted, and tokens per second over the requests' own times.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from grammarspec.bench.vllm_arms import NUM_SPECULATIVE_TOKENS, VLLM_ARMS, launch_worker, vllm_python
+
+__all__ = ["vllm_repeat", "vllm_totals"]
+
+
+def vllm_repeat(
+    tokenizer: Any,
+    requests: Sequence[dict[str, Any]],
+    arms: Sequence[str],
+    model_dir: str,
+    *,
+    max_model_len: int = 2048,
+) -> dict[str, dict[str, Any]]:
+    """Per vLLM arm, the totals of ``requests`` (the ``repeat`` workload's) sent one at a time, in order.
+
+    An arm that failed (vLLM's suffix method without arctic-inference, say) holds ``error``.  Raises
+    ``ValueError`` for an arm that is not a vLLM arm or without the vLLM environment.
+    """
+    from grammarspec.conversation import prompt_ids
+    from grammarspec.tool_calls import tool_format_for
+
+    unknown = [arm for arm in arms if arm not in VLLM_ARMS]
+    if unknown:
+        raise ValueError(f"unknown vLLM arm {', '.join(unknown)}; choose from {', '.join(VLLM_ARMS)}")
+    python = vllm_python()
+    tool_format = tool_format_for(tokenizer, "auto")
+    job = {
+        "model": model_dir,
+        "arms": list(arms),
+        "num_speculative_tokens": NUM_SPECULATIVE_TOKENS,
+        "max_tokens": max(int(r["max_tokens"]) for r in requests),
+        "temperature": 0.0,
+        "seed": 0,
+        "max_model_len": max_model_len,
+        "modes": ["batch1"],
+        "tasks": [
+            {
+                "task": r["id"],
+                "prompt_ids": prompt_ids(tokenizer, r["messages"], None, tool_format),
+                "schema": r["schema"],
+            }
+            for r in requests
+        ],
+    }
+    answer = launch_worker(python, job)
+    eos = _eos_ids(tokenizer)
+    out: dict[str, dict[str, Any]] = {}
+    for arm in arms:
+        got = answer["arms"].get(arm) or {"error": answer.get("failure", "the vLLM worker returned nothing")}
+        out[arm] = {"error": got["error"]} if "error" in got else vllm_totals(got["batch1"], eos)
+    return out
+
+
+def vllm_totals(runs: Sequence[dict[str, Any]], eos: Sequence[int] = ()) -> dict[str, Any]:
+    """One arm's batch-1 runs (the worker's records) summed.  Pure.
+
+    >>> runs = [{"task": "a", "tokens": [5, 6, 2], "seconds": 0.5, "draft_tokens": 4, "accepted_tokens": 1}]
+    >>> t = vllm_totals(runs, eos=[2])
+    >>> t["tokens"], t["passes"], t["accepted"], t["outputs"]
+    (3, 2, 1, {'a': [5, 6]})
+    """
+    tokens = sum(len(r["tokens"]) for r in runs)
+    accepted = sum(int(r.get("accepted_tokens", 0)) for r in runs)
+    passes = sum(max(1, len(r["tokens"]) - int(r.get("accepted_tokens", 0))) for r in runs)
+    seconds = sum(float(r["seconds"]) for r in runs)
+    return {
+        "requests": len(runs),
+        "tokens": tokens,
+        "passes": passes,
+        "tokens_per_pass": tokens / passes if passes else 0.0,
+        "tokens_per_second": tokens / seconds if seconds > 0 else 0.0,
+        "proposed": sum(int(r.get("draft_tokens", 0)) for r in runs),
+        "accepted": accepted,
+        "outputs": {r["task"]: _strip(r["tokens"], eos) for r in runs},
+    }
+
+
+def _strip(tokens: Sequence[int], eos: Sequence[int]) -> list[int]:
+    """``tokens`` without a final stop token (vLLM keeps it; the server's outputs do not)."""
+    return list(tokens[:-1]) if tokens and tokens[-1] in eos else list(tokens)
+
+
+def _eos_ids(tokenizer: Any) -> list[int]:
+    eos = getattr(tokenizer, "eos_token_id", None)
+    return [eos] if isinstance(eos, int) else list(eos or [])
