@@ -23,6 +23,7 @@ which the report records.  Needs ``arctic-inference`` (in the vLLM environment):
 from __future__ import annotations
 
 import argparse
+import ctypes
 import gc
 import json
 import os
@@ -229,7 +230,14 @@ def decode_held_out(structure: Any, items: Sequence[Stream], first_id: int) -> d
 
 
 def rss_bytes() -> int:
-    """This process's resident set (``/proc/self/statm``), in bytes.  Reads the OS."""
+    """This process's resident set (``/proc/self/statm``), in bytes, after a garbage collection and glibc's
+    ``malloc_trim`` (freed heap pages handed back, so memory a later allocation reuses counts again).  Reads the
+    OS."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: the reading may undercount reused heap
+        pass
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
@@ -241,14 +249,12 @@ def memory_worker(spec: str, path: str, checkpoints: Sequence[int]) -> dict[str,
     with open(path) as f:
         data = [Stream(r[0], tuple(r[1]), tuple(r[2])) for r in json.load(f)]
     structure: Any = Ours(int(bound)) if kind == "ours" else Arctic(int(bound))
-    gc.collect()
     base = rss_bytes()
     rows = []
     done = 0
     for point in checkpoints:
         insert_times(structure, data[done:point], first_id=done)
         done = point
-        gc.collect()
         tokens = sum(len(s.tokens) for s in data[:point])
         rows.append({"added": point, "tokens": tokens, "rss": rss_bytes() - base, **structure.held()})
     return {"spec": spec, "rows": rows}
