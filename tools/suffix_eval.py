@@ -34,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from array import array
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -242,28 +243,45 @@ def rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def write_streams(data: Sequence[Stream], path: str) -> None:
+    """``data`` as JSON for :func:`memory_worker`: the distinct scopes and prompts, each output's (scope, prompt,
+    length), and every token in one hex string of 4-byte ints.  Writes a file."""
+    scopes, prompts = list(dict.fromkeys(s.scope for s in data)), list(dict.fromkeys(s.prompt for s in data))
+    rows = [[scopes.index(s.scope), prompts.index(s.prompt), len(s.tokens)] for s in data]
+    tokens = array("i", [t for s in data for t in s.tokens]).tobytes().hex()
+    with open(path, "w") as f:
+        json.dump({"scopes": scopes, "prompts": prompts, "rows": rows, "tokens": tokens}, f)
+
+
 def memory_worker(spec: str, path: str, checkpoints: Sequence[int]) -> dict[str, Any]:
     """In this (fresh) process: add the streams of ``path`` to the structure ``spec`` names (``ours:<bytes>``,
-    ``arctic:<max cached requests>``) and read the resident set at each checkpoint.  Changes the process."""
+    ``arctic:<max cached requests>``) and read the resident set at each checkpoint.  The tokens wait in one
+    packed array and become Python ints one output at a time, so the heap holds little else to reuse.  Changes
+    the process."""
     kind, _, bound = spec.partition(":")
     with open(path) as f:
-        data = [Stream(r[0], tuple(r[1]), tuple(r[2])) for r in json.load(f)]
+        saved = json.load(f)
+    every = array("i", bytes.fromhex(saved.pop("tokens")))
+    prompts = [tuple(p) for p in saved["prompts"]]
     structure: Any = Ours(int(bound)) if kind == "ours" else Arctic(int(bound))
     base = rss_bytes()
     rows = []
-    done = 0
+    done = offset = 0
     for point in checkpoints:
-        insert_times(structure, data[done:point], first_id=done)
+        for rid in range(done, point):
+            scope, prompt, length = saved["rows"][rid]
+            tokens = tuple(every[offset : offset + length])
+            insert_times(structure, [Stream(saved["scopes"][scope], prompts[prompt], tokens)], first_id=rid)
+            offset += length
         done = point
-        tokens = sum(len(s.tokens) for s in data[:point])
-        rows.append({"added": point, "tokens": tokens, "rss": rss_bytes() - base, **structure.held()})
+        rows.append({"added": point, "tokens": offset, "rss": rss_bytes() - base, **structure.held()})
     return {"spec": spec, "rows": rows}
 
 
 def run_worker(spec: str, data: Sequence[Stream], checkpoints: Sequence[int]) -> dict[str, Any]:
     """:func:`memory_worker` in a fresh interpreter (a heap no earlier phase has grown).  Runs a subprocess."""
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-        json.dump([[s.scope, list(s.prompt), list(s.tokens)] for s in data], f)
+        write_streams(data, f.name)
     try:
         cmd = [sys.executable, __file__, "--worker", spec, "--streams", f.name]
         cmd += ["--checkpoints", ",".join(map(str, checkpoints))]

@@ -189,7 +189,7 @@ def test_the_memory_run_keeps_ours_under_its_cap(tool, tmp_path):
     rng = random.Random(0)
     data = [Stream("s", HEAD, tuple(rng.randrange(1000) for _ in range(50))) for _ in range(40)]
     path = tmp_path / "streams.json"
-    path.write_text(json.dumps([[s.scope, list(s.prompt), list(s.tokens)] for s in data]))
+    tool.write_streams(data, str(path))
     out = tool.memory_worker("ours:60000", str(path), [10, 40])
     assert [r["added"] for r in out["rows"]] == [10, 40] and [r["tokens"] for r in out["rows"]] == [500, 2000]
     assert all(r["bytes"] <= 60000 for r in out["rows"]) and out["rows"][-1]["held"] < 40
