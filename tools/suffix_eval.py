@@ -442,6 +442,10 @@ NOTES = [
     "is documented as for debugging only), so its memory grows with the length of the cached outputs",
     "arctic has one global tree for all traffic; scoping by schema means one SuffixDecodingCache per scope, each "
     "with its own count bound, so the total is bounded only by scopes x count x output length",
+    "tokens/pass: the tokens a decode commits per target pass if each pass takes the first proposal's accepted "
+    "prefix and one token of its own; mean accepted: that prefix's length averaged over every position",
+    "RSS growth is read after a garbage collection and malloc_trim, in a worker whose streams wait in one packed "
+    "array, so it counts what the structure holds rather than freed heap it reuses",
     "'own estimate' is SuffixIndex.bytes (its byte accounting, the cap it enforces) for ours and "
     "SuffixTree.estimate_memory() summed over the global trees for arctic",
     "arctic also keeps a local tree per active request (its prompt and output); it is given only the prompt's "
