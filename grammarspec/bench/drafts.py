@@ -144,15 +144,17 @@ def _run_agent(engine: Any, conversations: dict[str, list[Any]], concurrency: in
                 messages.append({"role": "user", "content": step})
                 continue
             assert isinstance(step, ModelTurn)
+            sent = [dict(m) for m in messages]
             request = ChatRequest(
-                messages=[dict(m) for m in messages],
+                messages=sent,
                 tools=TOOLS,
                 tool_choice=step.tool_choice,
                 temperature=0.0,
                 max_tokens=step.max_new_tokens,
             )
             choice, message = _ask(engine, request)
-            records[j].append(_record(f"{names[j]}#{j}/{turn}", choice))
+            asked = {"messages": sent, "tool_choice": step.tool_choice, "max_tokens": step.max_new_tokens}
+            records[j].append({**_record(f"{names[j]}#{j}/{turn}", choice), **asked})
             turn += 1
             messages.append(message)
             for call in message.get("tool_calls") or []:
@@ -190,8 +192,8 @@ def run_drafts_bench(
 
     ``tasks``: the tasks of ``repeat`` (default: the task file at ``tasks_path``);
     ``conversations``: the scripts of ``agent`` (default: all of them).  ``arms``: ``off`` and ``on`` (the
-    server's engine) and vLLM arms (:data:`grammarspec.bench.vllm_arms.VLLM_ARMS`, ``repeat`` only, one
-    request at a time, with the model at ``model_dir``: :mod:`grammarspec.bench.drafts_vllm`).
+    server's engine) and vLLM arms (:data:`grammarspec.bench.vllm_arms.VLLM_ARMS`, one request at a time,
+    with the model at ``model_dir``; ``agent`` replays the server's turns: :mod:`grammarspec.bench.drafts_vllm`).
     """
     from grammarspec.bench.vllm_arms import VLLM_ARMS
     from grammarspec.serve.engine import Engine
@@ -202,8 +204,10 @@ def run_drafts_bench(
     if unknown:
         raise ValueError(f"unknown arm {', '.join(unknown)}; choose from {', '.join(SERVER_ARMS + VLLM_ARMS)}")
     vllm_arms = [arm for arm in arms if arm in VLLM_ARMS]
-    if vllm_arms and (workload != "repeat" or model_dir is None):
-        raise ValueError("the vLLM arms run the repeat workload, with the model's directory (model_dir)")
+    if vllm_arms and model_dir is None:
+        raise ValueError("the vLLM arms need the model's directory (model_dir)")
+    if vllm_arms and workload == "agent" and not set(arms) & set(SERVER_ARMS):
+        raise ValueError("the vLLM arms replay the server's agent turns: add a server arm (on or off)")
     if workload == "repeat":
         from grammarspec.bench.tasks import load_tasks
 
@@ -244,10 +248,14 @@ def run_drafts_bench(
     same = _same_outputs(results["off"]["records"], results["on"]["records"]) if len(results) == 2 else (0, 0)
     result = {"workload": workload, "concurrency": concurrency, "repeat": repeat, "arms": results, "identical": same}
     if vllm_arms:
-        from grammarspec.bench.drafts_vllm import vllm_repeat
+        from grammarspec.bench.drafts_vllm import vllm_agent, vllm_repeat
 
         assert model_dir is not None
-        result["vllm"] = vllm_repeat(tokenizer, requests, vllm_arms, model_dir)
+        if workload == "repeat":
+            result["vllm"] = vllm_repeat(tokenizer, requests, vllm_arms, model_dir)
+        else:
+            turns = results["on" if "on" in results else "off"]["records"]
+            result["vllm"] = vllm_agent(tokenizer, turns, vllm_arms, model_dir)
         progress(f"{workload} vLLM arms: {', '.join(vllm_arms)} done")
     return result
 
@@ -318,7 +326,8 @@ def _vllm_markdown(result: dict[str, Any]) -> list[str]:
     """The vLLM arms: one request at a time through one engine per arm, against ``vllm`` without drafts."""
     vllm = result["vllm"]
     plain = vllm.get("vllm", {})
-    server = {r["id"]: r["output"] for r in result["arms"].get("on", {}).get("records", [])}
+    arm = "on" if "on" in result["arms"] else "off"
+    server = {r["id"]: r["output"] for r in result["arms"].get(arm, {}).get("records", [])}
     lines = [
         "vLLM, the same requests one at a time through one engine per arm (tokens include the stop token; "
         "target passes = tokens - accepted drafts):",

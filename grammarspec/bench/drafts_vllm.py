@@ -1,4 +1,4 @@
-"""The vLLM arms of ``bench-serve --drafts repeat``: the same requests through vLLM, one at a time.
+"""The vLLM arms of ``bench-serve --drafts``: the same requests through vLLM, one at a time.
 
 vLLM learns across requests in its ``suffix`` method (a global tree of earlier outputs) and in grammarspec's
 proposer (its index of earlier outputs); one engine per arm serves the whole workload in order, so each sees
@@ -7,6 +7,11 @@ the earlier requests of its own run, as a server would.  The prompts are rendere
 schema (vLLM's xgrammar structured outputs, compact JSON), greedy.  Per arm: completion tokens, target passes
 (each vLLM step adds its accepted drafts and one token of its own, so passes are tokens - accepted drafts),
 draft tokens proposed and accepted, and tokens per second over the requests' own times.
+
+The ``agent`` workload is replayed: each model turn the server answered is sent again with the conversation
+as it stood in the server's run (tools described, ``tool_choice`` applied, the same call constraint: a JSON
+Schema, the xgrammar EBNF of a call-or-text reply, or none for ``tool_choice="none"``), so every arm decodes
+the same turns.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from typing import Any
 
 from grammarspec.bench.vllm_arms import NUM_SPECULATIVE_TOKENS, VLLM_ARMS, launch_worker, vllm_python
 
-__all__ = ["vllm_repeat", "vllm_totals"]
+__all__ = ["vllm_repeat", "vllm_agent", "agent_tasks", "vllm_totals"]
 
 
 def vllm_repeat(
@@ -38,7 +43,7 @@ def vllm_repeat(
     unknown = [arm for arm in arms if arm not in VLLM_ARMS]
     if unknown:
         raise ValueError(f"unknown vLLM arm {', '.join(unknown)}; choose from {', '.join(VLLM_ARMS)}")
-    python = vllm_python()
+    vllm_python()  # raises ValueError saying how to build the vLLM environment
     tool_format = tool_format_for(tokenizer, "auto")
     job = {
         "model": model_dir,
@@ -58,22 +63,78 @@ def vllm_repeat(
             for r in requests
         ],
     }
-    answer = launch_worker(python, job)
-    eos = _eos_ids(tokenizer)
+    return _run(job)
+
+
+def vllm_agent(
+    tokenizer: Any, turns: Sequence[dict[str, Any]], arms: Sequence[str], model_dir: str, *, max_model_len: int = 2048
+) -> dict[str, dict[str, Any]]:
+    """Per vLLM arm, the totals of the server's agent ``turns`` (its records: ``id``, ``messages``,
+    ``tool_choice``, ``max_tokens``) replayed one at a time, in order.  Raises ``ValueError`` as
+    :func:`vllm_repeat`."""
+    unknown = [arm for arm in arms if arm not in VLLM_ARMS]
+    if unknown:
+        raise ValueError(f"unknown vLLM arm {', '.join(unknown)}; choose from {', '.join(VLLM_ARMS)}")
+    vllm_python()
+    tasks = agent_tasks(tokenizer, turns)
+    job = {
+        "model": model_dir,
+        "arms": list(arms),
+        "num_speculative_tokens": NUM_SPECULATIVE_TOKENS,
+        "max_tokens": max(t["max_tokens"] for t in tasks),
+        "temperature": 0.0,
+        "seed": 0,
+        "max_model_len": max_model_len,
+        "modes": ["batch1"],
+        "tasks": tasks,
+    }
+    return _run(job)
+
+
+def agent_tasks(tokenizer: Any, turns: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The worker's tasks for the server's agent ``turns``: prompt ids and constraint as the server built them.
+
+    Each turn keeps its own ``max_tokens``.  Pure.
+    """
+    from grammarspec.bench.agent_tasks import TOOLS
+    from grammarspec.constraint import Constraint
+    from grammarspec.conversation import prompt_ids
+    from grammarspec.tool_calls import tool_format_for
+
+    tool_format = tool_format_for(tokenizer, "auto")
+    tasks = []
+    for turn in turns:
+        choice = turn["tool_choice"]
+        (spec,) = Constraint(tools=TOOLS, tool_choice=choice, tool_format=tool_format).resolve().specs(1)
+        task: dict[str, Any] = {
+            "task": turn["id"],
+            "prompt_ids": prompt_ids(tokenizer, turn["messages"], TOOLS, tool_format, choice),
+            "max_tokens": turn["max_tokens"],
+        }
+        if spec is not None and spec.schema is not None:
+            task["schema"] = spec.schema
+        elif spec is not None:
+            task["grammar"] = spec.source
+        tasks.append(task)
+    return tasks
+
+
+def _run(job: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    answer = launch_worker(vllm_python(), job)
     out: dict[str, dict[str, Any]] = {}
-    for arm in arms:
+    for arm in job["arms"]:
         got = answer["arms"].get(arm) or {"error": answer.get("failure", "the vLLM worker returned nothing")}
-        out[arm] = {"error": got["error"]} if "error" in got else vllm_totals(got["batch1"], eos)
+        out[arm] = {"error": got["error"]} if "error" in got else vllm_totals(got["batch1"])
     return out
 
 
-def vllm_totals(runs: Sequence[dict[str, Any]], eos: Sequence[int] = ()) -> dict[str, Any]:
+def vllm_totals(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """One arm's batch-1 runs (the worker's records) summed.  Pure.
 
     >>> runs = [{"task": "a", "tokens": [5, 6, 2], "seconds": 0.5, "draft_tokens": 4, "accepted_tokens": 1}]
-    >>> t = vllm_totals(runs, eos=[2])
+    >>> t = vllm_totals(runs)
     >>> t["tokens"], t["passes"], t["accepted"], t["outputs"]
-    (3, 2, 1, {'a': [5, 6]})
+    (3, 2, 1, {'a': [5, 6, 2]})
     """
     tokens = sum(len(r["tokens"]) for r in runs)
     accepted = sum(int(r.get("accepted_tokens", 0)) for r in runs)
@@ -87,15 +148,5 @@ def vllm_totals(runs: Sequence[dict[str, Any]], eos: Sequence[int] = ()) -> dict
         "tokens_per_second": tokens / seconds if seconds > 0 else 0.0,
         "proposed": sum(int(r.get("draft_tokens", 0)) for r in runs),
         "accepted": accepted,
-        "outputs": {r["task"]: _strip(r["tokens"], eos) for r in runs},
+        "outputs": {r["task"]: list(r["tokens"]) for r in runs},  # the stop token kept, as the server's
     }
-
-
-def _strip(tokens: Sequence[int], eos: Sequence[int]) -> list[int]:
-    """``tokens`` without a final stop token (vLLM keeps it; the server's outputs do not)."""
-    return list(tokens[:-1]) if tokens and tokens[-1] in eos else list(tokens)
-
-
-def _eos_ids(tokenizer: Any) -> list[int]:
-    eos = getattr(tokenizer, "eos_token_id", None)
-    return [eos] if isinstance(eos, int) else list(eos or [])

@@ -6,7 +6,8 @@
 ``num_speculative_tokens``, ``max_tokens``, ``temperature``, ``seed``, ``max_model_len``, ``modes``
 (``"batch1"``: one request at a time, per-request latency; ``"all"``: every request submitted at once,
 throughput; ``"closed"``: for each of ``levels``, a closed loop of that many requests in flight over the
-tasks, throughput) and ``tasks`` (``task``, ``prompt_ids``, ``schema``).  The prompt ids come from the main
+tasks, throughput) and ``tasks`` (``task``, ``prompt_ids``, ``schema`` or an xgrammar EBNF ``grammar``,
+optionally its own ``max_tokens``).  The prompt ids come from the main
 environment, so both sides decode from identical prompts.
 
 ``OUT.json`` is rewritten after every arm: ``{"arms": {arm: {"batch1": [...], "all": {...}}}, "machine": ...}``.
@@ -31,12 +32,21 @@ __all__ = ["main"]
 WARMUP_TOKENS = 8
 
 
-def _params(sampling_params: Any, structured: Any, schema: Any, max_tokens: int, temperature: float, seed: int) -> Any:
+def _params(
+    sampling_params: Any, structured: Any, task: dict[str, Any], max_tokens: int, temperature: float, seed: int
+) -> Any:
+    """A task's sampling parameters: its JSON Schema (``schema``), an xgrammar EBNF ``grammar``, or neither."""
+    if task.get("grammar"):
+        constraint = structured(grammar=task["grammar"])
+    elif task.get("schema") is not None:
+        constraint = structured(json=task["schema"])
+    else:
+        constraint = None  # free text (a reply after tool_choice "none")
     return sampling_params(
         temperature=temperature,
         max_tokens=max_tokens,
         seed=seed if temperature > 0 else None,
-        structured_outputs=structured(json=schema),
+        structured_outputs=constraint,
     )
 
 
@@ -99,8 +109,8 @@ def run_arm(job: dict[str, Any], arm: str) -> dict[str, Any]:
         return _params(
             SamplingParams,
             StructuredOutputsParams,
-            task["schema"],
-            max_tokens or job["max_tokens"],
+            task,
+            max_tokens or task.get("max_tokens") or job["max_tokens"],
             job["temperature"],
             job["seed"],
         )

@@ -131,9 +131,8 @@ def add_serve_commands(commands: Any) -> None:
         ("--arms", None, None, "A,B",
          "arms (default: serve,serve_concurrent,hf_resend,"
          "transformers_serve,vllm_serve; vllm_serve is skipped with a note without .venv-vllm; "
-         "with --sweep: none,auto, and vllm,vllm_ngram may be added; with --drafts: off,on, and with "
-         "--drafts repeat vLLM's arms may be added: vllm,vllm-ngram,vllm-suffix,vllm-grammarspec,"
-         "vllm-grammarspec-noindex)"),
+         "with --sweep: none,auto, and vllm,vllm_ngram may be added; with --drafts: off,on, and vLLM's "
+         "arms may be added: vllm,vllm-ngram,vllm-suffix,vllm-grammarspec,vllm-grammarspec-noindex)"),
         ("--concurrency", _count, 8, "N", "conversations at once for serve_concurrent (default: 8)"),
         ("--conversations", None, None, "A,B",
          "only these conversations (comma-separated: weather, orders, shopping, mixed)"),
@@ -282,8 +281,10 @@ def _drafts_mode(args: argparse.Namespace) -> _Mode:
     )
     model_dir = None
     if any(arm in VLLM_ARMS for arm in arms):
-        if args.drafts != "repeat":
-            raise cli_common.CliError("--arms: the vLLM arms run with --drafts repeat only")
+        if args.drafts == "agent" and not set(arms) & set(SERVER_ARMS):
+            raise cli_common.CliError(
+                "--arms: with --drafts agent the vLLM arms replay the server's turns: add on or off"
+            )
         from grammarspec.bench.vllm_env import vllm_python
         from grammarspec.vllm import model_path
 

@@ -37,15 +37,15 @@ def test_without_arctic_inference_the_suffix_arm_says_how_to_install_it():
     assert missing is not None and "arctic-inference" in missing and "make vllm-suffix" in missing
 
 
-def test_totals_count_passes_as_tokens_less_accepted_drafts_and_drop_the_stop_token():
+def test_totals_count_passes_as_tokens_less_accepted_drafts_and_keep_the_stop_token_as_the_server_does():
     runs = [
         {"task": "a", "tokens": [5, 6, 7, 2], "seconds": 1.0, "draft_tokens": 6, "accepted_tokens": 2},
         {"task": "b", "tokens": [9, 9], "seconds": 1.0, "draft_tokens": 0, "accepted_tokens": 0},
     ]
-    totals = drafts_vllm.vllm_totals(runs, eos=[2])
+    totals = drafts_vllm.vllm_totals(runs)
     assert (totals["tokens"], totals["passes"], totals["accepted"], totals["proposed"]) == (6, 4, 2, 6)
     assert totals["tokens_per_pass"] == 1.5 and totals["tokens_per_second"] == 3.0
-    assert totals["outputs"] == {"a": [5, 6, 7], "b": [9, 9]}
+    assert totals["outputs"] == {"a": [5, 6, 7, 2], "b": [9, 9]}
 
 
 def test_the_worker_gets_the_servers_prompts_in_order_and_each_arm_is_reported(smol_tokenizer, monkeypatch, tmp_path):
@@ -77,7 +77,7 @@ def test_the_worker_gets_the_servers_prompts_in_order_and_each_arm_is_reported(s
     assert [t["task"] for t in job["tasks"]] == [r["id"] for r in requests]  # the workload's order
     format_ = tool_format_for(tok, "auto")
     assert [t["prompt_ids"] for t in job["tasks"]] == [prompt_ids(tok, r["messages"], None, format_) for r in requests]
-    assert out["vllm"]["passes"] == 2 * len(requests) and out["vllm"]["outputs"]["t0#0"] == [11, 12]
+    assert out["vllm"]["passes"] == 2 * len(requests) and out["vllm"]["outputs"]["t0#0"] == [11, 12, tok.eos_token_id]
     assert out["vllm-suffix"] == {"error": "RuntimeError: no arctic"}
     with pytest.raises(ValueError, match="unknown vLLM arm on"):
         drafts_vllm.vllm_repeat(tok, requests, ["on"], "/models/smol")
@@ -115,9 +115,39 @@ def test_the_report_sets_each_vllm_arm_against_plain_vllm_and_the_servers_output
     assert "outputs identical between the arms" not in text  # one server arm: nothing compared
 
 
-def test_vllm_arms_are_refused_on_the_agent_workload_and_unknown_arms_named(smol):
+def test_vllm_arms_replay_the_servers_agent_turns_so_they_need_a_server_arm(smol):
     model, tok = smol
-    with pytest.raises(ValueError, match="repeat workload"):
+    with pytest.raises(ValueError, match="add a server arm"):
         run_drafts_bench(model, tok, "agent", arms=["vllm"], model_dir="/models/smol")
+    with pytest.raises(ValueError, match="model's directory"):
+        run_drafts_bench(model, tok, "repeat", arms=["vllm"], tasks=_tasks())
     with pytest.raises(ValueError, match="unknown arm fast"):
         run_drafts_bench(model, tok, "repeat", arms=["fast"], tasks=_tasks())
+
+
+def test_an_agent_turn_is_replayed_with_the_servers_prompt_and_call_constraint(smol):
+    from grammarspec.bench.agent_tasks import SYSTEM, TOOLS
+    from grammarspec.serve.engine import Engine
+    from grammarspec.serve.protocol import ChatRequest
+
+    model, tok = smol
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Weather in Oslo?"}]
+    turns = [
+        {"id": "w#0/0", "messages": messages, "tool_choice": "required", "max_tokens": 40, "output": [1]},
+        {"id": "w#0/1", "messages": messages, "tool_choice": "auto", "max_tokens": 30, "output": [1]},
+        {"id": "w#0/2", "messages": messages, "tool_choice": "none", "max_tokens": 20, "output": [1]},
+    ]
+    required, auto, text = drafts_vllm.agent_tasks(tok, turns)
+    engine = Engine(model, tok, max_batch_size=1)
+    try:
+        for task, turn in zip((required, auto, text), turns):
+            request = ChatRequest(messages=messages, tools=TOOLS, tool_choice=turn["tool_choice"], max_tokens=8)
+            job = engine.prepare(request, lambda event: None)
+            assert task["prompt_ids"] == list(job.prompt), turn["tool_choice"]  # the server's own prompt
+            assert task["max_tokens"] == turn["max_tokens"]
+    finally:
+        engine.close()
+    names = {option["properties"]["name"]["const"] for option in required["schema"]["anyOf"]}
+    assert names == {tool["function"]["name"] for tool in TOOLS} and "grammar" not in required
+    assert "schema" not in auto and "root ::=" in auto["grammar"]  # a call or text: xgrammar's EBNF
+    assert "schema" not in text and "grammar" not in text  # tool_choice "none": free text
