@@ -349,6 +349,10 @@ def _vllm_markdown(result: dict[str, Any]) -> list[str]:
             f"{data['tokens_per_second']:.1f} | {ratio} | {data['accepted']}/{data['proposed']} | "
             f"{same_plain} | {same_server} |"
         )
+    refused = {task: error for data in vllm.values() for task, error in data.get("refused", {}).items()}
+    if refused:
+        first = next(iter(refused.values()))
+        lines += ["", f"vLLM refused {len(refused)} of the requests in some arm (left out of its row): {first[:300]}"]
     return lines
 
 

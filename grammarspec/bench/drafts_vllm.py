@@ -129,13 +129,15 @@ def _run(job: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def vllm_totals(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """One arm's batch-1 runs (the worker's records) summed.  Pure.
+    """One arm's batch-1 runs (the worker's records) summed; those vLLM refused (``error``) listed apart.  Pure.
 
     >>> runs = [{"task": "a", "tokens": [5, 6, 2], "seconds": 0.5, "draft_tokens": 4, "accepted_tokens": 1}]
     >>> t = vllm_totals(runs)
     >>> t["tokens"], t["passes"], t["accepted"], t["outputs"]
     (3, 2, 1, {'a': [5, 6, 2]})
     """
+    refused = [r for r in runs if "error" in r]
+    runs = [r for r in runs if "error" not in r]
     tokens = sum(len(r["tokens"]) for r in runs)
     accepted = sum(int(r.get("accepted_tokens", 0)) for r in runs)
     passes = sum(max(1, len(r["tokens"]) - int(r.get("accepted_tokens", 0))) for r in runs)
@@ -149,4 +151,5 @@ def vllm_totals(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "proposed": sum(int(r.get("draft_tokens", 0)) for r in runs),
         "accepted": accepted,
         "outputs": {r["task"]: list(r["tokens"]) for r in runs},  # the stop token kept, as the server's
+        "refused": {r["task"]: r["error"] for r in refused},
     }

@@ -117,9 +117,9 @@ def collect(
         runs = {r["task"]: r for r in got.get("batch1", [])}
         for task, prep in prepared:
             run = runs.get(task.id)
-            if run is None:
+            if run is None or "error" in run:  # the arm failed, or vLLM refused this request
                 base = {"task": task.id, "category": task.category, "arm": arm, "repeat": 0}
-                records.append({**base, "error": got.get("error", "no batch-1 run")})
+                records.append({**base, "error": (run or got).get("error", "no batch-1 run")})
             else:
                 records.append(_record(task, prep, arm, run, tokenizer, config))
         if "all" in got:
@@ -152,7 +152,7 @@ def _record(task: Any, prep: Any, arm: str, run: dict[str, Any], tokenizer: Any,
 
 
 def _throughput(all_mode: dict[str, Any], tasks: dict[str, Any], tokenizer: Any) -> dict[str, Any]:
-    requests = all_mode["requests"]
+    requests = [r for r in all_mode["requests"] if "error" not in r]  # not those vLLM refused
     new = sum(len(r["tokens"]) for r in requests)
     valid = 0
     for r in requests:

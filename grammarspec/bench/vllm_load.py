@@ -111,6 +111,12 @@ def load_markdown(result: dict[str, Any]) -> list[str]:
                 f"| {level} | `{arm}` | {statistics.fmean(speeds):.1f} | {tokens / passes if passes else 0:.2f} | "
                 f"{ratio} | {same} |"
             )
+    refused = {task: error for r in runs for task, error in r.get("refused", {}).items()}
+    if refused:
+        lines += [
+            "",
+            f"- vLLM refused {len(refused)} task(s), left out of every arm: {next(iter(refused.values()))[:300]}",
+        ]
     failed = [r for r in result["runs"] if "error" in r]
     if failed:
         lines += [

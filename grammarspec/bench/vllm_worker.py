@@ -50,6 +50,15 @@ def _params(
     )
 
 
+def _refusals() -> tuple[type[BaseException], ...]:
+    """What vLLM raises for a request it refuses (its client errors, and ValueError in older releases)."""
+    try:
+        from vllm.exceptions import VLLMClientError
+    except ImportError:
+        return (ValueError,)
+    return (ValueError, VLLMClientError)
+
+
 def _drive(
     engine: Any, requests: list[tuple[str, list[int], Any]], in_flight: int | None = None
 ) -> dict[str, dict[str, Any]]:
@@ -57,7 +66,7 @@ def _drive(
 
     ``None``: all submitted at once.  Otherwise a closed loop: a finished request's place goes to the next
     one.  Per request: ``tokens``, ``finish_reason``, and ``first_token_seconds`` / ``seconds`` from the
-    call's start.
+    call's start; or ``error`` where vLLM refused the request.
     """
     out: dict[str, dict[str, Any]] = {}
     waiting = list(reversed(requests))
@@ -67,7 +76,11 @@ def _drive(
     while waiting or engine.has_unfinished_requests():
         while waiting and running < limit:
             request_id, prompt_ids, params = waiting.pop()
-            engine.add_request(request_id, {"prompt_token_ids": prompt_ids}, params)
+            try:
+                engine.add_request(request_id, {"prompt_token_ids": prompt_ids}, params)
+            except _refusals() as e:  # vLLM refused it (a schema feature its grammar backend lacks)
+                out[request_id] = {"error": f"{type(e).__name__}: {e}"}
+                continue
             running += 1
         for output in engine.step():
             now = time.perf_counter() - started
@@ -143,10 +156,12 @@ def run_arm(job: dict[str, Any], arm: str) -> dict[str, Any]:
         )
         wall = time.perf_counter() - t1
         after = spec_decode_counts(llm)
+        done = {task["task"]: records[f"c{level}-{i}"] for i, task in enumerate(tasks)}
         result.setdefault("closed", {})[str(level)] = {
             "seconds": wall,
-            "tokens": sum(len(r["tokens"]) for r in records.values()),
-            "outputs": {task["task"]: records[f"c{level}-{i}"]["tokens"] for i, task in enumerate(tasks)},
+            "tokens": sum(len(r["tokens"]) for r in done.values() if "error" not in r),
+            "outputs": {task: r["tokens"] for task, r in done.items() if "error" not in r},
+            "refused": {task: r["error"] for task, r in done.items() if "error" in r},
             **{k: after[k] - before[k] for k in after},
         }
     llm.llm_engine.engine_core.shutdown()

@@ -45,7 +45,13 @@ def test_totals_count_passes_as_tokens_less_accepted_drafts_and_keep_the_stop_to
     totals = drafts_vllm.vllm_totals(runs)
     assert (totals["tokens"], totals["passes"], totals["accepted"], totals["proposed"]) == (6, 4, 2, 6)
     assert totals["tokens_per_pass"] == 1.5 and totals["tokens_per_second"] == 3.0
-    assert totals["outputs"] == {"a": [5, 6, 7, 2], "b": [9, 9]}
+    assert totals["outputs"] == {"a": [5, 6, 7, 2], "b": [9, 9]} and totals["refused"] == {}
+    refused = drafts_vllm.vllm_totals([*runs, {"task": "c", "error": "VLLMValidationError: multipleOf"}])
+    assert (
+        refused["requests"] == 2
+        and refused["tokens"] == 6
+        and refused["refused"] == {"c": "VLLMValidationError: multipleOf"}
+    )
 
 
 def test_the_worker_gets_the_servers_prompts_in_order_and_each_arm_is_reported(smol_tokenizer, monkeypatch, tmp_path):
