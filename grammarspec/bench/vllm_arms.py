@@ -41,7 +41,7 @@ __all__ = [
 VLLM_ARMS = ARM_SPECULATION
 #: Draft tokens per step for both speculating vLLM arms.
 NUM_SPECULATIVE_TOKENS = 8
-#: A whole vLLM run (three engines on a loaded 2-core machine start in minutes each).
+#: Seconds a vLLM worker may run per arm of its job (engines on a loaded 2-core machine start in minutes).
 TIMEOUT_SECONDS = 3600
 
 
@@ -77,26 +77,32 @@ def run_vllm_arms(
     return collect(answer, prepared, arms, config, tokenizer)
 
 
-def launch_worker(python: Path, job: dict[str, Any]) -> dict[str, Any]:
-    """Run the worker on ``job``; its answer (``{"arms": {}}`` plus a reason when it wrote nothing)."""
+def launch_worker(python: Path, job: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
+    """Run the worker on ``job``; its answer (``{"arms": {}}`` plus a reason when it wrote nothing).
+
+    ``timeout``: seconds for the whole job (default: :data:`TIMEOUT_SECONDS` per arm).  A worker that
+    runs past it is stopped; the arms it finished are kept (it rewrites its answer after each arm) and
+    the answer's ``failure`` says so.
+    """
+    limit = timeout if timeout is not None else TIMEOUT_SECONDS * max(1, len(job["arms"]))
     with tempfile.TemporaryDirectory(prefix="grammarspec-vllm-") as tmp:
         job_path, out_path = Path(tmp) / "job.json", Path(tmp) / "out.json"
         job_path.write_text(json.dumps(job), encoding="utf-8")
         command = [str(python), "-m", "grammarspec.bench.vllm_worker", str(job_path), str(out_path)]
-        proc = subprocess.run(
-            command,
-            env=environment(python),
-            capture_output=True,
-            text=True,
-            timeout=TIMEOUT_SECONDS,
-            cwd=tmp,
-            check=False,
-        )
+        try:
+            proc = subprocess.run(
+                command, env=environment(python), capture_output=True, text=True, timeout=limit, cwd=tmp, check=False
+            )
+            status, tail = proc.returncode, (proc.stderr or proc.stdout or "").strip()[-1500:]
+        except subprocess.TimeoutExpired:
+            status, tail = None, ""
         answer = json.loads(out_path.read_text(encoding="utf-8")) if out_path.is_file() else {"arms": {}}
-    if proc.returncode != 0:
-        tail = (proc.stderr or proc.stdout or "").strip()[-1500:]
-        print(f"grammarspec bench: the vLLM worker exited with status {proc.returncode}:\n{tail}", file=sys.stderr)
-        answer["failure"] = f"the vLLM worker exited with status {proc.returncode}"
+    if status is None:
+        print(f"grammarspec bench: the vLLM worker ran past {limit:.0f} s and was stopped", file=sys.stderr)
+        answer["failure"] = f"the vLLM worker ran past {limit:.0f} s and was stopped before this arm finished"
+    elif status != 0:
+        print(f"grammarspec bench: the vLLM worker exited with status {status}:\n{tail}", file=sys.stderr)
+        answer["failure"] = f"the vLLM worker exited with status {status}"
     return answer
 
 

@@ -86,3 +86,15 @@ def test_worker_answer_becomes_records_and_tables(smol_tokenizer):
     assert f"{ours_pass / ngram_pass:.2f}x" in text  # accepted draft tokens per pass, ours over n-gram
     assert "vllm-grammarspec / vllm-ngram throughput: 2.00x" in text
     json.dumps(throughput)  # results.json holds it
+
+
+def test_a_worker_past_its_time_is_stopped_and_the_arms_it_finished_are_kept(tmp_path):
+    from grammarspec.bench.vllm_arms import launch_worker
+
+    worker = tmp_path / "python"  # stands in for .venv-vllm's python: writes one arm's answer, then hangs
+    answer = {"arms": {"vllm-grammarspec": {"batch1": []}}}
+    worker.write_text(f"#!/bin/sh\necho '{json.dumps(answer)}' > \"$4\"\nexec sleep 600\n")
+    worker.chmod(0o755)
+    got = launch_worker(worker, {"arms": ["vllm-grammarspec", "vllm"]}, timeout=10)
+    assert got["arms"] == answer["arms"]
+    assert "ran past 10 s" in got["failure"]
