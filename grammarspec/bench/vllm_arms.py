@@ -17,6 +17,8 @@ submitted at once: throughput, :attr:`BenchResult.throughput`).  Target passes o
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -89,12 +91,22 @@ def launch_worker(python: Path, job: dict[str, Any], timeout: float | None = Non
         job_path, out_path = Path(tmp) / "job.json", Path(tmp) / "out.json"
         job_path.write_text(json.dumps(job), encoding="utf-8")
         command = [str(python), "-m", "grammarspec.bench.vllm_worker", str(job_path), str(out_path)]
+        # its own session, so a worker stopped at the limit takes vLLM's engine processes with it
+        proc = subprocess.Popen(
+            command,
+            env=environment(python),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=tmp,
+            start_new_session=True,
+        )
         try:
-            proc = subprocess.run(
-                command, env=environment(python), capture_output=True, text=True, timeout=limit, cwd=tmp, check=False
-            )
-            status, tail = proc.returncode, (proc.stderr or proc.stdout or "").strip()[-1500:]
+            stdout, stderr = proc.communicate(timeout=limit)
+            status, tail = proc.returncode, (stderr or stdout or "").strip()[-1500:]
         except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
             status, tail = None, ""
         answer = json.loads(out_path.read_text(encoding="utf-8")) if out_path.is_file() else {"arms": {}}
     if status is None:

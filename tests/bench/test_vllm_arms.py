@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import time
 
 import pytest
 
@@ -93,8 +95,14 @@ def test_a_worker_past_its_time_is_stopped_and_the_arms_it_finished_are_kept(tmp
 
     worker = tmp_path / "python"  # stands in for .venv-vllm's python: writes one arm's answer, then hangs
     answer = {"arms": {"vllm-grammarspec": {"batch1": []}}}
-    worker.write_text(f"#!/bin/sh\necho '{json.dumps(answer)}' > \"$4\"\nexec sleep 600\n")
+    pid_file = tmp_path / "engine.pid"  # a child of its own, as vLLM's engine processes are
+    worker.write_text(f"#!/bin/sh\necho '{json.dumps(answer)}' > \"$4\"\nsleep 600 &\necho $! > {pid_file}\nwait\n")
     worker.chmod(0o755)
     got = launch_worker(worker, {"arms": ["vllm-grammarspec", "vllm"]}, timeout=10)
     assert got["arms"] == answer["arms"]
     assert "ran past 10 s" in got["failure"]
+    engine = int(pid_file.read_text())
+    with pytest.raises(ProcessLookupError):  # stopped with the worker, not left running
+        for _ in range(50):
+            os.kill(engine, 0)
+            time.sleep(0.1)
