@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from grammarspec.bench.records import source_totals
+from grammarspec.bench.records import rates, source_totals
 
 __all__ = ["DRAFT_WORKLOADS", "SERVER_ARMS", "repeat_requests", "run_drafts_bench", "drafts_markdown"]
 
@@ -265,11 +265,7 @@ def _totals(records: Sequence[dict[str, Any]], seconds: float) -> dict[str, Any]
     passes = sum(r["target_forwards"] for r in records)
     proposed, accepted = source_totals(records, "proposed"), source_totals(records, "accepted")
     return {
-        "requests": len(records),
-        "tokens": tokens,
-        "passes": passes,
-        "tokens_per_pass": tokens / passes if passes else 0.0,
-        "tokens_per_second": tokens / seconds if seconds > 0 else 0.0,
+        **rates(len(records), tokens, passes, seconds),
         "proposed": proposed,
         "accepted": accepted,
     }

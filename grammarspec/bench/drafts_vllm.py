@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from grammarspec.bench.records import rates
 from grammarspec.bench.vllm_arms import NUM_SPECULATIVE_TOKENS, VLLM_ARMS, launch_worker, vllm_python
 
 __all__ = ["vllm_repeat", "vllm_agent", "agent_tasks", "vllm_totals"]
@@ -40,30 +41,17 @@ def vllm_repeat(
     from grammarspec.conversation import prompt_ids
     from grammarspec.tool_calls import tool_format_for
 
-    unknown = [arm for arm in arms if arm not in VLLM_ARMS]
-    if unknown:
-        raise ValueError(f"unknown vLLM arm {', '.join(unknown)}; choose from {', '.join(VLLM_ARMS)}")
-    vllm_python()  # raises ValueError saying how to build the vLLM environment
     tool_format = tool_format_for(tokenizer, "auto")
-    job = {
-        "model": model_dir,
-        "arms": list(arms),
-        "num_speculative_tokens": NUM_SPECULATIVE_TOKENS,
-        "max_tokens": max(int(r["max_tokens"]) for r in requests),
-        "temperature": 0.0,
-        "seed": 0,
-        "max_model_len": max_model_len,
-        "modes": ["batch1"],
-        "tasks": [
-            {
-                "task": r["id"],
-                "prompt_ids": prompt_ids(tokenizer, r["messages"], None, tool_format),
-                "schema": r["schema"],
-            }
-            for r in requests
-        ],
-    }
-    return _run(job)
+    tasks = [
+        {
+            "task": r["id"],
+            "prompt_ids": prompt_ids(tokenizer, r["messages"], None, tool_format),
+            "schema": r["schema"],
+            "max_tokens": int(r["max_tokens"]),
+        }
+        for r in requests
+    ]
+    return _run(arms, tasks, model_dir, max_model_len)
 
 
 def vllm_agent(
@@ -72,23 +60,7 @@ def vllm_agent(
     """Per vLLM arm, the totals of the server's agent ``turns`` (its records: ``id``, ``messages``,
     ``tool_choice``, ``max_tokens``) replayed one at a time, in order.  Raises ``ValueError`` as
     :func:`vllm_repeat`."""
-    unknown = [arm for arm in arms if arm not in VLLM_ARMS]
-    if unknown:
-        raise ValueError(f"unknown vLLM arm {', '.join(unknown)}; choose from {', '.join(VLLM_ARMS)}")
-    vllm_python()
-    tasks = agent_tasks(tokenizer, turns)
-    job = {
-        "model": model_dir,
-        "arms": list(arms),
-        "num_speculative_tokens": NUM_SPECULATIVE_TOKENS,
-        "max_tokens": max(t["max_tokens"] for t in tasks),
-        "temperature": 0.0,
-        "seed": 0,
-        "max_model_len": max_model_len,
-        "modes": ["batch1"],
-        "tasks": tasks,
-    }
-    return _run(job)
+    return _run(arms, agent_tasks(tokenizer, turns), model_dir, max_model_len)
 
 
 def agent_tasks(tokenizer: Any, turns: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -119,10 +91,27 @@ def agent_tasks(tokenizer: Any, turns: Sequence[dict[str, Any]]) -> list[dict[st
     return tasks
 
 
-def _run(job: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def _run(
+    arms: Sequence[str], tasks: list[dict[str, Any]], model_dir: str, max_model_len: int
+) -> dict[str, dict[str, Any]]:
+    """``tasks`` one at a time through one engine per vLLM arm, in order; each arm's totals."""
+    unknown = [arm for arm in arms if arm not in VLLM_ARMS]
+    if unknown:
+        raise ValueError(f"unknown vLLM arm {', '.join(unknown)}; choose from {', '.join(VLLM_ARMS)}")
+    job = {
+        "model": model_dir,
+        "arms": list(arms),
+        "num_speculative_tokens": NUM_SPECULATIVE_TOKENS,
+        "max_tokens": max(t["max_tokens"] for t in tasks),
+        "temperature": 0.0,
+        "seed": 0,
+        "max_model_len": max_model_len,
+        "modes": ["batch1"],
+        "tasks": tasks,
+    }
     answer = launch_worker(vllm_python(), job)
     out: dict[str, dict[str, Any]] = {}
-    for arm in job["arms"]:
+    for arm in arms:
         got = answer["arms"].get(arm) or {"error": answer.get("failure", "the vLLM worker returned nothing")}
         out[arm] = {"error": got["error"]} if "error" in got else vllm_totals(got["batch1"])
     return out
@@ -143,11 +132,7 @@ def vllm_totals(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     passes = sum(max(1, len(r["tokens"]) - int(r.get("accepted_tokens", 0))) for r in runs)
     seconds = sum(float(r["seconds"]) for r in runs)
     return {
-        "requests": len(runs),
-        "tokens": tokens,
-        "passes": passes,
-        "tokens_per_pass": tokens / passes if passes else 0.0,
-        "tokens_per_second": tokens / seconds if seconds > 0 else 0.0,
+        **rates(len(runs), tokens, passes, seconds),
         "proposed": sum(int(r.get("draft_tokens", 0)) for r in runs),
         "accepted": accepted,
         "outputs": {r["task"]: list(r["tokens"]) for r in runs},  # the stop token kept, as the server's

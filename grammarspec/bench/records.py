@@ -17,7 +17,7 @@ from grammarspec.bench.tasks import BenchTask
 if TYPE_CHECKING:
     from grammarspec.bench.arms import PreparedTask
 
-__all__ = ["TEXT_CHARS", "make_record", "source_totals"]
+__all__ = ["TEXT_CHARS", "make_record", "rates", "source_totals"]
 
 #: Characters of output text kept per run in the results.
 TEXT_CHARS = 4000
@@ -107,3 +107,18 @@ def source_totals(records: Iterable[dict[str, Any]], key: str) -> dict[str, int]
         for name, n in record[key].items():
             totals[name] = totals.get(name, 0) + n
     return totals
+
+
+def rates(requests: int, tokens: int, passes: int, seconds: float) -> dict[str, Any]:
+    """A workload's counts with tokens per target pass and per second (0 where undefined).  Pure.
+
+    >>> rates(2, 12, 4, 3.0)["tokens_per_pass"], rates(2, 12, 0, 0.0)["tokens_per_second"]
+    (3.0, 0.0)
+    """
+    return {
+        "requests": requests,
+        "tokens": tokens,
+        "passes": passes,
+        "tokens_per_pass": tokens / passes if passes else 0.0,
+        "tokens_per_second": tokens / seconds if seconds > 0 else 0.0,
+    }

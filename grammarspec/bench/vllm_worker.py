@@ -101,13 +101,12 @@ def run_arm(job: dict[str, Any], arm: str) -> dict[str, Any]:
     from vllm import SamplingParams
     from vllm.sampling_params import StructuredOutputsParams
 
-    from grammarspec.vllm.engine import arm_environment, make_llm, spec_decode_counts, speculation, suffix_missing
+    from grammarspec.vllm.engine import make_llm, spec_decode_counts, speculation, suffix_missing
 
     missing = suffix_missing() if arm == "vllm-suffix" else None
     if missing:
         raise RuntimeError(missing)
     t0 = time.perf_counter()
-    os.environ.update(arm_environment(arm))  # read when the engine builds its proposer; undone in main
     llm = make_llm(
         job["model"],
         speculation(arm, job["num_speculative_tokens"]),
@@ -189,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
 
     for arm in job["arms"]:
         saved = dict(os.environ)
+        os.environ.update(arm_environment(arm))  # read when the engine builds its proposer
         try:
             results["arms"][arm] = run_arm(job, arm)
         except Exception as e:  # noqa: BLE001 - one arm failing is reported, the others still run
