@@ -181,30 +181,39 @@ class Calibration:
         """Expected accepted tokens of ``draft`` verified whole: its survivals summed.  Does not change state."""
         return sum(survival(self.estimate(draft)))
 
-    def audit(self, expected: float, survived: int) -> None:
-        """A policy admitted draft tokens for what these estimates expected of them (their survivals summed,
-        ``expected``), and ``survived`` of them were accepted.  Changes state.
+    def audit(self, estimate: float, survived: bool) -> None:
+        """A policy admitted a draft by these estimates: the first token it chose (past any forced ones) was
+        estimated to survive with ``estimate`` and ``survived`` or not.  Changes state.
 
-        A policy that admits the tokens whose estimates look best among many
+        A policy that admits the drafts whose estimates look best among many
         admits, on average, ones whose estimates are too high (the winner's
         curse: every estimate is noisy, and the noise that raised it got it
         chosen), even where each record is calibrated over all tokens.
-        :meth:`bias` says by how much.
+        :meth:`bias` says by how much.  One observation per draft, whatever
+        its length: the tokens after the first mostly stand or fall with it,
+        so a long confident draft that fails at once is one wrong guess.
+        Weighed by its length, one such draft would pull a row's bias near
+        0.2, and a row that then drafts nothing is never audited again, so
+        it would stay there for the rest of the request.
         """
-        if expected <= 0 or survived < 0:
-            return
-        fade = self.decay**expected  # as if the record's counts had seen each expected token
-        self._audit = [self._audit[0] * fade + float(survived), self._audit[1] * fade + float(expected)]
+        if not 0.0 <= estimate <= 1.0:
+            raise ValueError(f"audit needs an estimate between 0 and 1, got {estimate}")
+        survived_sum, expected_sum = self._audit
+        self._audit = [survived_sum * self.decay + float(survived), expected_sum * self.decay + estimate]
 
     def bias(self) -> float:
-        """Accepted against expected, over the tokens a policy chose by these estimates (:meth:`audit`), with
-        ``prior_weight`` expected tokens that survived as expected: 1.0 before any audit.  Does not change state.
+        """Survived against expected, over the first tokens a policy chose by these estimates (:meth:`audit`),
+        with ``prior_weight`` drafts that survived as expected: 1.0 before any audit.  Does not change state.
 
         >>> c = Calibration()
         >>> for _ in range(30):
-        ...     c.audit(expected=2.0, survived=1)  # the chosen tokens survive half as often as expected
-        >>> c.bias() < 0.6, Calibration().bias()
+        ...     c.audit(estimate=0.8, survived=False)  # the chosen first tokens never survive
+        >>> c.bias() < 0.3, Calibration().bias()
         (True, 1.0)
+        >>> c = Calibration()
+        >>> c.audit(estimate=0.95, survived=False)  # one confident wrong guess
+        >>> round(c.bias(), 2)
+        0.68
         """
         survived, expected = self._audit
         return (survived + self.prior_weight) / (expected + self.prior_weight)

@@ -42,7 +42,7 @@ verified whole (the allocation takes them as forced).  Pure Python, no clocks.
 
 from __future__ import annotations
 
-from grammarspec.policy.allocation import Calibration, forced_lead, survival
+from grammarspec.policy.allocation import Calibration, forced_lead
 from proposers.backoff import Backoff
 from proposers.base import Draft, Proposer, members
 
@@ -185,9 +185,8 @@ class AdaptiveController:
         else:
             self.plain_steps += 1
         lead = forced_lead(draft)
-        if self.adaptive and n > lead:  # what the policy chose by the estimates, against what survived
-            expected = sum(survival(self.calibration.estimate(draft))[lead:])
-            self.calibration.audit(expected, max(0, num_accepted - lead))
+        if self.adaptive and n > lead:  # the first token the policy chose by the estimates: did it survive?
+            self.calibration.audit(self.calibration.estimate(draft)[lead], num_accepted > lead)
         if (
             offered is not None
             and next_token is not None

@@ -3,9 +3,9 @@
 The rule (SmartSpec's goodput, done exactly).  Row ``r`` offers a draft whose
 token ``j`` survives verification, given that the tokens before it did, with
 probability ``p[r][j]`` (:class:`Calibration`: the proposer's own estimate,
-calibrated online, and scaled by how the tokens the policy chose by those
-estimates really fared: choosing the best-looking of many noisy estimates
-chooses high ones, :meth:`Calibration.bias`).  Admitting its first ``k`` tokens brings, in expectation,
+calibrated online, and scaled by how the first tokens of the drafts the policy
+chose by those estimates really fared: choosing the best-looking of many noisy
+estimates chooses high ones, :meth:`Calibration.bias`).  Admitting its first ``k`` tokens brings, in expectation,
 ``1 + S[r][1] + ... + S[r][k]`` committed tokens, ``S[r][j] = p[r][1] * ... * p[r][j]``
 (the target's own token always comes).  Goodput is expected tokens per unit of
 batch time::
@@ -419,9 +419,10 @@ def plan_drafts(
     is admitted by :func:`allocate`, with the pass's shape (``base_rows``, or
     ``pending`` and ``fixed``), ``cost`` and what each row's tokens are
     ``worth`` as it takes them, on the row's
-    estimates scaled down by how the tokens they chose before really fared
-    (:meth:`Calibration.bias`, on the first token past the forced ones: every
-    later survival with it, so the order of the row's slots is kept).  Never
+    estimates scaled down by how the first tokens of the drafts they chose
+    before really fared (:meth:`Calibration.bias`, on the first token past the
+    forced ones: every later survival with it, so the order of the row's slots
+    is kept).  Never
     up: a bias above 1 is the records catching up with a proposer that
     improved, which they do on their own.
     """

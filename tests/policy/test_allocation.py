@@ -234,22 +234,41 @@ def test_admitted_tokens_that_survive_less_than_expected_lower_the_rows_estimate
     c = AdaptiveController()
     c.record(forced.truncate(2), 2, forced, next_token=forced.tokens[2])  # forced only, then the judged token
     assert c.calibration.bias() == 1.0  # nothing the policy chose by the estimates
-    expected = sum(survival(c.calibration.estimate(forced))[2:])
+    first = c.calibration.estimate(forced)[2]
     c.record(forced, 2, forced, next_token=7)  # all six chosen tokens rejected
-    assert c.calibration.bias() == pytest.approx(2.0 / (2.0 + expected))  # prior_weight 2, nothing survived
+    assert c.calibration.bias() == pytest.approx(2.0 / (2.0 + first))  # prior_weight 2, the first did not survive
 
     def admitted(audits):
         controller = AdaptiveController()
         for _ in range(20):
             controller.calibration.update(OFFERED.truncate(4), 3)  # the same records for both rows
-        for expected, survived in audits:
-            controller.calibration.audit(expected, survived)
+        for estimate, survived in audits:
+            controller.calibration.audit(estimate, survived)
         return plan_drafts([OFFERED], [controller], None, CPU, pending=[1])[0]
 
     fair = admitted([])
     assert 0 < fair
-    assert admitted([(2.0, 0)] * 20) < fair  # the chosen tokens survived far below their estimates
-    assert admitted([(1.0, 3)] * 20) == fair  # above them: never raised
+    assert admitted([(0.9, False)] * 20) < fair  # the chosen tokens survived far below their estimates
+    assert admitted([(0.5, True)] * 20) == fair  # above them: never raised
+    with pytest.raises(ValueError, match="between 0 and 1"):
+        c.calibration.audit(2.0, True)
+
+
+def test_one_long_confident_draft_that_fails_at_once_does_not_stop_a_row_drafting():
+    """A draft is one guess however long: a 15-token draft the records were sure of, rejected at its first
+    token, lowers the row's bias as one wrong guess does, and the row's other source is still admitted."""
+    from grammarspec.policy.adaptive import AdaptiveController
+
+    lookup = OFFERED.truncate(4)
+    c = AdaptiveController()
+    c.record(lookup, 4)  # the row's prompt lookup was right once
+    c.record(lookup, 0)  # and wrong once
+    before = plan_drafts([lookup], [c], None, CPU, pending=[1])[0]
+    assert before == 4
+    wrong = Draft(tokens=tuple(range(100, 115)), sources=("suffix",) * 15, confidence=(0.99,) * 15)
+    c.record(wrong, 0)  # then another source's confident guess, wrong from its first token
+    assert c.calibration.bias() > 0.6  # three guesses and the prior's two, one of them wrong
+    assert plan_drafts([lookup], [c], None, CPU, pending=[1])[0] == before
 
 
 def test_a_static_batch_values_tokens_by_the_finishing_time_they_save():
