@@ -34,9 +34,14 @@ complete, ``max_tokens``), else (a stop string, an abort) at the first call
 after the request left the runner.
 
 How much of each draft goes to vLLM: the batch drafting policy of the loop
-(:func:`grammarspec.policy.allocation.allocate`), over every running request at once.
-Each request's drafts are calibrated on what vLLM accepted
-(:class:`grammarspec.policy.allocation.Calibration`); the pass cost is learned online
+(:func:`grammarspec.policy.allocation.plan_drafts`), over every running
+request at once, each request with its own
+:class:`grammarspec.policy.adaptive.AdaptiveController`: its drafts are
+calibrated on what vLLM accepted, the first token the policy cut off is
+judged against vLLM's own token there, and after drafts cut to nothing its
+drafters rest for 1, 2, 4, ... steps (at a batch where drafting does not
+pay, proposing is host work the engine waits for; text the grammar forces
+wakes them).  The pass cost is learned online
 (:class:`proposers.cost.PassCost`) from the time between two ``propose``
 calls (one engine step, our drafting excluded) against the rows that step
 verified (one per running request plus the drafts we returned).  So a request
@@ -62,7 +67,8 @@ from typing import Any
 
 from grammars import GrammarError, compile_grammar, grammar_spec
 from grammars.base import Matcher
-from grammarspec.policy.allocation import Calibration, allocate
+from grammarspec.policy.adaptive import AdaptiveController
+from grammarspec.policy.allocation import plan_drafts
 from proposers.base import EMPTY_DRAFT, Draft, GrammarView, Proposer, Request
 from proposers.cost import PassCost
 from proposers.presets import resolve_assistant
@@ -98,9 +104,11 @@ class _State:
     synced: int  # context tokens already seen (and fed to the matcher)
     head: tuple[int, ...]  # first tokens of the context (identity when keyed by batch index)
     stops: frozenset[int]  # token ids that end the request (end-of-sequence and its stop token ids)
+    controller: AdaptiveController  # the drafting policy's part for this request: ask, rest, calibration
     max_tokens: int | None = None
-    draft: Draft = field(default=EMPTY_DRAFT)
-    calibration: Calibration = field(default_factory=Calibration)
+    draft: Draft = field(default=EMPTY_DRAFT)  # what vLLM was sent last step
+    offered: Draft = field(default=EMPTY_DRAFT)  # that draft before the policy cut it
+    decided: bool = False  # whether the request has had a drafting step (vLLM verifies one after each)
 
 
 def find_model_runner(max_depth: int = 16) -> Any:
@@ -266,24 +274,22 @@ class GrammarspecProposer:
         return out
 
     def _allocate(self, out: list[list[int]], keys: list[Any]) -> list[list[int]]:
-        """Cut every row's draft to what pays at this batch (:func:`grammarspec.policy.allocation.allocate`).
+        """Cut every row's draft to what pays at this batch: the loop's own policy
+        (:func:`grammarspec.policy.allocation.plan_drafts`, a packed pass), on each request's controller.
 
-        Changes each state's remembered draft to the part sent.
+        Changes each state's remembered draft to the part sent, and tells its controller.
         """
         states = [self.states.get(key) if tokens else None for tokens, key in zip(out, keys)]
         drafts = [state.draft if state is not None else EMPTY_DRAFT for state in states]
-        estimates = [state.calibration.estimate(d) if state is not None else [] for state, d in zip(states, drafts)]
-        forced = []
-        for draft in drafts:
-            lead = 0
-            while lead < len(draft) and draft.sources and draft.sources[lead] == "jump_forward":
-                lead += 1
-            forced.append(lead)
-        lengths = allocate(estimates, self.cost_model.cost, base_rows=len(out), forced=forced)
+        controllers = [state.controller if state is not None else None for state in states]
+        lengths = plan_drafts(drafts, controllers, len(out), self.cost_model.cost)
         result = []
-        for state, draft, n in zip(states, drafts, lengths):
+        for key, state, draft, n in zip(keys, states, drafts, lengths):
             if state is not None:
                 state.draft = draft.truncate(n)
+                state.controller.allocated(n, len(draft))
+            elif key in self.states:  # no draft this step (resting, or the proposer found none)
+                self.states[key].controller.allocated(0, 0)
             result.append(list(draft.tokens[:n]))
             self.admitted += n
         return result
@@ -328,6 +334,7 @@ class GrammarspecProposer:
             synced=len(prompt),
             head=head,
             stops=frozenset((self.eos, *info.stop_ids)),
+            controller=AdaptiveController(k_min=self.k, k_max=self.k),
             max_tokens=info.max_tokens,
         )
         self.states[key] = state
@@ -344,7 +351,7 @@ class GrammarspecProposer:
         """
         new = context[state.synced :]
         end = next((i + 1 for i, token in enumerate(new) if token in state.stops), len(new))
-        draft = state.draft
+        draft, accepted = state.draft, 0
         if draft:
             matched = 0
             for token, guess in zip(new, draft.tokens):
@@ -353,11 +360,14 @@ class GrammarspecProposer:
                 matched += 1
             # vLLM appended the accepted draft prefix and one token of its own.
             accepted = min(matched, max(len(sampled) - 1, 0)) if len(new) == len(sampled) else matched
-            state.proposer.commit(draft, min(accepted, end), new[:end])
-            state.calibration.update(draft, min(accepted, end))
+            accepted = min(accepted, end)
+            state.proposer.commit(draft, accepted, new[:end])
         elif new:
             state.proposer.commit(EMPTY_DRAFT, 0, new[:end])
-        state.draft = EMPTY_DRAFT
+        if state.decided and new:  # the step vLLM verified: the policy learns, the first token cut off judged too
+            next_token = new[accepted] if accepted < end else None
+            state.controller.record(draft, accepted, state.offered, next_token)
+        state.draft = state.offered = EMPTY_DRAFT
         if state.matcher is not None:
             for token in new[:end]:
                 if not state.matcher.accept(token):
@@ -379,8 +389,13 @@ class GrammarspecProposer:
         return state.max_tokens is not None and len(context) - state.prompt_length >= state.max_tokens
 
     def _draft(self, state: _State, context: list[int]) -> list[int]:
-        """The next draft for one request (``[]``: none).  Remembers it."""
-        k = min(self.k, self.max_model_len - len(context) - 1)
+        """The next draft for one request (``[]``: none, also while the request rests its drafters after drafts
+        the policy cut to nothing, unless its grammar forces text).  Remembers it."""
+        state.decided = True
+        controller = state.controller
+        if controller.resting and state.matcher is not None and state.matcher.forced_text():
+            controller.wake()
+        k = min(controller.ask(), self.max_model_len - len(context) - 1)
         if state.max_tokens is not None:
             k = min(k, state.max_tokens - (len(context) - state.prompt_length) - 1)  # the target adds one
         if k <= 0:
@@ -391,7 +406,7 @@ class GrammarspecProposer:
             draft = draft.truncate(stop + 1)
         if draft.probs is not None:  # vLLM's custom class has no way to pass draft distributions
             draft = EMPTY_DRAFT
-        state.draft = draft
+        state.draft = state.offered = draft
         if draft:
             self.drafts += 1
         return list(draft.tokens)

@@ -283,3 +283,45 @@ def test_drafts_are_sized_by_the_cost_at_the_engines_batch(smol_tokenizer):
         out = proposer.propose([c[-1:] for c in contexts], np.array([len(c) for c in contexts]), table)
         sent[name] = sum(map(len, out))
     assert sent["free"] > 0 and sent["dear"] == 0
+
+
+class Counting(Recorder):
+    """Guesses that the context counts up by one, and counts how often it is asked."""
+
+    def __init__(self) -> None:
+        super().__init__([])
+        self.asked = 0
+
+    def propose(self, context, grammar, k):
+        self.asked += 1
+        self.guess = [context[-1] + j for j in range(1, 5)]
+        return super().propose(context, grammar, k)
+
+
+def test_where_no_draft_pays_the_drafters_rest_and_their_cut_guesses_are_still_judged(smol_tokenizer):
+    """Drafts cut to nothing: the request's drafters are asked less and less often (rests of 1, 2, 4, ...
+    steps), and the first token of each cut draft is judged against vLLM's own token there, so a drafter that
+    would have been right is trusted, and sent, once rows get cheap."""
+    from proposers.cost import PassCost, flat_until
+
+    engine = FakeEngine(GPUModelRunner())
+    proposer = make(smol_tokenizer, engine.runner)
+    counting = Counting()
+    proposer.make_proposer = lambda: counting
+    proposer.cost_model = PassCost(0.01, 1.0, 1)  # every row costs a plain step: no draft pays
+    engine.add("a", [5, 6, 7], None, max_tokens=200)
+    token = 100
+    for _ in range(30):  # vLLM's own tokens count up: what the drafter guesses
+        assert engine.step(proposer, [[token]]) == [[]]
+        token += 1
+    assert 3 <= counting.asked <= 8  # asked at the rests' ends only, not at each of the 30 steps
+    first = Draft(tokens=(1,), sources=("recorder",))
+    assert proposer.states["a"].controller.calibration.estimate(first)[0] > 0.5  # judged right each time asked
+    proposer.cost_model = flat_until(64)  # rows are free now
+    sent = []
+    for _ in range(20):
+        sent = engine.step(proposer, [[token]])[0]
+        token += 1
+        if sent:
+            break
+    assert sent == [token, token + 1, token + 2, token + 3]
