@@ -1,9 +1,11 @@
-"""``grammarspec bench-serve --drafts WORKLOAD``: what drafting from earlier outputs brings a server, on and off.
+"""``grammarspec bench-serve --drafts WORKLOAD``: what drafting from earlier outputs brings a server.
 
 Two workloads of repeated structured traffic, each run through the server's
-engine twice -- the index of earlier outputs on (``--draft-memory-mb``'s
-default) and off (0) -- with everything else the same (greedy, the profiled
-step cost, so the draft lengths do not follow the clock):
+engine three times -- plain decoding (``none``: every request with the
+``"assistant": "none"`` preset), and ``auto`` drafting with the index of
+earlier outputs off (``--draft-memory-mb 0``) and on (its default) -- with
+everything else the same (greedy, the profiled step cost, so the draft
+lengths do not follow the clock):
 
 * ``repeat``: every schema of the task file sent ``repeat`` times with
   different inputs (schema ``i``'s prompt is task ``i``'s instruction and
@@ -14,10 +16,18 @@ step cost, so the draft lengths do not follow the clock):
   ``concurrency`` at once, each turn sent with the whole conversation so far
   (the prefix cache reuses its KV), the tools run in Python.
 
-Per arm: requests, completion tokens, target passes, tokens per target pass,
-draft tokens proposed and accepted per source, and tokens per second (only
-meaningful on a quiet machine; the counts are load-independent).  The outputs
-of the two arms are compared request by request: they must be equal.
+Each request's own wall time is kept, and its round: 0 for the first request
+of its schema (``repeat``) or turn of its conversation (``agent``), the
+*cold* ones; the later ones are *warm*.  Per arm: requests, completion
+tokens, target passes, tokens per target pass, draft tokens proposed and
+accepted per source, tokens per second (only meaningful on a quiet machine;
+the counts are load-independent), and each drafting arm over ``none`` in
+tokens per second and per target pass, over all requests and the warm ones
+(:mod:`grammarspec.bench.drafts_report`).  Every arm's outputs are compared
+with the first arm's, request by request: they must be equal.  Before the
+arms, the workload's first request goes through a throwaway engine, untimed,
+drafting: no arm's first request pays for the model's first passes or for
+profiling the pass cost.
 """
 
 from __future__ import annotations
@@ -31,13 +41,21 @@ from typing import Any
 
 import torch
 
-from grammarspec.bench.records import rates, source_totals
+from grammarspec.bench.drafts_report import (
+    arm_totals,
+    drafts_markdown,
+    ratios_over,
+    replay_arm,
+    same_outputs,
+    split_totals,
+)
 
 __all__ = ["DRAFT_WORKLOADS", "SERVER_ARMS", "repeat_requests", "run_drafts_bench", "drafts_markdown"]
 
 DRAFT_WORKLOADS = ("repeat", "agent")
-#: The server's engine with its index of earlier outputs off (``--draft-memory-mb 0``) and on.
-SERVER_ARMS = ("off", "on")
+#: The server's engine: plain decoding (every request ``"assistant": "none"``), then ``auto`` drafting with its
+#: index of earlier outputs off (``--draft-memory-mb 0``) and on.
+SERVER_ARMS = ("none", "off", "on")
 
 
 def repeat_requests(tasks: Sequence[Any], repeat: int, max_tokens: int) -> list[dict[str, Any]]:
@@ -68,37 +86,49 @@ def repeat_requests(tasks: Sequence[Any], repeat: int, max_tokens: int) -> list[
             system = "\n\n".join(part for part in (task.system, extra) if part)
             if system:
                 messages.insert(0, {"role": "system", "content": system})
-            out.append({"id": f"{task.id}#{r}", "messages": messages, "schema": task.schema, "max_tokens": max_tokens})
+            out.append(
+                {
+                    "id": f"{task.id}#{r}",
+                    "round": r,
+                    "messages": messages,
+                    "schema": task.schema,
+                    "max_tokens": max_tokens,
+                }
+            )
     return out
 
 
-def _ask(engine: Any, request: Any) -> tuple[Any, dict[str, Any]]:
-    """Submit ``request`` to ``engine`` and wait for its one choice: ``(choice, message)``."""
+def _ask(engine: Any, request: Any, name: str, round_: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Submit ``request`` to ``engine`` and wait for its one choice: ``(record, message)``, the record
+    (:mod:`grammarspec.bench.drafts_report`) named ``name`` with the request's wall seconds and ``round_``."""
     events: queue.Queue = queue.Queue()
+    started = time.perf_counter()
     job = engine.prepare(request, events.put)
     engine.submit(job)
     while True:
         kind, payload = events.get(timeout=3600)
         if kind == "choice":
+            seconds = time.perf_counter() - started
             choice, message, _finish = payload
-            return choice, message
+            break
         if kind == "error":
             raise RuntimeError(f"the engine failed a request: {payload}")
-
-
-def _record(name: str, choice: Any) -> dict[str, Any]:
     stats = choice.row.stats
-    return {
+    record = {
         "id": name,
+        "round": round_,
+        "seconds": seconds,
         "tokens": len(choice.tokens),
         "target_forwards": stats.target_forwards,
+        "forced_tokens": stats.forced_tokens,  # committed without a pass: plain decoding passes the rest, one each
         "proposed": dict(stats.proposed),
         "accepted": dict(stats.accepted),
-        "output": choice.tokens,
+        "output": list(choice.tokens),
     }
+    return record, message
 
 
-def _run_repeat(engine: Any, requests: list[dict[str, Any]], concurrency: int) -> list[dict[str, Any]]:
+def _run_repeat(engine: Any, requests: list[dict[str, Any]], concurrency: int, assistant: str) -> list[dict[str, Any]]:
     from grammarspec.serve.protocol import ChatRequest
 
     records: list[dict[str, Any] | None] = [None] * len(requests)
@@ -113,13 +143,14 @@ def _run_repeat(engine: Any, requests: list[dict[str, Any]], concurrency: int) -
             except queue.Empty:
                 return
             body = requests[i]
-            choice, _ = _ask(
-                engine,
-                ChatRequest(
-                    messages=body["messages"], schema=body["schema"], temperature=0.0, max_tokens=body["max_tokens"]
-                ),
+            request = ChatRequest(
+                messages=body["messages"],
+                schema=body["schema"],
+                temperature=0.0,
+                max_tokens=body["max_tokens"],
+                assistant=assistant,
             )
-            records[i] = _record(body["id"], choice)
+            records[i], _ = _ask(engine, request, body["id"], body["round"])
 
     threads = [threading.Thread(target=client) for _ in range(concurrency)]
     for t in threads:
@@ -129,7 +160,9 @@ def _run_repeat(engine: Any, requests: list[dict[str, Any]], concurrency: int) -
     return [r for r in records if r is not None]
 
 
-def _run_agent(engine: Any, conversations: dict[str, list[Any]], concurrency: int) -> list[dict[str, Any]]:
+def _run_agent(
+    engine: Any, conversations: dict[str, list[Any]], concurrency: int, assistant: str
+) -> list[dict[str, Any]]:
     from grammarspec.bench.agent_tasks import SYSTEM, TOOLS, ModelTurn, run_tool
     from grammarspec.serve.protocol import ChatRequest
 
@@ -151,10 +184,11 @@ def _run_agent(engine: Any, conversations: dict[str, list[Any]], concurrency: in
                 tool_choice=step.tool_choice,
                 temperature=0.0,
                 max_tokens=step.max_new_tokens,
+                assistant=assistant,
             )
-            choice, message = _ask(engine, request)
+            record, message = _ask(engine, request, f"{names[j]}#{j}/{turn}", turn)
             asked = {"messages": sent, "tool_choice": step.tool_choice, "max_tokens": step.max_new_tokens}
-            records[j].append({**_record(f"{names[j]}#{j}/{turn}", choice), **asked})
+            records[j].append({**record, **asked})
             turn += 1
             messages.append(message)
             for call in message.get("tool_calls") or []:
@@ -170,6 +204,15 @@ def _run_agent(engine: Any, conversations: dict[str, list[Any]], concurrency: in
     for t in threads:
         t.join()
     return [r for conversation in records for r in conversation]
+
+
+def _first_turn(conversations: dict[str, list[Any]]) -> dict[str, list[Any]]:
+    """The first conversation up to its first model turn.  Pure."""
+    from grammarspec.bench.agent_tasks import ModelTurn
+
+    name, script = next(iter(conversations.items()))
+    end = next(i for i, step in enumerate(script) if isinstance(step, ModelTurn))
+    return {name: script[: end + 1]}
 
 
 def run_drafts_bench(
@@ -188,12 +231,13 @@ def run_drafts_bench(
     model_dir: str | None = None,
     progress: Callable[[str], None] = lambda line: None,
 ) -> dict[str, Any]:
-    """``workload`` through a fresh engine per arm (drafts from earlier outputs ``on`` and ``off``).
+    """``workload`` through a fresh engine per arm (plain decoding, drafts from earlier outputs ``off`` and ``on``).
 
     ``tasks``: the tasks of ``repeat`` (default: the task file at ``tasks_path``);
-    ``conversations``: the scripts of ``agent`` (default: all of them).  ``arms``: ``off`` and ``on`` (the
-    server's engine) and vLLM arms (:data:`grammarspec.bench.vllm_arms.VLLM_ARMS`, one request at a time,
-    with the model at ``model_dir``; ``agent`` replays the server's turns: :mod:`grammarspec.bench.drafts_vllm`).
+    ``conversations``: the scripts of ``agent`` (default: all of them).  ``arms``: ``none``, ``off`` and ``on``
+    (the server's engine, run in that order) and vLLM arms (:data:`grammarspec.bench.vllm_arms.VLLM_ARMS`, one
+    request at a time, with the model at ``model_dir``; ``agent`` replays the server's turns of
+    :func:`~grammarspec.bench.drafts_report.replay_arm`: :mod:`grammarspec.bench.drafts_vllm`).
     """
     from grammarspec.bench.vllm_arms import VLLM_ARMS
     from grammarspec.serve.engine import Engine
@@ -207,7 +251,7 @@ def run_drafts_bench(
     if vllm_arms and model_dir is None:
         raise ValueError("the vLLM arms need the model's directory (model_dir)")
     if vllm_arms and workload == "agent" and not set(arms) & set(SERVER_ARMS):
-        raise ValueError("the vLLM arms replay the server's agent turns: add a server arm (on or off)")
+        raise ValueError("the vLLM arms replay the server's agent turns: add a server arm (none, off or on)")
     if workload == "repeat":
         from grammarspec.bench.tasks import load_tasks
 
@@ -218,10 +262,11 @@ def run_drafts_bench(
         from grammarspec.bench.agent_tasks import CONVERSATIONS
 
         chosen = conversations if conversations is not None else CONVERSATIONS
-    results: dict[str, Any] = {}
-    for arm, megabytes in (("off", 0.0), ("on", draft_memory_mb)):
-        if arm not in arms:
-            continue
+    # none: the server as it runs by default, each request asking for plain decoding (it never reads the index)
+    settings = {"none": (draft_memory_mb, "none"), "off": (0.0, "auto"), "on": (draft_memory_mb, "auto")}
+
+    def run_arm(megabytes: float, assistant: str, warm_up: bool = False) -> tuple[list[dict[str, Any]], float, Any]:
+        """The workload through a fresh engine: ``(records, seconds, index)``; ``warm_up``: its first request."""
         engine = Engine(
             model,
             tokenizer,
@@ -234,19 +279,35 @@ def run_drafts_bench(
         try:
             started = time.perf_counter()
             if workload == "repeat":
-                records = _run_repeat(engine, requests, concurrency)
+                records = _run_repeat(engine, requests[:1] if warm_up else requests, concurrency, assistant)
             else:
-                records = _run_agent(engine, chosen, concurrency)
+                records = _run_agent(engine, _first_turn(chosen) if warm_up else chosen, concurrency, assistant)
             seconds = time.perf_counter() - started
-            index = engine.drafts.as_dict() if engine.drafts is not None else None
+            return records, seconds, engine.drafts.as_dict() if engine.drafts is not None else None
         finally:
             engine.close()
-        results[arm] = {"seconds": seconds, "records": records, "index": index, **_totals(records, seconds)}
-        progress(
-            f"{workload} {arm}: {results[arm]['tokens_per_pass']:.3f} tokens/pass, {results[arm]['passes']} passes"
-        )
-    same = _same_outputs(results["off"]["records"], results["on"]["records"]) if len(results) == 2 else (0, 0)
-    result = {"workload": workload, "concurrency": concurrency, "repeat": repeat, "arms": results, "identical": same}
+
+    results: dict[str, Any] = {}
+    server_arms = [arm for arm in SERVER_ARMS if arm in arms]
+    if server_arms:  # untimed: the first arm would pay the model's first passes, the first drafting one the profile
+        run_arm(0.0, "auto", warm_up=True)
+    for arm in server_arms:
+        records, seconds, index = run_arm(*settings[arm])
+        data = {"seconds": seconds, "records": records, "index": index, **arm_totals(records, seconds)}
+        data["splits"] = split_totals(records)
+        if results:  # greedy: every arm's outputs are the first arm's
+            data["identical"] = same_outputs(next(iter(results.values()))["records"], records)
+        results[arm] = data
+        progress(f"{workload} {arm}: {data['tokens_per_pass']:.3f} tokens/pass, {data['passes']} passes")
+    compared = [data["identical"] for data in results.values() if "identical" in data]
+    result = {
+        "workload": workload,
+        "concurrency": concurrency,
+        "repeat": repeat,
+        "arms": results,
+        "ratios": ratios_over({arm: data["splits"] for arm, data in results.items()}),
+        "identical": (sum(equal for equal, _ in compared), sum(n for _, n in compared)),
+    }
     if vllm_arms:
         from grammarspec.bench.drafts_vllm import vllm_agent, vllm_repeat
 
@@ -254,105 +315,7 @@ def run_drafts_bench(
         if workload == "repeat":
             result["vllm"] = vllm_repeat(tokenizer, requests, vllm_arms, model_dir)
         else:
-            turns = results["on" if "on" in results else "off"]["records"]
+            turns = results[replay_arm(list(results))]["records"]
             result["vllm"] = vllm_agent(tokenizer, turns, vllm_arms, model_dir)
         progress(f"{workload} vLLM arms: {', '.join(vllm_arms)} done")
     return result
-
-
-def _totals(records: Sequence[dict[str, Any]], seconds: float) -> dict[str, Any]:
-    tokens = sum(r["tokens"] for r in records)
-    passes = sum(r["target_forwards"] for r in records)
-    proposed, accepted = source_totals(records, "proposed"), source_totals(records, "accepted")
-    return {
-        **rates(len(records), tokens, passes, seconds),
-        "proposed": proposed,
-        "accepted": accepted,
-    }
-
-
-def _same_outputs(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]]) -> tuple[int, int]:
-    """``(equal, compared)``: requests (by id) whose outputs are the same token for token."""
-    by_id = {r["id"]: r["output"] for r in a}
-    compared = [r for r in b if r["id"] in by_id]
-    return sum(by_id[r["id"]] == r["output"] for r in compared), len(compared)
-
-
-def drafts_markdown(result: dict[str, Any], command: str) -> str:
-    """Per arm, the counts, tokens per pass and tokens per second; drafts per source; the vLLM arms' table."""
-    lines = [
-        f"`{command}`",
-        "",
-        f"Workload `{result['workload']}`, {result['concurrency']} clients at once, greedy. "
-        "`on`: drafts from earlier outputs (the server's index); `off`: `--draft-memory-mb 0`.",
-    ]
-    if result["arms"]:
-        lines += [
-            "",
-            "| arm | requests | tokens | target passes | tokens / pass | tokens/s | suffix accepted / proposed |",
-            "|---|---|---|---|---|---|---|",
-        ]
-    for arm, data in result["arms"].items():
-        suffix = f"{data['accepted'].get('suffix', 0)}/{data['proposed'].get('suffix', 0)}"
-        lines.append(
-            f"| {arm} | {data['requests']} | {data['tokens']} | {data['passes']} | {data['tokens_per_pass']:.3f} | "
-            f"{data['tokens_per_second']:.1f} | {suffix} |"
-        )
-    if result["arms"]:
-        lines += ["", "Accepted / proposed draft tokens per source:", ""]
-    for arm, data in result["arms"].items():
-        per = ", ".join(f"{n} {data['accepted'].get(n, 0)}/{p}" for n, p in sorted(data["proposed"].items()))
-        lines.append(f"- {arm}: {per or 'no drafts'}")
-    equal, compared = result["identical"]
-    if compared:
-        lines += ["", f"- outputs identical between the arms: {equal}/{compared} requests"]
-    on = result["arms"].get("on", {}).get("index")
-    if on:
-        lines.append(
-            f"- the index at the end: {on['bytes'] / 2**20:.1f} MB of {on['max_bytes'] / 2**20:.0f}, "
-            f"{on['outputs']} outputs, {on['ngrams']} n-grams, {on['scopes']} scopes, {on['evictions']} evicted"
-        )
-    if result.get("vllm"):
-        lines += ["", *_vllm_markdown(result), ""]
-    lines.append("- tokens/s follows the machine's load; the counts do not.")
-    return "\n".join(lines) + "\n"
-
-
-def _vllm_markdown(result: dict[str, Any]) -> list[str]:
-    """The vLLM arms: one request at a time through one engine per arm, against ``vllm`` without drafts."""
-    vllm = result["vllm"]
-    plain = vllm.get("vllm", {})
-    arm = "on" if "on" in result["arms"] else "off"
-    server = {r["id"]: r["output"] for r in result["arms"].get(arm, {}).get("records", [])}
-    lines = [
-        "vLLM, the same requests one at a time through one engine per arm (tokens include the stop token; "
-        "target passes = tokens - accepted drafts):",
-        "",
-        "| vLLM arm | requests | tokens | target passes | tokens / pass | tokens/s | x `vllm` tok/s | "
-        "accepted / proposed | outputs = `vllm`'s | outputs = the server's |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for arm, data in vllm.items():
-        if "error" in data:
-            lines.append(f"| {arm} | failed: {data['error'][:200]} | | | | | | | | |")
-            continue
-        speed = plain.get("tokens_per_second")
-        ratio = f"{data['tokens_per_second'] / speed:.2f}x" if speed else "-"
-        same_plain = _count_same(plain.get("outputs", {}), data["outputs"])
-        same_server = _count_same(server, data["outputs"])
-        lines.append(
-            f"| `{arm}` | {data['requests']} | {data['tokens']} | {data['passes']} | {data['tokens_per_pass']:.3f} | "
-            f"{data['tokens_per_second']:.1f} | {ratio} | {data['accepted']}/{data['proposed']} | "
-            f"{same_plain} | {same_server} |"
-        )
-    refused = {task: error for data in vllm.values() for task, error in data.get("refused", {}).items()}
-    if refused:
-        first = next(iter(refused.values()))
-        lines += ["", f"vLLM refused {len(refused)} of the requests in some arm (left out of its row): {first[:300]}"]
-    return lines
-
-
-def _count_same(reference: dict[str, Any], outputs: dict[str, Any]) -> str:
-    """``"equal/compared"`` over the request ids both hold (``-`` when none)."""
-    shared = [key for key in outputs if key in reference]
-    return f"{sum(list(reference[k]) == list(outputs[k]) for k in shared)}/{len(shared)}" if shared else "-"

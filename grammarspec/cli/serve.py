@@ -131,7 +131,7 @@ def add_serve_commands(commands: Any) -> None:
         ("--arms", None, None, "A,B",
          "arms (default: serve,serve_concurrent,hf_resend,"
          "transformers_serve,vllm_serve; vllm_serve is skipped with a note without .venv-vllm; "
-         "with --sweep: none,auto, and vllm,vllm_ngram may be added; with --drafts: off,on, and vLLM's "
+         "with --sweep: none,auto, and vllm,vllm_ngram may be added; with --drafts: none,off,on, and vLLM's "
          "arms may be added: vllm,vllm-ngram,vllm-suffix,vllm-grammarspec,vllm-grammarspec-noindex)"),
         ("--concurrency", _count, 8, "N", "conversations at once for serve_concurrent (default: 8)"),
         ("--conversations", None, None, "A,B",
@@ -172,9 +172,10 @@ def add_serve_commands(commands: Any) -> None:
     sweep.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     drafts = bench.add_argument_group(
         "drafts from earlier outputs (--drafts)",
-        "repeated structured traffic through the server's engine with the index of earlier outputs on and off "
-        "(--draft-memory-mb 0): tokens per target pass, target passes, accepted draft tokens per source, tokens/s, "
-        "outputs compared; writes drafts.md and drafts.json",
+        "repeated structured traffic through the server's engine, plain decoding (none: every request with the "
+        "assistant preset none) and auto drafting with the index of earlier outputs off (--draft-memory-mb 0) and "
+        "on: tokens per target pass, target passes, accepted draft tokens per source, tokens/s, each drafting arm "
+        "over none (all requests and the warm ones), outputs compared; writes drafts.md and drafts.json",
     )
     # fmt: off
     cli_common.add_values(drafts, (
@@ -283,7 +284,7 @@ def _drafts_mode(args: argparse.Namespace) -> _Mode:
     if any(arm in VLLM_ARMS for arm in arms):
         if args.drafts == "agent" and not set(arms) & set(SERVER_ARMS):
             raise cli_common.CliError(
-                "--arms: with --drafts agent the vLLM arms replay the server's turns: add on or off"
+                "--arms: with --drafts agent the vLLM arms replay the server's turns: add none, off or on"
             )
         from grammarspec.bench.vllm_env import vllm_python
         from grammarspec.vllm import model_path

@@ -130,7 +130,13 @@ def test_the_repeat_workload_takes_fewer_target_passes_with_the_index_on(smol, t
     chosen = [t for t in load_tasks() if t.category == "extraction"][:2]
     assert len(repeat_requests(chosen, 3, 32)) == 6
     result = run_drafts_bench(model, tokenizer, "repeat", concurrency=1, repeat=3, max_tokens=32, tasks=chosen)
-    on, off = result["arms"]["on"], result["arms"]["off"]
-    assert result["identical"] == (6, 6)  # outputs never change
+    none, on, off = (result["arms"][arm] for arm in ("none", "on", "off"))
+    assert on["identical"] == off["identical"] == (6, 6)  # outputs never change, plain decoding's included
+    assert none["proposed"] == {} and none["passes"] == none["tokens"] - sum(
+        r["forced_tokens"] for r in none["records"]
+    )
     assert on["tokens"] == off["tokens"] and on["accepted"].get("suffix", 0) > 0
-    assert on["passes"] < off["passes"]
+    assert on["passes"] < off["passes"] < none["passes"]
+    # the index pays on the requests whose schema the server has seen: more tokens per pass than without it
+    ratios = result["ratios"]
+    assert ratios["on"]["warm"]["tokens_per_pass"] > ratios["off"]["warm"]["tokens_per_pass"] > 1
