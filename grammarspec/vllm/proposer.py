@@ -44,7 +44,9 @@ pay, proposing is host work the engine waits for; text the grammar forces
 wakes them).  The pass cost is learned online
 (:class:`proposers.cost.PassCost`) from the time between two ``propose``
 calls (one engine step, our drafting excluded) against the rows that step
-verified (one per running request plus the drafts we returned).  So a request
+verified (one per running request plus the drafts we returned); a step that
+also computed a prompt (a request in prefill, or one seen for the first time)
+teaches nothing, since its time is mostly the prompt's.  So a request
 gets draft tokens only where they pay at the engine's current batch, and
 none elsewhere; jump-forward's forced text is always sent.
 
@@ -242,8 +244,7 @@ class GrammarspecProposer:
         ``[max_num_reqs, max_model_len]`` int32 array (vLLM's input batch).
         """
         started = time.perf_counter()
-        if self._rows and self._returned:  # the engine step since our last call verified self._rows rows
-            self.cost_model.update(self._rows, started - self._returned)
+        prefilled = False  # whether the step since our last call also computed a prompt (its time is not the rows')
         runner = self.runner
         batch = getattr(runner, "input_batch", None)
         req_ids = list(batch.req_ids) if batch is not None else None
@@ -257,8 +258,10 @@ class GrammarspecProposer:
             keys.append(key)
             n = int(num_tokens_no_spec[i])
             if not sampled or n >= self.max_model_len:
+                prefilled = prefilled or not sampled  # a prompt chunk with nothing sampled yet
                 out.append([])
                 continue
+            prefilled = prefilled or key not in self.states  # first seen: its prompt ended in that step
             cached = requests.get(key) if requests is not None and req_ids is not None else None
             try:
                 out.append(self._step(key, token_ids_cpu[i, :n].tolist(), sampled, cached))
@@ -268,6 +271,8 @@ class GrammarspecProposer:
                 _log.exception("grammarspec drafter failed for request %s; drafting nothing for this step", key)
                 out.append([])
         self._forget(seen, requests if req_ids is not None else None)
+        if self._rows and self._returned and not prefilled:  # the engine step since our last call: self._rows rows
+            self.cost_model.update(self._rows, started - self._returned)
         out = self._allocate(out, keys)
         self._rows = sum(1 + len(draft) for draft in out)
         self._returned = time.perf_counter()

@@ -325,3 +325,21 @@ def test_where_no_draft_pays_the_drafters_rest_and_their_cut_guesses_are_still_j
         if sent:
             break
     assert sent == [token, token + 1, token + 2, token + 3]
+
+
+def test_the_step_cost_is_learned_from_decode_steps_only(smol_tokenizer):
+    """A step that also computed a prompt (a row still in prefill, or a request seen for the first time) is
+    mostly the prompt's time: the pass cost learns nothing from it, and learns from the decode steps."""
+    engine = FakeEngine(GPUModelRunner())
+    proposer = make(smol_tokenizer, engine.runner)
+    proposer.make_proposer = lambda: Recorder([100, 101])
+    learned = []
+    proposer.cost_model.update = lambda rows, seconds: learned.append(rows)
+    engine.add("a", [5, 6, 7], None)
+    engine.step(proposer, [[10]])  # a's prompt ended in the step before: nothing to learn yet
+    engine.add("b", [8, 9], None)
+    engine.step(proposer, [[100, 101, 11], []])  # b's prompt chunk shared this step
+    engine.step(proposer, [[12], [20]])  # b seen for the first time: its prompt ended in this step
+    assert learned == []
+    engine.step(proposer, [[13], [21]])  # decode rows alone
+    assert learned == [1 + 2 + 1 + 2]  # each request's row and the two draft tokens sent to each
